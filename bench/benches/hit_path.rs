@@ -1,0 +1,90 @@
+//! Micro-benchmarks of the hit path's pieces: building a key, normalizing
+//! a Vary-selected header, and an L1 lookup of a stored entry.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use corral_core::{Freshness, L1, L1Config, PrimaryKey, QueryFilter, StoredResponse, UriKey, Vary};
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::header::ACCEPT_ENCODING;
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+fn key_building(c: &mut Criterion) {
+    let filter = QueryFilter::new(&["utm_*", "fbclid"]);
+    c.bench_function("key/uri+primary+variant", |b| {
+        b.iter(|| {
+            let uri = UriKey::new(
+                black_box("api.example.com"),
+                black_box("/v1/items/42"),
+                black_box(Some("page=2&utm_source=x&sort=asc")),
+                &filter,
+            );
+            let p = PrimaryKey::new("api", uri);
+            black_box(p.variant(None, &[]))
+        })
+    });
+}
+
+fn vary_normalization(c: &mut Criterion) {
+    let mut h = HeaderMap::new();
+    h.insert(
+        ACCEPT_ENCODING,
+        HeaderValue::from_static("gzip, deflate, br;q=0.9, zstd"),
+    );
+    let vary = Vary::Headers(vec![ACCEPT_ENCODING]);
+    c.bench_function("vary/accept-encoding", |b| {
+        b.iter(|| black_box(vary.values(black_box(&h))))
+    });
+}
+
+fn l1_hit(c: &mut Criterion) {
+    let l1 = L1::new(&L1Config { memory: 64 << 20 });
+    let filter = QueryFilter::default();
+    let uri = UriKey::new("h", "/hot", None, &filter);
+    let key = PrimaryKey::new("r", uri.clone()).variant(None, &[]);
+    let req = http::Request::get("http://h/hot")
+        .body(())
+        .expect("request");
+    let res = http::Response::builder()
+        .header("cache-control", "max-age=600")
+        .body(())
+        .expect("response");
+    let fresh = Freshness {
+        ttl: Duration::from_secs(600),
+        swr: Duration::ZERO,
+        sie: Duration::ZERO,
+        shareable: true,
+    };
+    let entry = StoredResponse::new(
+        StatusCode::OK,
+        HeaderMap::new(),
+        Bytes::from(vec![b'x'; 1024]),
+        http_cache_semantics_policy(&req, &res),
+        &fresh,
+        SystemTime::now(),
+        Duration::from_millis(5),
+        Vary::None,
+        vec![],
+        l1.generation_stamp(),
+        false,
+    );
+    l1.insert(&key, &uri, Arc::new(entry));
+    c.bench_function("l1/hit-1KiB", |b| {
+        b.iter(|| {
+            let e = l1.get(black_box(&key), &uri).expect("stored");
+            black_box(e.state(SystemTime::now()))
+        })
+    });
+}
+
+fn http_cache_semantics_policy(
+    req: &http::Request<()>,
+    res: &http::Response<()>,
+) -> http_cache_semantics::CachePolicy {
+    http_cache_semantics::CachePolicy::new(req, res)
+}
+
+criterion_group!(benches, key_building, vary_normalization, l1_hit);
+criterion_main!(benches);

@@ -1,0 +1,151 @@
+//! Cache-Control directives as corral reads them: the RFC 9111 set that
+//! decides storing and serving, plus RFC 5861's stale-while-revalidate and
+//! stale-if-error, which http-cache-semantics does not interpret.
+//! Parsing never fails: a malformed directive is read conservatively.
+
+use http::HeaderMap;
+use http::header::CACHE_CONTROL;
+
+/// Response (or request) Cache-Control directives, parsed once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheControl {
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub stale_while_revalidate: Option<u64>,
+    pub stale_if_error: Option<u64>,
+}
+
+impl CacheControl {
+    /// Reads every Cache-Control field line of `headers`.
+    pub fn parse(headers: &HeaderMap) -> Self {
+        let mut cc = CacheControl::default();
+        for value in headers.get_all(CACHE_CONTROL) {
+            let Ok(value) = value.to_str() else {
+                // Unreadable bytes: behave as if the origin forbade storing.
+                cc.no_store = true;
+                continue;
+            };
+            for directive in split_directives(value) {
+                cc.apply(directive);
+            }
+        }
+        cc
+    }
+
+    fn apply(&mut self, directive: &str) {
+        let (name, arg) = match directive.split_once('=') {
+            Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
+            None => (directive.trim(), None),
+        };
+        // A malformed delta-seconds is treated as 0: RFC 9111 §1.2.2 asks
+        // for the conservative reading.
+        let seconds = || arg.map(|a| a.parse::<u64>().unwrap_or(0)).unwrap_or(0);
+        match name.to_ascii_lowercase().as_str() {
+            "max-age" => set_first(&mut self.max_age, seconds()),
+            "s-maxage" => set_first(&mut self.s_maxage, seconds()),
+            "stale-while-revalidate" => set_first(&mut self.stale_while_revalidate, seconds()),
+            "stale-if-error" => set_first(&mut self.stale_if_error, seconds()),
+            "no-store" => self.no_store = true,
+            // The qualified forms (`no-cache="x"`, `private="x"`) are read
+            // as the unqualified ones: stricter, never wrong.
+            "no-cache" => self.no_cache = true,
+            "private" => self.private = true,
+            "public" => self.public = true,
+            "must-revalidate" => self.must_revalidate = true,
+            "proxy-revalidate" => self.proxy_revalidate = true,
+            _ => {}
+        }
+    }
+
+    /// True when the response names its own freshness lifetime.
+    pub fn has_explicit_lifetime(&self) -> bool {
+        self.max_age.is_some() || self.s_maxage.is_some()
+    }
+
+    /// RFC 9111 §3.5: directives that let a shared cache reuse a response to
+    /// an authenticated request for other callers.
+    pub fn shareable_when_authenticated(&self) -> bool {
+        self.public || self.s_maxage.is_some() || self.must_revalidate
+    }
+
+    /// True when the origin forbids serving this response stale.
+    pub fn forbids_stale(&self) -> bool {
+        self.must_revalidate || self.proxy_revalidate || self.no_cache
+    }
+}
+
+fn set_first(slot: &mut Option<u64>, value: u64) {
+    if slot.is_none() {
+        *slot = Some(value);
+    }
+}
+
+/// Splits on commas outside quoted strings.
+fn split_directives(value: &str) -> impl Iterator<Item = &str> {
+    let mut in_quotes = false;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (i, b) in value.bytes().enumerate() {
+        match b {
+            b'"' => in_quotes = !in_quotes,
+            b',' if !in_quotes => {
+                parts.push(&value[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&value[start..]);
+    parts.into_iter().map(str::trim).filter(|p| !p.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn cc(v: &str) -> CacheControl {
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, HeaderValue::from_str(v).expect("header"));
+        CacheControl::parse(&h)
+    }
+
+    #[test]
+    fn reads_rfc5861_extensions_and_lifetimes() {
+        let c = cc("public, max-age=60, stale-while-revalidate=30, stale-if-error=600");
+        assert_eq!(c.max_age, Some(60));
+        assert_eq!(c.stale_while_revalidate, Some(30));
+        assert_eq!(c.stale_if_error, Some(600));
+        assert!(c.public && !c.private);
+    }
+
+    #[test]
+    fn malformed_seconds_read_as_zero_and_first_wins() {
+        let c = cc("max-age=abc, max-age=100, s-maxage=\"5\"");
+        assert_eq!(c.max_age, Some(0));
+        assert_eq!(c.s_maxage, Some(5));
+    }
+
+    #[test]
+    fn quoted_commas_do_not_split() {
+        let c = cc("private=\"set-cookie, x-a\", max-age=5");
+        assert!(c.private);
+        assert_eq!(c.max_age, Some(5));
+    }
+
+    #[test]
+    fn multiple_field_lines_combine() {
+        let mut h = HeaderMap::new();
+        h.append(CACHE_CONTROL, HeaderValue::from_static("max-age=5"));
+        h.append(CACHE_CONTROL, HeaderValue::from_static("Must-Revalidate"));
+        let c = CacheControl::parse(&h);
+        assert_eq!(c.max_age, Some(5));
+        assert!(c.must_revalidate && c.forbids_stale() && c.shareable_when_authenticated());
+    }
+}

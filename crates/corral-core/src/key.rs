@@ -1,0 +1,224 @@
+//! Cache keys. A `UriKey` names the target URI (what RFC 9111 §4.4
+//! invalidation acts on); a `PrimaryKey` adds the route; a `VariantKey` adds
+//! the caller's identity and the values of the headers the response Varies
+//! on. Keys are hashed with BLAKE3 so they are the same in every process
+//! (never std's RandomState): other instances rely on that.
+
+use std::fmt;
+
+use crate::identity::Identity;
+
+/// A fixed-size, process-independent digest of a key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// Hex form, for logs and Redis keys.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        s
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", &self.to_hex()[..16])
+    }
+}
+
+/// Which query parameters a route drops from its keys.
+#[derive(Debug, Clone, Default)]
+pub struct QueryFilter {
+    exact: Vec<String>,
+    prefixes: Vec<String>,
+}
+
+impl QueryFilter {
+    /// `names` may end in `*` for a prefix match (`utm_*`).
+    pub fn new<S: AsRef<str>>(names: &[S]) -> Self {
+        let mut f = QueryFilter::default();
+        for n in names {
+            let n = n.as_ref();
+            match n.strip_suffix('*') {
+                Some(prefix) => f.prefixes.push(prefix.to_owned()),
+                None => f.exact.push(n.to_owned()),
+            }
+        }
+        f
+    }
+
+    fn drops(&self, name: &str) -> bool {
+        self.exact.iter().any(|e| e == name) || self.prefixes.iter().any(|p| name.starts_with(p))
+    }
+
+    /// The query with ignored parameters dropped and the rest sorted, so
+    /// `?b=2&a=1` and `?a=1&b=2` name the same resource.
+    pub fn normalize(&self, query: &str) -> String {
+        let mut pairs: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .filter(|p| !self.drops(p.split_once('=').map_or(*p, |(n, _)| n)))
+            .collect();
+        pairs.sort_unstable();
+        pairs.join("&")
+    }
+}
+
+/// The target URI, normalized: lowercased host, path, normalized query.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UriKey {
+    readable: String,
+    digest: Digest,
+}
+
+impl UriKey {
+    pub fn new(host: &str, path: &str, query: Option<&str>, filter: &QueryFilter) -> Self {
+        let host = host.to_ascii_lowercase();
+        let query = query.map(|q| filter.normalize(q)).unwrap_or_default();
+        let readable = if query.is_empty() {
+            format!("{host}{path}")
+        } else {
+            format!("{host}{path}?{query}")
+        };
+        let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
+        UriKey { readable, digest }
+    }
+
+    pub fn readable(&self) -> &str {
+        &self.readable
+    }
+
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+}
+
+impl fmt::Debug for UriKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.readable)
+    }
+}
+
+/// Route plus URI: everything of the key that does not depend on the
+/// response. HEAD shares GET's key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PrimaryKey {
+    uri: UriKey,
+    readable: String,
+    digest: Digest,
+}
+
+impl PrimaryKey {
+    pub fn new(route: &str, uri: UriKey) -> Self {
+        let readable = format!("{route} GET {}", uri.readable());
+        let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
+        PrimaryKey {
+            uri,
+            readable,
+            digest,
+        }
+    }
+
+    pub fn uri(&self) -> &UriKey {
+        &self.uri
+    }
+
+    pub fn readable(&self) -> &str {
+        &self.readable
+    }
+
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// The key of one stored response: this URI, for this caller (when the
+    /// response is not shareable), for these Vary-selected header values.
+    pub fn variant(&self, identity: Option<&Identity>, vary_values: &[String]) -> VariantKey {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.digest.0);
+        match identity {
+            Some(id) => {
+                h.update(b"\x01");
+                h.update(id.as_bytes());
+            }
+            None => {
+                h.update(b"\x00");
+            }
+        }
+        for v in vary_values {
+            // Length-prefixed so that ("ab","c") and ("a","bc") differ.
+            h.update(&(v.len() as u64).to_le_bytes());
+            h.update(v.as_bytes());
+        }
+        VariantKey {
+            digest: Digest(*h.finalize().as_bytes()),
+            private: identity.is_some(),
+        }
+    }
+}
+
+impl fmt::Debug for PrimaryKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.readable)
+    }
+}
+
+/// The key of one stored response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VariantKey {
+    pub digest: Digest,
+    /// Keyed to one caller's credentials.
+    pub private: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_order_and_ignored_parameters_do_not_change_the_key() {
+        let f = QueryFilter::new(&["utm_*", "fbclid"]);
+        let a = UriKey::new("API.example.com", "/v1/x", Some("b=2&a=1"), &f);
+        let b = UriKey::new(
+            "api.example.com",
+            "/v1/x",
+            Some("a=1&utm_source=x&b=2&fbclid=9"),
+            &f,
+        );
+        assert_eq!(a.digest(), b.digest());
+        assert_eq!(a.readable(), "api.example.com/v1/x?a=1&b=2");
+        let c = UriKey::new("api.example.com", "/v1/x", Some("a=1&b=3"), &f);
+        assert_ne!(a.digest(), c.digest());
+        let empty = UriKey::new("h", "/p", Some("utm_a=1"), &f);
+        assert_eq!(empty.readable(), "h/p");
+    }
+
+    #[test]
+    fn routes_identities_and_vary_values_separate_variants() {
+        let f = QueryFilter::default();
+        let p1 = PrimaryKey::new("a", UriKey::new("h", "/p", None, &f));
+        let p2 = PrimaryKey::new("b", UriKey::new("h", "/p", None, &f));
+        assert_ne!(p1.digest(), p2.digest());
+        let id = Identity::from_bytes([7; 32]);
+        let plain = p1.variant(None, &[]);
+        let mine = p1.variant(Some(&id), &[]);
+        assert_ne!(plain.digest, mine.digest);
+        assert!(mine.private && !plain.private);
+        let ab = p1.variant(None, &["ab".into(), "c".into()]);
+        let a_bc = p1.variant(None, &["a".into(), "bc".into()]);
+        assert_ne!(ab.digest, a_bc.digest);
+    }
+
+    #[test]
+    fn digests_are_stable_across_processes() {
+        let k = UriKey::new("h", "/p", None, &QueryFilter::default());
+        // A fixed value: a change here breaks every shared (L2) entry.
+        assert_eq!(k.digest().to_hex(), blake3::hash(b"h/p").to_hex().as_str());
+    }
+}

@@ -1,0 +1,24 @@
+//! corral's cache logic: keys, variance, freshness, stored entries, the L1
+//! store and in-process request coalescing. Nothing in here serves HTTP or
+//! opens a socket, so every piece is unit-testable on its own.
+
+pub mod cache_control;
+pub mod cache_status;
+pub mod entry;
+pub mod flight;
+pub mod identity;
+pub mod key;
+pub mod policy;
+pub mod store;
+pub mod vary;
+pub mod xfetch;
+
+pub use cache_control::CacheControl;
+pub use cache_status::{CacheStatus, Forward};
+pub use entry::{EntryState, StoredResponse, merge_not_modified};
+pub use flight::{FlightEnd, Flights, Role, WaitResult};
+pub use identity::{Identity, IdentityRules};
+pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
+pub use policy::{Decision, Freshness, PassReason, RoutePolicy};
+pub use store::{L1, L1Config};
+pub use vary::Vary;

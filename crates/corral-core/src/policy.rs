@@ -1,0 +1,386 @@
+//! Whether and for how long a response may be stored, as an RFC 9111 shared
+//! cache (through http-cache-semantics) with the route's defaults and caps:
+//! default TTL, stale-while-revalidate / stale-if-error windows, TTL jitter.
+//! Client Cache-Control request directives are ignored, as nginx and Varnish
+//! do by default, so no client can bust the cache for everyone else.
+
+use std::time::{Duration, SystemTime};
+
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, EXPIRES, PRAGMA, SET_COOKIE};
+use http::{request, response};
+use http_cache_semantics::{CacheOptions, CachePolicy};
+use rand::Rng;
+
+use crate::cache_control::CacheControl;
+use crate::identity::IdentityRules;
+use crate::vary::Vary;
+
+/// A route's cache policy, as configured.
+#[derive(Debug, Clone)]
+pub struct RoutePolicy {
+    /// Freshness for storable responses that carry no freshness information.
+    pub default_ttl: Option<Duration>,
+    /// RFC 9111 §4.2.2 heuristic freshness from Last-Modified.
+    pub heuristic_freshness: bool,
+    pub swr_default: Duration,
+    pub swr_max: Duration,
+    pub sie_default: Duration,
+    pub sie_max: Duration,
+    /// Up to this percent is taken off each TTL, so keys filled together
+    /// do not expire together. Only ever shortens.
+    pub ttl_jitter_percent: u8,
+    /// XFetch early-refresh aggressiveness; 0 disables.
+    pub early_refresh_beta: f64,
+    /// Store responses that set cookies (with Set-Cookie removed).
+    pub store_set_cookie: bool,
+    pub max_object_size: u64,
+    /// How long an uncacheable key is remembered as "pass".
+    pub hit_for_pass: Duration,
+}
+
+impl Default for RoutePolicy {
+    fn default() -> Self {
+        RoutePolicy {
+            default_ttl: None,
+            heuristic_freshness: false,
+            swr_default: Duration::ZERO,
+            swr_max: Duration::from_secs(3600),
+            sie_default: Duration::ZERO,
+            sie_max: Duration::from_secs(86400),
+            ttl_jitter_percent: 0,
+            early_refresh_beta: 1.0,
+            store_set_cookie: false,
+            max_object_size: 8 << 20,
+            hit_for_pass: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long a stored response stays usable, and how.
+#[derive(Debug, Clone)]
+pub struct Freshness {
+    /// Remaining freshness from the response time, jitter applied.
+    pub ttl: Duration,
+    pub swr: Duration,
+    pub sie: Duration,
+    /// May be served to other callers even when the request was authenticated.
+    pub shareable: bool,
+}
+
+/// Why a response is not stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassReason {
+    NoStore,
+    Private,
+    SetCookie,
+    VaryStar,
+    NotStorable,
+    NoFreshness,
+    TooLarge,
+}
+
+impl PassReason {
+    /// The `Cache-Status` detail for this reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PassReason::NoStore => "no-store",
+            PassReason::Private => "private",
+            PassReason::SetCookie => "set-cookie",
+            PassReason::VaryStar => "vary-star",
+            PassReason::NotStorable => "not-storable",
+            PassReason::NoFreshness => "no-freshness",
+            PassReason::TooLarge => "too-large",
+        }
+    }
+}
+
+/// The verdict on one response.
+#[derive(Debug)]
+pub enum Decision {
+    Store {
+        freshness: Freshness,
+        policy: Box<CachePolicy>,
+    },
+    Pass(PassReason),
+}
+
+impl RoutePolicy {
+    /// Decides on a response to `req`, received at `response_time`.
+    /// Identity headers are keyed into the entry by the caller, so they do
+    /// not make the response unstorable here (the key keeps it private).
+    pub fn evaluate(
+        &self,
+        req: &request::Parts,
+        res: &response::Parts,
+        response_time: SystemTime,
+        identity: &IdentityRules,
+    ) -> Decision {
+        let cc = CacheControl::parse(&res.headers);
+        if cc.no_store {
+            return Decision::Pass(PassReason::NoStore);
+        }
+        if cc.private {
+            return Decision::Pass(PassReason::Private);
+        }
+        if Vary::parse(&res.headers) == Vary::Star {
+            return Decision::Pass(PassReason::VaryStar);
+        }
+        let mut res_for_policy = res.headers.clone();
+        if res.headers.contains_key(SET_COOKIE) {
+            if !self.store_set_cookie {
+                return Decision::Pass(PassReason::SetCookie);
+            }
+            res_for_policy.remove(SET_COOKIE);
+        }
+        let declared_len = res
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared_len.is_some_and(|n| n > self.max_object_size) {
+            return Decision::Pass(PassReason::TooLarge);
+        }
+
+        let mut req_for_policy = req.clone();
+        req_for_policy.headers.remove(CACHE_CONTROL);
+        req_for_policy.headers.remove(PRAGMA);
+        let names: Vec<_> = req_for_policy
+            .headers
+            .keys()
+            .filter(|n| identity.is_identity_header(n))
+            .cloned()
+            .collect();
+        for n in names {
+            req_for_policy.headers.remove(n);
+        }
+        let res_parts = {
+            let mut b = http::Response::builder().status(res.status);
+            if let Some(h) = b.headers_mut() {
+                *h = res_for_policy;
+            }
+            match b.body(()) {
+                Ok(r) => r,
+                Err(_) => return Decision::Pass(PassReason::NotStorable),
+            }
+        };
+        let opts = CacheOptions {
+            shared: true,
+            cache_heuristic: if self.heuristic_freshness { 0.1 } else { 0.0 },
+            immutable_min_time_to_live: Duration::ZERO,
+            ignore_cargo_cult: false,
+        };
+        let policy = CachePolicy::new_options(&req_for_policy, &res_parts, response_time, opts);
+        if !policy.is_storable() {
+            return Decision::Pass(PassReason::NotStorable);
+        }
+
+        let mut ttl = policy.time_to_live(response_time);
+        let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
+        if let Some(default) = self.default_ttl
+            && ttl.is_zero()
+            && !explicit
+            && !cc.no_cache
+            && !cc.proxy_revalidate
+        {
+            ttl = default.saturating_sub(policy.age(response_time));
+        }
+        let (swr, sie) = if cc.forbids_stale() {
+            (Duration::ZERO, Duration::ZERO)
+        } else {
+            let window = |given: Option<u64>, default: Duration, max: Duration| {
+                given.map_or(default, Duration::from_secs).min(max)
+            };
+            (
+                window(cc.stale_while_revalidate, self.swr_default, self.swr_max),
+                window(cc.stale_if_error, self.sie_default, self.sie_max),
+            )
+        };
+        if ttl.is_zero() && swr.is_zero() && sie.is_zero() {
+            return Decision::Pass(PassReason::NoFreshness);
+        }
+        Decision::Store {
+            freshness: Freshness {
+                ttl: self.jitter(ttl),
+                swr,
+                sie,
+                shareable: cc.shareable_when_authenticated(),
+            },
+            policy: Box::new(policy),
+        }
+    }
+
+    fn jitter(&self, ttl: Duration) -> Duration {
+        if self.ttl_jitter_percent == 0 || ttl.is_zero() {
+            return ttl;
+        }
+        let fraction =
+            rand::rng().random_range(0.0..=f64::from(self.ttl_jitter_percent.min(100)) / 100.0);
+        ttl.mul_f64(1.0 - fraction)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::AUTHORIZATION;
+
+    fn req(auth: bool) -> request::Parts {
+        let mut b = http::Request::builder().uri("http://h/p");
+        if auth {
+            b = b.header(AUTHORIZATION, "Bearer x");
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    fn res(headers: &[(&str, &str)]) -> response::Parts {
+        let mut b = http::Response::builder().status(200);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("response").into_parts().0
+    }
+
+    fn rules() -> IdentityRules {
+        IdentityRules::new(vec![AUTHORIZATION], vec![])
+    }
+
+    fn decide(p: &RoutePolicy, auth: bool, h: &[(&str, &str)]) -> Decision {
+        p.evaluate(&req(auth), &res(h), SystemTime::now(), &rules())
+    }
+
+    #[test]
+    fn max_age_stores_with_that_ttl_and_route_stale_defaults() {
+        let p = RoutePolicy {
+            swr_default: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let Decision::Store { freshness, .. } =
+            decide(&p, false, &[("cache-control", "max-age=60")])
+        else {
+            panic!("expected store");
+        };
+        assert_eq!(freshness.ttl.as_secs(), 60);
+        assert_eq!(freshness.swr.as_secs(), 5);
+        assert!(!freshness.shareable);
+    }
+
+    #[test]
+    fn private_no_store_set_cookie_and_vary_star_pass() {
+        let p = RoutePolicy::default();
+        for (h, why) in [
+            (
+                ("cache-control", "private, max-age=60"),
+                PassReason::Private,
+            ),
+            (("cache-control", "no-store"), PassReason::NoStore),
+            (("vary", "*"), PassReason::VaryStar),
+            (("set-cookie", "a=b"), PassReason::SetCookie),
+        ] {
+            let hs = [("cache-control", "max-age=60"), h];
+            match decide(&p, false, &hs) {
+                Decision::Pass(r) => assert_eq!(r, why),
+                Decision::Store { .. } => panic!("stored {h:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn no_freshness_information_passes_unless_default_ttl() {
+        let p = RoutePolicy::default();
+        assert!(matches!(
+            decide(&p, false, &[]),
+            Decision::Pass(PassReason::NoFreshness)
+        ));
+        let p = RoutePolicy {
+            default_ttl: Some(Duration::from_secs(30)),
+            ..Default::default()
+        };
+        let Decision::Store { freshness, .. } = decide(&p, false, &[]) else {
+            panic!("expected store");
+        };
+        assert_eq!(freshness.ttl.as_secs(), 30);
+        // An explicit max-age=0 is not overridden by the default.
+        assert!(matches!(
+            decide(&p, false, &[("cache-control", "max-age=0")]),
+            Decision::Pass(PassReason::NoFreshness)
+        ));
+    }
+
+    #[test]
+    fn stale_windows_are_capped_and_forbidden_by_must_revalidate() {
+        let p = RoutePolicy {
+            swr_max: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let Decision::Store { freshness, .. } = decide(
+            &p,
+            false,
+            &[(
+                "cache-control",
+                "max-age=1, stale-while-revalidate=999, stale-if-error=7",
+            )],
+        ) else {
+            panic!("expected store");
+        };
+        assert_eq!((freshness.swr.as_secs(), freshness.sie.as_secs()), (10, 7));
+        let Decision::Store { freshness, .. } = decide(
+            &p,
+            false,
+            &[(
+                "cache-control",
+                "max-age=1, must-revalidate, stale-if-error=7",
+            )],
+        ) else {
+            panic!("expected store");
+        };
+        assert!(freshness.sie.is_zero() && freshness.shareable);
+    }
+
+    #[test]
+    fn authenticated_responses_are_storable_but_only_public_ones_shareable() {
+        let p = RoutePolicy::default();
+        let Decision::Store { freshness, .. } =
+            decide(&p, true, &[("cache-control", "max-age=60")])
+        else {
+            panic!("expected store");
+        };
+        assert!(!freshness.shareable);
+        let Decision::Store { freshness, .. } =
+            decide(&p, true, &[("cache-control", "public, max-age=60")])
+        else {
+            panic!("expected store");
+        };
+        assert!(freshness.shareable);
+    }
+
+    #[test]
+    fn jitter_only_shortens() {
+        let p = RoutePolicy {
+            ttl_jitter_percent: 20,
+            ..Default::default()
+        };
+        for _ in 0..200 {
+            let t = p.jitter(Duration::from_secs(100));
+            assert!(
+                t <= Duration::from_secs(100) && t >= Duration::from_secs(80),
+                "{t:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn declared_oversize_passes() {
+        let p = RoutePolicy {
+            max_object_size: 10,
+            ..Default::default()
+        };
+        assert!(matches!(
+            decide(
+                &p,
+                false,
+                &[("cache-control", "max-age=60"), ("content-length", "11")]
+            ),
+            Decision::Pass(PassReason::TooLarge)
+        ));
+    }
+}

@@ -1,0 +1,293 @@
+//! L1: the in-process store. Entries live in moka, bounded in bytes, each
+//! expiring when its last window (fresh, stale, revalidation grace) closes.
+//! Beside the entries: the Vary set learned per URI (so followers group
+//! correctly before a response arrives), "pass" markers for uncacheable keys
+//! (Varnish's hit-for-pass), and invalidation generations (RFC 9111 §4.4)
+//! that retire every variant of a URI in O(1).
+//! Nothing here blocks on I/O or holds a lock across an await.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use moka::Expiry;
+use moka::notification::RemovalCause;
+use moka::sync::Cache;
+
+use crate::entry::{MAX_RESIDENCY, StoredResponse};
+use crate::key::{Digest, PrimaryKey, UriKey, VariantKey};
+use crate::vary::Vary;
+
+/// Sizing for L1.
+#[derive(Debug, Clone)]
+pub struct L1Config {
+    /// Bound on the bytes of stored responses.
+    pub memory: u64,
+}
+
+struct EntryExpiry;
+
+impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
+    fn expire_after_create(
+        &self,
+        _: &Digest,
+        v: &Arc<StoredResponse>,
+        _: Instant,
+    ) -> Option<Duration> {
+        Some(v.residency(SystemTime::now()))
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &Digest,
+        v: &Arc<StoredResponse>,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(v.residency(SystemTime::now()))
+    }
+}
+
+/// A hit-for-pass marker lives for its own duration.
+#[derive(Clone, Copy)]
+struct PassMarker(Duration);
+
+struct PassExpiry;
+
+impl Expiry<Digest, PassMarker> for PassExpiry {
+    fn expire_after_create(&self, _: &Digest, v: &PassMarker, _: Instant) -> Option<Duration> {
+        Some(v.0)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &Digest,
+        v: &PassMarker,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(v.0)
+    }
+}
+
+/// The in-process cache.
+pub struct L1 {
+    entries: Cache<Digest, Arc<StoredResponse>>,
+    vary: Cache<Digest, Vary>,
+    pass: Cache<Digest, PassMarker>,
+    generations: Cache<Digest, u64>,
+    /// Monotonic stamp: fetches record it when they start; invalidations
+    /// take a new one.
+    clock: AtomicU64,
+    /// Entries stamped below this are invalid for every URI whose
+    /// generation record was evicted for space (conservative, never stale).
+    floor: Arc<AtomicU64>,
+}
+
+impl L1 {
+    pub fn new(config: &L1Config) -> Self {
+        let floor = Arc::new(AtomicU64::new(0));
+        let listener_floor = Arc::clone(&floor);
+        L1 {
+            entries: Cache::builder()
+                .max_capacity(config.memory)
+                .weigher(|_, v: &Arc<StoredResponse>| v.weight())
+                .expire_after(EntryExpiry)
+                .build(),
+            vary: Cache::builder()
+                .max_capacity(200_000)
+                .time_to_idle(Duration::from_secs(3600))
+                .build(),
+            pass: Cache::builder()
+                .max_capacity(200_000)
+                .expire_after(PassExpiry)
+                .build(),
+            generations: Cache::builder()
+                .max_capacity(1_000_000)
+                // Outlives every entry stamped before it.
+                .time_to_live(MAX_RESIDENCY + Duration::from_secs(60))
+                .eviction_listener(move |_, g: u64, cause| {
+                    if cause == RemovalCause::Size {
+                        listener_floor.fetch_max(g, Ordering::AcqRel);
+                    }
+                })
+                .build(),
+            clock: AtomicU64::new(1),
+            floor,
+        }
+    }
+
+    /// The stamp a fetch records when it starts; an invalidation after this
+    /// point makes what the fetch stores invalid.
+    pub fn generation_stamp(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    fn current_generation(&self, uri: &UriKey) -> u64 {
+        self.generations
+            .get(&uri.digest())
+            .unwrap_or_else(|| self.floor.load(Ordering::Acquire))
+    }
+
+    /// A stored variant, unless an invalidation retired it.
+    pub fn get(&self, key: &VariantKey, uri: &UriKey) -> Option<Arc<StoredResponse>> {
+        let e = self.entries.get(&key.digest)?;
+        if e.generation < self.current_generation(uri) {
+            self.entries.invalidate(&key.digest);
+            return None;
+        }
+        Some(e)
+    }
+
+    /// Stores a variant (replacing any older one) unless an invalidation
+    /// happened since its fetch started.
+    pub fn insert(&self, key: &VariantKey, uri: &UriKey, entry: Arc<StoredResponse>) -> bool {
+        if entry.generation < self.current_generation(uri) {
+            return false;
+        }
+        self.entries.insert(key.digest, entry);
+        true
+    }
+
+    pub fn remove(&self, key: &VariantKey) {
+        self.entries.invalidate(&key.digest);
+    }
+
+    /// Retires every stored variant of `uri`, on every route.
+    pub fn invalidate_uri(&self, uri: &UriKey) {
+        let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        self.generations.insert(uri.digest(), g);
+    }
+
+    /// The Vary set last seen for this URI on this route.
+    pub fn learned_vary(&self, primary: &PrimaryKey) -> Vary {
+        self.vary.get(&primary.digest()).unwrap_or_default()
+    }
+
+    pub fn learn_vary(&self, primary: &PrimaryKey, vary: &Vary) {
+        if self.vary.get(&primary.digest()).as_ref() != Some(vary) {
+            self.vary.insert(primary.digest(), vary.clone());
+        }
+    }
+
+    /// True while `key` is remembered as uncacheable.
+    pub fn is_pass(&self, key: &Digest) -> bool {
+        self.pass.contains_key(key)
+    }
+
+    pub fn mark_pass(&self, key: Digest, duration: Duration) {
+        if !duration.is_zero() {
+            self.pass.insert(key, PassMarker(duration));
+        }
+    }
+
+    pub fn clear_pass(&self, key: &Digest) {
+        self.pass.invalidate(key);
+    }
+
+    /// Stored variants (approximate until pending maintenance runs).
+    pub fn entry_count(&self) -> u64 {
+        self.entries.entry_count()
+    }
+
+    /// Bytes held by stored variants (approximate).
+    pub fn weighted_size(&self) -> u64 {
+        self.entries.weighted_size()
+    }
+
+    /// Runs moka's pending maintenance (tests and metrics).
+    pub fn sync(&self) {
+        self.entries.run_pending_tasks();
+        self.generations.run_pending_tasks();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::QueryFilter;
+    use crate::policy::Freshness;
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+    use http_cache_semantics::CachePolicy;
+
+    fn stored(body: &'static [u8], generation: u64) -> Arc<StoredResponse> {
+        let req = http::Request::get("http://h/").body(()).expect("req");
+        let res = http::Response::builder()
+            .header("cache-control", "max-age=60")
+            .body(())
+            .expect("res");
+        let fr = Freshness {
+            ttl: Duration::from_secs(60),
+            swr: Duration::ZERO,
+            sie: Duration::ZERO,
+            shareable: true,
+        };
+        Arc::new(StoredResponse::new(
+            StatusCode::OK,
+            HeaderMap::new(),
+            Bytes::from_static(body),
+            CachePolicy::new(&req, &res),
+            &fr,
+            SystemTime::now(),
+            Duration::from_millis(1),
+            Vary::None,
+            vec![],
+            generation,
+            false,
+        ))
+    }
+
+    fn keys(path: &str) -> (UriKey, VariantKey) {
+        let uri = UriKey::new("h", path, None, &QueryFilter::default());
+        let v = PrimaryKey::new("r", uri.clone()).variant(None, &[]);
+        (uri, v)
+    }
+
+    #[test]
+    fn invalidation_retires_stored_and_in_flight_fills() {
+        let l1 = L1::new(&L1Config { memory: 1 << 20 });
+        let (uri, k) = keys("/a");
+        let stamp = l1.generation_stamp();
+        assert!(l1.insert(&k, &uri, stored(b"one", stamp)));
+        assert!(l1.get(&k, &uri).is_some());
+        let in_flight = l1.generation_stamp();
+        l1.invalidate_uri(&uri);
+        assert!(l1.get(&k, &uri).is_none());
+        // A fill that started before the invalidation is refused.
+        assert!(!l1.insert(&k, &uri, stored(b"old", in_flight)));
+        // One that starts after it is kept.
+        assert!(l1.insert(&k, &uri, stored(b"new", l1.generation_stamp())));
+        assert_eq!(
+            l1.get(&k, &uri).map(|e| e.body.clone()),
+            Some(Bytes::from_static(b"new"))
+        );
+        // Other URIs are untouched.
+        let (uri_b, kb) = keys("/b");
+        assert!(l1.insert(&kb, &uri_b, stored(b"b", 1)));
+        assert!(l1.get(&kb, &uri_b).is_some());
+    }
+
+    #[test]
+    fn memory_bound_is_in_bytes() {
+        let l1 = L1::new(&L1Config { memory: 64 * 1024 });
+        static BIG: [u8; 8192] = [b'x'; 8192];
+        for i in 0..64 {
+            let (uri, k) = keys(&format!("/{i}"));
+            l1.insert(&k, &uri, stored(&BIG, 1));
+        }
+        l1.sync();
+        assert!(l1.weighted_size() <= 64 * 1024, "{}", l1.weighted_size());
+        assert!(l1.entry_count() < 64);
+    }
+
+    #[test]
+    fn pass_markers_expire() {
+        let l1 = L1::new(&L1Config { memory: 1 << 20 });
+        let d = Digest([1; 32]);
+        l1.mark_pass(d, Duration::from_millis(30));
+        assert!(l1.is_pass(&d));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!l1.is_pass(&d));
+    }
+}

@@ -1,0 +1,164 @@
+//! Vary: which request headers select among stored responses, and how their
+//! values are normalized so that equivalent requests share an entry
+//! (`gzip, br` and `br,gzip`). `Vary: *` can never be served from cache.
+
+use http::HeaderMap;
+use http::header::{ACCEPT_ENCODING, HeaderName, VARY};
+
+/// What a response's Vary field says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Vary {
+    /// No Vary: one response serves every request for the URI.
+    #[default]
+    None,
+    /// Select on these request headers (lowercased, sorted, deduplicated).
+    Headers(Vec<HeaderName>),
+    /// `Vary: *`: never served from cache.
+    Star,
+}
+
+impl Vary {
+    pub fn parse(headers: &HeaderMap) -> Self {
+        let mut names = Vec::new();
+        for value in headers.get_all(VARY) {
+            let Ok(value) = value.to_str() else {
+                return Vary::Star;
+            };
+            for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                if token == "*" {
+                    return Vary::Star;
+                }
+                match HeaderName::from_bytes(token.to_ascii_lowercase().as_bytes()) {
+                    Ok(n) => names.push(n),
+                    Err(_) => return Vary::Star,
+                }
+            }
+        }
+        if names.is_empty() {
+            return Vary::None;
+        }
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        Vary::Headers(names)
+    }
+
+    /// The header names this Vary selects on (none for `None` and `Star`).
+    pub fn names(&self) -> &[HeaderName] {
+        match self {
+            Vary::Headers(n) => n,
+            _ => &[],
+        }
+    }
+
+    /// The request's normalized values for the selecting headers, in order.
+    pub fn values(&self, request: &HeaderMap) -> Vec<String> {
+        self.names()
+            .iter()
+            .map(|n| normalized_value(n, request))
+            .collect()
+    }
+}
+
+/// One request header's value, normalized for comparison. An absent header
+/// is distinct from an empty one.
+pub fn normalized_value(name: &HeaderName, headers: &HeaderMap) -> String {
+    let mut raw = headers.get_all(name).iter().peekable();
+    if raw.peek().is_none() {
+        return "\u{0}absent".to_owned();
+    }
+    let mut tokens: Vec<String> = raw
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(collapse)
+                .collect::<Vec<_>>()
+        })
+        .filter(|t| !t.is_empty())
+        .collect();
+    if name == ACCEPT_ENCODING {
+        // Coding names are case-insensitive and their order carries no
+        // meaning (weights do, and stay attached to their token).
+        for t in &mut tokens {
+            *t = t.to_ascii_lowercase();
+        }
+        tokens.sort_unstable();
+        tokens.dedup();
+    }
+    tokens.join(",")
+}
+
+/// Trims and removes whitespace around `;` and `=` and collapses runs.
+fn collapse(token: &str) -> String {
+    let mut out = String::with_capacity(token.len());
+    let mut pending_space = false;
+    for c in token.trim().chars() {
+        if c.is_ascii_whitespace() {
+            pending_space = true;
+            continue;
+        }
+        if pending_space && !matches!(c, ';' | '=') && !out.ends_with([';', '=']) {
+            out.push(' ');
+        }
+        pending_space = false;
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn parses_names_and_star() {
+        let v = Vary::parse(&headers(&[
+            ("vary", "Accept-Encoding, accept-language"),
+            ("vary", "Accept-Encoding"),
+        ]));
+        assert_eq!(v.names().len(), 2);
+        assert_eq!(Vary::parse(&headers(&[("vary", "Accept, *")])), Vary::Star);
+        assert_eq!(Vary::parse(&headers(&[])), Vary::None);
+    }
+
+    #[test]
+    fn accept_encoding_is_normalized() {
+        let a = normalized_value(
+            &ACCEPT_ENCODING,
+            &headers(&[("accept-encoding", "gzip, br")]),
+        );
+        let b = normalized_value(
+            &ACCEPT_ENCODING,
+            &headers(&[("accept-encoding", "BR,gzip")]),
+        );
+        let c = normalized_value(&ACCEPT_ENCODING, &headers(&[("accept-encoding", "gzip")]));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let q1 = normalized_value(
+            &ACCEPT_ENCODING,
+            &headers(&[("accept-encoding", "gzip ; q=0.5")]),
+        );
+        let q2 = normalized_value(
+            &ACCEPT_ENCODING,
+            &headers(&[("accept-encoding", "gzip;q=0.5")]),
+        );
+        assert_eq!(q1, q2);
+    }
+
+    #[test]
+    fn absent_differs_from_empty() {
+        let n = HeaderName::from_static("accept-language");
+        assert_ne!(
+            normalized_value(&n, &headers(&[])),
+            normalized_value(&n, &headers(&[("accept-language", "")]))
+        );
+    }
+}
