@@ -1,0 +1,220 @@
+//! GET and HEAD through the cache: look up the variant, serve it fresh,
+//! serve it stale while one background refresh runs, or join the key's
+//! flight: lead it (spawn the fill and wait for it) or follow it (wait for
+//! the leader's outcome, at most the route's lock timeout, then do what the
+//! route says).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Body;
+use corral_core::{
+    CacheStatus, Digest, EntryState, Forward, PrimaryKey, Role, StoredResponse, UriKey, VariantKey,
+    Vary, WaitResult, xfetch,
+};
+use http::{Method, Response, StatusCode};
+use tokio::sync::oneshot;
+
+use crate::app::App;
+use crate::config::OnTimeout;
+use crate::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
+use crate::request::RequestCtx;
+use crate::respond;
+use crate::routes::Route;
+
+/// How many times a follower whose Vary values did not match the leader's
+/// answer looks again before fetching alone.
+const VARY_RETRIES: usize = 2;
+
+pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Response<Body> {
+    let head = ctx.method == Method::HEAD;
+    let ctx = Arc::new(ctx);
+    let uri = UriKey::new(
+        &ctx.host,
+        &ctx.path,
+        ctx.query.as_deref(),
+        &route.query_filter,
+    );
+    let primary = PrimaryKey::new(&route.name, uri);
+    let identity = route.identity.identify(&ctx.headers);
+
+    let mut attempt = 0;
+    loop {
+        let now = SystemTime::now();
+        let vary = app.l1.learned_vary(&primary);
+        let values = vary.values(&ctx.headers);
+        let shared_key = primary.variant(None, &values);
+        let own_key = identity
+            .as_ref()
+            .map(|id| primary.variant(Some(id), &values));
+        let found = lookup(
+            &app,
+            &primary,
+            own_key.as_ref(),
+            &shared_key,
+            identity.is_some(),
+            &ctx,
+        );
+        let flight_key = own_key.unwrap_or(shared_key).digest;
+        let fwd = match (&found, &vary) {
+            (Some(_), _) => Forward::Stale,
+            (None, Vary::Headers(_)) => Forward::VaryMiss,
+            (None, _) => Forward::UriMiss,
+        };
+        let fill_request = |stale: Option<Arc<StoredResponse>>| FillRequest {
+            app: Arc::clone(&app),
+            route: Arc::clone(&route),
+            ctx: Arc::clone(&ctx),
+            primary: primary.clone(),
+            identity,
+            stale,
+            fwd,
+        };
+
+        if let Some(entry) = &found {
+            match entry.state(now) {
+                EntryState::Fresh => {
+                    if xfetch::roll(
+                        now,
+                        entry.fresh_until,
+                        entry.fetch_duration,
+                        route.policy.early_refresh_beta,
+                    ) {
+                        refresh_in_background(
+                            &app,
+                            flight_key,
+                            fill_request(Some(Arc::clone(entry))),
+                        );
+                    }
+                    let st = CacheStatus::hit(entry.ttl_secs(now));
+                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
+                }
+                EntryState::StaleWhileRevalidate => {
+                    refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
+                    let st = CacheStatus::forward(Forward::Stale)
+                        .with_ttl(entry.ttl_secs(now))
+                        .with_detail("stale-while-revalidate");
+                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
+                }
+                EntryState::StaleIfError | EntryState::Expired => {}
+            }
+        }
+
+        if !route.coalesce || app.l1.is_pass(&primary.digest()) {
+            return lead(fill_request(found), None, head).await;
+        }
+        match app.flights.join(flight_key) {
+            Role::Leader(permit) => return lead(fill_request(found), Some(permit), head).await,
+            Role::Follower(waiter) => match waiter.wait(route.lock_timeout).await {
+                WaitResult::Done(outcome) => match &outcome {
+                    FillOutcome::Stored { entry, .. } if !entry.matches_vary(&ctx.headers) => {
+                        if attempt < VARY_RETRIES {
+                            // The leader's answer is another variant: look
+                            // again with the Vary set it taught us.
+                            attempt += 1;
+                            continue;
+                        }
+                        return lead(fill_request(found), None, head).await;
+                    }
+                    FillOutcome::Pass { reason } => {
+                        tracing::debug!(route = %route.name, key = %primary.readable(), reason = reason.as_str(), "uncacheable: fetching alone");
+                        return lead(fill_request(found), None, head).await;
+                    }
+                    _ => {
+                        return respond::from_outcome(
+                            &outcome,
+                            true,
+                            SystemTime::now(),
+                            head,
+                            &ctx.headers,
+                        );
+                    }
+                },
+                WaitResult::Dangling => {
+                    // The leader went away without an answer: try to lead.
+                    attempt += 1;
+                    if attempt > VARY_RETRIES + 2 {
+                        return lead(fill_request(found), None, head).await;
+                    }
+                    continue;
+                }
+                WaitResult::TimedOut => {
+                    return on_lock_timeout(&route, fill_request(found), head).await;
+                }
+            },
+        }
+    }
+}
+
+fn lookup(
+    app: &App,
+    primary: &PrimaryKey,
+    own_key: Option<&VariantKey>,
+    shared_key: &VariantKey,
+    authenticated: bool,
+    ctx: &RequestCtx,
+) -> Option<Arc<StoredResponse>> {
+    if let Some(e) = own_key.and_then(|k| app.l1.get(k, primary.uri()))
+        && e.matches_vary(&ctx.headers)
+    {
+        return Some(e);
+    }
+    let e = app.l1.get(shared_key, primary.uri())?;
+    // An authenticated caller only gets what the origin marked shareable.
+    if (authenticated && !e.shareable) || !e.matches_vary(&ctx.headers) {
+        return None;
+    }
+    Some(e)
+}
+
+/// Starts a refresh unless one is already under way for this key.
+fn refresh_in_background(app: &App, flight_key: Digest, fill: FillRequest) {
+    if let Role::Leader(permit) = app.flights.join(flight_key) {
+        tokio::spawn(fill::run(fill, Some(permit), None));
+    }
+}
+
+/// Runs the fill in its own task and waits for it.
+async fn lead(
+    fill: FillRequest,
+    permit: Option<corral_core::flight::Permit<FillOutcome>>,
+    head: bool,
+) -> Response<Body> {
+    let request_headers = fill.ctx.headers.clone();
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(fill::run(fill, permit, Some(tx)));
+    match rx.await {
+        Ok(LeaderOutcome::Outcome(o)) => {
+            respond::from_outcome(&o, false, SystemTime::now(), head, &request_headers)
+        }
+        Ok(LeaderOutcome::Stream(res)) => {
+            if head {
+                let (parts, _) = res.into_parts();
+                Response::from_parts(parts, Body::empty())
+            } else {
+                res
+            }
+        }
+        Err(_) => respond::error(StatusCode::BAD_GATEWAY, Forward::Miss, "fill-failed", None),
+    }
+}
+
+/// The route's `on_timeout` for a follower that waited its lock timeout.
+async fn on_lock_timeout(route: &Route, fill: FillRequest, head: bool) -> Response<Body> {
+    match route.on_timeout {
+        OnTimeout::Fetch => lead(fill, None, head).await,
+        OnTimeout::Stale => match fill.stale.clone() {
+            Some(entry) => {
+                let now = SystemTime::now();
+                let st = CacheStatus::forward(Forward::Stale)
+                    .with_ttl(entry.ttl_secs(now))
+                    .with_detail("lock-timeout");
+                respond::from_entry(&entry, &st, now, head, &fill.ctx.headers)
+            }
+            None => lead(fill, None, head).await,
+        },
+        OnTimeout::Error => {
+            respond::error(StatusCode::GATEWAY_TIMEOUT, fill.fwd, "lock-timeout", None)
+        }
+    }
+}

@@ -1,0 +1,701 @@
+//! Loads and validates corral's YAML config file into typed settings with defaults filled in.
+//! A pure function of the file: no environment lookups, no DNS, no defaults from elsewhere.
+//! Every refusal of the file's contents names its line, column and dotted field path.
+
+mod duration;
+mod error;
+mod paths;
+mod raw;
+mod resolve;
+mod size;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+pub use error::ConfigError;
+
+/// Reads the config file at `path`, parses and validates it.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::unreadable(&file, &e))?;
+    parse(&file, &text)
+}
+
+/// Parses and validates config `text`; `file_name` is only used in error messages.
+pub fn parse(file_name: &str, text: &str) -> Result<Config, ConfigError> {
+    let options = serde_saphyr::options! {
+        with_snippet: false,
+        // `enabled: no` should not silently mean false: only true/false are booleans.
+        strict_booleans: true,
+    };
+    let raw = serde_saphyr::from_str_with_options(text, options)
+        .map_err(|e| ConfigError::from_yaml(file_name, text, &e))?;
+    resolve::resolve(file_name, text, raw)
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address the proxy listens on for client traffic.
+    pub listen: SocketAddr,
+    /// Address of the admin listener (metrics, health, purge); never the same as `listen`.
+    pub admin: SocketAddr,
+    pub server: ServerConfig,
+    pub cache: CacheConfig,
+    /// Routes in file order; at least one, names unique.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Front-end connection limits (`server:` section, optional).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// How long a client may take to send the request head.
+    pub header_read_timeout: Duration,
+    /// Bytes of request head hyper may buffer; at least 8KiB (hyper's minimum).
+    pub max_header_size: u64,
+    /// How long in-flight requests may run after a shutdown signal.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_size: 16 * 1024,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The shared in-memory cache (`cache:` section, required).
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Total bytes the cache may hold.
+    pub memory: u64,
+    /// Largest response body stored; never more than `memory`.
+    pub max_object_size: u64,
+}
+
+/// Default `cache.max_object_size`: 8MiB.
+const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
+
+/// One upstream and the requests that go to it.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Unique, `[A-Za-z0-9_-]+`; used in logs, metrics and headers.
+    pub name: String,
+    /// `match.host`: lowercased `host` or `host:port`; `None` matches any host.
+    pub host: Option<String>,
+    /// `match.path_prefix`: starts with `/`; default `/`.
+    pub path_prefix: String,
+    /// `http://host[:port]`, with an empty or `/` path.
+    pub upstream: http::Uri,
+    pub timeouts: TimeoutsConfig,
+    pub cache: RouteCacheConfig,
+    pub coalesce: CoalesceConfig,
+}
+
+/// Upstream timeouts; each positive, and neither phase longer than `total`.
+#[derive(Debug, Clone)]
+pub struct TimeoutsConfig {
+    /// TCP connect to the upstream.
+    pub connect: Duration,
+    /// From sending the request to receiving the response head.
+    pub response_headers: Duration,
+    /// The whole exchange, body included.
+    pub total: Duration,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(2),
+            response_headers: Duration::from_secs(15),
+            total: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Caching policy of one route.
+#[derive(Debug, Clone)]
+pub struct RouteCacheConfig {
+    /// Whether responses of this route are cached at all.
+    pub enabled: bool,
+    /// TTL for storable responses that carry no freshness information; `None` = not stored.
+    pub default_ttl: Option<Duration>,
+    /// RFC 9111 §4.2.2 heuristic freshness from `Last-Modified`; off by default.
+    pub heuristic_freshness: bool,
+    pub stale_while_revalidate: StaleWindow,
+    pub stale_if_error: StaleWindow,
+    /// Percent (0..=50) by which TTLs are randomly shortened to spread expiries.
+    pub ttl_jitter: u8,
+    /// Probabilistic early refresh strength (XFetch beta); 0 disables, always finite.
+    pub early_refresh_beta: f64,
+    /// Query parameter names left out of the cache key; a trailing `*` matches a prefix.
+    pub ignore_query: Vec<String>,
+    /// `identity.headers`: lowercased request headers that make a response user-specific.
+    pub identity_headers: Vec<String>,
+    /// `identity.cookies`: request cookies that make a response user-specific.
+    pub identity_cookies: Vec<String>,
+    /// `false`: responses with `Set-Cookie` are not stored; `true`: stored without it.
+    pub store_set_cookie: bool,
+    /// How long a key found uncacheable is passed straight to the upstream; 0 disables.
+    pub hit_for_pass: Duration,
+}
+
+impl Default for RouteCacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            default_ttl: None,
+            heuristic_freshness: false,
+            stale_while_revalidate: StaleWindow {
+                default: Duration::ZERO,
+                max: Duration::from_secs(3600),
+            },
+            stale_if_error: StaleWindow {
+                default: Duration::ZERO,
+                max: Duration::from_secs(24 * 3600),
+            },
+            ttl_jitter: 0,
+            early_refresh_beta: 1.0,
+            ignore_query: Vec::new(),
+            identity_headers: vec!["authorization".to_owned()],
+            identity_cookies: Vec::new(),
+            store_set_cookie: false,
+            hit_for_pass: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long a stale response may be served: `default` when the response does not say,
+/// and never more than `max` whatever it says. `default <= max`.
+#[derive(Debug, Clone, Copy)]
+pub struct StaleWindow {
+    pub default: Duration,
+    pub max: Duration,
+}
+
+/// Request coalescing: one upstream fetch per key at a time.
+#[derive(Debug, Clone)]
+pub struct CoalesceConfig {
+    pub enabled: bool,
+    /// How long a waiter waits for the leader's response; positive.
+    pub lock_timeout: Duration,
+    /// What a waiter does when `lock_timeout` passes.
+    pub on_timeout: OnTimeout,
+}
+
+impl Default for CoalesceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            lock_timeout: Duration::from_secs(5),
+            on_timeout: OnTimeout::Fetch,
+        }
+    }
+}
+
+/// What a coalesced waiter does after `lock_timeout` (YAML: `fetch`, `stale`, `error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnTimeout {
+    /// Fetch from the upstream itself.
+    #[default]
+    Fetch,
+    /// Serve a stale copy if the cache holds one.
+    Stale,
+    /// Answer with an error instead of fetching.
+    Error,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "corral.yaml";
+
+    /// Lines 1-7 of a valid config with one route; `extra` starts at line 8 inside that route.
+    fn route_with(extra: &str) -> String {
+        format!(
+            "\
+listen: 127.0.0.1:8080
+admin: 127.0.0.1:9080
+cache:
+  memory: 256MiB
+routes:
+  - name: api
+    upstream: http://127.0.0.1:3000
+{extra}"
+        )
+    }
+
+    fn config(text: &str) -> Config {
+        parse(FILE, text).unwrap_or_else(|e| panic!("config refused: {e}"))
+    }
+
+    fn refused(text: &str) -> ConfigError {
+        match parse(FILE, text) {
+            Ok(config) => panic!("config accepted: {config:?}"),
+            Err(error) => error,
+        }
+    }
+
+    /// Asserts line, column and field, and returns the message.
+    fn assert_at(error: &ConfigError, line: u32, column: u32, field: &str) -> String {
+        assert_eq!(
+            (error.line, error.column, error.field.as_str()),
+            (Some(line), Some(column), field),
+            "{error}"
+        );
+        assert_eq!(error.file, FILE);
+        error.message.clone()
+    }
+
+    #[test]
+    fn example_file_loads() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../config/corral.yaml"
+        ));
+        let config = load(path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.listen, "127.0.0.1:8080".parse().expect("address"));
+        assert_eq!(config.admin, "127.0.0.1:9080".parse().expect("address"));
+        assert_eq!(config.cache.memory, 256 * 1024 * 1024);
+        assert_eq!(config.routes.len(), 1);
+        let route = &config.routes[0];
+        assert_eq!(route.name, "api");
+        assert_eq!(route.host, None);
+        assert_eq!(route.path_prefix, "/");
+        assert_eq!(route.upstream, "http://127.0.0.1:3000/");
+        assert_eq!(route.cache.ignore_query, ["utm_*", "fbclid"]);
+        assert_eq!(route.coalesce.on_timeout, OnTimeout::Fetch);
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error_without_position() {
+        let error = match load(Path::new("/nonexistent/corral.yaml")) {
+            Ok(_) => panic!("loaded a missing file"),
+            Err(error) => error,
+        };
+        assert_eq!(error.file, "/nonexistent/corral.yaml");
+        assert_eq!((error.line, error.column), (None, None));
+        assert_eq!(error.field, "");
+        assert!(
+            error.message.starts_with("cannot read config file: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn minimal_config_gets_every_default() {
+        let config = config(
+            "\
+listen: 127.0.0.1:8080
+admin: 127.0.0.1:9080
+cache:
+  memory: 64MiB
+routes:
+  - name: api
+    match: { path_prefix: / }
+    upstream: http://127.0.0.1:3000
+",
+        );
+        let server = &config.server;
+        assert_eq!(server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(server.max_header_size, 16 * 1024);
+        assert_eq!(server.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(config.cache.memory, 64 * 1024 * 1024);
+        assert_eq!(config.cache.max_object_size, 8 * 1024 * 1024);
+
+        let route = &config.routes[0];
+        assert_eq!(route.host, None);
+        assert_eq!(route.path_prefix, "/");
+        assert_eq!(route.upstream.host(), Some("127.0.0.1"));
+        assert_eq!(route.upstream.port_u16(), Some(3000));
+        assert_eq!(route.timeouts.connect, Duration::from_secs(2));
+        assert_eq!(route.timeouts.response_headers, Duration::from_secs(15));
+        assert_eq!(route.timeouts.total, Duration::from_secs(60));
+
+        let cache = &route.cache;
+        assert!(cache.enabled);
+        assert_eq!(cache.default_ttl, None);
+        assert!(!cache.heuristic_freshness);
+        assert_eq!(cache.stale_while_revalidate.default, Duration::ZERO);
+        assert_eq!(cache.stale_while_revalidate.max, Duration::from_secs(3600));
+        assert_eq!(cache.stale_if_error.default, Duration::ZERO);
+        assert_eq!(cache.stale_if_error.max, Duration::from_secs(86_400));
+        assert_eq!(cache.ttl_jitter, 0);
+        assert_eq!(cache.early_refresh_beta, 1.0);
+        assert!(cache.ignore_query.is_empty());
+        assert_eq!(cache.identity_headers, ["authorization"]);
+        assert!(cache.identity_cookies.is_empty());
+        assert!(!cache.store_set_cookie);
+        assert_eq!(cache.hit_for_pass, Duration::from_secs(10));
+
+        let coalesce = &route.coalesce;
+        assert!(coalesce.enabled);
+        assert_eq!(coalesce.lock_timeout, Duration::from_secs(5));
+        assert_eq!(coalesce.on_timeout, OnTimeout::Fetch);
+    }
+
+    #[test]
+    fn every_field_of_the_documented_shape_is_read() {
+        let config = config(
+            "\
+listen: 0.0.0.0:8080
+admin: 127.0.0.1:9080
+server: { header_read_timeout: 5s, max_header_size: 32KiB, shutdown_grace: 1m }
+cache: { memory: 1GB, max_object_size: 1MB }
+routes:
+  - name: api
+    match: { host: API.Example.com, path_prefix: /v1 }
+    upstream: http://127.0.0.1:3000
+    timeouts: { connect: 250ms, response_headers: 1.5s, total: 2m }
+    cache:
+      enabled: false
+      default_ttl: 30s
+      heuristic_freshness: true
+      stale_while_revalidate: { default: 10s, max: 1h }
+      stale_if_error: { default: 1m, max: 1d }
+      ttl_jitter: 10
+      early_refresh_beta: 0
+      ignore_query: [utm_*, fbclid]
+      identity: { headers: [Authorization, X-Api-Key], cookies: [session] }
+      store_set_cookie: true
+      hit_for_pass: 0s
+    coalesce: { enabled: false, lock_timeout: 100ms, on_timeout: stale }
+  - name: static
+    match: { host: api.example.com }
+    upstream: http://10.0.0.2
+",
+        );
+        assert_eq!(config.server.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(config.server.max_header_size, 32 * 1024);
+        assert_eq!(config.server.shutdown_grace, Duration::from_secs(60));
+        assert_eq!(config.cache.memory, 1_000_000_000);
+        assert_eq!(config.cache.max_object_size, 1_000_000);
+
+        let api = &config.routes[0];
+        assert_eq!(api.host.as_deref(), Some("api.example.com"));
+        assert_eq!(api.path_prefix, "/v1");
+        assert_eq!(api.timeouts.connect, Duration::from_millis(250));
+        assert_eq!(api.timeouts.response_headers, Duration::from_millis(1500));
+        assert_eq!(api.timeouts.total, Duration::from_secs(120));
+        let cache = &api.cache;
+        assert!(!cache.enabled);
+        assert_eq!(cache.default_ttl, Some(Duration::from_secs(30)));
+        assert!(cache.heuristic_freshness);
+        assert_eq!(
+            cache.stale_while_revalidate.default,
+            Duration::from_secs(10)
+        );
+        assert_eq!(cache.stale_if_error.default, Duration::from_secs(60));
+        assert_eq!(cache.stale_if_error.max, Duration::from_secs(86_400));
+        assert_eq!(cache.ttl_jitter, 10);
+        assert_eq!(cache.early_refresh_beta, 0.0);
+        assert_eq!(cache.identity_headers, ["authorization", "x-api-key"]);
+        assert_eq!(cache.identity_cookies, ["session"]);
+        assert!(cache.store_set_cookie);
+        assert_eq!(cache.hit_for_pass, Duration::ZERO);
+        assert!(!api.coalesce.enabled);
+        assert_eq!(api.coalesce.lock_timeout, Duration::from_millis(100));
+        assert_eq!(api.coalesce.on_timeout, OnTimeout::Stale);
+
+        let static_route = &config.routes[1];
+        assert_eq!(static_route.path_prefix, "/");
+        assert_eq!(static_route.upstream.host(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn unknown_field_in_route_cache_names_line_and_path() {
+        let error = refused(
+            "\
+listen: 127.0.0.1:8080
+admin: 127.0.0.1:9080
+cache: { memory: 256MiB }
+routes:
+- name: api
+  cache:
+    bogus: 1
+  upstream: http://127.0.0.1:3000
+",
+        );
+        let message = assert_at(&error, 7, 5, "routes[0].cache.bogus");
+        assert!(
+            error
+                .to_string()
+                .starts_with("corral.yaml:7:5: routes[0].cache.bogus: unknown field `bogus`"),
+            "{error}"
+        );
+        assert!(message.contains("default_ttl"), "{message}");
+    }
+
+    #[test]
+    fn unknown_field_in_flow_mapping_and_at_top_level() {
+        let error = refused(&route_with("    coalesce: { enabled: true, wait: 5s }\n"));
+        assert_at(&error, 8, 32, "routes[0].coalesce.wait");
+
+        let text = route_with("").replace("routes:", "listen_on: 1\nroutes:");
+        let error = refused(&text);
+        assert_at(&error, 5, 1, "listen_on");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let error = refused(&route_with("    coalesce:\n      lock_timeout: 5x\n"));
+        let message = assert_at(&error, 9, 21, "routes[0].coalesce.lock_timeout");
+        assert_eq!(message, "unknown unit `x` in `5x` (units: ms, s, m, h, d)");
+    }
+
+    #[test]
+    fn bare_number_duration_is_refused() {
+        let error = refused(&route_with("    timeouts:\n      total: 30\n"));
+        let message = assert_at(&error, 9, 14, "routes[0].timeouts.total");
+        assert!(message.contains("missing unit"), "{message}");
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        let text =
+            route_with("").replace("memory: 256MiB", "memory: 256MiB\n  max_object_size: 1GB");
+        let text = text.replace("memory: 256MiB", "memory: 2GiB");
+        let config = config(&format!("server:\n  max_header_size: 16KiB\n{text}"));
+        assert_eq!(config.cache.memory, 2 * 1024 * 1024 * 1024);
+        assert_eq!(config.cache.max_object_size, 1_000_000_000);
+        assert_eq!(config.server.max_header_size, 16_384);
+
+        let config = self::config(&route_with(""));
+        assert_eq!(config.cache.memory, 268_435_456);
+    }
+
+    #[test]
+    fn ambiguous_size_unit_is_refused() {
+        let error = refused(&route_with("").replace("256MiB", "256M"));
+        let message = assert_at(&error, 4, 11, "cache.memory");
+        assert!(message.contains("ambiguous unit `M`"), "{message}");
+    }
+
+    #[test]
+    fn duplicate_route_names_are_refused_at_the_second() {
+        let error = refused(&route_with(
+            "  - name: api\n    match: { path_prefix: /other }\n    upstream: http://127.0.0.1:3001\n",
+        ));
+        let message = assert_at(&error, 8, 11, "routes[1].name");
+        assert_eq!(
+            message,
+            "duplicate route name `api` (already used by routes[0])"
+        );
+    }
+
+    #[test]
+    fn identical_matches_are_refused() {
+        let error = refused(&route_with(
+            "  - name: web\n    upstream: http://127.0.0.1:3001\n",
+        ));
+        let message = assert_at(&error, 8, 5, "routes[1].match");
+        assert!(message.contains("never be used"), "{message}");
+    }
+
+    #[test]
+    fn listen_equal_to_admin_is_refused() {
+        let error = refused(&route_with("").replace("127.0.0.1:9080", "127.0.0.1:8080"));
+        let message = assert_at(&error, 2, 8, "admin");
+        assert!(message.contains("overlaps listen"), "{message}");
+
+        // Port 0 lets the OS pick, so two ephemeral listeners are fine.
+        let text = route_with("")
+            .replace("127.0.0.1:9080", "127.0.0.1:0")
+            .replace("127.0.0.1:8080", "127.0.0.1:0");
+        config(&text);
+    }
+
+    #[test]
+    fn https_upstream_is_refused_clearly() {
+        let error =
+            refused(&route_with("").replace("http://127.0.0.1:3000", "https://api.internal"));
+        let message = assert_at(&error, 7, 15, "routes[0].upstream");
+        assert_eq!(message, "https upstreams are not supported yet");
+    }
+
+    #[test]
+    fn garbage_upstreams_are_refused() {
+        for (upstream, hint) in [
+            ("not a uri", "not a valid URI"),
+            ("127.0.0.1:3000", "no scheme"),
+            ("http://127.0.0.1:3000/api", "path or query"),
+            ("ftp://files", "unsupported scheme"),
+        ] {
+            let error = refused(&route_with("").replace("http://127.0.0.1:3000", upstream));
+            let message = assert_at(&error, 7, 15, "routes[0].upstream");
+            assert!(message.contains(hint), "{upstream}: {message}");
+        }
+    }
+
+    #[test]
+    fn missing_upstream_points_at_the_route() {
+        let text = route_with("").replace("    upstream: http://127.0.0.1:3000\n", "");
+        let error = refused(&text);
+        let message = assert_at(&error, 6, 5, "routes[0].upstream");
+        assert_eq!(message, "required field is missing");
+    }
+
+    #[test]
+    fn required_field_without_value_points_at_its_key() {
+        let text = route_with("").replace("upstream: http://127.0.0.1:3000", "upstream:");
+        let message = assert_at(&refused(&text), 7, 5, "routes[0].upstream");
+        assert_eq!(message, "required field has no value");
+
+        let text = route_with("").replace("  memory: 256MiB\n", "");
+        let message = assert_at(&refused(&text), 3, 1, "cache");
+        assert_eq!(message, "required field has no value");
+    }
+
+    #[test]
+    fn stale_default_above_max_is_refused() {
+        let error = refused(&route_with(
+            "    cache:\n      stale_while_revalidate:\n        default: 2h\n        max: 1h\n",
+        ));
+        let message = assert_at(
+            &error,
+            10,
+            18,
+            "routes[0].cache.stale_while_revalidate.default",
+        );
+        assert_eq!(message, "default (2h) must not exceed max (1h)");
+
+        // Against the default max, the written default is still the one blamed.
+        let error = refused(&route_with(
+            "    cache:\n      stale_if_error: { default: 2d }\n",
+        ));
+        let message = assert_at(&error, 9, 34, "routes[0].cache.stale_if_error.default");
+        assert_eq!(
+            message,
+            "default (2d) must not exceed max (1d, the default)"
+        );
+    }
+
+    #[test]
+    fn ttl_jitter_above_50_is_refused() {
+        let error = refused(&route_with("    cache:\n      ttl_jitter: 60\n"));
+        let message = assert_at(&error, 9, 19, "routes[0].cache.ttl_jitter");
+        assert_eq!(
+            message,
+            "60% is out of range: ttl_jitter is a percentage from 0 to 50"
+        );
+    }
+
+    #[test]
+    fn max_object_size_above_memory_is_refused() {
+        let text =
+            route_with("").replace("memory: 256MiB", "memory: 1MiB\n  max_object_size: 2MiB");
+        let error = refused(&text);
+        let message = assert_at(&error, 5, 20, "cache.max_object_size");
+        assert_eq!(
+            message,
+            "max_object_size (2MiB) must not exceed memory (1MiB)"
+        );
+
+        // With the 8MiB default, the written memory is blamed.
+        let error = refused(&route_with("").replace("256MiB", "1MiB"));
+        let message = assert_at(&error, 4, 11, "cache.memory");
+        assert_eq!(
+            message,
+            "max_object_size (8MiB, the default) must not exceed memory (1MiB)"
+        );
+    }
+
+    #[test]
+    fn timeout_longer_than_total_is_refused() {
+        let error = refused(&route_with("    timeouts: { connect: 90s }\n"));
+        let message = assert_at(&error, 8, 26, "routes[0].timeouts.connect");
+        assert_eq!(
+            message,
+            "connect (90s) must not exceed total (1m, the default)"
+        );
+
+        let error = refused(&route_with("    timeouts: { total: 10s }\n"));
+        let message = assert_at(&error, 8, 24, "routes[0].timeouts.total");
+        assert_eq!(
+            message,
+            "response_headers (15s, the default) must not exceed total (10s)"
+        );
+
+        let error = refused(&route_with("    timeouts: { connect: 0s }\n"));
+        assert_at(&error, 8, 26, "routes[0].timeouts.connect");
+    }
+
+    #[test]
+    fn list_entries_are_named_by_index() {
+        let error = refused(&route_with(
+            "    cache:\n      identity:\n        headers: [authorization, \"x api\"]\n",
+        ));
+        let message = assert_at(&error, 10, 34, "routes[0].cache.identity.headers[1]");
+        assert_eq!(message, "`x api` is not a valid header name");
+    }
+
+    #[test]
+    fn wrong_shapes_name_the_field() {
+        let error = refused(&route_with("    coalesce:\n      lock_timeout: [5s]\n"));
+        let message = assert_at(&error, 9, 21, "routes[0].coalesce.lock_timeout");
+        assert_eq!(message, "expected a single value, not a list or mapping");
+
+        let error = refused(&route_with("    cache:\n      enabled: yes\n"));
+        assert_at(&error, 9, 16, "routes[0].cache.enabled");
+
+        let error = refused(&route_with("").replace("routes:\n", "routes: 5\n"));
+        assert_at(&error, 5, 9, "routes");
+    }
+
+    #[test]
+    fn empty_routes_and_missing_sections_are_refused() {
+        let error = refused(
+            "listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9080\ncache: { memory: 1GiB }\nroutes: []\n",
+        );
+        let message = assert_at(&error, 4, 9, "routes");
+        assert_eq!(message, "at least one route is required");
+
+        let error = refused("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9080\nroutes: []\n");
+        assert_at(&error, 1, 1, "cache");
+    }
+
+    #[test]
+    fn unknown_on_timeout_is_refused() {
+        let error = refused(&route_with("    coalesce: { on_timeout: wait }\n"));
+        let message = assert_at(&error, 8, 29, "routes[0].coalesce.on_timeout");
+        assert_eq!(
+            message,
+            "unknown value `wait` (expected one of: fetch, stale, error)"
+        );
+    }
+
+    #[test]
+    fn tab_indentation_is_a_syntax_error_with_a_line() {
+        let text = route_with("    cache:\n\tenabled: true\n");
+        let error = refused(&text);
+        assert_eq!(error.line, Some(9), "{error}");
+        assert!(error.message.contains("tab"), "{error}");
+    }
+
+    #[test]
+    fn yaml_syntax_error_has_a_line() {
+        let error = refused(&route_with("    cache: { enabled: true\n"));
+        assert!(error.line.is_some(), "{error}");
+        let error = refused("listen: 127.0.0.1:8080\nadmin: [\n");
+        assert!(error.line.is_some(), "{error}");
+    }
+
+    #[test]
+    fn empty_file_is_refused() {
+        let error = refused("");
+        assert!(error.message.contains("empty"), "{error}");
+        let error = refused("# only a comment\n");
+        assert!(error.message.contains("empty"), "{error}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let error = refused(&route_with("    upstream: http://127.0.0.1:3001\n"));
+        assert_at(&error, 8, 5, "routes[0].upstream");
+    }
+}

@@ -1,0 +1,102 @@
+//! The config file exactly as written: a serde mirror of the YAML with source positions.
+//! It refuses unknown fields and wrong shapes but never interprets or defaults a value;
+//! `resolve` does that, so every semantic error can name its line and field.
+//!
+//! Required fields are `Option` here on purpose: `resolve` reports them missing with
+//! the position of the section that lacks them.
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// A scalar kept as its text, with where it was written.
+pub type Text = Spanned<String>;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: Option<Text>,
+    pub admin: Option<Text>,
+    pub server: Option<RawServer>,
+    pub cache: Option<Spanned<RawCache>>,
+    pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub header_read_timeout: Option<Text>,
+    pub max_header_size: Option<Text>,
+    pub shutdown_grace: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    pub memory: Option<Text>,
+    pub max_object_size: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Option<Text>,
+    #[serde(rename = "match")]
+    pub matcher: Option<RawMatch>,
+    pub upstream: Option<Text>,
+    pub timeouts: Option<RawTimeouts>,
+    pub cache: Option<RawRouteCache>,
+    pub coalesce: Option<RawCoalesce>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub host: Option<Text>,
+    pub path_prefix: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTimeouts {
+    pub connect: Option<Text>,
+    pub response_headers: Option<Text>,
+    pub total: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouteCache {
+    pub enabled: Option<bool>,
+    pub default_ttl: Option<Text>,
+    pub heuristic_freshness: Option<bool>,
+    pub stale_while_revalidate: Option<RawStaleWindow>,
+    pub stale_if_error: Option<RawStaleWindow>,
+    pub ttl_jitter: Option<Text>,
+    pub early_refresh_beta: Option<Text>,
+    pub ignore_query: Option<Vec<Text>>,
+    pub identity: Option<RawIdentity>,
+    pub store_set_cookie: Option<bool>,
+    pub hit_for_pass: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStaleWindow {
+    pub default: Option<Text>,
+    pub max: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    pub headers: Option<Vec<Text>>,
+    pub cookies: Option<Vec<Text>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCoalesce {
+    pub enabled: Option<bool>,
+    pub lock_timeout: Option<Text>,
+    pub on_timeout: Option<Text>,
+}

@@ -1,0 +1,915 @@
+//! Turns the file as written (`raw`) into `Config`: fills defaults, parses addresses,
+//! durations, sizes and URIs, and checks the rules that span fields.
+//! Every refusal points at the value to change. Reads only the parsed file and its text.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_saphyr::{Location, Spanned};
+
+use super::duration::{describe_duration, parse_duration};
+use super::paths::NodePaths;
+use super::raw::{
+    RawCache, RawCoalesce, RawConfig, RawIdentity, RawMatch, RawRoute, RawRouteCache, RawServer,
+    RawStaleWindow, RawTimeouts, Text,
+};
+use super::size::{describe_size, parse_size};
+use super::{
+    CacheConfig, CoalesceConfig, Config, ConfigError, DEFAULT_MAX_OBJECT_SIZE, OnTimeout,
+    RouteCacheConfig, RouteConfig, ServerConfig, StaleWindow, TimeoutsConfig,
+};
+
+/// hyper panics when asked to buffer less than this for a request head.
+const MIN_HEADER_SIZE: u64 = 8 * 1024;
+/// Above this, jitter would make most entries expire long before their TTL.
+const MAX_TTL_JITTER: u8 = 50;
+
+/// Validates `raw`, parsed from `text`, and fills in defaults; `file` is only used in errors.
+pub fn resolve(file: &str, text: &str, raw: Spanned<RawConfig>) -> Result<Config, ConfigError> {
+    Resolver { file, text }.config(&raw.value, &raw.referenced)
+}
+
+/// A value in effect and where it was written; `None` when it is the default.
+#[derive(Debug, Clone, Copy)]
+struct Setting<T> {
+    value: T,
+    at: Option<Location>,
+}
+
+impl<T> Setting<T> {
+    fn defaulted(value: T) -> Self {
+        Self { value, at: None }
+    }
+}
+
+struct Resolver<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Resolver<'_> {
+    fn error(&self, at: &Location, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.file, at, field, message)
+    }
+
+    fn required<'r, T>(
+        &self,
+        value: &'r Option<T>,
+        section: &Location,
+        field: &str,
+    ) -> Result<&'r T, ConfigError> {
+        value.as_ref().ok_or_else(|| {
+            // `field:` with nothing after it parses as absent; point at the key then.
+            match NodePaths::index(self.text).key_position(field) {
+                Some((line, column)) => ConfigError::at_position(
+                    self.file,
+                    line,
+                    column,
+                    field,
+                    "required field has no value",
+                ),
+                None => self.error(section, field, "required field is missing"),
+            }
+        })
+    }
+
+    fn config(&self, raw: &RawConfig, root: &Location) -> Result<Config, ConfigError> {
+        let empty = raw.listen.is_none()
+            && raw.admin.is_none()
+            && raw.server.is_none()
+            && raw.cache.is_none()
+            && raw.routes.is_none();
+        if empty {
+            return Err(self.error(
+                root,
+                "",
+                "the file is empty: listen, admin, cache and routes are required",
+            ));
+        }
+        let listen = self.socket_addr(self.required(&raw.listen, root, "listen")?, "listen")?;
+        let admin_text = self.required(&raw.admin, root, "admin")?;
+        let admin = self.socket_addr(admin_text, "admin")?;
+        if collide(listen, admin) {
+            return Err(self.error(
+                &admin_text.referenced,
+                "admin",
+                format!(
+                    "{admin} overlaps listen address {listen}; give the admin listener its own port"
+                ),
+            ));
+        }
+        let server = match &raw.server {
+            Some(server) => self.server(server)?,
+            None => ServerConfig::default(),
+        };
+        let cache = self.cache(self.required(&raw.cache, root, "cache")?)?;
+        let routes = self.routes(self.required(&raw.routes, root, "routes")?)?;
+        Ok(Config {
+            listen,
+            admin,
+            server,
+            cache,
+            routes,
+        })
+    }
+
+    fn socket_addr(&self, text: &Text, field: &str) -> Result<SocketAddr, ConfigError> {
+        text.value.trim().parse().map_err(|_| {
+            self.error(
+                &text.referenced,
+                field,
+                format!(
+                    "`{}` is not an IP address and port such as 127.0.0.1:8080 (host names are not resolved)",
+                    text.value
+                ),
+            )
+        })
+    }
+
+    fn server(&self, raw: &RawServer) -> Result<ServerConfig, ConfigError> {
+        let defaults = ServerConfig::default();
+        let header_read_timeout = self.duration(
+            raw.header_read_timeout.as_ref(),
+            "server.header_read_timeout",
+            defaults.header_read_timeout,
+        )?;
+        self.positive(&header_read_timeout, "server.header_read_timeout")?;
+        let max_header_size = self.size(
+            raw.max_header_size.as_ref(),
+            "server.max_header_size",
+            defaults.max_header_size,
+        )?;
+        if max_header_size.value < MIN_HEADER_SIZE {
+            return Err(self.blame(
+                &max_header_size,
+                "server.max_header_size",
+                format!(
+                    "{} is below the 8KiB minimum the HTTP/1 server accepts",
+                    describe_size(max_header_size.value)
+                ),
+            ));
+        }
+        let shutdown_grace = self.duration(
+            raw.shutdown_grace.as_ref(),
+            "server.shutdown_grace",
+            defaults.shutdown_grace,
+        )?;
+        Ok(ServerConfig {
+            header_read_timeout: header_read_timeout.value,
+            max_header_size: max_header_size.value,
+            shutdown_grace: shutdown_grace.value,
+        })
+    }
+
+    fn cache(&self, raw: &Spanned<RawCache>) -> Result<CacheConfig, ConfigError> {
+        let memory_text = self.required(&raw.value.memory, &raw.referenced, "cache.memory")?;
+        let memory = self.size(Some(memory_text), "cache.memory", 0)?;
+        if memory.value == 0 {
+            return Err(self.blame(&memory, "cache.memory", "must be greater than 0"));
+        }
+        let max_object_size = self.size(
+            raw.value.max_object_size.as_ref(),
+            "cache.max_object_size",
+            DEFAULT_MAX_OBJECT_SIZE,
+        )?;
+        if max_object_size.value == 0 {
+            return Err(self.blame(
+                &max_object_size,
+                "cache.max_object_size",
+                "must be greater than 0",
+            ));
+        }
+        self.ordered(
+            (&max_object_size, "cache.max_object_size"),
+            (&memory, "cache.memory"),
+            describe_size,
+        )?;
+        Ok(CacheConfig {
+            memory: memory.value,
+            max_object_size: max_object_size.value,
+        })
+    }
+
+    fn routes(
+        &self,
+        raw: &Spanned<Vec<Spanned<RawRoute>>>,
+    ) -> Result<Vec<RouteConfig>, ConfigError> {
+        if raw.value.is_empty() {
+            return Err(self.error(&raw.referenced, "routes", "at least one route is required"));
+        }
+        let mut routes: Vec<RouteConfig> = Vec::with_capacity(raw.value.len());
+        for (index, raw_route) in raw.value.iter().enumerate() {
+            let prefix = format!("routes[{index}]");
+            let route = self.route(raw_route, &prefix)?;
+            if let Some((first, earlier)) = routes
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.name == route.name)
+            {
+                let at = raw_route
+                    .value
+                    .name
+                    .as_ref()
+                    .map_or(raw_route.referenced, |n| n.referenced);
+                return Err(self.error(
+                    &at,
+                    &format!("{prefix}.name"),
+                    format!(
+                        "duplicate route name `{}` (already used by routes[{first}])",
+                        earlier.name
+                    ),
+                ));
+            }
+            if let Some((first, earlier)) = routes
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.host == route.host && r.path_prefix == route.path_prefix)
+            {
+                let (at, field) = match_location(raw_route, &prefix);
+                return Err(self.error(
+                    &at,
+                    &field,
+                    format!(
+                        "same host and path_prefix as routes[{first}] (`{}`), so this route would never be used",
+                        earlier.name
+                    ),
+                ));
+            }
+            routes.push(route);
+        }
+        Ok(routes)
+    }
+
+    fn route(&self, raw: &Spanned<RawRoute>, prefix: &str) -> Result<RouteConfig, ConfigError> {
+        let at = &raw.referenced;
+        let raw = &raw.value;
+        let name_field = format!("{prefix}.name");
+        let name = self.required(&raw.name, at, &name_field)?;
+        let name =
+            route_name(&name.value).map_err(|m| self.error(&name.referenced, &name_field, m))?;
+
+        let (host, path_prefix) = match &raw.matcher {
+            Some(matcher) => self.matcher(matcher, prefix)?,
+            None => (None, "/".to_owned()),
+        };
+
+        let upstream_field = format!("{prefix}.upstream");
+        let upstream = self.required(&raw.upstream, at, &upstream_field)?;
+        let upstream = upstream_uri(&upstream.value)
+            .map_err(|m| self.error(&upstream.referenced, &upstream_field, m))?;
+
+        let timeouts = match &raw.timeouts {
+            Some(timeouts) => self.timeouts(timeouts, &format!("{prefix}.timeouts"))?,
+            None => TimeoutsConfig::default(),
+        };
+        let cache = match &raw.cache {
+            Some(cache) => self.route_cache(cache, &format!("{prefix}.cache"))?,
+            None => RouteCacheConfig::default(),
+        };
+        let coalesce = match &raw.coalesce {
+            Some(coalesce) => self.coalesce(coalesce, &format!("{prefix}.coalesce"))?,
+            None => CoalesceConfig::default(),
+        };
+        Ok(RouteConfig {
+            name,
+            host,
+            path_prefix,
+            upstream,
+            timeouts,
+            cache,
+            coalesce,
+        })
+    }
+
+    fn matcher(
+        &self,
+        raw: &RawMatch,
+        prefix: &str,
+    ) -> Result<(Option<String>, String), ConfigError> {
+        let host =
+            match &raw.host {
+                Some(text) => Some(match_host(&text.value).map_err(|m| {
+                    self.error(&text.referenced, &format!("{prefix}.match.host"), m)
+                })?),
+                None => None,
+            };
+        let path_prefix = match &raw.path_prefix {
+            Some(text) => match_path_prefix(&text.value).map_err(|m| {
+                self.error(&text.referenced, &format!("{prefix}.match.path_prefix"), m)
+            })?,
+            None => "/".to_owned(),
+        };
+        Ok((host, path_prefix))
+    }
+
+    fn timeouts(&self, raw: &RawTimeouts, prefix: &str) -> Result<TimeoutsConfig, ConfigError> {
+        let defaults = TimeoutsConfig::default();
+        let connect_field = format!("{prefix}.connect");
+        let headers_field = format!("{prefix}.response_headers");
+        let total_field = format!("{prefix}.total");
+        let connect = self.duration(raw.connect.as_ref(), &connect_field, defaults.connect)?;
+        let response_headers = self.duration(
+            raw.response_headers.as_ref(),
+            &headers_field,
+            defaults.response_headers,
+        )?;
+        let total = self.duration(raw.total.as_ref(), &total_field, defaults.total)?;
+        self.positive(&connect, &connect_field)?;
+        self.positive(&response_headers, &headers_field)?;
+        self.positive(&total, &total_field)?;
+        self.ordered(
+            (&connect, &connect_field),
+            (&total, &total_field),
+            describe_duration,
+        )?;
+        self.ordered(
+            (&response_headers, &headers_field),
+            (&total, &total_field),
+            describe_duration,
+        )?;
+        Ok(TimeoutsConfig {
+            connect: connect.value,
+            response_headers: response_headers.value,
+            total: total.value,
+        })
+    }
+
+    fn route_cache(
+        &self,
+        raw: &RawRouteCache,
+        prefix: &str,
+    ) -> Result<RouteCacheConfig, ConfigError> {
+        let defaults = RouteCacheConfig::default();
+
+        let default_ttl = match &raw.default_ttl {
+            Some(text) => {
+                let field = format!("{prefix}.default_ttl");
+                let ttl = self.duration(Some(text), &field, Duration::ZERO)?;
+                if ttl.value.is_zero() {
+                    return Err(self.blame(
+                        &ttl,
+                        &field,
+                        "must be greater than 0; leave default_ttl out to keep it off",
+                    ));
+                }
+                Some(ttl.value)
+            }
+            None => None,
+        };
+
+        let stale_while_revalidate = self.stale_window(
+            raw.stale_while_revalidate.as_ref(),
+            &format!("{prefix}.stale_while_revalidate"),
+            defaults.stale_while_revalidate,
+        )?;
+        let stale_if_error = self.stale_window(
+            raw.stale_if_error.as_ref(),
+            &format!("{prefix}.stale_if_error"),
+            defaults.stale_if_error,
+        )?;
+
+        let ttl_jitter = match &raw.ttl_jitter {
+            Some(text) => ttl_jitter(&text.value)
+                .map_err(|m| self.error(&text.referenced, &format!("{prefix}.ttl_jitter"), m))?,
+            None => defaults.ttl_jitter,
+        };
+        let early_refresh_beta = match &raw.early_refresh_beta {
+            Some(text) => early_refresh_beta(&text.value).map_err(|m| {
+                self.error(&text.referenced, &format!("{prefix}.early_refresh_beta"), m)
+            })?,
+            None => defaults.early_refresh_beta,
+        };
+
+        let ignore_query = match &raw.ignore_query {
+            Some(entries) => self.list(
+                entries,
+                &format!("{prefix}.ignore_query"),
+                ignore_query_entry,
+            )?,
+            None => defaults.ignore_query.clone(),
+        };
+        let (identity_headers, identity_cookies) = match &raw.identity {
+            Some(identity) => self.identity(identity, &format!("{prefix}.identity"), &defaults)?,
+            None => (
+                defaults.identity_headers.clone(),
+                defaults.identity_cookies.clone(),
+            ),
+        };
+
+        let hit_for_pass = self.duration(
+            raw.hit_for_pass.as_ref(),
+            &format!("{prefix}.hit_for_pass"),
+            defaults.hit_for_pass,
+        )?;
+
+        Ok(RouteCacheConfig {
+            enabled: raw.enabled.unwrap_or(defaults.enabled),
+            default_ttl,
+            heuristic_freshness: raw
+                .heuristic_freshness
+                .unwrap_or(defaults.heuristic_freshness),
+            stale_while_revalidate,
+            stale_if_error,
+            ttl_jitter,
+            early_refresh_beta,
+            ignore_query,
+            identity_headers,
+            identity_cookies,
+            store_set_cookie: raw.store_set_cookie.unwrap_or(defaults.store_set_cookie),
+            hit_for_pass: hit_for_pass.value,
+        })
+    }
+
+    fn stale_window(
+        &self,
+        raw: Option<&RawStaleWindow>,
+        prefix: &str,
+        defaults: StaleWindow,
+    ) -> Result<StaleWindow, ConfigError> {
+        let Some(raw) = raw else {
+            return Ok(defaults);
+        };
+        let default_field = format!("{prefix}.default");
+        let max_field = format!("{prefix}.max");
+        let default = self.duration(raw.default.as_ref(), &default_field, defaults.default)?;
+        let max = self.duration(raw.max.as_ref(), &max_field, defaults.max)?;
+        self.ordered(
+            (&default, &default_field),
+            (&max, &max_field),
+            describe_duration,
+        )?;
+        Ok(StaleWindow {
+            default: default.value,
+            max: max.value,
+        })
+    }
+
+    fn identity(
+        &self,
+        raw: &RawIdentity,
+        prefix: &str,
+        defaults: &RouteCacheConfig,
+    ) -> Result<(Vec<String>, Vec<String>), ConfigError> {
+        let headers = match &raw.headers {
+            Some(entries) => self.list(entries, &format!("{prefix}.headers"), identity_header)?,
+            None => defaults.identity_headers.clone(),
+        };
+        let cookies = match &raw.cookies {
+            Some(entries) => self.list(entries, &format!("{prefix}.cookies"), identity_cookie)?,
+            None => defaults.identity_cookies.clone(),
+        };
+        Ok((headers, cookies))
+    }
+
+    fn coalesce(&self, raw: &RawCoalesce, prefix: &str) -> Result<CoalesceConfig, ConfigError> {
+        let defaults = CoalesceConfig::default();
+        let lock_field = format!("{prefix}.lock_timeout");
+        let lock_timeout = self.duration(
+            raw.lock_timeout.as_ref(),
+            &lock_field,
+            defaults.lock_timeout,
+        )?;
+        self.positive(&lock_timeout, &lock_field)?;
+        let on_timeout = match &raw.on_timeout {
+            Some(text) => on_timeout(&text.value)
+                .map_err(|m| self.error(&text.referenced, &format!("{prefix}.on_timeout"), m))?,
+            None => defaults.on_timeout,
+        };
+        Ok(CoalesceConfig {
+            enabled: raw.enabled.unwrap_or(defaults.enabled),
+            lock_timeout: lock_timeout.value,
+            on_timeout,
+        })
+    }
+
+    /// Validates each entry of a list, naming the entry (`field[2]`) when one is refused.
+    fn list(
+        &self,
+        entries: &[Text],
+        field: &str,
+        check: fn(&str) -> Result<String, String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| {
+                check(&entry.value)
+                    .map_err(|m| self.error(&entry.referenced, &format!("{field}[{index}]"), m))
+            })
+            .collect()
+    }
+
+    fn duration(
+        &self,
+        raw: Option<&Text>,
+        field: &str,
+        default: Duration,
+    ) -> Result<Setting<Duration>, ConfigError> {
+        match raw {
+            Some(text) => match parse_duration(&text.value) {
+                Ok(value) => Ok(Setting {
+                    value,
+                    at: Some(text.referenced),
+                }),
+                Err(e) => Err(self.error(&text.referenced, field, e.to_string())),
+            },
+            None => Ok(Setting::defaulted(default)),
+        }
+    }
+
+    fn size(
+        &self,
+        raw: Option<&Text>,
+        field: &str,
+        default: u64,
+    ) -> Result<Setting<u64>, ConfigError> {
+        match raw {
+            Some(text) => match parse_size(&text.value) {
+                Ok(value) => Ok(Setting {
+                    value,
+                    at: Some(text.referenced),
+                }),
+                Err(e) => Err(self.error(&text.referenced, field, e.to_string())),
+            },
+            None => Ok(Setting::defaulted(default)),
+        }
+    }
+
+    fn positive(&self, setting: &Setting<Duration>, field: &str) -> Result<(), ConfigError> {
+        if setting.value.is_zero() {
+            return Err(self.blame(setting, field, "must be greater than 0"));
+        }
+        Ok(())
+    }
+
+    /// Checks `small <= large`, blaming `small` where it was written, else `large`.
+    fn ordered<T: PartialOrd + Copy>(
+        &self,
+        (small, small_field): (&Setting<T>, &str),
+        (large, large_field): (&Setting<T>, &str),
+        describe: fn(T) -> String,
+    ) -> Result<(), ConfigError> {
+        if small.value <= large.value {
+            return Ok(());
+        }
+        let shown = |setting: &Setting<T>| match setting.at {
+            Some(_) => describe(setting.value),
+            None => format!("{}, the default", describe(setting.value)),
+        };
+        let message = format!(
+            "{} ({}) must not exceed {} ({})",
+            leaf(small_field),
+            shown(small),
+            leaf(large_field),
+            shown(large),
+        );
+        if small.at.is_some() {
+            Err(self.blame(small, small_field, message))
+        } else {
+            Err(self.blame(large, large_field, message))
+        }
+    }
+
+    fn blame<T>(
+        &self,
+        setting: &Setting<T>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        self.error(&setting.at.unwrap_or(Location::UNKNOWN), field, message)
+    }
+}
+
+/// Where to point when a route's match duplicates an earlier one.
+fn match_location(route: &Spanned<RawRoute>, prefix: &str) -> (Location, String) {
+    let matcher = route.value.matcher.as_ref();
+    if let Some(text) = matcher.and_then(|m| m.path_prefix.as_ref()) {
+        return (text.referenced, format!("{prefix}.match.path_prefix"));
+    }
+    if let Some(text) = matcher.and_then(|m| m.host.as_ref()) {
+        return (text.referenced, format!("{prefix}.match.host"));
+    }
+    (route.referenced, format!("{prefix}.match"))
+}
+
+/// Two listeners collide when they would bind the same port on overlapping addresses.
+/// Port 0 asks the OS for a free port, so it never collides.
+fn collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+fn leaf(field: &str) -> &str {
+    field.rsplit('.').next().unwrap_or(field)
+}
+
+fn route_name(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("route name must not be empty".to_owned());
+    }
+    if !text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "`{text}` may only contain letters, digits, `_` and `-`"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `host` or `host:port`, lowercased; IPv6 literals in brackets.
+fn match_host(text: &str) -> Result<String, String> {
+    let host = text.trim().to_ascii_lowercase();
+    if host.is_empty() {
+        return Err("empty host; leave match.host out to match any host".to_owned());
+    }
+    if host.contains("://") || host.contains('/') {
+        return Err(format!(
+            "`{text}` is not a host name: write only the host, e.g. api.example.com"
+        ));
+    }
+    if host.contains('*') {
+        return Err(format!("`{text}`: wildcard hosts are not supported"));
+    }
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (inner, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("`{text}`: unclosed `[` in IPv6 address"))?;
+        if inner.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("`{text}`: `{inner}` is not an IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| format!("`{text}`: expected `:port` after `]`"))?,
+            ),
+        };
+        (None, port)
+    } else {
+        match host.split_once(':') {
+            Some((name, port)) => {
+                if port.contains(':') {
+                    return Err(format!(
+                        "`{text}`: write IPv6 addresses in brackets, e.g. [::1]:8080"
+                    ));
+                }
+                (Some(name), Some(port))
+            }
+            None => (Some(host.as_str()), None),
+        }
+    };
+    if let Some(name) = name {
+        let valid_label = |label: &str| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !name.split('.').all(valid_label) {
+            return Err(format!("`{text}` is not a valid host name"));
+        }
+    }
+    if let Some(port) = port {
+        match port.parse::<u16>() {
+            Ok(p) if p != 0 => {}
+            _ => return Err(format!("`{text}`: `{port}` is not a port number (1-65535)")),
+        }
+    }
+    Ok(host)
+}
+
+fn match_path_prefix(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') {
+        return Err(format!("`{text}` must start with `/`, e.g. /v1"));
+    }
+    if let Some(c) = text
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || *c == '?' || *c == '#')
+    {
+        return Err(format!(
+            "`{text}` contains {c:?}; a path prefix is a plain path without query or fragment"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+fn upstream_uri(text: &str) -> Result<http::Uri, String> {
+    let text = text.trim();
+    let example = "write e.g. http://127.0.0.1:3000";
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("`{text}` is not a valid URI ({e}); {example}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(s) if s.eq_ignore_ascii_case("https") => {
+            return Err("https upstreams are not supported yet".to_owned());
+        }
+        Some(other) => {
+            return Err(format!(
+                "unsupported scheme `{other}`: upstreams are http:// URIs"
+            ));
+        }
+        None => return Err(format!("`{text}` has no scheme: write http://{text}")),
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("`{text}` has no host; {example}"))?;
+    if authority.as_str().contains('@') {
+        return Err("credentials in the upstream URI are not supported".to_owned());
+    }
+    if authority.host().is_empty() {
+        return Err(format!("`{text}` has no host; {example}"));
+    }
+    if authority.port_u16() == Some(0) {
+        return Err(format!("`{text}`: port 0 is not a valid upstream port"));
+    }
+    let path_and_query = uri.path_and_query().map_or("", |pq| pq.as_str());
+    if !matches!(path_and_query, "" | "/") {
+        return Err(format!(
+            "`{text}` has a path or query (`{path_and_query}`); an upstream is scheme, host and port only, select requests with match.path_prefix"
+        ));
+    }
+    Ok(uri)
+}
+
+fn ttl_jitter(text: &str) -> Result<u8, String> {
+    let number = text.trim().trim_end_matches('%');
+    let percent: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole percentage from 0 to {MAX_TTL_JITTER}"))?;
+    match u8::try_from(percent) {
+        Ok(percent) if percent <= MAX_TTL_JITTER => Ok(percent),
+        _ => Err(format!(
+            "{percent}% is out of range: ttl_jitter is a percentage from 0 to {MAX_TTL_JITTER}"
+        )),
+    }
+}
+
+fn early_refresh_beta(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(beta) if beta.is_finite() && beta >= 0.0 => Ok(beta),
+        _ => Err(format!(
+            "`{text}` is not a finite number >= 0 (0 disables early refresh)"
+        )),
+    }
+}
+
+fn ignore_query_entry(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("empty query parameter name".to_owned());
+    }
+    let stem = text.strip_suffix('*').unwrap_or(text);
+    if stem.contains('*') {
+        return Err(format!(
+            "`{text}`: `*` is only allowed at the end (prefix match)"
+        ));
+    }
+    if let Some(c) = stem
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '&' | '=' | '#' | '?'))
+    {
+        return Err(format!(
+            "`{text}` contains {c:?}; write the parameter name only"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+fn identity_header(text: &str) -> Result<String, String> {
+    http::HeaderName::from_bytes(text.as_bytes())
+        .map(|name| name.as_str().to_owned())
+        .map_err(|_| format!("`{text}` is not a valid header name"))
+}
+
+fn identity_cookie(text: &str) -> Result<String, String> {
+    // RFC 6265 cookie-name is an RFC 7230 token.
+    let token_char = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if text.is_empty() || !text.chars().all(token_char) {
+        return Err(format!("`{text}` is not a valid cookie name"));
+    }
+    Ok(text.to_owned())
+}
+
+fn on_timeout(text: &str) -> Result<OnTimeout, String> {
+    match text {
+        "fetch" => Ok(OnTimeout::Fetch),
+        "stale" => Ok(OnTimeout::Stale),
+        "error" => Ok(OnTimeout::Error),
+        _ => Err(format!(
+            "unknown value `{text}` (expected one of: fetch, stale, error)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_lowercased_and_checked() {
+        assert_eq!(match_host("API.Example.com"), Ok("api.example.com".into()));
+        assert_eq!(
+            match_host("api.example.com:8443"),
+            Ok("api.example.com:8443".into())
+        );
+        assert_eq!(match_host("[::1]:8080"), Ok("[::1]:8080".into()));
+        assert_eq!(match_host("10.0.0.1"), Ok("10.0.0.1".into()));
+        for bad in [
+            "",
+            "http://api.example.com",
+            "*.example.com",
+            "api..example.com",
+            "api.example.com:0",
+            "api.example.com:http",
+            "::1",
+            "[::1",
+            "bad host",
+            "-api.example.com",
+        ] {
+            assert!(match_host(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn path_prefix_must_be_a_plain_absolute_path() {
+        assert_eq!(match_path_prefix("/v1"), Ok("/v1".into()));
+        assert!(match_path_prefix("v1").is_err());
+        assert!(match_path_prefix("/v1?x=1").is_err());
+        assert!(match_path_prefix("/a b").is_err());
+    }
+
+    #[test]
+    fn upstream_is_plain_http_origin() {
+        let uri = upstream_uri("http://127.0.0.1:3000").map_err(|e| e.to_string());
+        assert_eq!(
+            uri.map(|u| u.to_string()),
+            Ok("http://127.0.0.1:3000/".into())
+        );
+        assert!(upstream_uri("http://upstream.internal/").is_ok());
+        assert_eq!(
+            upstream_uri("https://127.0.0.1:3000").err(),
+            Some("https upstreams are not supported yet".into())
+        );
+        for bad in [
+            "127.0.0.1:3000",
+            "ftp://host",
+            "http://host/api",
+            "http://host/?a=1",
+            "http://user:pw@host",
+            "http://host:0",
+            "not a uri",
+            "/just/a/path",
+            "",
+        ] {
+            assert!(upstream_uri(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn listeners_collide_on_shared_port_unless_ephemeral() {
+        let addr = |s: &str| {
+            s.parse::<SocketAddr>()
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        assert!(collide(addr("127.0.0.1:8080"), addr("127.0.0.1:8080")));
+        assert!(collide(addr("0.0.0.0:8080"), addr("127.0.0.1:8080")));
+        assert!(!collide(addr("127.0.0.1:8080"), addr("127.0.0.1:9080")));
+        assert!(!collide(addr("127.0.0.1:8080"), addr("127.0.0.2:8080")));
+        assert!(!collide(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn small_value_checks() {
+        assert_eq!(ttl_jitter("10"), Ok(10));
+        assert_eq!(ttl_jitter("10%"), Ok(10));
+        assert!(ttl_jitter("60").is_err());
+        assert!(ttl_jitter("300").is_err());
+        assert!(ttl_jitter("-1").is_err());
+        assert!(ttl_jitter("ten").is_err());
+        assert_eq!(early_refresh_beta("0"), Ok(0.0));
+        assert_eq!(early_refresh_beta("1.5"), Ok(1.5));
+        for bad in ["-1", "inf", "NaN", ".nan", "x"] {
+            assert!(early_refresh_beta(bad).is_err(), "{bad} accepted");
+        }
+        assert_eq!(ignore_query_entry("utm_*"), Ok("utm_*".into()));
+        assert_eq!(ignore_query_entry("*"), Ok("*".into()));
+        assert!(ignore_query_entry("u*m").is_err());
+        assert!(ignore_query_entry("a=b").is_err());
+        assert!(ignore_query_entry("").is_err());
+        assert_eq!(identity_header("X-Api-Key"), Ok("x-api-key".into()));
+        assert!(identity_header("bad header").is_err());
+        assert_eq!(identity_cookie("session_id"), Ok("session_id".into()));
+        assert!(identity_cookie("a;b").is_err());
+        assert_eq!(on_timeout("stale"), Ok(OnTimeout::Stale));
+        assert!(on_timeout("Stale").is_err());
+        assert!(route_name("api-v2_x").is_ok());
+        assert!(route_name("api v2").is_err());
+        assert!(route_name("").is_err());
+    }
+}

@@ -1,0 +1,450 @@
+//! A fill: the one fetch that answers a coalesced miss (or refreshes an
+//! entry in the background). It runs in its own task that owns everything
+//! it needs, so a client that disconnects never cancels it for the others.
+//! It stores what may be stored, then ends the flight once for every
+//! waiter: with the stored entry, a shared error, a stale entry
+//! (stale-if-error) or "pass" (uncacheable: every waiter fetches alone).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use corral_core::flight::Permit;
+use corral_core::{
+    Decision, Forward, Identity, PassReason, PrimaryKey, StoredResponse, Vary, merge_not_modified,
+};
+use futures_util::StreamExt;
+use http::header::{ETAG, LAST_MODIFIED};
+use http::header::{
+    IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
+};
+use http::{HeaderMap, Method, Response, StatusCode, request, response};
+use http_body_util::{BodyDataStream, BodyExt};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::app::App;
+use crate::hop_by_hop;
+use crate::request::{RequestCtx, upstream_request};
+use crate::respond;
+use crate::routes::Route;
+use crate::upstream::{DeadlineBody, UpstreamError};
+
+/// A buffered response that every waiter of a flight receives (an error).
+#[derive(Debug)]
+pub struct SharedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The upstream's status, when the upstream answered at all.
+    pub upstream_status: Option<u16>,
+}
+
+/// How a fill ended, as every waiter sees it.
+#[derive(Debug, Clone)]
+pub enum FillOutcome {
+    Stored {
+        entry: Arc<StoredResponse>,
+        fwd: Forward,
+        fwd_status: u16,
+    },
+    Shared {
+        response: Arc<SharedResponse>,
+        fwd: Forward,
+        detail: Option<&'static str>,
+    },
+    Stale {
+        entry: Arc<StoredResponse>,
+        fwd_status: Option<u16>,
+        detail: &'static str,
+    },
+    Pass {
+        reason: PassReason,
+    },
+}
+
+/// What the leading client receives: the shared outcome, or (on pass) the
+/// upstream response itself, streamed.
+pub enum LeaderOutcome {
+    Outcome(FillOutcome),
+    Stream(Response<Body>),
+}
+
+/// Everything a fill needs, owned.
+pub struct FillRequest {
+    pub app: Arc<App>,
+    pub route: Arc<Route>,
+    pub ctx: Arc<RequestCtx>,
+    pub primary: PrimaryKey,
+    pub identity: Option<Identity>,
+    pub stale: Option<Arc<StoredResponse>>,
+    pub fwd: Forward,
+}
+
+/// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
+/// `leader` is `None` for a background refresh.
+pub async fn run(
+    fill: FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<LeaderOutcome>>,
+) {
+    let result = fetch_and_store(&fill).await;
+    let outcome = match result {
+        Ended::Outcome(o) => o,
+        Ended::Stream(reason, response) => {
+            if let Some(p) = permit {
+                p.complete(FillOutcome::Pass { reason });
+            }
+            if let Some(tx) = leader {
+                // A leader that went away drops the body, closing the
+                // upstream connection: nobody else wanted it.
+                let _ = tx.send(LeaderOutcome::Stream(response));
+            }
+            return;
+        }
+    };
+    if let FillOutcome::Shared {
+        detail: Some(d), ..
+    } = &outcome
+    {
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.readable(), detail = d, "fill failed");
+    }
+    if let Some(p) = permit {
+        p.complete(outcome.clone());
+    }
+    if let Some(tx) = leader {
+        let _ = tx.send(LeaderOutcome::Outcome(outcome));
+    }
+}
+
+enum Ended {
+    Outcome(FillOutcome),
+    Stream(PassReason, Response<Body>),
+}
+
+async fn fetch_and_store(fill: &FillRequest) -> Ended {
+    let FillRequest {
+        app,
+        route,
+        ctx,
+        stale,
+        fwd,
+        ..
+    } = fill;
+    let fwd = *fwd;
+    let stamp = app.l1.generation_stamp();
+    let started = Instant::now();
+    let deadline = started + route.upstream.total;
+
+    // The fill asks for the whole representation: the client's own
+    // conditionals and ranges are answered by corral from the entry.
+    let mut headers = ctx.headers.clone();
+    for h in [
+        IF_NONE_MATCH,
+        IF_MODIFIED_SINCE,
+        IF_MATCH,
+        IF_UNMODIFIED_SINCE,
+        IF_RANGE,
+        RANGE,
+    ] {
+        headers.remove(h);
+    }
+    if let Some(stale) = stale {
+        if let Some(etag) = stale.headers.get(ETAG) {
+            headers.insert(IF_NONE_MATCH, etag.clone());
+        }
+        if let Some(lm) = stale.headers.get(LAST_MODIFIED) {
+            headers.insert(IF_MODIFIED_SINCE, lm.clone());
+        }
+    }
+    let req = match upstream_request(route, ctx, Method::GET, headers, Body::empty()) {
+        Ok(r) => r,
+        Err(e) => return Ended::Outcome(failed(fill, &e)),
+    };
+    let req_parts = request_parts(&req);
+    let res = match route.upstream.send(req, true, deadline).await {
+        Ok(r) => r,
+        Err(e) => return Ended::Outcome(failed(fill, &e)),
+    };
+    let response_time = SystemTime::now();
+    let (mut parts, body) = res.into_parts();
+    hop_by_hop::strip(&mut parts.headers);
+    let status = parts.status;
+
+    if let Some(stale) = stale {
+        if status.is_server_error() && stale.usable_on_error(response_time) {
+            return Ended::Outcome(FillOutcome::Stale {
+                entry: Arc::clone(stale),
+                fwd_status: Some(status.as_u16()),
+                detail: "stale-if-error",
+            });
+        }
+        if status == StatusCode::NOT_MODIFIED {
+            return revalidated(fill, stale, &req_parts, &parts, response_time, stamp);
+        }
+    }
+
+    match route
+        .policy
+        .evaluate(&req_parts, &parts, response_time, &route.identity)
+    {
+        Decision::Store { freshness, policy } => {
+            match buffer(
+                body,
+                route.policy.max_object_size,
+                deadline,
+                route.upstream.total,
+            )
+            .await
+            {
+                Buffered::Full(bytes) => {
+                    let vary = Vary::parse(&parts.headers);
+                    let vary_values = vary.values(&ctx.headers);
+                    let private = fill.identity.is_some() && !freshness.shareable;
+                    let entry = Arc::new(StoredResponse::new(
+                        status,
+                        parts.headers,
+                        bytes,
+                        *policy,
+                        &freshness,
+                        response_time,
+                        started.elapsed(),
+                        vary.clone(),
+                        vary_values,
+                        stamp,
+                        private,
+                    ));
+                    let key = fill.primary.variant(
+                        if private {
+                            fill.identity.as_ref()
+                        } else {
+                            None
+                        },
+                        &entry.vary_values,
+                    );
+                    app.l1.learn_vary(&fill.primary, &vary);
+                    app.l1.clear_pass(&fill.primary.digest());
+                    app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
+                    Ended::Outcome(FillOutcome::Stored {
+                        entry,
+                        fwd,
+                        fwd_status: status.as_u16(),
+                    })
+                }
+                Buffered::TooLarge(rest) => {
+                    app.l1
+                        .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+                    Ended::Stream(
+                        PassReason::TooLarge,
+                        pass_response(parts, rest, fwd, PassReason::TooLarge),
+                    )
+                }
+                Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+            }
+        }
+        Decision::Pass(reason) if status.is_server_error() => {
+            // An error every waiter shares, not a reason to stop coalescing:
+            // the next request tries the origin again.
+            let _ = reason;
+            match buffer(
+                body,
+                route.policy.max_object_size,
+                deadline,
+                route.upstream.total,
+            )
+            .await
+            {
+                Buffered::Full(bytes) => Ended::Outcome(FillOutcome::Shared {
+                    response: Arc::new(SharedResponse {
+                        status,
+                        headers: parts.headers,
+                        body: bytes,
+                        upstream_status: Some(status.as_u16()),
+                    }),
+                    fwd,
+                    detail: None,
+                }),
+                Buffered::TooLarge(rest) => Ended::Stream(
+                    PassReason::TooLarge,
+                    pass_response(parts, rest, fwd, PassReason::TooLarge),
+                ),
+                Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+            }
+        }
+        Decision::Pass(reason) => {
+            app.l1
+                .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+            let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
+            Ended::Stream(reason, pass_response(parts, body, fwd, reason))
+        }
+    }
+}
+
+/// A 304 refreshed the stale entry: store the refreshed copy.
+fn revalidated(
+    fill: &FillRequest,
+    stale: &Arc<StoredResponse>,
+    req_parts: &request::Parts,
+    not_modified: &response::Parts,
+    response_time: SystemTime,
+    stamp: u64,
+) -> Ended {
+    let merged = merge_not_modified(&stale.headers, &not_modified.headers);
+    let mut merged_parts = not_modified.clone();
+    merged_parts.status = stale.status;
+    merged_parts.headers = merged.clone();
+    let route = &fill.route;
+    match route
+        .policy
+        .evaluate(req_parts, &merged_parts, response_time, &route.identity)
+    {
+        Decision::Store { freshness, policy } => {
+            let entry =
+                Arc::new(stale.revalidated(merged, *policy, &freshness, response_time, stamp));
+            let private = entry.private;
+            let key = fill.primary.variant(
+                if private {
+                    fill.identity.as_ref()
+                } else {
+                    None
+                },
+                &entry.vary_values,
+            );
+            fill.app
+                .l1
+                .insert(&key, fill.primary.uri(), Arc::clone(&entry));
+            Ended::Outcome(FillOutcome::Stored {
+                entry,
+                fwd: Forward::Stale,
+                fwd_status: StatusCode::NOT_MODIFIED.as_u16(),
+            })
+        }
+        Decision::Pass(reason) => {
+            // The body is still right for this request, but the origin no
+            // longer lets it be stored or shared.
+            let key = fill.primary.variant(
+                if stale.private {
+                    fill.identity.as_ref()
+                } else {
+                    None
+                },
+                &stale.vary_values,
+            );
+            fill.app.l1.remove(&key);
+            fill.app
+                .l1
+                .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+            let mut parts = merged_parts;
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            let body = Body::from(stale.body.clone());
+            Ended::Stream(reason, pass_response(parts, body, Forward::Stale, reason))
+        }
+    }
+}
+
+/// The failure every waiter shares, or the stale entry if stale-if-error
+/// allows it.
+fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
+    if let Some(stale) = &fill.stale
+        && stale.usable_on_error(SystemTime::now())
+    {
+        return FillOutcome::Stale {
+            entry: Arc::clone(stale),
+            fwd_status: None,
+            detail: "stale-if-error",
+        };
+    }
+    tracing::warn!(route = %fill.route.name, upstream = %fill.route.authority, error = %e, "upstream failed");
+    let res = respond::error(e.status(), fill.fwd, e.detail(), None);
+    let (parts, _) = res.into_parts();
+    let code = e.status();
+    let body = Bytes::from(format!(
+        "{} {} ({})\n",
+        code.as_u16(),
+        code.canonical_reason().unwrap_or("error"),
+        e.detail()
+    ));
+    let mut headers = parts.headers;
+    headers.remove(respond::CACHE_STATUS.clone());
+    headers.remove(http::header::VIA);
+    FillOutcome::Shared {
+        response: Arc::new(SharedResponse {
+            status: code,
+            headers,
+            body,
+            upstream_status: None,
+        }),
+        fwd: fill.fwd,
+        detail: Some(e.detail()),
+    }
+}
+
+fn pass_response(
+    mut parts: response::Parts,
+    body: Body,
+    fwd: Forward,
+    reason: PassReason,
+) -> Response<Body> {
+    let mut st = corral_core::CacheStatus::forward(fwd)
+        .with_fwd_status(parts.status.as_u16())
+        .with_detail(reason.as_str());
+    st.stored = false;
+    respond::decorate(&mut parts.headers, &st, http::Version::HTTP_11);
+    Response::from_parts(parts, body)
+}
+
+fn request_parts(req: &http::Request<Body>) -> request::Parts {
+    let mut b = http::Request::builder()
+        .method(req.method().clone())
+        .uri(req.uri().clone());
+    if let Some(h) = b.headers_mut() {
+        *h = req.headers().clone();
+    }
+    match b.body(()) {
+        Ok(r) => r.into_parts().0,
+        Err(_) => http::Request::new(()).into_parts().0,
+    }
+}
+
+enum Buffered {
+    Full(Bytes),
+    /// Over the limit: what was read, followed by the rest, as one body.
+    TooLarge(Body),
+    Failed(UpstreamError),
+}
+
+/// Reads a body into memory, up to `limit` bytes and the deadline.
+async fn buffer(
+    mut body: Incoming,
+    limit: u64,
+    deadline: Instant,
+    total: std::time::Duration,
+) -> Buffered {
+    let mut buf = BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Buffered::Failed(UpstreamError::TotalTimeout(total)),
+            Ok(None) => return Buffered::Full(buf.freeze()),
+            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                if (buf.len() + data.len()) as u64 > limit {
+                    buf.extend_from_slice(&data);
+                    let head = futures_util::stream::once(std::future::ready(Ok::<
+                        Bytes,
+                        Box<dyn std::error::Error + Send + Sync>,
+                    >(
+                        buf.freeze()
+                    )));
+                    let rest = BodyDataStream::new(DeadlineBody::new(body, deadline, total));
+                    return Buffered::TooLarge(Body::from_stream(head.chain(rest)));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+    }
+}

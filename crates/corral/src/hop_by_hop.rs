@@ -1,0 +1,56 @@
+//! Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection and
+//! must never be forwarded, in either direction, nor stored.
+
+use http::HeaderMap;
+use http::header::{
+    CONNECTION, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
+
+static FIXED: [HeaderName; 8] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+];
+
+/// Removes the hop-by-hop headers, including those the Connection field names.
+pub fn strip(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in &FIXED {
+        headers.remove(n);
+    }
+    headers.remove(UPGRADE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn removes_fixed_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, X-Custom"));
+        h.insert("x-custom", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+    }
+}

@@ -1,0 +1,138 @@
+//! The front end's one handler: match a route, then send GET/HEAD through
+//! the cache and every other method straight through to the upstream. An
+//! unsafe method answered 2xx/3xx invalidates the stored GET for its URI
+//! and for same-origin Location / Content-Location (RFC 9111 §4.4).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use corral_core::{CacheStatus, Forward, UriKey};
+use http::header::{CONTENT_LOCATION, HOST, LOCATION, RANGE, UPGRADE};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body::Body as _;
+use tokio::time::Instant;
+
+use crate::app::App;
+use crate::cache_path;
+use crate::hop_by_hop;
+use crate::request::{RequestCtx, upstream_request};
+use crate::respond;
+use crate::routes::Route;
+use crate::upstream::DeadlineBody;
+
+pub async fn handle(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request<Body>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let Some(host) = request_host(&parts.headers, &parts.uri) else {
+        return respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, "bad-host", None);
+    };
+    let ctx = RequestCtx {
+        method: parts.method,
+        version: parts.version,
+        host,
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts.headers,
+        peer: peer.ip(),
+    };
+    let Some(route) = app.routes.find(&ctx.host, &ctx.path).cloned() else {
+        return respond::error(StatusCode::NOT_FOUND, Forward::Bypass, "no-route", None);
+    };
+    let cacheable_method = ctx.method == Method::GET || ctx.method == Method::HEAD;
+    if cacheable_method
+        && route.cache_enabled
+        && !ctx.headers.contains_key(RANGE)
+        && !ctx.headers.contains_key(UPGRADE)
+    {
+        return cache_path::serve(app, route, ctx).await;
+    }
+    let fwd = if route.cache_enabled && !cacheable_method {
+        Forward::Request
+    } else {
+        Forward::Bypass
+    };
+    forward_uncached(&app, &route, &ctx, body, fwd).await
+}
+
+/// The Host the client asked for: the Host field, else the URI's authority.
+/// `None` when it is not valid text.
+fn request_host(headers: &HeaderMap, uri: &Uri) -> Option<String> {
+    match headers.get(HOST) {
+        Some(h) => h.to_str().ok().map(str::to_ascii_lowercase),
+        None => Some(
+            uri.authority()
+                .map(|a| a.as_str().to_ascii_lowercase())
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+/// Streams a request through to the upstream and the answer back.
+async fn forward_uncached(
+    app: &App,
+    route: &Route,
+    ctx: &RequestCtx,
+    body: Body,
+    fwd: Forward,
+) -> Response<Body> {
+    let deadline = Instant::now() + route.upstream.total;
+    let bodyless = body.size_hint().exact() == Some(0);
+    let req = match upstream_request(route, ctx, ctx.method.clone(), ctx.headers.clone(), body) {
+        Ok(r) => r,
+        Err(e) => return respond::error(StatusCode::BAD_REQUEST, fwd, e.detail(), None),
+    };
+    let res = match route.upstream.send(req, bodyless, deadline).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
+            return respond::error(e.status(), fwd, e.detail(), None);
+        }
+    };
+    let (mut parts, body) = res.into_parts();
+    if !ctx.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
+        invalidate(app, route, ctx, &parts.headers);
+    }
+    hop_by_hop::strip(&mut parts.headers);
+    let st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
+    respond::decorate(&mut parts.headers, &st, ctx.version);
+    Response::from_parts(
+        parts,
+        Body::new(DeadlineBody::new(body, deadline, route.upstream.total)),
+    )
+}
+
+fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &HeaderMap) {
+    app.l1.invalidate_uri(&UriKey::new(
+        &ctx.host,
+        &ctx.path,
+        ctx.query.as_deref(),
+        &route.query_filter,
+    ));
+    for name in [LOCATION, CONTENT_LOCATION] {
+        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(uri) = target.parse::<Uri>() else {
+            continue;
+        };
+        // Only the same origin: a response must not evict another site's
+        // entries (RFC 9111 §4.4).
+        let same_origin = uri
+            .authority()
+            .is_none_or(|a| a.as_str().eq_ignore_ascii_case(&ctx.host));
+        if !same_origin || !uri.path().starts_with('/') {
+            continue;
+        }
+        let filter = app
+            .routes
+            .find(&ctx.host, uri.path())
+            .map_or(&route.query_filter, |r| &r.query_filter);
+        app.l1
+            .invalidate_uri(&UriKey::new(&ctx.host, uri.path(), uri.query(), filter));
+    }
+}

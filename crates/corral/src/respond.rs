@@ -1,0 +1,170 @@
+//! Building answers: from a stored entry (with `Age`, conditional 304s and
+//! HEAD), from a shared error, and corral's own error pages. Every answer
+//! gets `Via` and exactly one `Cache-Status`.
+
+use std::time::SystemTime;
+
+use axum::body::Body;
+use bytes::Bytes;
+use corral_core::{CacheStatus, Forward, StoredResponse};
+use http::header::{AGE, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_MATCH, VIA};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
+
+use crate::fill::{FillOutcome, SharedResponse};
+use crate::request::via_value;
+
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// Adds the headers every answer carries.
+pub fn decorate(headers: &mut HeaderMap, status: &CacheStatus, version: Version) {
+    headers.append(VIA, via_value(version));
+    headers.insert(CACHE_STATUS.clone(), status.to_header_value());
+}
+
+/// An answer from a stored entry.
+pub fn from_entry(
+    entry: &StoredResponse,
+    status: &CacheStatus,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+) -> Response<Body> {
+    let mut headers = entry.headers.clone();
+    headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
+    decorate(&mut headers, status, Version::HTTP_11);
+    let not_modified =
+        entry.status == StatusCode::OK && etag_matches(request, entry.headers.get(ETAG));
+    let (code, body) = if not_modified {
+        headers.remove(CONTENT_LENGTH);
+        (StatusCode::NOT_MODIFIED, Body::empty())
+    } else if head {
+        (entry.status, Body::empty())
+    } else {
+        (entry.status, Body::from(entry.body.clone()))
+    };
+    let mut res = Response::new(body);
+    *res.status_mut() = code;
+    *res.headers_mut() = headers;
+    res
+}
+
+/// RFC 9110 §13.1.2: weak comparison of If-None-Match against the entry's ETag.
+fn etag_matches(request: &HeaderMap, etag: Option<&HeaderValue>) -> bool {
+    let Some(etag) = etag.and_then(|e| e.to_str().ok()) else {
+        return false;
+    };
+    let etag = etag.trim().trim_start_matches("W/");
+    request
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|t| t == "*" || t.trim_start_matches("W/") == etag)
+}
+
+fn from_shared(shared: &SharedResponse, status: &CacheStatus, head: bool) -> Response<Body> {
+    let mut headers = shared.headers.clone();
+    decorate(&mut headers, status, Version::HTTP_11);
+    let body = if head {
+        Body::empty()
+    } else {
+        Body::from(shared.body.clone())
+    };
+    let mut res = Response::new(body);
+    *res.status_mut() = shared.status;
+    *res.headers_mut() = headers;
+    res
+}
+
+/// The answer for a finished fill; `collapsed` for followers.
+pub fn from_outcome(
+    outcome: &FillOutcome,
+    collapsed: bool,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+) -> Response<Body> {
+    match outcome {
+        FillOutcome::Stored {
+            entry,
+            fwd,
+            fwd_status,
+        } => {
+            let mut st = CacheStatus::forward(*fwd)
+                .with_fwd_status(*fwd_status)
+                .with_ttl(entry.ttl_secs(now));
+            st.stored = !collapsed;
+            st.collapsed = collapsed;
+            from_entry(entry, &st, now, head, request)
+        }
+        FillOutcome::Shared {
+            response,
+            fwd,
+            detail,
+        } => {
+            let mut st = CacheStatus::forward(*fwd);
+            st.fwd_status = response.upstream_status;
+            st.detail = *detail;
+            st.collapsed = collapsed;
+            from_shared(response, &st, head)
+        }
+        FillOutcome::Stale {
+            entry,
+            fwd_status,
+            detail,
+        } => {
+            let mut st = CacheStatus::forward(Forward::Stale)
+                .with_detail(detail)
+                .with_ttl(entry.ttl_secs(now));
+            st.fwd_status = *fwd_status;
+            st.collapsed = collapsed;
+            from_entry(entry, &st, now, head, request)
+        }
+        FillOutcome::Pass { .. } => {
+            error(StatusCode::BAD_GATEWAY, Forward::Miss, "fill-passed", None)
+        }
+    }
+}
+
+/// corral's own short error answer.
+pub fn error(
+    code: StatusCode,
+    fwd: Forward,
+    detail: &'static str,
+    fwd_status: Option<u16>,
+) -> Response<Body> {
+    let mut st = CacheStatus::forward(fwd).with_detail(detail);
+    st.fwd_status = fwd_status;
+    let reason = code.canonical_reason().unwrap_or("error");
+    let mut res = Response::new(Body::from(Bytes::from(format!(
+        "{} {reason} ({detail})\n",
+        code.as_u16()
+    ))));
+    *res.status_mut() = code;
+    let h = res.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    decorate(h, &st, Version::HTTP_11);
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_none_match_uses_weak_comparison() {
+        let mut h = HeaderMap::new();
+        h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"a\", W/\"b\""));
+        assert!(etag_matches(&h, Some(&HeaderValue::from_static("\"b\""))));
+        assert!(etag_matches(&h, Some(&HeaderValue::from_static("W/\"a\""))));
+        assert!(!etag_matches(&h, Some(&HeaderValue::from_static("\"c\""))));
+        assert!(!etag_matches(
+            &HeaderMap::new(),
+            Some(&HeaderValue::from_static("\"a\""))
+        ));
+    }
+}

@@ -1,0 +1,109 @@
+//! The route table: which upstream and which cache policy a request gets.
+//! A route matches on host (optional) and path prefix; the longest prefix
+//! wins, and a route naming the host beats one that does not.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_core::{IdentityRules, QueryFilter, RoutePolicy};
+use http::header::HeaderName;
+use http::uri::{Authority, Scheme};
+
+use crate::config::{Config, OnTimeout, RouteConfig};
+use crate::upstream::Upstream;
+
+/// One route, ready to serve.
+pub struct Route {
+    pub name: String,
+    host: Option<String>,
+    prefix: String,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    pub cache_enabled: bool,
+    pub policy: RoutePolicy,
+    pub query_filter: QueryFilter,
+    pub identity: IdentityRules,
+    pub coalesce: bool,
+    pub lock_timeout: Duration,
+    pub on_timeout: OnTimeout,
+    pub upstream: Upstream,
+}
+
+impl Route {
+    fn from_config(rc: &RouteConfig, max_object_size: u64) -> Self {
+        let c = &rc.cache;
+        let policy = RoutePolicy {
+            default_ttl: c.default_ttl,
+            heuristic_freshness: c.heuristic_freshness,
+            swr_default: c.stale_while_revalidate.default,
+            swr_max: c.stale_while_revalidate.max,
+            sie_default: c.stale_if_error.default,
+            sie_max: c.stale_if_error.max,
+            ttl_jitter_percent: c.ttl_jitter,
+            early_refresh_beta: c.early_refresh_beta,
+            store_set_cookie: c.store_set_cookie,
+            max_object_size,
+            hit_for_pass: c.hit_for_pass,
+        };
+        let identity_headers = c
+            .identity_headers
+            .iter()
+            .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+            .collect();
+        let scheme = rc.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
+        // The config loader refuses an upstream without a host.
+        let authority = rc
+            .upstream
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| Authority::from_static("127.0.0.1"));
+        Route {
+            name: rc.name.clone(),
+            host: rc.host.as_ref().map(|h| h.to_ascii_lowercase()),
+            prefix: rc.path_prefix.clone(),
+            scheme,
+            authority,
+            cache_enabled: c.enabled,
+            policy,
+            query_filter: QueryFilter::new(&c.ignore_query),
+            identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),
+            coalesce: rc.coalesce.enabled,
+            lock_timeout: rc.coalesce.lock_timeout,
+            on_timeout: rc.coalesce.on_timeout,
+            upstream: Upstream::new(&rc.timeouts),
+        }
+    }
+
+    fn matches(&self, host: &str, path: &str) -> bool {
+        let host_ok = match &self.host {
+            None => true,
+            Some(h) => h == host || host.split_once(':').is_some_and(|(name, _)| name == h),
+        };
+        host_ok && path.starts_with(&self.prefix)
+    }
+}
+
+/// All routes of one configuration.
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+}
+
+impl RouteTable {
+    pub fn new(config: &Config) -> Self {
+        RouteTable {
+            routes: config
+                .routes
+                .iter()
+                .map(|r| Arc::new(Route::from_config(r, config.cache.max_object_size)))
+                .collect(),
+        }
+    }
+
+    /// The route for a request to `host` (lowercased, may carry a port) and `path`.
+    pub fn find(&self, host: &str, path: &str) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .filter(|r| r.matches(host, path))
+            .max_by_key(|r| (r.prefix.len(), r.host.is_some()))
+    }
+}

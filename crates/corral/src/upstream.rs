@@ -1,0 +1,202 @@
+//! The upstream client: hyper-util's pooled client (keep-alive, a pool timer,
+//! an idle timeout below common upstream keep-alives), per-route connect /
+//! response-header / total deadlines, and one retry for idempotent,
+//! body-less requests that fail on an established connection.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::{Instant, Sleep};
+
+use crate::config::TimeoutsConfig;
+
+/// Idle pooled connections are closed after this: below Node.js's 5 s
+/// default keep-alive, the shortest common one, so corral never reuses a
+/// connection the upstream is about to close.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connecting to the upstream failed: {0}")]
+    Connect(String),
+    #[error("the upstream sent no response headers within {0:?}")]
+    HeaderTimeout(Duration),
+    #[error("the upstream exchange exceeded its total deadline of {0:?}")]
+    TotalTimeout(Duration),
+    #[error("the upstream exchange failed: {0}")]
+    Exchange(String),
+    #[error("building the upstream request failed: {0}")]
+    Request(String),
+}
+
+impl UpstreamError {
+    /// The status corral answers with (502 or 504).
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            UpstreamError::HeaderTimeout(_) | UpstreamError::TotalTimeout(_) => {
+                http::StatusCode::GATEWAY_TIMEOUT
+            }
+            _ => http::StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The `Cache-Status` detail.
+    pub fn detail(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect(_) => "upstream-connect-error",
+            UpstreamError::HeaderTimeout(_) => "upstream-timeout",
+            UpstreamError::TotalTimeout(_) => "upstream-total-timeout",
+            UpstreamError::Exchange(_) => "upstream-error",
+            UpstreamError::Request(_) => "bad-upstream-request",
+        }
+    }
+}
+
+/// A route's connection pool and deadlines.
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+    pub response_headers: Duration,
+    pub total: Duration,
+}
+
+impl Upstream {
+    pub fn new(t: &TimeoutsConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(t.connect));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(30)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(512)
+            .build(connector);
+        Upstream {
+            client,
+            response_headers: t.response_headers,
+            total: t.total,
+        }
+    }
+
+    /// Sends `req` and waits for the response head. `retryable` requests
+    /// (idempotent, no body) are sent once more if the first attempt fails
+    /// after connecting, the usual sign of a pooled connection the upstream
+    /// had just closed. `deadline` bounds the whole exchange.
+    pub async fn send(
+        &self,
+        req: Request<Body>,
+        retryable: bool,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let retry = if retryable {
+            clone_bodyless(&req)
+        } else {
+            None
+        };
+        match self.send_once(req, deadline).await {
+            Err(UpstreamError::Exchange(first)) => match retry {
+                Some(again) => {
+                    tracing::debug!(error = %first, "retrying an idempotent request once");
+                    self.send_once(again, deadline).await
+                }
+                None => Err(UpstreamError::Exchange(first)),
+            },
+            other => other,
+        }
+    }
+
+    async fn send_once(
+        &self,
+        req: Request<Body>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let head_deadline = (Instant::now() + self.response_headers).min(deadline);
+        match tokio::time::timeout_at(head_deadline, self.client.request(req)).await {
+            Err(_) if head_deadline == deadline => Err(UpstreamError::TotalTimeout(self.total)),
+            Err(_) => Err(UpstreamError::HeaderTimeout(self.response_headers)),
+            Ok(Ok(res)) => Ok(res),
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
+            Ok(Err(e)) => Err(UpstreamError::Exchange(error_chain(&e))),
+        }
+    }
+}
+
+fn clone_bodyless(req: &Request<Body>) -> Option<Request<Body>> {
+    let idempotent = matches!(
+        *req.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    );
+    if !idempotent || req.body().size_hint().exact() != Some(0) {
+        return None;
+    }
+    let mut b = Request::builder()
+        .method(req.method().clone())
+        .uri(req.uri().clone())
+        .version(req.version());
+    if let Some(h) = b.headers_mut() {
+        *h = req.headers().clone();
+    }
+    b.body(Body::empty()).ok()
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A response body that fails once the exchange's total deadline passes, so
+/// a stalled upstream cannot hold a client forever.
+pub struct DeadlineBody {
+    inner: Incoming,
+    sleep: Pin<Box<Sleep>>,
+    total: Duration,
+}
+
+impl DeadlineBody {
+    pub fn new(inner: Incoming, deadline: Instant, total: Duration) -> Self {
+        DeadlineBody {
+            inner,
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            total,
+        }
+    }
+}
+
+impl HttpBody for DeadlineBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(UpstreamError::TotalTimeout(self.total)))));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
