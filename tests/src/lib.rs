@@ -1,0 +1,29 @@
+//! End-to-end harness for corral: a scripted origin, real `corral` processes and
+//! HTTP clients, in the style of linkerd2's integration crate.
+//!
+//! Nothing here reaches into the proxy's code: every assertion goes through the
+//! wire, the way an operator would observe corral.
+
+pub mod cache_status;
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod fd_limit;
+pub mod origin;
+pub mod paths;
+pub mod ports;
+pub mod proxy;
+pub mod raw;
+pub mod reply;
+pub mod temp;
+pub mod wait;
+
+pub use cache_status::CacheStatus;
+pub use check::{CheckOutcome, corral_check, corral_check_file};
+pub use client::{Answer, Client};
+pub use config::{Config, Route};
+pub use origin::{Origin, OriginMode, RunningOrigin, SeenRequest};
+pub use proxy::{Proxy, RunningProxy};
+pub use raw::{RawAnswer, exchange};
+pub use reply::Reply;
+pub use wait::{DEADLINE, eventually};

@@ -1,0 +1,12 @@
+//! Free loopback ports for processes that must be told their port up front.
+
+use std::net::{SocketAddr, TcpListener};
+
+/// Returns a loopback address whose port was free a moment ago.
+///
+/// The port is found by binding port 0 and releasing it; another process could
+/// take it in between, which is why `Proxy::start` retries a failed start.
+pub fn free_addr() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    listener.local_addr()
+}

@@ -1,0 +1,256 @@
+//! Runs the real `corral serve` as a child process on free loopback ports.
+//!
+//! The child is killed (and reaped) when its handle drops; its stdout and
+//! stderr go to a log file in a scratch directory, printed along with the
+//! config when the test is failing. Nothing here reaches into corral's code.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use crate::config::{Config, with_listeners};
+use crate::fd_limit::ensure_open_files;
+use crate::paths::corral_bin;
+use crate::ports::free_addr;
+use crate::temp::TempDir;
+
+/// How long a proxy may take to answer `/healthz` after spawn.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Open files the suite wants for itself and the proxy (bursts of 1000).
+const OPEN_FILES: u64 = 8192;
+
+/// Where a proxy's config comes from.
+#[derive(Clone, Debug)]
+pub enum ConfigSource {
+    /// A config built with [`Config`].
+    Built(Config),
+    /// Raw YAML without `listen`/`admin`; the harness prepends both.
+    Yaml(String),
+}
+
+impl From<Config> for ConfigSource {
+    fn from(config: Config) -> Self {
+        Self::Built(config)
+    }
+}
+
+impl From<&str> for ConfigSource {
+    fn from(yaml: &str) -> Self {
+        Self::Yaml(yaml.to_owned())
+    }
+}
+
+impl From<String> for ConfigSource {
+    fn from(yaml: String) -> Self {
+        Self::Yaml(yaml)
+    }
+}
+
+/// Builder of a `corral serve` process.
+#[derive(Clone, Debug)]
+pub struct Proxy {
+    config: ConfigSource,
+    env: Vec<(String, String)>,
+}
+
+impl Proxy {
+    /// A proxy serving `config` (a [`Config`] or raw YAML without listeners).
+    pub fn new(config: impl Into<ConfigSource>) -> Self {
+        Self {
+            config: config.into(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Sets an environment variable for the process (e.g. `RUST_LOG`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Spawns the process and waits for `GET /healthz` on the admin listener.
+    ///
+    /// A start that fails because a picked port was taken in the meantime is
+    /// retried on new ports; any other failure fails the test with the log.
+    pub async fn start(self) -> RunningProxy {
+        ensure_open_files(OPEN_FILES);
+        let bin = corral_bin();
+        let mut failure = String::new();
+        for _attempt in 0..3 {
+            let mut proxy = self.spawn(&bin);
+            match proxy.wait_healthy(STARTUP_DEADLINE).await {
+                Ok(()) => return proxy,
+                Err(Unhealthy::Exited(status)) => {
+                    let log = proxy.log();
+                    failure = format!(
+                        "corral serve exited with {status} before it was healthy\n{}",
+                        proxy.report()
+                    );
+                    if !log.to_ascii_lowercase().contains("in use") {
+                        break;
+                    }
+                }
+                Err(Unhealthy::TimedOut) => {
+                    failure = format!(
+                        "corral serve did not answer GET http://{}/healthz with 200 within {STARTUP_DEADLINE:?}\n{}",
+                        proxy.admin_addr,
+                        proxy.report()
+                    );
+                    break;
+                }
+            }
+        }
+        panic!("{failure}");
+    }
+
+    fn spawn(&self, bin: &Path) -> RunningProxy {
+        let dir = TempDir::new("proxy").expect("create a scratch dir for the proxy");
+        let addr = free_addr().expect("a free port for listen");
+        let admin_addr = loop {
+            let admin = free_addr().expect("a free port for admin");
+            if admin != addr {
+                break admin;
+            }
+        };
+        let yaml = match &self.config {
+            ConfigSource::Built(config) => config.render(addr, admin_addr),
+            ConfigSource::Yaml(body) => with_listeners(body, addr, admin_addr),
+        };
+        let config_path = dir.path().join("corral.yaml");
+        std::fs::write(&config_path, &yaml).expect("write the proxy config");
+        let log_path = dir.path().join("corral.log");
+        let log = File::create(&log_path).expect("create the proxy log");
+        let log_err = log.try_clone().expect("clone the proxy log handle");
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {} serve: {e}", bin.display()));
+        RunningProxy {
+            child,
+            addr,
+            admin_addr,
+            config_path,
+            log_path,
+            dir,
+        }
+    }
+}
+
+enum Unhealthy {
+    Exited(ExitStatus),
+    TimedOut,
+}
+
+/// A running `corral serve`; killed and reaped on drop.
+pub struct RunningProxy {
+    child: Child,
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    dir: TempDir,
+}
+
+impl RunningProxy {
+    /// The proxy listener.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener (`/healthz`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// `http://{listen}{path_and_query}`.
+    pub fn url(&self, path_and_query: &str) -> String {
+        format!("http://{}{path_and_query}", self.addr)
+    }
+
+    /// `http://{admin}{path}`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin_addr)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config file the process was started with.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Everything the process printed so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Config and the end of the log, for failure messages.
+    pub fn report(&self) -> String {
+        const TAIL: usize = 200;
+        let config = std::fs::read_to_string(&self.config_path).unwrap_or_default();
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let skipped = lines.len().saturating_sub(TAIL);
+        let tail = lines[skipped..].join("\n");
+        format!(
+            "--- corral config ({}) ---\n{config}--- corral log ({}, last {} of {} lines) ---\n{tail}\n--- end of corral log ---",
+            self.config_path.display(),
+            self.log_path.display(),
+            lines.len() - skipped,
+            lines.len()
+        )
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    async fn wait_healthy(&mut self, within: Duration) -> Result<(), Unhealthy> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .http1_only()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .expect("build the health-check client");
+        let url = self.admin_url("/healthz");
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Unhealthy::Exited(status));
+            }
+            if let Ok(response) = client.get(&url).send().await
+                && response.status() == reqwest::StatusCode::OK
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Unhealthy::TimedOut);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            self.dir.keep();
+            eprintln!("{}", self.report());
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Storage and keys: what is stored, what a hit looks like, how HEAD, unsafe
+//! methods and query strings map onto stored entries.
+
+use http::Method;
+
+use corral_tests::{Client, Config, Origin, Proxy, Reply, Route};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_get_is_a_hit_with_age_and_does_not_reach_the_origin() {
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok("document").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    let first = client.get(&proxy.url("/doc")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.text(), "document");
+    let status = first.cache_status();
+    assert_eq!(status.fwd(), Some("uri-miss"), "{status}");
+    assert_eq!(status.param("fwd-status"), Some("200"), "{status}");
+    assert!(status.stored(), "{status}");
+
+    let second = client.get(&proxy.url("/doc")).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.text(), "document");
+    let status = second.cache_status();
+    assert!(status.is_hit(), "{status}");
+    assert!(status.fwd().is_none(), "{status}");
+    let age: u64 = second
+        .header("age")
+        .expect("an answer from cache carries Age")
+        .parse()
+        .expect("Age is a number of seconds");
+    assert!(age <= 60, "Age {age}");
+    assert_eq!(origin.hits("/doc"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_store_private_and_set_cookie_answers_are_not_stored() {
+    let origin = Origin::new()
+        .route(
+            "/no-store",
+            Reply::ok("n").header("cache-control", "no-store, max-age=60"),
+        )
+        .route(
+            "/private",
+            Reply::ok("p").header("cache-control", "private, max-age=60"),
+        )
+        .route(
+            "/cookie",
+            Reply::ok("c")
+                .header("cache-control", "max-age=60")
+                .header("set-cookie", "session=abc"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    for path in ["/no-store", "/private", "/cookie"] {
+        for round in 1..=2 {
+            let answer = client.get(&proxy.url(path)).await;
+            assert_eq!(answer.status, 200, "{path}");
+            let status = answer.cache_status();
+            assert!(
+                status.fwd().is_some() && !status.stored() && !status.is_hit(),
+                "{path} round {round}: {status}"
+            );
+        }
+        assert_eq!(origin.hits(path), 2, "{path} reached the origin every time");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_default_ttl_stores_answers_without_freshness_information() {
+    let origin = Origin::new()
+        .route("/plain", Reply::ok("plain"))
+        .start()
+        .await;
+    let config = Config::new().route(Route::new("api", origin.url()).cache("default_ttl", "30s"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+
+    let first = client.get(&proxy.url("/plain")).await;
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+    let second = client.get(&proxy.url("/plain")).await;
+    assert!(second.cache_status().is_hit(), "{}", second.cache_status());
+    assert_eq!(second.text(), "plain");
+    assert_eq!(origin.hits("/plain"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_after_a_get_is_served_from_the_stored_get() {
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok("hello head").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    let get = client.get(&proxy.url("/doc")).await;
+    assert_eq!(get.text(), "hello head");
+    let head = client.head(&proxy.url("/doc")).await;
+
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty(), "HEAD has no body: {:?}", head.body);
+    assert!(head.cache_status().is_hit(), "{}", head.cache_status());
+    if let Some(length) = get.header("content-length") {
+        assert_eq!(head.header("content-length"), Some(length));
+    }
+    assert_eq!(origin.hits("/doc"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_post_invalidates_the_stored_get_for_its_uri() {
+    let origin = Origin::new()
+        .route(
+            "/item",
+            Reply::ok("item v1").header("cache-control", "max-age=60"),
+        )
+        .route_method(Method::POST, "/item", Reply::status(201, "created"))
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/item");
+
+    client.get(&url).await;
+    let hit = client.get(&url).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(origin.hits("/item"), 1);
+
+    origin.set_route(
+        "/item",
+        Reply::ok("item v2").header("cache-control", "max-age=60"),
+    );
+    let post = client
+        .send(Method::POST, &url, &[], Some("new".into()))
+        .await;
+    assert_eq!(post.status, 201);
+    assert_eq!(post.text(), "created");
+    assert_eq!(origin.hits("/item"), 2, "the POST reached the origin");
+
+    let after = client.get(&url).await;
+    assert_eq!(after.text(), "item v2");
+    assert!(!after.cache_status().is_hit(), "{}", after.cache_status());
+    assert_eq!(
+        origin.hits("/item"),
+        3,
+        "the GET after the POST reached the origin"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_post_leaves_the_stored_get_in_place() {
+    let origin = Origin::new()
+        .route(
+            "/item",
+            Reply::ok("item v1").header("cache-control", "max-age=60"),
+        )
+        .route_method(Method::POST, "/item", Reply::status(500, "nope"))
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/item");
+
+    client.get(&url).await;
+    let post = client
+        .send(Method::POST, &url, &[], Some("new".into()))
+        .await;
+    assert_eq!(post.status, 500);
+
+    let after = client.get(&url).await;
+    assert!(after.cache_status().is_hit(), "{}", after.cache_status());
+    assert_eq!(after.text(), "item v1");
+    assert_eq!(
+        origin.hits("/item"),
+        2,
+        "the GET, then the POST; no second GET"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_parameters_are_sorted_and_ignored_ones_dropped_from_the_key() {
+    let origin = Origin::new()
+        .route(
+            "/q",
+            Reply::from_request(|req| format!("query:{}", req.query().unwrap_or_default()))
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let config =
+        Config::new().route(Route::new("api", origin.url()).cache("ignore_query", "[utm_*]"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+
+    let first = client.get(&proxy.url("/q?b=2&a=1")).await;
+    assert_eq!(first.status, 200);
+    for same in [
+        "/q?a=1&b=2",
+        "/q?a=1&b=2&utm_source=x",
+        "/q?utm_medium=y&b=2&a=1",
+    ] {
+        let answer = client.get(&proxy.url(same)).await;
+        assert!(
+            answer.cache_status().is_hit(),
+            "{same}: {}",
+            answer.cache_status()
+        );
+        assert_eq!(answer.text(), first.text(), "{same}");
+    }
+    assert_eq!(origin.hits("/q"), 1);
+
+    let other = client.get(&proxy.url("/q?a=1&b=3")).await;
+    assert!(!other.cache_status().is_hit(), "{}", other.cache_status());
+    assert_eq!(origin.hits("/q"), 2, "a different value is a different key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_max_object_size_is_served_whole_and_not_stored() {
+    let big: Vec<u8> = (0..2 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let origin = Origin::new()
+        .route(
+            "/big",
+            Reply::ok(big.clone()).header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url()).cache("max_object_size", "1MiB"))
+        .start()
+        .await;
+    let client = Client::new();
+
+    for round in 1..=2 {
+        let answer = client.get(&proxy.url("/big")).await;
+        assert_eq!(answer.status, 200);
+        assert!(
+            answer.body == big,
+            "round {round}: body of {} bytes differs",
+            answer.body.len()
+        );
+        assert!(!answer.cache_status().is_hit(), "{}", answer.cache_status());
+    }
+    assert_eq!(origin.hits("/big"), 2);
+}

@@ -1,0 +1,285 @@
+//! Coalescing: a cold key reaches the origin once however many clients ask,
+//! and what cannot be shared is not serialized behind the lock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use corral_tests::raw::send_and_hold;
+use corral_tests::{Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Distinct Cache-Status values and how often each came back, for messages.
+fn tally(answers: &[Answer]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for answer in answers {
+        *counts
+            .entry(format!(
+                "{} {}",
+                answer.status,
+                answer.header("cache-status").unwrap_or("<no cache-status>")
+            ))
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_gets_for_a_cold_key_reach_origin_once() {
+    let origin = Origin::new()
+        .route(
+            "/warm",
+            Reply::ok("warm")
+                .header("cache-control", "no-store")
+                .delay(ms(300)),
+        )
+        .route(
+            "/cold",
+            Reply::ok("the one answer")
+                .header("cache-control", "max-age=60")
+                .delay(ms(200)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    // Open the thousand connections first, so that the burst measures the
+    // proxy's coalescing and not how fast 1000 handshakes fit in 200ms.
+    client.warm(1000, &proxy.url("/warm")).await;
+
+    let answers = client.burst(1000, &proxy.url("/cold"), &[]).await;
+
+    assert_eq!(origin.hits("/cold"), 1, "answers: {:#?}", tally(&answers));
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "answers: {:#?}", tally(&answers));
+        assert_eq!(answer.text(), "the one answer");
+    }
+    let collapsed = answers
+        .iter()
+        .filter(|a| a.cache_status().collapsed())
+        .count();
+    assert_eq!(collapsed, 999, "answers: {:#?}", tally(&answers));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_client_disconnects_mid_fill_still_fills_for_its_followers() {
+    let origin = Origin::new()
+        .route(
+            "/slow",
+            Reply::ok("filled")
+                .header("cache-control", "max-age=60")
+                .delay(ms(800)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    // The leader is a raw connection so that dropping it closes the socket for sure.
+    let request = format!("GET /slow HTTP/1.1\r\nHost: {}\r\n\r\n", proxy.addr());
+    let leader = send_and_hold(proxy.addr(), request.as_bytes()).await;
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    drop(leader);
+    // Nothing observable marks "the proxy noticed the disconnect"; give it a
+    // moment so the followers really arrive after the leader is gone.
+    tokio::time::sleep(ms(100)).await;
+
+    let answers = client.burst(20, &proxy.url("/slow"), &[]).await;
+
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "answers: {:#?}", tally(&answers));
+        assert_eq!(answer.text(), "filled");
+    }
+    assert_eq!(origin.hits("/slow"), 1, "answers: {:#?}", tally(&answers));
+    assert_eq!(
+        origin.cancelled("/slow"),
+        0,
+        "the proxy abandoned the origin fetch when the leader's client left"
+    );
+    let next = client.get(&proxy.url("/slow")).await;
+    assert!(
+        next.cache_status().is_hit(),
+        "the fill was stored: {}",
+        next.cache_status()
+    );
+    assert_eq!(next.text(), "filled");
+    assert_eq!(origin.hits("/slow"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncacheable_500_is_shared_by_the_coalesced_burst_and_not_stored() {
+    let origin = Origin::new()
+        .route("/fail", Reply::status(500, "kaput").delay(ms(200)))
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    let answers = client.burst(50, &proxy.url("/fail"), &[]).await;
+
+    assert_eq!(origin.hits("/fail"), 1, "answers: {:#?}", tally(&answers));
+    for answer in &answers {
+        assert_eq!(answer.status, 500, "answers: {:#?}", tally(&answers));
+        assert_eq!(answer.text(), "kaput");
+    }
+
+    let next = client.get(&proxy.url("/fail")).await;
+    assert_eq!(next.status, 500);
+    assert_eq!(
+        origin.hits("/fail"),
+        2,
+        "a 500 must not be stored: {}",
+        next.cache_status()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_answers_to_bursts_are_fetched_in_parallel_not_serialized() {
+    const BURST: usize = 100;
+    const DELAY: Duration = Duration::from_millis(200);
+    // Serialized fetches would take BURST × DELAY = 20s; a quarter of that
+    // is generous and still fails if requests queue one behind another.
+    let bound = DELAY * BURST as u32 / 4;
+    let origin = Origin::new()
+        .route(
+            "/me",
+            Reply::ok("mine")
+                .header("cache-control", "private")
+                .delay(DELAY),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    for (round, expected_hits) in [(1, BURST), (2, 2 * BURST)] {
+        let started = Instant::now();
+        let answers = client.burst(BURST, &proxy.url("/me"), &[]).await;
+        let elapsed = started.elapsed();
+
+        for answer in &answers {
+            assert_eq!(answer.status, 200, "round {round}: {:#?}", tally(&answers));
+            assert_eq!(answer.text(), "mine");
+            let status = answer.cache_status();
+            assert!(
+                status.fwd().is_some() && !status.stored(),
+                "round {round}: a private answer is forwarded, never stored: {status}"
+            );
+        }
+        assert_eq!(
+            origin.hits("/me"),
+            expected_hits,
+            "round {round}: every client gets its own private answer"
+        );
+        assert!(
+            elapsed < bound,
+            "round {round} took {elapsed:?}, at least {bound:?}: private fetches were serialized"
+        );
+    }
+}
+
+/// A leader stuck on a slow origin, and `followers` requests behind it that
+/// arrive once the origin has the leader's request.
+async fn leader_then_followers(
+    config: Config,
+    origin: &corral_tests::RunningOrigin,
+    followers: usize,
+) -> (Answer, Vec<Answer>, Duration) {
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let url = proxy.url("/slow");
+    let leader = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let started = Instant::now();
+    let answers = client.burst(followers, &url, &[]).await;
+    let waited = started.elapsed();
+    let leader = leader.await.expect("leader task");
+    (leader, answers, waited)
+}
+
+fn slow_origin() -> Origin {
+    Origin::new().route(
+        "/slow",
+        Reply::ok("slow")
+            .header("cache-control", "max-age=60")
+            .delay(ms(1500)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_past_the_lock_timeout_answer_504_when_told_to() {
+    let origin = slow_origin().start().await;
+    let config = Config::new().route(
+        Route::new("api", origin.url())
+            .coalesce("lock_timeout", "300ms")
+            .coalesce("on_timeout", "error"),
+    );
+
+    let (leader, followers, waited) = leader_then_followers(config, &origin, 4).await;
+
+    assert_eq!(leader.status, 200);
+    assert_eq!(leader.text(), "slow");
+    for answer in &followers {
+        assert_eq!(answer.status, 504, "followers: {:#?}", tally(&followers));
+    }
+    assert!(
+        waited < ms(1200),
+        "the followers gave up after {waited:?}, not after the 300ms lock timeout"
+    );
+    assert_eq!(origin.hits("/slow"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_past_the_lock_timeout_fetch_for_themselves_when_told_to() {
+    let origin = slow_origin().start().await;
+    let config = Config::new().route(
+        Route::new("api", origin.url())
+            .coalesce("lock_timeout", "300ms")
+            .coalesce("on_timeout", "fetch"),
+    );
+
+    let (leader, followers, _) = leader_then_followers(config, &origin, 4).await;
+
+    assert_eq!(leader.text(), "slow");
+    for answer in &followers {
+        assert_eq!(answer.status, 200, "followers: {:#?}", tally(&followers));
+        assert_eq!(answer.text(), "slow");
+    }
+    assert!(
+        origin.hits("/slow") >= 2,
+        "waiters past the lock timeout went to the origin themselves"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_coalescing_disabled_every_request_of_a_cold_burst_reaches_the_origin() {
+    let origin = Origin::new()
+        .route(
+            "/cold",
+            Reply::ok("cold")
+                .header("cache-control", "max-age=60")
+                .delay(ms(300)),
+        )
+        .start()
+        .await;
+    let config = Config::new().route(Route::new("api", origin.url()).coalesce("enabled", "false"));
+    let proxy = Proxy::new(config).start().await;
+
+    let answers = Client::new().burst(10, &proxy.url("/cold"), &[]).await;
+
+    for answer in &answers {
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.text(), "cold");
+        assert!(
+            !answer.cache_status().collapsed(),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert_eq!(origin.hits("/cold"), 10);
+}

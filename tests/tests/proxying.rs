@@ -1,0 +1,202 @@
+//! Plain proxying: methods and bodies pass through, hop-by-hop headers stop
+//! at the proxy, forwarding headers are added, upstream failures are mapped.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use corral_tests::ports::free_addr;
+use corral_tests::{Client, Config, Origin, Proxy, Reply, Route};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_body_goes_through_to_the_origin_and_back() {
+    let origin = Origin::new()
+        .route("/echo", Reply::echo_body())
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    // Larger than max_object_size and than any socket buffer.
+    let body: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+
+    let answer = client
+        .send(
+            Method::POST,
+            &proxy.url("/echo"),
+            &[],
+            Some(body.clone().into()),
+        )
+        .await;
+
+    assert_eq!(answer.status, 200);
+    assert!(
+        answer.body == body,
+        "echoed {} of {} bytes",
+        answer.body.len(),
+        body.len()
+    );
+    let seen = origin.requests("/echo");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, Method::POST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_is_proxied() {
+    let origin = Origin::new()
+        .route(
+            "/m",
+            Reply::from_request(|req| format!("method:{}", req.method)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    let methods = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+        Method::OPTIONS,
+    ];
+    for method in &methods {
+        let answer = client
+            .send(method.clone(), &proxy.url("/m"), &[], Some("x".into()))
+            .await;
+        assert_eq!(answer.status, 200, "{method}");
+        assert_eq!(answer.text(), format!("method:{method}"));
+    }
+    let seen: Vec<Method> = origin
+        .requests("/m")
+        .into_iter()
+        .map(|r| r.method)
+        .collect();
+    assert_eq!(seen, methods);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_not_forwarded_either_way() {
+    let origin = Origin::new()
+        .route(
+            "/h",
+            Reply::ok("h")
+                .header("connection", "x-origin-secret")
+                .header("x-origin-secret", "1")
+                .header("x-origin-public", "1"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    let answer = client
+        .get_with(
+            &proxy.url("/h"),
+            &[
+                ("connection", "x-custom"),
+                ("x-custom", "1"),
+                ("keep-alive", "timeout=5"),
+                ("proxy-authorization", "Basic Zm9vOmJhcg=="),
+                ("x-end-to-end", "kept"),
+            ],
+        )
+        .await;
+
+    assert_eq!(answer.status, 200);
+    let seen = &origin.requests("/h")[0];
+    assert_eq!(seen.header("x-end-to-end"), Some("kept"));
+    for hop in ["x-custom", "keep-alive", "proxy-authorization"] {
+        assert!(
+            seen.header(hop).is_none(),
+            "{hop} was forwarded: {:?}",
+            seen.headers
+        );
+    }
+    assert!(
+        seen.header_all("connection")
+            .iter()
+            .all(|v| !v.to_ascii_lowercase().contains("x-custom")),
+        "Connection was forwarded: {:?}",
+        seen.headers
+    );
+    assert_eq!(answer.header("x-origin-public"), Some("1"));
+    assert!(
+        answer.header("x-origin-secret").is_none(),
+        "a header the origin named in Connection reached the client: {:?}",
+        answer.headers
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn via_and_x_forwarded_headers_are_added_upstream() {
+    let origin = Origin::new().route("/f", Reply::ok("f")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+
+    client.get(&proxy.url("/f")).await;
+    client
+        .get_with(&proxy.url("/f"), &[("x-forwarded-for", "203.0.113.7")])
+        .await;
+
+    let seen = origin.requests("/f");
+    assert_eq!(seen.len(), 2);
+    let first = &seen[0];
+    let via = first.header("via").expect("Via is added");
+    assert!(via.contains("1.1"), "Via names the protocol version: {via}");
+    assert_eq!(first.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(first.header("x-forwarded-proto"), Some("http"));
+    let host = proxy.addr().to_string();
+    assert_eq!(first.header("x-forwarded-host"), Some(host.as_str()));
+
+    let forwarded = seen[1].header_all("x-forwarded-for").join(", ");
+    let hops: Vec<&str> = forwarded.split(',').map(str::trim).collect();
+    assert_eq!(
+        hops,
+        ["203.0.113.7", "127.0.0.1"],
+        "the client's address is appended to an incoming X-Forwarded-For"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upstream_with_nothing_stale_is_answered_502_with_a_detail() {
+    let closed = free_addr().expect("a free port");
+    let proxy = Proxy::new(Config::single(format!("http://{closed}")))
+        .start()
+        .await;
+
+    let answer = Client::new().get(&proxy.url("/gone")).await;
+
+    assert_eq!(answer.status, 502);
+    let status = answer.cache_status();
+    assert!(
+        status.detail().is_some(),
+        "Cache-Status names the failure: {status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upstream_is_answered_504_after_the_response_headers_timeout() {
+    let origin = Origin::new()
+        .route("/slow", Reply::ok("late").delay(Duration::from_secs(5)))
+        .start()
+        .await;
+    let config =
+        Config::new().route(Route::new("api", origin.url()).timeouts("response_headers", "300ms"));
+    let proxy = Proxy::new(config).start().await;
+
+    let started = Instant::now();
+    let answer = Client::new().get(&proxy.url("/slow")).await;
+    let elapsed = started.elapsed();
+
+    assert_eq!(answer.status, 504, "{}", answer.cache_status());
+    assert!(
+        answer.cache_status().detail().is_some(),
+        "Cache-Status names the failure: {}",
+        answer.cache_status()
+    );
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "the timeout answered after {elapsed:?}"
+    );
+}

@@ -1,0 +1,168 @@
+//! Expiry: stale-while-revalidate, stale-if-error and conditional
+//! revalidation. Sleeps here only let a one-second TTL run out.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until};
+
+use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Reply, eventually};
+
+/// Just past a `max-age=1`.
+const PAST_ONE_SECOND: Duration = Duration::from_millis(1200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_serves_stale_at_once_and_refreshes_once_in_background() {
+    let headers = "max-age=1, stale-while-revalidate=30";
+    let origin = Origin::new()
+        .route("/swr", Reply::ok("v1").header("cache-control", headers))
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/swr");
+
+    assert_eq!(client.get(&url).await.text(), "v1");
+    let filled = Instant::now();
+    origin.set_route("/swr", Reply::ok("v2").header("cache-control", headers));
+    sleep_until(filled + PAST_ONE_SECOND).await;
+
+    let stale = client.get(&url).await;
+    assert_eq!(stale.status, 200);
+    assert_eq!(stale.text(), "v1", "the stale body is served at once");
+    let status = stale.cache_status();
+    assert_eq!(status.fwd(), Some("stale"), "{status}");
+    assert_eq!(status.detail(), Some("stale-while-revalidate"), "{status}");
+    assert!(stale.header("age").is_some(), "a stale answer carries Age");
+
+    origin.wait_hits("/swr", 2, DEADLINE).await;
+    let (client, url) = (&client, &url);
+    eventually(
+        DEADLINE,
+        "the refreshed body is served",
+        move || async move { client.get(url).await.text() == "v2" },
+    )
+    .await;
+    assert_eq!(origin.hits("/swr"), 2, "exactly one background refresh");
+}
+
+/// Window end of `max-age=1, stale-if-error=2` plus a second of margin, so a
+/// cache counting age in whole seconds is past it too.
+const PAST_STALE_IF_ERROR: Duration = Duration::from_millis(4100);
+const STALE_IF_ERROR: &str = "max-age=1, stale-if-error=2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_covers_an_origin_500_within_the_window_only() {
+    let origin = Origin::new()
+        .route(
+            "/sie",
+            Reply::ok("v1").header("cache-control", STALE_IF_ERROR),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/sie");
+
+    assert_eq!(client.get(&url).await.text(), "v1");
+    let filled = Instant::now();
+    origin.set_mode(OriginMode::InternalError);
+
+    sleep_until(filled + PAST_ONE_SECOND).await;
+    let stale = client.get(&url).await;
+    assert_eq!(stale.status, 200);
+    assert_eq!(stale.text(), "v1");
+    let status = stale.cache_status();
+    assert_eq!(status.fwd(), Some("stale"), "{status}");
+    assert_eq!(status.detail(), Some("stale-if-error"), "{status}");
+    assert_eq!(origin.hits("/sie"), 2, "the origin was asked and failed");
+
+    sleep_until(filled + PAST_STALE_IF_ERROR).await;
+    let failed = client.get(&url).await;
+    assert_eq!(
+        failed.status,
+        500,
+        "past the window the origin's error goes through: {}",
+        failed.cache_status()
+    );
+    assert_ne!(failed.text(), "v1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_covers_a_refused_origin_within_the_window_only() {
+    let mut origin = Origin::new()
+        .route(
+            "/sie",
+            Reply::ok("v1").header("cache-control", STALE_IF_ERROR),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/sie");
+
+    assert_eq!(client.get(&url).await.text(), "v1");
+    let filled = Instant::now();
+    origin.stop().await;
+
+    sleep_until(filled + PAST_ONE_SECOND).await;
+    let stale = client.get(&url).await;
+    assert_eq!(stale.status, 200);
+    assert_eq!(stale.text(), "v1");
+    let status = stale.cache_status();
+    assert_eq!(status.fwd(), Some("stale"), "{status}");
+    assert_eq!(status.detail(), Some("stale-if-error"), "{status}");
+
+    sleep_until(filled + PAST_STALE_IF_ERROR).await;
+    let failed = client.get(&url).await;
+    assert_eq!(failed.status, 502, "{}", failed.cache_status());
+    assert!(
+        failed.cache_status().detail().is_some(),
+        "the error names what failed: {}",
+        failed.cache_status()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_to_if_none_match_refreshes_the_entry_and_the_client_gets_the_stored_body() {
+    let origin = Origin::new()
+        .route(
+            "/etag",
+            Reply::ok("original")
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"v1\""),
+        )
+        .conditional()
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/etag");
+
+    assert_eq!(client.get(&url).await.text(), "original");
+    let filled = Instant::now();
+    // Same validator, new body: only an unconditional request can see it.
+    origin.set_route(
+        "/etag",
+        Reply::ok("changed")
+            .header("cache-control", "max-age=1")
+            .header("etag", "\"v1\""),
+    );
+    sleep_until(filled + PAST_ONE_SECOND).await;
+
+    let revalidated = client.get(&url).await;
+    assert_eq!(revalidated.status, 200);
+    assert_eq!(revalidated.text(), "original");
+    assert_eq!(origin.hits("/etag"), 2);
+    let conditional = &origin.requests("/etag")[1];
+    assert_eq!(conditional.header("if-none-match"), Some("\"v1\""));
+    assert_eq!(origin.answered("/etag"), [200, 304]);
+
+    let fresh = client.get(&url).await;
+    assert_eq!(fresh.text(), "original");
+    assert!(
+        fresh.cache_status().is_hit(),
+        "the 304 made the entry fresh again: {}",
+        fresh.cache_status()
+    );
+    assert_eq!(origin.hits("/etag"), 2);
+}
