@@ -13,6 +13,20 @@ use crate::identity::Identity;
 pub struct Digest(pub [u8; 32]);
 
 impl Digest {
+    /// Parses the form `to_hex` writes.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return None;
+        }
+        let nibble = |c: u8| (c as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
+        let mut out = [0u8; 32];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+        }
+        Some(Digest(out))
+    }
+
     /// Hex form, for logs and Redis keys.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(64);
@@ -70,7 +84,9 @@ impl QueryFilter {
     }
 }
 
-/// The target URI, normalized: lowercased host, path, normalized query.
+/// The target URI, normalized: lowercased host name (without port: the
+/// instances behind one load balancer listen on different ports but serve
+/// the same site), path, normalized query.
 #[derive(Clone, PartialEq, Eq)]
 pub struct UriKey {
     readable: String,
@@ -79,7 +95,7 @@ pub struct UriKey {
 
 impl UriKey {
     pub fn new(host: &str, path: &str, query: Option<&str>, filter: &QueryFilter) -> Self {
-        let host = host.to_ascii_lowercase();
+        let host = host_name(host).to_ascii_lowercase();
         let query = query.map(|q| filter.normalize(q)).unwrap_or_default();
         let readable = if query.is_empty() {
             format!("{host}{path}")
@@ -102,6 +118,18 @@ impl UriKey {
 impl fmt::Debug for UriKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.readable)
+    }
+}
+
+/// `host` without a trailing `:port` (IPv6 literals keep their brackets).
+fn host_name(host: &str) -> &str {
+    match host.rfind(':') {
+        Some(i)
+            if !host[i..].contains(']') && host[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            &host[..i]
+        }
+        _ => host,
     }
 }
 
@@ -195,6 +223,10 @@ mod tests {
         assert_eq!(a.readable(), "api.example.com/v1/x?a=1&b=2");
         let c = UriKey::new("api.example.com", "/v1/x", Some("a=1&b=3"), &f);
         assert_ne!(a.digest(), c.digest());
+        let port = UriKey::new("api.example.com:8443", "/v1/x", Some("a=1&b=2"), &f);
+        assert_eq!(a.digest(), port.digest());
+        assert_eq!(host_name("[::1]:80"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
         let empty = UriKey::new("h", "/p", Some("utm_a=1"), &f);
         assert_eq!(empty.readable(), "h/p");
     }
@@ -213,6 +245,14 @@ mod tests {
         let ab = p1.variant(None, &["ab".into(), "c".into()]);
         let a_bc = p1.variant(None, &["a".into(), "bc".into()]);
         assert_ne!(ab.digest, a_bc.digest);
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let d = Digest(*blake3::hash(b"x").as_bytes());
+        assert_eq!(Digest::from_hex(&d.to_hex()), Some(d));
+        assert_eq!(Digest::from_hex("zz"), None);
+        assert_eq!(Digest::from_hex(&"g".repeat(64)), None);
     }
 
     #[test]

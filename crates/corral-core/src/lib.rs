@@ -5,6 +5,7 @@
 pub mod cache_control;
 pub mod cache_status;
 pub mod entry;
+pub mod envelope;
 pub mod flight;
 pub mod identity;
 pub mod key;

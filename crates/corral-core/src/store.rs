@@ -124,9 +124,17 @@ impl L1 {
     }
 
     fn current_generation(&self, uri: &UriKey) -> u64 {
+        let floor = self.floor.load(Ordering::Acquire);
         self.generations
             .get(&uri.digest())
-            .unwrap_or_else(|| self.floor.load(Ordering::Acquire))
+            .map_or(floor, |g| g.max(floor))
+    }
+
+    /// Retires every stored entry at once (fills under way cannot store
+    /// either), for when invalidations may have been missed.
+    pub fn invalidate_all(&self) {
+        let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        self.floor.fetch_max(g, Ordering::AcqRel);
     }
 
     /// A stored variant, unless an invalidation retired it.
@@ -155,8 +163,13 @@ impl L1 {
 
     /// Retires every stored variant of `uri`, on every route.
     pub fn invalidate_uri(&self, uri: &UriKey) {
+        self.invalidate_uri_digest(uri.digest());
+    }
+
+    /// The same, by the URI's digest (as other instances announce it).
+    pub fn invalidate_uri_digest(&self, uri: Digest) {
         let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
-        self.generations.insert(uri.digest(), g);
+        self.generations.insert(uri, g);
     }
 
     /// The Vary set last seen for this URI on this route.
@@ -266,6 +279,23 @@ mod tests {
         let (uri_b, kb) = keys("/b");
         assert!(l1.insert(&kb, &uri_b, stored(b"b", 1)));
         assert!(l1.get(&kb, &uri_b).is_some());
+    }
+
+    #[test]
+    fn invalidate_all_retires_everything_stored_before_it() {
+        let l1 = L1::new(&L1Config { memory: 1 << 20 });
+        let (ua, ka) = keys("/a");
+        let (ub, kb) = keys("/b");
+        assert!(l1.insert(&ka, &ua, stored(b"a", l1.generation_stamp())));
+        l1.invalidate_uri(&ub);
+        assert!(l1.insert(&kb, &ub, stored(b"b", l1.generation_stamp())));
+        let in_flight = l1.generation_stamp();
+        l1.invalidate_all();
+        assert!(l1.get(&ka, &ua).is_none());
+        assert!(l1.get(&kb, &ub).is_none());
+        assert!(!l1.insert(&ka, &ua, stored(b"late", in_flight)));
+        assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
+        assert!(l1.get(&ka, &ua).is_some());
     }
 
     #[test]
