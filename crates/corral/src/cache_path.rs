@@ -67,6 +67,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
             ctx: Arc::clone(&ctx),
             primary: primary.clone(),
             identity,
+            variant: own_key.unwrap_or(shared_key),
             stale,
             fwd,
         };

@@ -12,7 +12,8 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::flight::Permit;
 use corral_core::{
-    Decision, Forward, Identity, PassReason, PrimaryKey, StoredResponse, Vary, merge_not_modified,
+    Decision, Forward, Identity, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary,
+    merge_not_modified,
 };
 use futures_util::StreamExt;
 use http::header::{ETAG, LAST_MODIFIED};
@@ -30,6 +31,7 @@ use crate::hop_by_hop;
 use crate::request::{RequestCtx, upstream_request};
 use crate::respond;
 use crate::routes::Route;
+use crate::shared_flight;
 use crate::upstream::{DeadlineBody, UpstreamError};
 
 /// A buffered response that every waiter of a flight receives (an error).
@@ -42,13 +44,31 @@ pub struct SharedResponse {
     pub upstream_status: Option<u16>,
 }
 
+impl SharedResponse {
+    /// corral's own error answer, for every waiter.
+    pub fn corral_error(status: StatusCode, detail: &'static str) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        SharedResponse {
+            status,
+            headers,
+            body: respond::error_body(status, detail),
+            upstream_status: None,
+        }
+    }
+}
+
 /// How a fill ended, as every waiter sees it.
 #[derive(Debug, Clone)]
 pub enum FillOutcome {
+    /// `fwd: None` when another instance's fill was read from L2.
     Stored {
         entry: Arc<StoredResponse>,
-        fwd: Forward,
-        fwd_status: u16,
+        fwd: Option<Forward>,
+        fwd_status: Option<u16>,
     },
     Shared {
         response: Arc<SharedResponse>,
@@ -79,6 +99,8 @@ pub struct FillRequest {
     pub ctx: Arc<RequestCtx>,
     pub primary: PrimaryKey,
     pub identity: Option<Identity>,
+    /// The flight's key: the variant this request selects.
+    pub variant: VariantKey,
     pub stale: Option<Arc<StoredResponse>>,
     pub fwd: Forward,
 }
@@ -90,7 +112,10 @@ pub async fn run(
     permit: Option<Permit<FillOutcome>>,
     leader: Option<oneshot::Sender<LeaderOutcome>>,
 ) {
-    let result = fetch_and_store(&fill).await;
+    let result = match &fill.app.l2 {
+        Some(l2) => shared_flight::fill(&fill, l2).await,
+        None => fetch_and_store(&fill).await,
+    };
     let outcome = match result {
         Ended::Outcome(o) => o,
         Ended::Stream(reason, response) => {
@@ -119,12 +144,14 @@ pub async fn run(
     }
 }
 
-enum Ended {
+pub(crate) enum Ended {
     Outcome(FillOutcome),
     Stream(PassReason, Response<Body>),
 }
 
-async fn fetch_and_store(fill: &FillRequest) -> Ended {
+/// Fetches from the origin and stores in L1: the whole fill when there is
+/// no Redis, the leader's part when there is.
+pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
     let FillRequest {
         app,
         route,
@@ -229,8 +256,8 @@ async fn fetch_and_store(fill: &FillRequest) -> Ended {
                     app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
                     Ended::Outcome(FillOutcome::Stored {
                         entry,
-                        fwd,
-                        fwd_status: status.as_u16(),
+                        fwd: Some(fwd),
+                        fwd_status: Some(status.as_u16()),
                     })
                 }
                 Buffered::TooLarge(rest) => {
@@ -317,8 +344,8 @@ fn revalidated(
                 .insert(&key, fill.primary.uri(), Arc::clone(&entry));
             Ended::Outcome(FillOutcome::Stored {
                 entry,
-                fwd: Forward::Stale,
-                fwd_status: StatusCode::NOT_MODIFIED.as_u16(),
+                fwd: Some(Forward::Stale),
+                fwd_status: Some(StatusCode::NOT_MODIFIED.as_u16()),
             })
         }
         Decision::Pass(reason) => {
@@ -357,25 +384,8 @@ fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
         };
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.authority, error = %e, "upstream failed");
-    let res = respond::error(e.status(), fill.fwd, e.detail(), None);
-    let (parts, _) = res.into_parts();
-    let code = e.status();
-    let body = Bytes::from(format!(
-        "{} {} ({})\n",
-        code.as_u16(),
-        code.canonical_reason().unwrap_or("error"),
-        e.detail()
-    ));
-    let mut headers = parts.headers;
-    headers.remove(respond::CACHE_STATUS.clone());
-    headers.remove(http::header::VIA);
     FillOutcome::Shared {
-        response: Arc::new(SharedResponse {
-            status: code,
-            headers,
-            body,
-            upstream_status: None,
-        }),
+        response: Arc::new(SharedResponse::corral_error(e.status(), e.detail())),
         fwd: fill.fwd,
         detail: Some(e.detail()),
     }

@@ -4,15 +4,22 @@
 
 mod admin;
 mod app;
+#[allow(dead_code)]
+mod breaker;
 mod cache_path;
 mod config;
 mod fill;
 mod hop_by_hop;
+mod l2;
+mod lease;
 mod proxy;
+mod redis_link;
 mod request;
 mod respond;
 mod routes;
 mod server;
+mod shared_flight;
+mod subscriber;
 mod upstream;
 
 use std::path::{Path, PathBuf};
@@ -125,7 +132,7 @@ async fn serve(config: config::Config) -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
-    let app = Arc::new(app::App::new(&config));
+    let app = Arc::new(app::App::new(&config).context("invalid redis.url")?);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let admin = tokio::spawn(admin::serve(admin_listener, shutdown_rx.clone()));
     tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), "corral serving");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use corral_core::{CacheStatus, Forward, UriKey};
+use corral_core::{CacheStatus, Forward, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, HOST, LOCATION, RANGE, UPGRADE};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::Body as _;
@@ -95,7 +95,7 @@ async fn forward_uncached(
     };
     let (mut parts, body) = res.into_parts();
     if !ctx.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
-        invalidate(app, route, ctx, &parts.headers);
+        invalidate(app, route, ctx, &parts.headers).await;
     }
     hop_by_hop::strip(&mut parts.headers);
     let st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
@@ -106,13 +106,28 @@ async fn forward_uncached(
     )
 }
 
-fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &HeaderMap) {
-    app.l1.invalidate_uri(&UriKey::new(
+/// Retires the URI here and, with Redis, on every instance. Redis trouble
+/// is logged, not answered: the client's write already succeeded.
+async fn invalidate_everywhere(app: &App, route_name: &str, uri: UriKey) {
+    app.l1.invalidate_uri(&uri);
+    if let Some(l2) = &app.l2 {
+        let primary = PrimaryKey::new(route_name, uri.clone());
+        let result = l2.invalidate(&primary, &uri).await;
+        tracing::debug!(key = %primary.readable(), ok = result.is_ok(), "cluster-wide invalidation");
+        if let Err(e) = result {
+            tracing::warn!(key = %primary.readable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
+        }
+    }
+}
+
+async fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &HeaderMap) {
+    let uri = UriKey::new(
         &ctx.host,
         &ctx.path,
         ctx.query.as_deref(),
         &route.query_filter,
-    ));
+    );
+    invalidate_everywhere(app, &route.name, uri).await;
     for name in [LOCATION, CONTENT_LOCATION] {
         let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
             continue;
@@ -128,11 +143,11 @@ fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &HeaderMap) 
         if !same_origin || !uri.path().starts_with('/') {
             continue;
         }
-        let filter = app
+        let target = app
             .routes
             .find(&ctx.host, uri.path())
-            .map_or(&route.query_filter, |r| &r.query_filter);
-        app.l1
-            .invalidate_uri(&UriKey::new(&ctx.host, uri.path(), uri.query(), filter));
+            .map_or(route, |r| r.as_ref());
+        let key = UriKey::new(&ctx.host, uri.path(), uri.query(), &target.query_filter);
+        invalidate_everywhere(app, &target.name, key).await;
     }
 }

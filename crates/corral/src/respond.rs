@@ -87,13 +87,19 @@ pub fn from_outcome(
 ) -> Response<Body> {
     match outcome {
         FillOutcome::Stored {
+            entry, fwd: None, ..
+        } => {
+            // Filled by another instance, read from L2.
+            let st = CacheStatus::hit(entry.ttl_secs(now)).with_detail("l2");
+            from_entry(entry, &st, now, head, request)
+        }
+        FillOutcome::Stored {
             entry,
-            fwd,
+            fwd: Some(fwd),
             fwd_status,
         } => {
-            let mut st = CacheStatus::forward(*fwd)
-                .with_fwd_status(*fwd_status)
-                .with_ttl(entry.ttl_secs(now));
+            let mut st = CacheStatus::forward(*fwd).with_ttl(entry.ttl_secs(now));
+            st.fwd_status = *fwd_status;
             st.stored = !collapsed;
             st.collapsed = collapsed;
             from_entry(entry, &st, now, head, request)
@@ -136,11 +142,7 @@ pub fn error(
 ) -> Response<Body> {
     let mut st = CacheStatus::forward(fwd).with_detail(detail);
     st.fwd_status = fwd_status;
-    let reason = code.canonical_reason().unwrap_or("error");
-    let mut res = Response::new(Body::from(Bytes::from(format!(
-        "{} {reason} ({detail})\n",
-        code.as_u16()
-    ))));
+    let mut res = Response::new(Body::from(error_body(code, detail)));
     *res.status_mut() = code;
     let h = res.headers_mut();
     h.insert(
@@ -149,6 +151,12 @@ pub fn error(
     );
     decorate(h, &st, Version::HTTP_11);
     res
+}
+
+/// The short text body of corral's own errors.
+pub fn error_body(code: StatusCode, detail: &str) -> Bytes {
+    let reason = code.canonical_reason().unwrap_or("error");
+    Bytes::from(format!("{} {reason} ({detail})\n", code.as_u16()))
 }
 
 #[cfg(test)]

@@ -43,6 +43,9 @@ pub struct Config {
     pub admin: SocketAddr,
     pub server: ServerConfig,
     pub cache: CacheConfig,
+    /// The shared L2 cache and cross-instance coalescing; `None` when the file has no
+    /// `redis:` section, and each instance then works on its own.
+    pub redis: Option<RedisConfig>,
     /// Routes in file order; at least one, names unique.
     pub routes: Vec<RouteConfig>,
 }
@@ -79,6 +82,36 @@ pub struct CacheConfig {
 
 /// Default `cache.max_object_size`: 8MiB.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
+
+/// Redis, shared by every instance (`redis:` section, optional).
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host[:port][/db]`, as written (trimmed).
+    pub url: String,
+    /// Deadline for each Redis command; positive.
+    pub op_timeout: Duration,
+    /// Deadline for (re)connecting; positive.
+    pub connect_timeout: Duration,
+    /// Lease expiry, extended by a watchdog while a fetch runs; at least 100ms.
+    pub lease_ttl: Duration,
+    /// Prepended to every key; 1 to 64 characters, no whitespace, `{` or `}`.
+    pub key_prefix: String,
+    /// Largest body written to Redis; larger ones stay in L1 only. Positive.
+    pub l2_max_object_size: u64,
+    /// Consecutive failed commands that open the circuit breaker; at least 1.
+    pub breaker_failures: u32,
+    /// How long the open breaker skips Redis before one probe; positive.
+    pub breaker_open_for: Duration,
+}
+
+/// Defaults of the `redis:` fields other than `url`.
+const DEFAULT_REDIS_OP_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_REDIS_LEASE_TTL: Duration = Duration::from_secs(3);
+const DEFAULT_REDIS_KEY_PREFIX: &str = "corral:";
+const DEFAULT_L2_MAX_OBJECT_SIZE: u64 = 1024 * 1024;
+const DEFAULT_BREAKER_FAILURES: u32 = 5;
+const DEFAULT_BREAKER_OPEN_FOR: Duration = Duration::from_secs(2);
 
 /// One upstream and the requests that go to it.
 #[derive(Debug, Clone)]
@@ -270,6 +303,7 @@ routes:
         assert_eq!(route.upstream, "http://127.0.0.1:3000/");
         assert_eq!(route.cache.ignore_query, ["utm_*", "fbclid"]);
         assert_eq!(route.coalesce.on_timeout, OnTimeout::Fetch);
+        assert!(config.redis.is_none(), "the example runs without Redis");
     }
 
     #[test]
@@ -697,5 +731,221 @@ routes:
     fn duplicate_keys_are_refused() {
         let error = refused(&route_with("    upstream: http://127.0.0.1:3001\n"));
         assert_at(&error, 8, 5, "routes[0].upstream");
+    }
+
+    /// A valid config whose `redis:` section starts at line 8; `fields` start at line 9.
+    fn redis_with(fields: &str) -> String {
+        format!("{}redis:\n{fields}", route_with(""))
+    }
+
+    #[test]
+    fn redis_section_absent_is_none() {
+        assert!(config(&route_with("")).redis.is_none());
+    }
+
+    #[test]
+    fn every_redis_field_is_read() {
+        let config = config(&redis_with(
+            "  url: redis://corral:s3cret@redis.internal:6380/2
+  op_timeout: 20ms
+  connect_timeout: 500ms
+  lease_ttl: 100ms
+  key_prefix: \"edge:v2:\"
+  l2_max_object_size: 256KiB
+  breaker: { failures: 3, open_for: 10s }
+",
+        ));
+        let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
+        assert_eq!(redis.url, "redis://corral:s3cret@redis.internal:6380/2");
+        assert_eq!(redis.op_timeout, Duration::from_millis(20));
+        assert_eq!(redis.connect_timeout, Duration::from_millis(500));
+        assert_eq!(redis.lease_ttl, Duration::from_millis(100));
+        assert_eq!(redis.key_prefix, "edge:v2:");
+        assert_eq!(redis.l2_max_object_size, 256 * 1024);
+        assert_eq!(redis.breaker_failures, 3);
+        assert_eq!(redis.breaker_open_for, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn redis_defaults_fill_every_field_but_url() {
+        let config = config(&redis_with("  url: redis://127.0.0.1\n"));
+        let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
+        assert_eq!(redis.url, "redis://127.0.0.1");
+        assert_eq!(redis.op_timeout, Duration::from_millis(50));
+        assert_eq!(redis.connect_timeout, Duration::from_secs(1));
+        assert_eq!(redis.lease_ttl, Duration::from_secs(3));
+        assert_eq!(redis.key_prefix, "corral:");
+        assert_eq!(redis.l2_max_object_size, 1024 * 1024);
+        assert_eq!(redis.breaker_failures, 5);
+        assert_eq!(redis.breaker_open_for, Duration::from_secs(2));
+
+        // A breaker mapping with one field keeps the other's default.
+        let config = self::config(&redis_with(
+            "  url: redis://127.0.0.1\n  breaker: { failures: 1 }\n",
+        ));
+        let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
+        assert_eq!(redis.breaker_failures, 1);
+        assert_eq!(redis.breaker_open_for, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn documented_redis_section_parses_when_uncommented() {
+        let example = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../config/corral.yaml"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut in_block = false;
+        let mut uncommented = 0;
+        let text: String = example
+            .lines()
+            .map(|line| {
+                if line == "# redis:" {
+                    in_block = true;
+                } else if in_block && !line.starts_with("#   ") {
+                    in_block = false;
+                }
+                if in_block {
+                    uncommented += 1;
+                    format!("{}\n", &line[2..])
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        assert!(uncommented > 10, "no `# redis:` block in the example");
+        let redis = config(&text)
+            .redis
+            .unwrap_or_else(|| panic!("uncommented block has no redis section"));
+        assert_eq!(redis.url, "redis://127.0.0.1:6379/0");
+        assert_eq!(redis.op_timeout, Duration::from_millis(50));
+        assert_eq!(redis.connect_timeout, Duration::from_secs(1));
+        assert_eq!(redis.lease_ttl, Duration::from_secs(3));
+        assert_eq!(redis.key_prefix, "corral:");
+        assert_eq!(redis.l2_max_object_size, 1024 * 1024);
+        assert_eq!(redis.breaker_failures, 5);
+        assert_eq!(redis.breaker_open_for, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn rediss_url_is_refused_clearly() {
+        let error = refused(&redis_with("  url: rediss://redis.internal:6380\n"));
+        let message = assert_at(&error, 9, 8, "redis.url");
+        assert_eq!(message, "rediss:// (TLS) is not supported yet");
+    }
+
+    #[test]
+    fn garbage_redis_urls_are_refused_without_echoing_passwords() {
+        for (url, hint) in [
+            ("http://127.0.0.1:6379", "unsupported scheme `http`"),
+            ("127.0.0.1:6379", "no scheme"),
+            ("redis://", "not a valid URL"),
+            ("redis://:hunter2@127.0.0.1:0", "port 0"),
+            ("redis://:hunter2@127.0.0.1/cache", "database number"),
+            ("redis://127.0.0.1/0?protocol=resp3", "query parameters"),
+            ("redis://:hunter2@0.0.0.0:6379", "wildcard"),
+        ] {
+            let error = refused(&redis_with(&format!("  url: {url}\n")));
+            let message = assert_at(&error, 9, 8, "redis.url");
+            assert!(message.contains(hint), "{url}: {message}");
+            assert!(!error.to_string().contains("hunter2"), "{error}");
+        }
+    }
+
+    #[test]
+    fn missing_redis_url_is_refused() {
+        let error = refused(&redis_with("  op_timeout: 10ms\n"));
+        let message = assert_at(&error, 9, 3, "redis.url");
+        assert_eq!(message, "required field is missing");
+
+        let error = refused(&redis_with("  url:\n"));
+        let message = assert_at(&error, 9, 3, "redis.url");
+        assert_eq!(message, "required field has no value");
+
+        // Every line of the section commented out: not silently "no Redis".
+        let error = refused(&redis_with("#  url: redis://127.0.0.1\n"));
+        let message = assert_at(&error, 8, 1, "redis");
+        assert!(message.contains("remove `redis:`"), "{message}");
+    }
+
+    #[test]
+    fn unknown_field_in_redis_names_line_and_path() {
+        let error = refused(&redis_with("  url: redis://127.0.0.1\n  bogus: 1\n"));
+        assert_at(&error, 10, 3, "redis.bogus");
+        assert!(
+            error
+                .message
+                .starts_with("unknown field `bogus` (expected one of: url, op_timeout"),
+            "{error}"
+        );
+
+        let error = refused(&redis_with(
+            "  url: redis://127.0.0.1\n  breaker: { failures: 2, cooldown: 1s }\n",
+        ));
+        assert_at(&error, 10, 27, "redis.breaker.cooldown");
+    }
+
+    #[test]
+    fn bad_key_prefix_is_refused() {
+        let too_long = format!("\"{}\"", "k".repeat(65));
+        for (prefix, hint) in [
+            ("\"a b\"", "whitespace"),
+            ("\"corral:{x}:\"", "hash tag"),
+            ("\"\"", "1 to 64"),
+            (too_long.as_str(), "65 characters"),
+        ] {
+            let error = refused(&redis_with(&format!(
+                "  url: redis://127.0.0.1\n  key_prefix: {prefix}\n"
+            )));
+            let message = assert_at(&error, 10, 15, "redis.key_prefix");
+            assert!(message.contains(hint), "{prefix}: {message}");
+        }
+        // 64 characters is the limit, not past it.
+        let text = redis_with(&format!(
+            "  url: redis://127.0.0.1\n  key_prefix: {}\n",
+            "k".repeat(64)
+        ));
+        assert!(config(&text).redis.is_some());
+    }
+
+    #[test]
+    fn zero_op_timeout_is_refused() {
+        let error = refused(&redis_with("  url: redis://127.0.0.1\n  op_timeout: 0s\n"));
+        let message = assert_at(&error, 10, 15, "redis.op_timeout");
+        assert_eq!(message, "must be greater than 0");
+
+        let error = refused(&redis_with(
+            "  url: redis://127.0.0.1\n  connect_timeout: 0ms\n",
+        ));
+        assert_at(&error, 10, 20, "redis.connect_timeout");
+        let error = refused(&redis_with(
+            "  url: redis://127.0.0.1\n  l2_max_object_size: 0\n",
+        ));
+        assert_at(&error, 10, 23, "redis.l2_max_object_size");
+    }
+
+    #[test]
+    fn lease_ttl_below_100ms_is_refused() {
+        let error = refused(&redis_with("  url: redis://127.0.0.1\n  lease_ttl: 99ms\n"));
+        let message = assert_at(&error, 10, 14, "redis.lease_ttl");
+        assert_eq!(message, "99ms is below the 100ms minimum");
+    }
+
+    #[test]
+    fn breaker_needs_a_failure_and_an_open_period() {
+        let error = refused(&redis_with(
+            "  url: redis://127.0.0.1\n  breaker:\n    failures: 0\n",
+        ));
+        let message = assert_at(&error, 11, 15, "redis.breaker.failures");
+        assert_eq!(
+            message,
+            "`0` is not a whole number of failures of at least 1"
+        );
+
+        let error = refused(&redis_with(
+            "  url: redis://127.0.0.1\n  breaker: { open_for: 0s }\n",
+        ));
+        let message = assert_at(&error, 10, 24, "redis.breaker.open_for");
+        assert_eq!(message, "must be greater than 0");
     }
 }

@@ -18,6 +18,7 @@ pub struct RawConfig {
     pub admin: Option<Text>,
     pub server: Option<RawServer>,
     pub cache: Option<Spanned<RawCache>>,
+    pub redis: Option<Spanned<RawRedis>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
 }
 
@@ -34,6 +35,25 @@ pub struct RawServer {
 pub struct RawCache {
     pub memory: Option<Text>,
     pub max_object_size: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: Option<Text>,
+    pub op_timeout: Option<Text>,
+    pub connect_timeout: Option<Text>,
+    pub lease_ttl: Option<Text>,
+    pub key_prefix: Option<Text>,
+    pub l2_max_object_size: Option<Text>,
+    pub breaker: Option<RawBreaker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    pub failures: Option<Text>,
+    pub open_for: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

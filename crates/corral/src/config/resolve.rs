@@ -10,19 +10,26 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{describe_duration, parse_duration};
 use super::paths::NodePaths;
 use super::raw::{
-    RawCache, RawCoalesce, RawConfig, RawIdentity, RawMatch, RawRoute, RawRouteCache, RawServer,
-    RawStaleWindow, RawTimeouts, Text,
+    RawBreaker, RawCache, RawCoalesce, RawConfig, RawIdentity, RawMatch, RawRedis, RawRoute,
+    RawRouteCache, RawServer, RawStaleWindow, RawTimeouts, Text,
 };
 use super::size::{describe_size, parse_size};
 use super::{
-    CacheConfig, CoalesceConfig, Config, ConfigError, DEFAULT_MAX_OBJECT_SIZE, OnTimeout,
-    RouteCacheConfig, RouteConfig, ServerConfig, StaleWindow, TimeoutsConfig,
+    CacheConfig, CoalesceConfig, Config, ConfigError, DEFAULT_BREAKER_FAILURES,
+    DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_OBJECT_SIZE,
+    DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_LEASE_TTL,
+    DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig, RouteConfig, ServerConfig,
+    StaleWindow, TimeoutsConfig,
 };
 
 /// hyper panics when asked to buffer less than this for a request head.
 const MIN_HEADER_SIZE: u64 = 8 * 1024;
 /// Above this, jitter would make most entries expire long before their TTL.
 const MAX_TTL_JITTER: u8 = 50;
+/// Shorter leases would expire between the watchdog's renewals under ordinary jitter.
+const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+/// Keeps keys short and readable in `redis-cli`.
+const MAX_KEY_PREFIX_CHARS: usize = 64;
 
 /// Validates `raw`, parsed from `text`, and fills in defaults; `file` is only used in errors.
 pub fn resolve(file: &str, text: &str, raw: Spanned<RawConfig>) -> Result<Config, ConfigError> {
@@ -78,6 +85,7 @@ impl Resolver<'_> {
             && raw.admin.is_none()
             && raw.server.is_none()
             && raw.cache.is_none()
+            && raw.redis.is_none()
             && raw.routes.is_none();
         if empty {
             return Err(self.error(
@@ -103,12 +111,30 @@ impl Resolver<'_> {
             None => ServerConfig::default(),
         };
         let cache = self.cache(self.required(&raw.cache, root, "cache")?)?;
+        let redis = match &raw.redis {
+            Some(redis) => Some(self.redis(redis)?),
+            None => {
+                // `redis:` with nothing under it parses as absent; running without Redis
+                // because every line of the section was commented out would be a surprise.
+                if let Some((line, column)) = NodePaths::index(self.text).key_position("redis") {
+                    return Err(ConfigError::at_position(
+                        self.file,
+                        line,
+                        column,
+                        "redis",
+                        "empty section: redis.url is required (remove `redis:` to run without Redis)",
+                    ));
+                }
+                None
+            }
+        };
         let routes = self.routes(self.required(&raw.routes, root, "routes")?)?;
         Ok(Config {
             listen,
             admin,
             server,
             cache,
+            redis,
             routes,
         })
     }
@@ -188,6 +214,87 @@ impl Resolver<'_> {
             memory: memory.value,
             max_object_size: max_object_size.value,
         })
+    }
+
+    fn redis(&self, raw: &Spanned<RawRedis>) -> Result<RedisConfig, ConfigError> {
+        let at = &raw.referenced;
+        let raw = &raw.value;
+        let url = self.required(&raw.url, at, "redis.url")?;
+        let url = redis_url(&url.value).map_err(|m| self.error(&url.referenced, "redis.url", m))?;
+        let op_timeout = self.duration(
+            raw.op_timeout.as_ref(),
+            "redis.op_timeout",
+            DEFAULT_REDIS_OP_TIMEOUT,
+        )?;
+        self.positive(&op_timeout, "redis.op_timeout")?;
+        let connect_timeout = self.duration(
+            raw.connect_timeout.as_ref(),
+            "redis.connect_timeout",
+            DEFAULT_REDIS_CONNECT_TIMEOUT,
+        )?;
+        self.positive(&connect_timeout, "redis.connect_timeout")?;
+        let lease_ttl = self.duration(
+            raw.lease_ttl.as_ref(),
+            "redis.lease_ttl",
+            DEFAULT_REDIS_LEASE_TTL,
+        )?;
+        if lease_ttl.value < MIN_LEASE_TTL {
+            return Err(self.blame(
+                &lease_ttl,
+                "redis.lease_ttl",
+                format!(
+                    "{} is below the {} minimum",
+                    describe_duration(lease_ttl.value),
+                    describe_duration(MIN_LEASE_TTL)
+                ),
+            ));
+        }
+        let key_prefix = match &raw.key_prefix {
+            Some(text) => key_prefix(&text.value)
+                .map_err(|m| self.error(&text.referenced, "redis.key_prefix", m))?,
+            None => DEFAULT_REDIS_KEY_PREFIX.to_owned(),
+        };
+        let l2_max_object_size = self.size(
+            raw.l2_max_object_size.as_ref(),
+            "redis.l2_max_object_size",
+            DEFAULT_L2_MAX_OBJECT_SIZE,
+        )?;
+        if l2_max_object_size.value == 0 {
+            return Err(self.blame(
+                &l2_max_object_size,
+                "redis.l2_max_object_size",
+                "must be greater than 0",
+            ));
+        }
+        let (breaker_failures, breaker_open_for) = match &raw.breaker {
+            Some(breaker) => self.breaker(breaker)?,
+            None => (DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR),
+        };
+        Ok(RedisConfig {
+            url,
+            op_timeout: op_timeout.value,
+            connect_timeout: connect_timeout.value,
+            lease_ttl: lease_ttl.value,
+            key_prefix,
+            l2_max_object_size: l2_max_object_size.value,
+            breaker_failures,
+            breaker_open_for,
+        })
+    }
+
+    fn breaker(&self, raw: &RawBreaker) -> Result<(u32, Duration), ConfigError> {
+        let failures = match &raw.failures {
+            Some(text) => breaker_failures(&text.value)
+                .map_err(|m| self.error(&text.referenced, "redis.breaker.failures", m))?,
+            None => DEFAULT_BREAKER_FAILURES,
+        };
+        let open_for = self.duration(
+            raw.open_for.as_ref(),
+            "redis.breaker.open_for",
+            DEFAULT_BREAKER_OPEN_FOR,
+        )?;
+        self.positive(&open_for, "redis.breaker.open_for")?;
+        Ok((failures, open_for.value))
     }
 
     fn routes(
@@ -738,6 +845,80 @@ fn upstream_uri(text: &str) -> Result<http::Uri, String> {
     Ok(uri)
 }
 
+/// `redis://[user:password@]host[:port][/db]`. Messages never repeat the URL: it may
+/// hold a password.
+fn redis_url(text: &str) -> Result<String, String> {
+    use redis::IntoConnectionInfo as _;
+
+    let text = text.trim();
+    let example = "write e.g. redis://127.0.0.1:6379/0";
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("not a valid URL ({e}); {example}"))?;
+    match uri.scheme_str() {
+        Some("redis") => {}
+        Some(s) if s.eq_ignore_ascii_case("rediss") => {
+            return Err("rediss:// (TLS) is not supported yet".to_owned());
+        }
+        Some(other) => {
+            return Err(format!(
+                "unsupported scheme `{other}`: the Redis URL must start with redis://"
+            ));
+        }
+        None => return Err(format!("no scheme; {example}")),
+    }
+    let authority = uri
+        .authority()
+        .filter(|a| !a.host().is_empty())
+        .ok_or_else(|| format!("no host; {example}"))?;
+    if authority.port_u16() == Some(0) {
+        return Err("port 0 is not a valid Redis port".to_owned());
+    }
+    if uri.query().is_some() {
+        return Err(format!("query parameters are not supported; {example}"));
+    }
+    let db = uri.path().strip_prefix('/').unwrap_or(uri.path());
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!(
+            "the path is the database number, e.g. /0, not `/{db}`"
+        ));
+    }
+    // What the client will do with it: catches what the checks above let through,
+    // such as a wildcard address.
+    text.into_connection_info()
+        .map_err(|e| format!("not a usable Redis URL: {e}"))?;
+    Ok(text.to_owned())
+}
+
+fn key_prefix(text: &str) -> Result<String, String> {
+    let chars = text.chars().count();
+    if chars == 0 || chars > MAX_KEY_PREFIX_CHARS {
+        return Err(format!(
+            "`{text}` is {chars} characters long; a key prefix is 1 to {MAX_KEY_PREFIX_CHARS}"
+        ));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "`{text}` contains {c:?}; a key prefix has no whitespace or control characters"
+        ));
+    }
+    if text.contains(['{', '}']) {
+        return Err(format!(
+            "`{text}` contains a brace; `{{` and `}}` would change the Redis Cluster hash tag of corral's keys"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+fn breaker_failures(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(failures) if failures >= 1 => Ok(failures),
+        _ => Err(format!(
+            "`{text}` is not a whole number of failures of at least 1"
+        )),
+    }
+}
+
 fn ttl_jitter(text: &str) -> Result<u8, String> {
     let number = text.trim().trim_end_matches('%');
     let percent: u64 = number
@@ -911,5 +1092,58 @@ mod tests {
         assert!(route_name("api-v2_x").is_ok());
         assert!(route_name("api v2").is_err());
         assert!(route_name("").is_err());
+    }
+
+    #[test]
+    fn redis_url_is_plain_redis_with_optional_credentials_and_db() {
+        for good in [
+            "redis://127.0.0.1",
+            "redis://127.0.0.1:6379/0",
+            " redis://redis.internal/15 ",
+            "redis://:secret@127.0.0.1:6379",
+            "redis://corral:s%40cret@127.0.0.1:6379/1",
+            "redis://[::1]:6379/",
+        ] {
+            assert_eq!(redis_url(good), Ok(good.trim().to_owned()), "{good}");
+        }
+        assert_eq!(
+            redis_url("rediss://127.0.0.1:6380"),
+            Err("rediss:// (TLS) is not supported yet".into())
+        );
+        for bad in [
+            "",
+            "redis://",
+            "redis:///0",
+            "127.0.0.1:6379",
+            "http://127.0.0.1:6379",
+            "unix:///tmp/redis.sock",
+            "redis://127.0.0.1:0",
+            "redis://127.0.0.1:99999",
+            "redis://127.0.0.1/db0",
+            "redis://127.0.0.1/0/1",
+            "redis://127.0.0.1/0?protocol=resp3",
+            "redis://0.0.0.0:6379",
+        ] {
+            assert!(redis_url(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn key_prefix_and_breaker_failures_checks() {
+        assert_eq!(key_prefix("corral:"), Ok("corral:".into()));
+        assert_eq!(key_prefix("é"), Ok("é".into()));
+        assert!(
+            key_prefix(&"é".repeat(64)).is_ok(),
+            "64 characters, 128 bytes"
+        );
+        for bad in ["", "a b", "a\tb", "a\u{0}b", "{corral}", "corral}"] {
+            assert!(key_prefix(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(key_prefix(&"k".repeat(65)).is_err());
+        assert_eq!(breaker_failures("1"), Ok(1));
+        assert_eq!(breaker_failures("5"), Ok(5));
+        for bad in ["0", "-1", "1.5", "five", "4294967296"] {
+            assert!(breaker_failures(bad).is_err(), "{bad} accepted");
+        }
     }
 }

@@ -1,0 +1,309 @@
+//! L2: the cache every instance shares, in Redis (or Valkey). Entries are
+//! versioned binary envelopes with a Redis TTL of freshness plus the largest
+//! stale window. Every key of one URI shares the Redis Cluster hash tag
+//! `{primary digest}`, so the entry, lease, pass marker and generation stay
+//! on one shard and one round trip reads them all. A corrupt value is a
+//! miss, never a client error.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use corral_core::{Digest, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
+use http::header::HeaderName;
+use redis::Script;
+
+use crate::config::RedisConfig;
+use crate::redis_link::{L2Error, RedisLink, arg};
+use crate::subscriber::{Notice, NoticeWatch, Subscriber};
+
+/// Stores an entry only if no invalidation happened since its fetch began.
+static STORE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local g = tonumber(redis.call('get', KEYS[2]) or '0')
+if g ~= tonumber(ARGV[2]) then return 0 end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
+redis.call('sadd', KEYS[4], ARGV[5])
+redis.call('pexpire', KEYS[4], ARGV[6])
+return 1
+",
+    )
+});
+
+/// Retires every variant of a URI: bump the generation (so fills under way
+/// cannot store), delete the entries.
+static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('incr', KEYS[1])
+redis.call('pexpire', KEYS[1], ARGV[2])
+local vs = redis.call('smembers', KEYS[2])
+for _, v in ipairs(vs) do redis.call('del', ARGV[1] .. v) end
+redis.call('del', KEYS[2])
+return #vs
+",
+    )
+});
+
+/// How long generation and variant-set records live.
+const RECORD_TTL: Duration = Duration::from_secs(8 * 86400);
+
+/// The Redis keys of one variant.
+pub struct Keys {
+    tag: String,
+    variant: String,
+}
+
+impl Keys {
+    pub fn entry(&self) -> String {
+        format!("{}:e:{}", self.tag, self.variant)
+    }
+    pub fn lease(&self) -> String {
+        format!("{}:lease:{}", self.tag, self.variant)
+    }
+    pub fn fill_channel(&self) -> String {
+        format!("{}:fill:{}", self.tag, self.variant)
+    }
+    fn vary(&self) -> String {
+        format!("{}:vary", self.tag)
+    }
+    fn generation(&self) -> String {
+        format!("{}:gen", self.tag)
+    }
+    fn pass(&self) -> String {
+        format!("{}:pass", self.tag)
+    }
+    fn variants(&self) -> String {
+        format!("{}:variants", self.tag)
+    }
+}
+
+/// What one read of a variant's keys found.
+pub struct Probe {
+    pub entry: Option<StoredResponse>,
+    /// The Vary set another instance learned for this URI.
+    pub vary: Option<Vary>,
+    pub pass: bool,
+    pub lease_held: bool,
+    /// The URI's invalidation generation when read.
+    pub generation: u64,
+}
+
+/// The shared store.
+pub struct L2 {
+    pub link: Arc<RedisLink>,
+    pub subscriber: Arc<Subscriber>,
+    prefix: String,
+    pub max_object_size: u64,
+    pub lease_ttl: Duration,
+    /// Values that failed to decode (corrupt or another version).
+    pub corrupt: AtomicU64,
+}
+
+impl L2 {
+    /// Connects in the background; `on_invalidate` receives the hex URI
+    /// digest of every invalidation, from any instance.
+    pub fn start(
+        config: &RedisConfig,
+        on_invalidate: Box<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<Arc<Self>, redis::RedisError> {
+        let link = RedisLink::new(config)?;
+        link.start();
+        let subscriber = Subscriber::start(
+            Arc::clone(&link),
+            format!("{}invalidate", config.key_prefix),
+            on_invalidate,
+        );
+        Ok(Arc::new(L2 {
+            link,
+            subscriber,
+            prefix: config.key_prefix.clone(),
+            max_object_size: config.l2_max_object_size,
+            lease_ttl: config.lease_ttl,
+            corrupt: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn keys(&self, primary: &PrimaryKey, variant: Digest) -> Keys {
+        Keys {
+            tag: format!("{}{{{}}}", self.prefix, primary.digest().to_hex()),
+            variant: variant.to_hex(),
+        }
+    }
+
+    /// Reads entry, Vary record, pass marker, lease and generation at once.
+    pub async fn probe(&self, keys: &Keys, generation_stamp: u64) -> Result<Probe, L2Error> {
+        let mut cmd = redis::cmd("MGET");
+        cmd.arg(keys.entry())
+            .arg(keys.vary())
+            .arg(keys.pass())
+            .arg(keys.lease())
+            .arg(keys.generation());
+        type Row = (
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<u64>,
+        );
+        let (entry, vary, pass, lease, generation): Row = self.link.query(&cmd).await?;
+        let entry = entry.and_then(|bytes| match envelope::decode(&bytes, generation_stamp) {
+            Ok(e) => Some(e),
+            Err(err) => {
+                self.corrupt.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(key = %keys.entry(), error = %err, "unreadable L2 entry treated as a miss");
+                None
+            }
+        });
+        Ok(Probe {
+            entry,
+            vary: vary.map(|v| parse_vary(&v)),
+            pass: pass.is_some(),
+            lease_held: lease.is_some(),
+            generation: generation.unwrap_or(0),
+        })
+    }
+
+    /// Writes an entry unless the URI was invalidated after `generation`
+    /// was read. Bodies over `l2_max_object_size` stay in L1 only.
+    pub async fn store(
+        &self,
+        keys: &Keys,
+        entry: &StoredResponse,
+        generation: u64,
+    ) -> Result<bool, L2Error> {
+        if entry.body.len() as u64 > self.max_object_size {
+            return Ok(false);
+        }
+        let ttl = entry.residency(SystemTime::now());
+        if ttl.is_zero() {
+            return Ok(false);
+        }
+        let bytes = envelope::encode(entry);
+        let vary = vary_record(&entry.vary);
+        let stored: i64 = self
+            .link
+            .script(
+                &STORE,
+                &[
+                    &keys.entry(),
+                    &keys.generation(),
+                    &keys.vary(),
+                    &keys.variants(),
+                ],
+                &[
+                    bytes.to_vec(),
+                    arg(generation),
+                    arg(millis(ttl)),
+                    arg(&vary),
+                    arg(&keys.variant),
+                    arg(millis(RECORD_TTL)),
+                ],
+            )
+            .await?;
+        Ok(stored == 1)
+    }
+
+    /// Remembers the URI as uncacheable for every instance.
+    pub async fn mark_pass(&self, keys: &Keys, duration: Duration) -> Result<(), L2Error> {
+        if duration.is_zero() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(keys.pass())
+            .arg("1")
+            .arg("PX")
+            .arg(millis(duration));
+        self.link.query::<()>(&cmd).await
+    }
+
+    /// Announces how a fill ended to the waiters on other instances.
+    pub async fn publish(&self, keys: &Keys, notice: Notice) -> Result<(), L2Error> {
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(keys.fill_channel()).arg(notice.as_str());
+        self.link.query::<()>(&cmd).await
+    }
+
+    /// Subscribes to the variant's fill notices.
+    pub async fn watch(&self, keys: &Keys) -> NoticeWatch {
+        self.subscriber.watch(keys.fill_channel()).await
+    }
+
+    /// Deletes every stored variant of `primary` and tells every instance to
+    /// drop `uri` from its L1.
+    pub async fn invalidate(&self, primary: &PrimaryKey, uri: &UriKey) -> Result<(), L2Error> {
+        let keys = self.keys(primary, Digest([0; 32]));
+        let entry_prefix = format!("{}:e:", keys.tag);
+        let _: i64 = self
+            .link
+            .script(
+                &INVALIDATE,
+                &[&keys.generation(), &keys.variants()],
+                &[arg(&entry_prefix), arg(millis(RECORD_TTL))],
+            )
+            .await?;
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(format!("{}invalidate", self.prefix))
+            .arg(uri.digest().to_hex());
+        self.link.query::<()>(&cmd).await
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// `-` for no Vary, `*` for Vary: *, else the names joined by commas.
+fn vary_record(v: &Vary) -> String {
+    match v {
+        Vary::None => "-".to_owned(),
+        Vary::Star => "*".to_owned(),
+        Vary::Headers(names) => names
+            .iter()
+            .map(HeaderName::as_str)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+fn parse_vary(s: &str) -> Vary {
+    match s {
+        "-" | "" => Vary::None,
+        "*" => Vary::Star,
+        names => {
+            let mut v: Vec<HeaderName> = names
+                .split(',')
+                .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect();
+            v.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+            v.dedup();
+            if v.is_empty() {
+                Vary::None
+            } else {
+                Vary::Headers(v)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vary_records_round_trip() {
+        for v in [
+            Vary::None,
+            Vary::Star,
+            Vary::Headers(vec![
+                HeaderName::from_static("accept"),
+                HeaderName::from_static("accept-encoding"),
+            ]),
+        ] {
+            assert_eq!(parse_vary(&vary_record(&v)), v);
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The cross-instance lease: one leader per key across every instance.
+//! `SET lease <token> NX PX ttl` takes it; release is compare-and-delete in
+//! Lua (never a plain DEL, so a leader whose lease expired cannot delete its
+//! successor's); a watchdog extends it with compare-and-pexpire while a slow
+//! fetch runs. A dead leader stops extending, and its lease expires.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::redis_link::{L2Error, RedisLink, arg};
+
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    )
+});
+
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
+    )
+});
+
+/// A held lease. Dropping it without `release` releases it in the background.
+pub struct Lease {
+    link: Arc<RedisLink>,
+    key: String,
+    token: String,
+    ttl: Duration,
+    released: bool,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Tries to take the lease at `key`; `Ok(None)` when another holds it.
+pub async fn acquire(
+    link: &Arc<RedisLink>,
+    key: String,
+    ttl: Duration,
+) -> Result<Option<Lease>, L2Error> {
+    let token = format!("{:032x}", rand::random::<u128>());
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(&key)
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis(ttl));
+    let won: Option<String> = link.query(&cmd).await?;
+    Ok(won.map(|_| Lease {
+        link: Arc::clone(link),
+        key,
+        token,
+        ttl,
+        released: false,
+    }))
+}
+
+impl Lease {
+    /// Releases the lease if it is still ours; `Ok(false)` when it was not.
+    pub async fn release(mut self) -> Result<bool, L2Error> {
+        self.released = true;
+        release(&self.link, &self.key, &self.token).await
+    }
+
+    /// Keeps the lease alive every ttl/3 until the returned guard drops, or
+    /// until the lease turns out lost.
+    pub fn watchdog(&self) -> Watchdog {
+        let link = Arc::clone(&self.link);
+        let key = self.key.clone();
+        let token = self.token.clone();
+        let ttl = self.ttl;
+        let task = tokio::spawn(async move {
+            let every = (ttl / 3).max(Duration::from_millis(10));
+            loop {
+                tokio::time::sleep(every).await;
+                match link
+                    .script::<i64>(&EXTEND, &[&key], &[arg(&token), arg(millis(ttl))])
+                    .await
+                {
+                    Ok(1) => {}
+                    Ok(_) => {
+                        tracing::warn!(lease = %key, "lease lost while the fetch was still running");
+                        return;
+                    }
+                    // A passing Redis error: try again next tick, the lease
+                    // still has up to two thirds of its life.
+                    Err(e) => tracing::debug!(lease = %key, error = %e, "lease extension failed"),
+                }
+            }
+        });
+        Watchdog(task)
+    }
+}
+
+async fn release(link: &RedisLink, key: &str, token: &str) -> Result<bool, L2Error> {
+    let n: i64 = link.script(&RELEASE, &[key], &[arg(token)]).await?;
+    Ok(n == 1)
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            let link = Arc::clone(&self.link);
+            let key = std::mem::take(&mut self.key);
+            let token = std::mem::take(&mut self.token);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = release(&link, &key, &token).await;
+                });
+            }
+        }
+    }
+}
+
+/// Stops the watchdog when dropped.
+pub struct Watchdog(tokio::task::JoinHandle<()>);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,164 @@
+//! The instance's one multiplexed Redis connection: connected lazily in the
+//! background (corral starts and serves while Redis is down), reconnected by
+//! the ConnectionManager, every command under a deadline, and a circuit
+//! breaker that skips Redis after repeated failures. A Redis failure here is
+//! an `L2Error` for the caller to fall back on, never a client error.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, FromRedisValue, Script};
+
+use crate::breaker::Breaker;
+use crate::config::RedisConfig;
+
+/// Why a Redis operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum L2Error {
+    #[error("the Redis circuit breaker is open")]
+    BreakerOpen,
+    #[error("not connected to Redis yet")]
+    NotConnected,
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("Redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// The shared connection and its guards.
+pub struct RedisLink {
+    client: redis::Client,
+    conn: RwLock<Option<ConnectionManager>>,
+    pub op_timeout: Duration,
+    connect_timeout: Duration,
+    breaker: Breaker,
+}
+
+impl RedisLink {
+    pub fn new(config: &RedisConfig) -> Result<Arc<Self>, redis::RedisError> {
+        let client = redis::Client::open(config.url.as_str())?;
+        Ok(Arc::new(RedisLink {
+            client,
+            conn: RwLock::new(None),
+            op_timeout: config.op_timeout,
+            connect_timeout: config.connect_timeout,
+            breaker: Breaker::new(config.breaker_failures, config.breaker_open_for),
+        }))
+    }
+
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Connects in the background, retrying with backoff until it succeeds;
+    /// the ConnectionManager reconnects by itself after that.
+    pub fn start(self: &Arc<Self>) {
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(link.connect_timeout))
+                    .set_response_timeout(Some(link.op_timeout.max(Duration::from_millis(10)) * 20))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let attempt = tokio::time::timeout(
+                    link.connect_timeout * 2,
+                    ConnectionManager::new_with_config(link.client.clone(), cfg),
+                )
+                .await;
+                match attempt {
+                    Ok(Ok(m)) => {
+                        *link
+                            .conn
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(m);
+                        tracing::info!("connected to Redis");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "cannot connect to Redis yet; serving without it")
+                    }
+                    Err(_) => tracing::warn!("connecting to Redis timed out; serving without it"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        });
+    }
+
+    fn connection(&self) -> Result<ConnectionManager, L2Error> {
+        if !self.breaker.allow() {
+            return Err(L2Error::BreakerOpen);
+        }
+        let conn = self
+            .conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match conn {
+            Some(c) => Ok(c),
+            None => {
+                self.breaker.failure();
+                Err(L2Error::NotConnected)
+            }
+        }
+    }
+
+    fn settle<T>(
+        &self,
+        r: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, L2Error> {
+        match r {
+            Ok(Ok(v)) => {
+                self.breaker.success();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                self.breaker.failure();
+                Err(L2Error::Redis(e))
+            }
+            Err(_) => {
+                self.breaker.failure();
+                Err(L2Error::Timeout(self.op_timeout))
+            }
+        }
+    }
+
+    /// Runs one command under the deadline.
+    pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, L2Error> {
+        let mut conn = self.connection()?;
+        let r = tokio::time::timeout(self.op_timeout, cmd.query_async(&mut conn)).await;
+        self.settle(r)
+    }
+
+    /// Runs a Lua script under the deadline; `args` are already encoded
+    /// (see [`arg`]).
+    pub async fn script<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[Vec<u8>],
+    ) -> Result<T, L2Error> {
+        let mut conn = self.connection()?;
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(a.as_slice());
+        }
+        let r = tokio::time::timeout(self.op_timeout, inv.invoke_async(&mut conn)).await;
+        self.settle(r)
+    }
+}
+
+/// One script argument, encoded as Redis expects.
+pub fn arg(v: impl std::fmt::Display) -> Vec<u8> {
+    v.to_string().into_bytes()
+}

@@ -1,0 +1,235 @@
+//! The second coalescing tier: one leader per key across every instance.
+//! Only a local flight's leader gets here, so each instance sends at most
+//! one request per key to Redis. It reads L2 (a hit ends the flight), else
+//! takes the lease: the winner re-reads L2, fetches, writes L2, releases and
+//! announces; the others wait for the announcement on the shared subscriber
+//! (subscribed before re-reading L2), polling L2 with backoff and jitter as
+//! a safety net, and take the lease over if its holder dies. Any Redis
+//! trouble falls back to fetching locally: Redis never fails a request.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use corral_core::{EntryState, StoredResponse, VariantKey};
+use http::StatusCode;
+use tokio::time::Instant;
+
+use crate::config::OnTimeout;
+use crate::fill::{Ended, FillOutcome, FillRequest, SharedResponse, fetch_and_store};
+use crate::l2::{Keys, L2, Probe};
+use crate::lease;
+use crate::subscriber::Notice;
+
+const POLL_FIRST: Duration = Duration::from_millis(25);
+const POLL_MAX: Duration = Duration::from_millis(250);
+
+pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
+    let app = &fill.app;
+    let deadline = Instant::now() + fill.route.lock_timeout;
+    let mut variant = fill.variant;
+    let mut keys = l2.keys(&fill.primary, variant.digest);
+    let mut probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+        Ok(p) => p,
+        Err(e) => return local(fill, &e.to_string()).await,
+    };
+    // Another instance may know this URI's Vary set already: use it, so the
+    // right variant is read and the right lease taken.
+    if let Some(vary) = &probe.vary
+        && *vary != app.l1.learned_vary(&fill.primary)
+    {
+        app.l1.learn_vary(&fill.primary, vary);
+        let values = vary.values(&fill.ctx.headers);
+        variant = fill.primary.variant(fill.identity.as_ref(), &values);
+        if variant != fill.variant {
+            keys = l2.keys(&fill.primary, variant.digest);
+            probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+                Ok(p) => p,
+                Err(e) => return local(fill, &e.to_string()).await,
+            };
+        }
+    }
+    let mut backoff = POLL_FIRST;
+    loop {
+        if let Some(hit) = usable(fill, &mut probe) {
+            return hit;
+        }
+        if probe.pass {
+            return fetch_and_store(fill).await;
+        }
+        let generation = probe.generation;
+        match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
+            Err(e) => return local(fill, &e.to_string()).await,
+            Ok(Some(lease)) => {
+                // Double-check: the previous leader may have stored it just
+                // before releasing.
+                if let Ok(mut again) = l2.probe(&keys, app.l1.generation_stamp()).await
+                    && let Some(hit) = usable(fill, &mut again)
+                {
+                    let _ = lease.release().await;
+                    return hit;
+                }
+                let watchdog = lease.watchdog();
+                let ended = fetch_and_store(fill).await;
+                let result = match &ended {
+                    Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
+                        Fetched::Stored(Arc::clone(entry))
+                    }
+                    Ended::Stream(..) => Fetched::Pass,
+                    Ended::Outcome(_) => Fetched::Failed,
+                };
+                let notice = publish_result(fill, l2, &keys, result, generation).await;
+                drop(watchdog);
+                if let Ok(false) = lease.release().await {
+                    tracing::warn!(lease = %keys.lease(), "the lease had passed to another leader before release");
+                }
+                let _ = l2.publish(&keys, notice).await;
+                return ended;
+            }
+            Ok(None) => {}
+        }
+        // Someone else leads: wait for its notice, polling as a safety net.
+        let mut watch = l2.watch(&keys).await;
+        loop {
+            probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+                Ok(p) => p,
+                Err(e) => return local(fill, &e.to_string()).await,
+            };
+            if probe.pass || !probe.lease_held || can_serve(fill, &probe) {
+                break; // served, passed, or the lease is free to take over
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return lock_timeout(fill).await;
+            }
+            let jitter = Duration::from_millis(rand::random::<u64>() % 10);
+            let wait = (backoff + jitter).min(deadline - now);
+            tokio::select! {
+                n = watch.next() => {
+                    if n.is_none() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+                _ = tokio::time::sleep(wait) => {
+                    backoff = (backoff * 2).min(POLL_MAX);
+                }
+            }
+        }
+        drop(watch);
+        if Instant::now() >= deadline && !can_serve(fill, &probe) {
+            return lock_timeout(fill).await;
+        }
+    }
+}
+
+fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
+    probe.entry.as_ref().is_some_and(|e| {
+        matches!(
+            e.state(SystemTime::now()),
+            EntryState::Fresh | EntryState::StaleWhileRevalidate
+        ) && e.matches_vary(&fill.ctx.headers)
+    })
+}
+
+/// A probe's entry, if it can answer now: stored into L1 and returned.
+fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
+    if !can_serve(fill, probe) {
+        return None;
+    }
+    let entry = Arc::new(probe.entry.take()?);
+    let key: VariantKey = fill.primary.variant(
+        if entry.private {
+            fill.identity.as_ref()
+        } else {
+            None
+        },
+        &entry.vary_values,
+    );
+    fill.app.l1.learn_vary(&fill.primary, &entry.vary);
+    fill.app
+        .l1
+        .insert(&key, fill.primary.uri(), Arc::clone(&entry));
+    Some(Ended::Outcome(FillOutcome::Stored {
+        entry,
+        fwd: None,
+        fwd_status: None,
+    }))
+}
+
+/// Writes L2 for what the fill got, and names the notice to send.
+/// What the leader's fetch came to, as L2 records it.
+enum Fetched {
+    Stored(Arc<StoredResponse>),
+    Pass,
+    Failed,
+}
+
+async fn publish_result(
+    fill: &FillRequest,
+    l2: &L2,
+    keys: &Keys,
+    fetched: Fetched,
+    generation: u64,
+) -> Notice {
+    match fetched {
+        Fetched::Stored(entry) => {
+            store(l2, fill, keys, &entry, generation).await;
+            Notice::Stored
+        }
+        Fetched::Pass => {
+            let _ = l2.mark_pass(keys, fill.route.policy.hit_for_pass).await;
+            Notice::Pass
+        }
+        Fetched::Failed => Notice::Failed,
+    }
+}
+
+async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse, generation: u64) {
+    // The entry may be stored under another variant than the flight's
+    // (a shareable answer to an authenticated request, a new Vary).
+    let stored_key = fill.primary.variant(
+        if entry.private {
+            fill.identity.as_ref()
+        } else {
+            None
+        },
+        &entry.vary_values,
+    );
+    let target = if stored_key.digest == fill.variant.digest {
+        None
+    } else {
+        Some(l2.keys(&fill.primary, stored_key.digest))
+    };
+    if let Err(e) = l2
+        .store(target.as_ref().unwrap_or(keys), entry, generation)
+        .await
+    {
+        tracing::warn!(key = %fill.primary.readable(), error = %e, "L2 write failed; the entry stays in L1");
+    }
+}
+
+async fn local(fill: &FillRequest, why: &str) -> Ended {
+    tracing::debug!(key = %fill.primary.readable(), reason = why, "Redis unavailable: coalescing locally");
+    fetch_and_store(fill).await
+}
+
+async fn lock_timeout(fill: &FillRequest) -> Ended {
+    match fill.route.on_timeout {
+        OnTimeout::Fetch => fetch_and_store(fill).await,
+        OnTimeout::Stale => match &fill.stale {
+            Some(entry) => Ended::Outcome(FillOutcome::Stale {
+                entry: Arc::clone(entry),
+                fwd_status: None,
+                detail: "lock-timeout",
+            }),
+            None => fetch_and_store(fill).await,
+        },
+        OnTimeout::Error => Ended::Outcome(FillOutcome::Shared {
+            response: Arc::new(SharedResponse::corral_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "lock-timeout",
+            )),
+            fwd: fill.fwd,
+            detail: Some("lock-timeout"),
+        }),
+    }
+}

@@ -1,0 +1,242 @@
+//! The instance's one pub/sub connection: fill notices for the keys local
+//! leaders are waiting on (subscribed on demand, unsubscribed when nobody
+//! waits), and the cluster-wide invalidation channel. Waiters subscribe
+//! before they re-check L2, so no notice falls between check and wait;
+//! a lost notice is covered by the waiters' polling.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::broadcast;
+
+use crate::redis_link::RedisLink;
+
+/// What a leader announces when its fill ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// The entry is in L2.
+    Stored,
+    /// Uncacheable: fetch alone.
+    Pass,
+    /// The fill failed; the lease is free again.
+    Failed,
+}
+
+impl Notice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Notice::Stored => "stored",
+            Notice::Pass => "pass",
+            Notice::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "stored" => Some(Notice::Stored),
+            "pass" => Some(Notice::Pass),
+            "failed" => Some(Notice::Failed),
+            _ => None,
+        }
+    }
+}
+
+struct Channel {
+    tx: broadcast::Sender<Notice>,
+    watchers: usize,
+}
+
+type OnInvalidate = Box<dyn Fn(&str) + Send + Sync>;
+
+/// What `on_invalidate` receives when every entry must go.
+pub const ALL: &str = "*";
+
+/// The shared subscriber and its local registry of waiters.
+pub struct Subscriber {
+    link: Arc<RedisLink>,
+    invalidate_channel: String,
+    on_invalidate: OnInvalidate,
+    channels: Mutex<HashMap<String, Channel>>,
+    sink: Mutex<Option<PubSubSink>>,
+}
+
+impl Subscriber {
+    pub fn start(
+        link: Arc<RedisLink>,
+        invalidate_channel: String,
+        on_invalidate: OnInvalidate,
+    ) -> Arc<Self> {
+        let sub = Arc::new(Subscriber {
+            link,
+            invalidate_channel,
+            on_invalidate,
+            channels: Mutex::new(HashMap::new()),
+            sink: Mutex::new(None),
+        });
+        let s = Arc::clone(&sub);
+        tokio::spawn(async move { s.run().await });
+        sub
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        let mut was_connected = false;
+        loop {
+            let connected = tokio::time::timeout(
+                self.link.connect_timeout() * 2,
+                self.link.client().get_async_pubsub(),
+            )
+            .await;
+            let pubsub = match connected {
+                Ok(Ok(p)) => p,
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            let (mut sink, mut stream) = pubsub.split();
+            let mut names: Vec<String> = self
+                .channels
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys()
+                .cloned()
+                .collect();
+            names.push(self.invalidate_channel.clone());
+            match tokio::time::timeout(self.link.connect_timeout(), sink.subscribe(&names)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "Redis subscribe failed; reconnecting");
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!("Redis subscribe timed out; reconnecting");
+                    continue;
+                }
+            }
+            tracing::debug!(channels = names.len(), "subscribed");
+            *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink);
+            tracing::info!("Redis subscriber connected");
+            if was_connected {
+                // Invalidations sent while we were away are lost: drop
+                // everything this instance holds (L2 refills it cheaply).
+                tracing::warn!(
+                    "resubscribed after a disconnect: dropping L1, invalidations may have been missed"
+                );
+                (self.on_invalidate)(ALL);
+            }
+            was_connected = true;
+            while let Some(msg) = stream.next().await {
+                let channel = msg.get_channel_name().to_owned();
+                let Ok(payload) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                if channel == self.invalidate_channel {
+                    tracing::debug!(uri = %payload, "invalidation notice");
+                    (self.on_invalidate)(&payload);
+                    continue;
+                }
+                if let Some(notice) = Notice::parse(&payload) {
+                    let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(c) = map.get(&channel) {
+                        let _ = c.tx.send(notice);
+                    }
+                }
+            }
+            *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            tracing::warn!("Redis subscriber disconnected; waiters poll until it is back");
+        }
+    }
+
+    /// Registers interest in `channel` and waits (at most the op timeout)
+    /// for Redis to confirm the subscription.
+    pub async fn watch(self: &Arc<Self>, channel: String) -> NoticeWatch {
+        let (rx, first) = {
+            let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            let c = map.entry(channel.clone()).or_insert_with(|| Channel {
+                tx: broadcast::channel(8).0,
+                watchers: 0,
+            });
+            c.watchers += 1;
+            (c.tx.subscribe(), c.watchers == 1)
+        };
+        let sink = self
+            .sink
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(mut sink) = sink {
+            // Later watchers of the same channel must also wait for the
+            // confirmation; a second SUBSCRIBE is harmless.
+            let _ = first;
+            let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
+        }
+        NoticeWatch {
+            rx,
+            channel,
+            owner: Arc::clone(self),
+        }
+    }
+
+    fn unwatch(&self, channel: &str) {
+        let last = {
+            let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            match map.get_mut(channel) {
+                Some(c) if c.watchers > 1 => {
+                    c.watchers -= 1;
+                    false
+                }
+                Some(_) => {
+                    map.remove(channel);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last {
+            let sink = self
+                .sink
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let (Some(mut sink), Ok(rt)) = (sink, tokio::runtime::Handle::try_current()) {
+                let channel = channel.to_owned();
+                rt.spawn(async move {
+                    let _ = sink.unsubscribe(&channel).await;
+                });
+            }
+        }
+    }
+}
+
+/// One waiter's interest in a fill channel.
+pub struct NoticeWatch {
+    rx: broadcast::Receiver<Notice>,
+    channel: String,
+    owner: Arc<Subscriber>,
+}
+
+impl NoticeWatch {
+    /// The next notice; `None` if the registry went away.
+    pub async fn next(&mut self) -> Option<Notice> {
+        loop {
+            match self.rx.recv().await {
+                Ok(n) => return Some(n),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for NoticeWatch {
+    fn drop(&mut self) {
+        self.owner.unwatch(&self.channel);
+    }
+}
