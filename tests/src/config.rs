@@ -118,6 +118,7 @@ impl Route {
 pub struct Config {
     server: Section,
     cache: Section,
+    redis: Section,
     routes: Vec<Route>,
 }
 
@@ -129,6 +130,7 @@ impl Default for Config {
         Self {
             server: Section::default(),
             cache,
+            redis: Section::default(),
             routes: Vec::new(),
         }
     }
@@ -163,6 +165,19 @@ impl Config {
         self
     }
 
+    /// Turns on the shared cache: `redis.url` (e.g. `redis://127.0.0.1:PORT/0`).
+    /// Without it the config has no `redis:` section (single-instance mode).
+    pub fn redis(self, url: &str) -> Self {
+        self.redis_field("url", url)
+    }
+
+    /// Sets `redis.{key}` (e.g. `("lease_ttl", "1s")`,
+    /// `("breaker", "{ failures: 5, open_for: 1s }")`).
+    pub fn redis_field(mut self, key: &str, value: &str) -> Self {
+        self.redis.set(key, value);
+        self
+    }
+
     /// Renders the YAML without `listen`/`admin`.
     pub fn to_yaml(&self) -> String {
         let mut out = String::new();
@@ -172,6 +187,10 @@ impl Config {
         }
         out.push_str("cache:\n");
         self.cache.write(&mut out, "  ");
+        if !self.redis.is_empty() {
+            out.push_str("redis:\n");
+            self.redis.write(&mut out, "  ");
+        }
         out.push_str("routes:\n");
         for route in &self.routes {
             route.write(&mut out);
@@ -218,5 +237,23 @@ mod tests {
             \x20   cache:\n      early_refresh_beta: 0\n      ttl_jitter: 0\n      default_ttl: 30s\n\
             \x20   coalesce:\n      lock_timeout: 5s\n";
         assert_eq!(yaml, expected);
+    }
+
+    #[test]
+    fn the_redis_section_follows_cache_and_only_when_asked_for() {
+        let plain = Config::single("http://127.0.0.1:9").to_yaml();
+        assert!(!plain.contains("redis"), "{plain}");
+
+        let yaml = Config::single("http://127.0.0.1:9")
+            .redis_field("lease_ttl", "1s")
+            .redis("redis://127.0.0.1:6399/0")
+            .redis_field("breaker", "{ failures: 5, open_for: 1s }")
+            .redis_field("lease_ttl", "3s")
+            .to_yaml();
+        let expected = "cache:\n  memory: 64MiB\n  max_object_size: 1MiB\n\
+            redis:\n  lease_ttl: 3s\n  url: redis://127.0.0.1:6399/0\n\
+            \x20 breaker: { failures: 5, open_for: 1s }\n\
+            routes:\n";
+        assert!(yaml.starts_with(expected), "{yaml}");
     }
 }

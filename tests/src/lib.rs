@@ -1,5 +1,5 @@
-//! End-to-end harness for corral: a scripted origin, real `corral` processes and
-//! HTTP clients, in the style of linkerd2's integration crate.
+//! End-to-end harness for corral: a scripted origin, real `corral` processes, a
+//! real `redis-server` and HTTP clients, in the style of linkerd2's integration crate.
 //!
 //! Nothing here reaches into the proxy's code: every assertion goes through the
 //! wire, the way an operator would observe corral.
@@ -14,6 +14,7 @@ pub mod paths;
 pub mod ports;
 pub mod proxy;
 pub mod raw;
+pub mod redis_server;
 pub mod reply;
 pub mod temp;
 pub mod wait;
@@ -25,5 +26,6 @@ pub use config::{Config, Route};
 pub use origin::{Origin, OriginMode, RunningOrigin, SeenRequest};
 pub use proxy::{Proxy, RunningProxy};
 pub use raw::{RawAnswer, exchange};
+pub use redis_server::Redis;
 pub use reply::Reply;
 pub use wait::{DEADLINE, eventually};

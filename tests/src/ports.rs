@@ -10,3 +10,14 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     listener.local_addr()
 }
+
+/// Returns `n` distinct loopback addresses that were free a moment ago.
+///
+/// All `n` are held at once while picking, so none repeats; like
+/// [`free_addr`], any may be taken by someone else before it is used.
+pub fn free_addrs(n: usize) -> std::io::Result<Vec<SocketAddr>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners.iter().map(TcpListener::local_addr).collect()
+}

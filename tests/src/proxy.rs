@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::config::{Config, with_listeners};
 use crate::fd_limit::ensure_open_files;
 use crate::paths::corral_bin;
-use crate::ports::free_addr;
+use crate::ports::free_addrs;
 use crate::temp::TempDir;
 
 /// How long a proxy may take to answer `/healthz` after spawn.
@@ -49,11 +49,12 @@ impl From<String> for ConfigSource {
     }
 }
 
-/// Builder of a `corral serve` process.
+/// Builder of `corral serve` processes: one, or several sharing a config.
 #[derive(Clone, Debug)]
 pub struct Proxy {
     config: ConfigSource,
     env: Vec<(String, String)>,
+    instances: usize,
 }
 
 impl Proxy {
@@ -62,7 +63,27 @@ impl Proxy {
         Self {
             config: config.into(),
             env: Vec::new(),
+            instances: 1,
         }
+    }
+
+    /// How many processes [`Proxy::start_all`] starts: the same config, each
+    /// with its own `listen` and `admin` ports (e.g. five instances sharing
+    /// one Redis).
+    pub fn instances(mut self, n: usize) -> Self {
+        assert!(n > 0, "a cluster needs at least one instance");
+        self.instances = n;
+        self
+    }
+
+    /// Starts every instance concurrently and waits until all are healthy;
+    /// instance `i` of the result is the `i`-th started.
+    pub async fn start_all(self) -> Vec<RunningProxy> {
+        let ports = free_addrs(2 * self.instances).expect("free ports for the instances");
+        let starts = ports
+            .chunks(2)
+            .map(|pair| self.clone().start_on(Some((pair[0], pair[1]))));
+        futures_util::future::join_all(starts).await
     }
 
     /// Sets an environment variable for the process (e.g. `RUST_LOG`).
@@ -76,11 +97,23 @@ impl Proxy {
     /// A start that fails because a picked port was taken in the meantime is
     /// retried on new ports; any other failure fails the test with the log.
     pub async fn start(self) -> RunningProxy {
+        self.start_on(None).await
+    }
+
+    /// Starts one process, first on `ports` (listen, admin) when given.
+    async fn start_on(self, mut ports: Option<(SocketAddr, SocketAddr)>) -> RunningProxy {
         ensure_open_files(OPEN_FILES);
         let bin = corral_bin();
         let mut failure = String::new();
         for _attempt in 0..3 {
-            let mut proxy = self.spawn(&bin);
+            let (addr, admin_addr) = match ports.take() {
+                Some(ports) => ports,
+                None => {
+                    let picked = free_addrs(2).expect("free ports for listen and admin");
+                    (picked[0], picked[1])
+                }
+            };
+            let mut proxy = self.spawn(&bin, addr, admin_addr);
             match proxy.wait_healthy(STARTUP_DEADLINE).await {
                 Ok(()) => return proxy,
                 Err(Unhealthy::Exited(status)) => {
@@ -106,15 +139,8 @@ impl Proxy {
         panic!("{failure}");
     }
 
-    fn spawn(&self, bin: &Path) -> RunningProxy {
+    fn spawn(&self, bin: &Path, addr: SocketAddr, admin_addr: SocketAddr) -> RunningProxy {
         let dir = TempDir::new("proxy").expect("create a scratch dir for the proxy");
-        let addr = free_addr().expect("a free port for listen");
-        let admin_addr = loop {
-            let admin = free_addr().expect("a free port for admin");
-            if admin != addr {
-                break admin;
-            }
-        };
         let yaml = match &self.config {
             ConfigSource::Built(config) => config.render(addr, admin_addr),
             ConfigSource::Yaml(body) => with_listeners(body, addr, admin_addr),
@@ -211,6 +237,13 @@ impl RunningProxy {
             lines.len() - skipped,
             lines.len()
         )
+    }
+
+    /// Kills the process with SIGKILL and reaps it: no drain, no cleanup, as
+    /// when a machine dies (its Redis leases are left to expire).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Whether the process is still running.

@@ -56,11 +56,20 @@ async fn thousand_concurrent_gets_for_a_cold_key_reach_origin_once() {
         assert_eq!(answer.status, 200, "answers: {:#?}", tally(&answers));
         assert_eq!(answer.text(), "the one answer");
     }
-    let collapsed = answers
-        .iter()
-        .filter(|a| a.cache_status().collapsed())
-        .count();
-    assert_eq!(collapsed, 999, "answers: {:#?}", tally(&answers));
+    // One answer led and stored; every other one waited for it (collapsed)
+    // or, on a loaded machine, arrived after it was stored (hit). Which of
+    // the two is timing; that none went to the origin is not.
+    let count = |f: &dyn Fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
+    let stored = count(&|a| a.cache_status().stored());
+    let collapsed = count(&|a| a.cache_status().collapsed());
+    let hits = count(&|a| a.cache_status().is_hit());
+    assert_eq!(stored, 1, "answers: {:#?}", tally(&answers));
+    assert_eq!(collapsed + hits, 999, "answers: {:#?}", tally(&answers));
+    assert!(
+        collapsed >= 500,
+        "most of the burst waited on the fill: {:#?}",
+        tally(&answers)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,552 @@
+//! Shared cache: several corral instances and one Redis. A cold key reaches
+//! the origin once across all of them, what one instance fetched the others
+//! serve, leases are released only by their owner, and Redis failing (dead,
+//! frozen, holding garbage) never fails a client request.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use http::Method;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use corral_tests::{
+    Answer, Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin,
+    RunningProxy,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// How long the breaker stays open in the scenarios that break Redis; kept
+/// short so that recovery fits in a test.
+const BREAKER_OPEN_FOR: Duration = Duration::from_secs(1);
+
+/// Distinct status + Cache-Status values and how often each came back.
+fn tally<'a>(answers: impl IntoIterator<Item = &'a Answer>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for answer in answers {
+        *counts
+            .entry(format!(
+                "{} {}",
+                answer.status,
+                answer.header("cache-status").unwrap_or("<no cache-status>")
+            ))
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+/// A 200 every cache may keep for a minute.
+fn cacheable(body: &str) -> Reply {
+    Reply::ok(body.to_owned()).header("cache-control", "max-age=60")
+}
+
+/// One route `api` for every path to `origin`, sharing `redis`.
+fn shared(origin: &RunningOrigin, redis: &Redis) -> Config {
+    Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+}
+
+/// `shared` with a breaker that opens after 5 failures for [`BREAKER_OPEN_FOR`].
+fn shared_with_short_breaker(origin: &RunningOrigin, redis: &Redis) -> Config {
+    shared(origin, redis).redis_field(
+        "breaker",
+        &format!(
+            "{{ failures: 5, open_for: {}ms }}",
+            BREAKER_OPEN_FOR.as_millis()
+        ),
+    )
+}
+
+/// `n` concurrent GETs of `path` on every proxy, all in flight at once, run
+/// in a task so the test can act (kill something) while they wait. The
+/// answers come back per proxy, in proxy order; a transport error fails it.
+fn spawn_bursts(
+    client: &Client,
+    proxies: &[RunningProxy],
+    n: usize,
+    path: &str,
+) -> JoinHandle<Vec<Vec<Answer>>> {
+    let client = client.clone();
+    let urls: Vec<String> = proxies.iter().map(|p| p.url(path)).collect();
+    tokio::spawn(async move { join_all(urls.iter().map(|url| client.burst(n, url, &[]))).await })
+}
+
+/// Waits until a key matching `pattern` exists and returns the first one.
+///
+/// Redis keys appear without an event the test can wait on, so this checks
+/// every 10ms; the failure lists every key present.
+async fn wait_for_key(redis: &Redis, pattern: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(key) = redis.keys(pattern).await.into_iter().next() {
+            return key;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Redis key matching {pattern:?} after {within:?}; keys: {:?}",
+            redis.keys("*").await
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// Waits until no lease key is left (the owner releases it right after the
+/// fill); the failure names the leases still there and their TTLs.
+async fn wait_no_lease(redis: &Redis, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let leases = redis.keys("*:lease:*").await;
+        if leases.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let mut left = Vec::new();
+            for key in &leases {
+                left.push(format!("{key} (pttl {}ms)", redis.pttl(key).await));
+            }
+            panic!("lease keys still in Redis after {within:?}: {left:?}");
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// After Redis came back, fetches a new key through `a` then `b` until `b`
+/// serves it from the shared cache with one origin request, and returns the
+/// path that made it. The breaker may still be open for [`BREAKER_OPEN_FOR`]
+/// and nothing observable marks it closing, hence the retries (each on a
+/// fresh key) until `within`.
+async fn wait_shared_again(
+    origin: &RunningOrigin,
+    client: &Client,
+    a: &RunningProxy,
+    b: &RunningProxy,
+    within: Duration,
+) -> String {
+    let deadline = Instant::now() + within;
+    let mut tries = Vec::new();
+    let mut attempt = 0usize;
+    loop {
+        let path = format!("/again-{attempt}");
+        let body = format!("again {attempt}");
+        origin.set_route(&path, cacheable(&body));
+        let first = client.get(&a.url(&path)).await;
+        let second = client.get(&b.url(&path)).await;
+        for answer in [&first, &second] {
+            assert_eq!(answer.status, 200, "{path}: {}", answer.cache_status());
+            assert_eq!(answer.text(), body, "{path}");
+        }
+        let hits = origin.hits(&path);
+        if hits == 1 && second.cache_status().is_hit() {
+            return path;
+        }
+        tries.push(format!(
+            "{path}: origin hits {hits}, A {}, B {}",
+            first.cache_status(),
+            second.cache_status()
+        ));
+        assert!(
+            Instant::now() < deadline,
+            "instances did not share through Redis again within {within:?}: {tries:#?}"
+        );
+        tokio::time::sleep(ms(100)).await;
+        attempt += 1;
+    }
+}
+
+/// POSTs `path` on `a` (the origin answers 201 and from then on serves
+/// `new_body`), then GETs `path` on `b` until `b` serves `new_body`, and
+/// returns what `b` answered meanwhile.
+///
+/// `b` learns of the POST by a broadcast it handles on its own time, so it is
+/// allowed a moment; a `b` that still serves the old body after that kept a
+/// purged copy (in its L1, or in Redis when the L2 entry was not deleted).
+async fn post_on_a_purges_b(
+    origin: &RunningOrigin,
+    client: &Client,
+    a: &RunningProxy,
+    b: &RunningProxy,
+    path: &str,
+    new_body: &str,
+) -> Vec<String> {
+    const PROPAGATION: Duration = Duration::from_secs(2);
+    origin.set_route(path, cacheable(new_body));
+    origin.set_route_method(Method::POST, path, Reply::status(201, "created"));
+    let before = origin.hits(path);
+    let post = client
+        .send(Method::POST, &a.url(path), &[], Some("new".into()))
+        .await;
+    assert_eq!(post.status, 201, "POST {path} on A");
+    assert_eq!(origin.hits(path), before + 1, "the POST reached the origin");
+
+    let url = b.url(path);
+    let deadline = Instant::now() + PROPAGATION;
+    let mut seen = Vec::new();
+    loop {
+        let answer = client.get(&url).await;
+        seen.push(format!("{} | {}", answer.text(), answer.cache_status()));
+        if answer.text() == new_body {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B still served the purged {path} {PROPAGATION:?} after the POST on A: {seen:#?}"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lab_thousand_requests_on_five_instances_reach_origin_once() {
+    const INSTANCES: usize = 5;
+    const PER_INSTANCE: usize = 200;
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/warm", Reply::ok("warm").delay(ms(300)))
+        .route("/cold", cacheable("the one answer").delay(ms(300)))
+        .start()
+        .await;
+    // Warm-up goes through an uncached route so that it opens connections
+    // and nothing else: no key, no lease, no L2 entry.
+    let config = shared(&origin, &redis).route(
+        Route::new("warm", origin.url())
+            .path_prefix("/warm")
+            .cache("enabled", "false"),
+    );
+    let proxies = Proxy::new(config).instances(INSTANCES).start_all().await;
+    let client = Client::new();
+    // 200 connections per instance, opened before the burst so that it
+    // measures coalescing and not how fast 1000 handshakes fit in 300ms.
+    let warm_urls: Vec<String> = proxies.iter().map(|p| p.url("/warm")).collect();
+    join_all(warm_urls.iter().map(|url| client.warm(PER_INSTANCE, url))).await;
+
+    let per_proxy = spawn_bursts(&client, &proxies, PER_INSTANCE, "/cold")
+        .await
+        .expect("burst task");
+
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    assert_eq!(answers.len(), INSTANCES * PER_INSTANCE);
+    assert_eq!(
+        origin.hits("/cold"),
+        1,
+        "answers: {:#?}",
+        tally(answers.iter().copied())
+    );
+    for answer in &answers {
+        assert_eq!(
+            answer.status,
+            200,
+            "answers: {:#?}",
+            tally(answers.iter().copied())
+        );
+        assert_eq!(answer.text(), "the one answer");
+    }
+    wait_no_lease(&redis, ms(2000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_serves_what_another_fetched_from_the_shared_cache() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/doc", cacheable("fetched by A"))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+
+    let first = client.get(&a.url("/doc")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.text(), "fetched by A");
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+
+    let second = client.get(&b.url("/doc")).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.text(), "fetched by A");
+    let status = second.cache_status();
+    assert!(
+        status.is_hit(),
+        "B answered from the shared cache: {status}"
+    );
+    assert!(status.fwd().is_none(), "{status}");
+    assert_eq!(origin.hits("/doc"), 1, "B: {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_instance_dies_mid_fetch_a_waiter_takes_the_lease_over() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/slow", cacheable("slow answer").delay(ms(1500)))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
+        .redis(&redis.url())
+        .redis_field("lease_ttl", "1s");
+    let mut proxies = Proxy::new(config).instances(5).start_all().await;
+    let client = Client::new();
+
+    let leader = {
+        let (client, url) = (client.clone(), proxies[0].url("/slow"));
+        tokio::spawn(async move { client.try_send(Method::GET, &url, &[], None).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let lease = wait_for_key(&redis, "*:lease:*", DEADLINE).await;
+    let followers = spawn_bursts(&client, &proxies[1..], 20, "/slow");
+    // A dies holding the lease: nothing releases it, it has to expire.
+    proxies[0].kill();
+    let leader = leader.await.expect("leader task");
+    assert!(
+        leader.is_err(),
+        "the killed instance cannot have answered: {leader:?}"
+    );
+
+    let per_proxy = followers.await.expect("burst task");
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    for answer in &answers {
+        assert_eq!(
+            answer.status,
+            200,
+            "answers: {:#?}",
+            tally(answers.iter().copied())
+        );
+        assert_eq!(answer.text(), "slow answer");
+    }
+    assert!(
+        origin.hits("/slow") <= 2,
+        "origin saw {} requests after the leader died (lease {lease}); answers: {:#?}",
+        origin.hits("/slow"),
+        tally(answers.iter().copied())
+    );
+    wait_no_lease(&redis, ms(2000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_was_taken_over_does_not_release_the_new_owners_lease() {
+    const OTHER_TOKEN: &[u8] = b"token-of-another-leader";
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/slow", cacheable("slow answer").delay(ms(2000)))
+        .start()
+        .await;
+    let config = shared(&origin, &redis).redis_field("lease_ttl", "1s");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+
+    let pending = {
+        let (client, url) = (client.clone(), proxy.url("/slow"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let lease = wait_for_key(&redis, "*:lease:*", DEADLINE).await;
+    let own_token = redis.get_raw(&lease).await;
+    // As if A's lease had expired and another instance had taken it.
+    redis.set_raw(&lease, OTHER_TOKEN).await;
+
+    let answer = pending.await.expect("request task");
+    assert_eq!(answer.status, 200, "{}", answer.cache_status());
+    assert_eq!(answer.text(), "slow answer");
+    // The release (and any late watchdog extension) comes right after the
+    // fill, with no event to wait on: watch the lease for a while instead.
+    let watch_until = Instant::now() + ms(500);
+    while Instant::now() < watch_until {
+        let now = redis.get_raw(&lease).await;
+        assert_eq!(
+            now.as_deref(),
+            Some(OTHER_TOKEN),
+            "A released or rewrote a lease it no longer owned ({lease}, A's token was {:?})",
+            own_token.as_deref().map(String::from_utf8_lossy)
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert_eq!(origin.hits("/slow"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_dying_mid_burst_costs_at_most_one_fetch_per_instance_and_no_errors() {
+    let mut redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/cold", cacheable("still served").delay(ms(300)))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared_with_short_breaker(&origin, &redis))
+        .instances(5)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let bursts = spawn_bursts(&client, &proxies, 40, "/cold");
+    origin.wait_hits("/cold", 1, DEADLINE).await;
+    redis.kill();
+
+    let per_proxy = bursts.await.expect("burst task");
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    for answer in &answers {
+        assert_eq!(
+            answer.status,
+            200,
+            "answers: {:#?}",
+            tally(answers.iter().copied())
+        );
+        assert_eq!(answer.text(), "still served");
+    }
+    assert!(
+        origin.hits("/cold") <= 5,
+        "origin saw {} requests; answers: {:#?}",
+        origin.hits("/cold"),
+        tally(answers.iter().copied())
+    );
+
+    // A fresh Redis on the same port: entries are shared again, and so are
+    // purges, which need each instance's subscriber to have come back.
+    redis.restart().await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let path = wait_shared_again(&origin, &client, a, b, BREAKER_OPEN_FOR + ms(4000)).await;
+    post_on_a_purges_b(&origin, &client, a, b, &path, "purged after the restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_delays_no_answer_and_is_used_again_once_it_thaws() {
+    const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/frozen", cacheable("served without redis"))
+        .start()
+        .await;
+    let proxies =
+        Proxy::new(shared_with_short_breaker(&origin, &redis).redis_field("op_timeout", "50ms"))
+            .instances(2)
+            .start_all()
+            .await;
+    let client = Client::new();
+
+    redis.pause();
+    let urls: Vec<String> = proxies.iter().map(|p| p.url("/frozen")).collect();
+    let answers = join_all(urls.iter().map(|url| {
+        let client = client.clone();
+        async move {
+            let started = Instant::now();
+            let answers = tokio::time::timeout(ANSWER_WITHIN, client.burst(10, url, &[]))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("GETs of {url} not all answered within {ANSWER_WITHIN:?} while Redis was frozen")
+                });
+            (answers, started.elapsed())
+        }
+    }))
+    .await;
+    redis.resume();
+
+    for (url, (answers, took)) in urls.iter().zip(&answers) {
+        for answer in answers {
+            assert_eq!(
+                answer.status,
+                200,
+                "{url} (took {took:?}): {:#?}",
+                tally(answers)
+            );
+            assert_eq!(answer.text(), "served without redis");
+        }
+    }
+
+    wait_shared_again(
+        &origin,
+        &client,
+        &proxies[0],
+        &proxies[1],
+        BREAKER_OPEN_FOR + ms(4000),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_on_one_instance_invalidates_the_stored_get_on_every_instance() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/item", cacheable("item v1"))
+        .route_method(Method::POST, "/item", Reply::status(201, "created"))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+
+    assert_eq!(client.get(&a.url("/item")).await.text(), "item v1");
+    assert_eq!(client.get(&b.url("/item")).await.text(), "item v1");
+    let held = client.get(&b.url("/item")).await;
+    assert!(held.cache_status().is_hit(), "{}", held.cache_status());
+    assert_eq!(origin.hits("/item"), 1, "stored once, shared by B");
+
+    let seen = post_on_a_purges_b(&origin, &client, a, b, "/item", "item v2").await;
+    assert_eq!(
+        origin.hits("/item"),
+        3,
+        "the GET, the POST, and B's GET after it; B saw {seen:#?}"
+    );
+    let after_on_a = client.get(&a.url("/item")).await;
+    assert_eq!(
+        after_on_a.text(),
+        "item v2",
+        "{}",
+        after_on_a.cache_status()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_shared_entry_is_a_miss_not_an_error() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/doc", cacheable("the real document"))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(4)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let filled = client.get(&proxies[0].url("/doc")).await;
+    assert_eq!(filled.text(), "the real document");
+    let entry = wait_for_key(&redis, "*:e:*", DEADLINE).await;
+    wait_no_lease(&redis, ms(2000)).await;
+    let real = redis.get_raw(&entry).await.expect("the entry written by A");
+    assert!(
+        real.starts_with(b"CRL\x01"),
+        "an L2 entry is a CRL version-1 envelope; {entry} starts with {:?}",
+        String::from_utf8_lossy(&real[..real.len().min(8)])
+    );
+
+    // Each corruption is read by an instance with no copy of its own.
+    let corruptions: [(&str, Vec<u8>); 3] = [
+        ("garbage", b"this is not an envelope".to_vec()),
+        ("an unknown version", [&b"CRL\xfe"[..], &real[4..]].concat()),
+        ("a truncated envelope", real[..real.len() / 2].to_vec()),
+    ];
+    for ((what, bytes), proxy) in corruptions.iter().zip(&proxies[1..]) {
+        redis.set_raw(&entry, bytes).await;
+        let answer = client.get(&proxy.url("/doc")).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "with {what} in {entry}: {}",
+            answer.cache_status()
+        );
+        assert_eq!(answer.text(), "the real document", "with {what} in {entry}");
+        wait_no_lease(&redis, ms(2000)).await;
+    }
+    assert!(
+        origin.hits("/doc") <= 4,
+        "one fill plus at most one refetch per corruption, saw {}",
+        origin.hits("/doc")
+    );
+}
