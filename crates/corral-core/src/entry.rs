@@ -86,7 +86,7 @@ impl StoredResponse {
             body,
             policy,
             response_time,
-            fresh_until: response_time + freshness.ttl,
+            fresh_until: later(response_time, freshness.ttl),
             swr: freshness.swr,
             sie: freshness.sie,
             fetch_duration,
@@ -114,7 +114,7 @@ impl StoredResponse {
 
     /// True while stale-if-error still allows serving this entry.
     pub fn usable_on_error(&self, now: SystemTime) -> bool {
-        now < self.fresh_until + self.sie.max(self.swr)
+        now < later(self.fresh_until, self.sie.max(self.swr))
     }
 
     /// Remaining freshness in whole seconds, negative once stale.
@@ -141,9 +141,9 @@ impl StoredResponse {
 
     /// How long L1 keeps this entry from `now`.
     pub fn residency(&self, now: SystemTime) -> Duration {
-        let mut until = self.fresh_until + self.swr.max(self.sie);
+        let mut until = later(self.fresh_until, self.swr.max(self.sie));
         if self.has_validators() {
-            until += REVALIDATION_GRACE;
+            until = later(until, REVALIDATION_GRACE);
         }
         until
             .duration_since(now)
@@ -175,7 +175,7 @@ impl StoredResponse {
             headers,
             policy,
             response_time,
-            fresh_until: response_time + freshness.ttl,
+            fresh_until: later(response_time, freshness.ttl),
             swr: freshness.swr,
             sie: freshness.sie,
             shareable: freshness.shareable,
@@ -183,6 +183,12 @@ impl StoredResponse {
             ..self.clone()
         }
     }
+}
+
+/// `t + d`, saturating far in the future instead of overflowing: the
+/// durations come from origin headers and L2 values.
+fn later(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_add(d.min(MAX_RESIDENCY * 1000)).unwrap_or(t)
 }
 
 /// The stored headers updated by a 304's: each field the 304 carries

@@ -181,7 +181,8 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
         vary_values.push(value.to_owned());
     }
 
-    let headers = r.headers()?;
+    let mut headers = r.headers()?;
+    crate::policy::sanitize_age(&mut headers);
     let body_len = r.u32_len("body")?;
     let body = Bytes::copy_from_slice(r.take(body_len, "body")?);
     if !r.rest.is_empty() {

@@ -153,6 +153,9 @@ impl RoutePolicy {
         for n in names {
             req_for_policy.headers.remove(n);
         }
+        // http-cache-semantics adds Age seconds to a Duration without a
+        // bound: a hostile or broken Age must not overflow it.
+        sanitize_age(&mut res_for_policy);
         let res_parts = {
             let mut b = http::Response::builder().status(res.status);
             if let Some(h) = b.headers_mut() {
@@ -174,7 +177,7 @@ impl RoutePolicy {
             return Decision::Pass(PassReason::NotStorable);
         }
 
-        let mut ttl = policy.time_to_live(response_time);
+        let mut ttl = policy.time_to_live(response_time).min(MAX_TTL);
         let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
         if let Some(default) = self.default_ttl
             && ttl.is_zero()
@@ -216,6 +219,31 @@ impl RoutePolicy {
         let fraction =
             rand::rng().random_range(0.0..=f64::from(self.ttl_jitter_percent.min(100)) / 100.0);
         ttl.mul_f64(1.0 - fraction)
+    }
+}
+
+/// No freshness lifetime is taken beyond this, whatever max-age says.
+const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86400);
+
+/// RFC 9111 §5.1: an Age that does not parse is ignored, one that overflows
+/// is read as 2^31 seconds.
+pub fn sanitize_age(headers: &mut http::HeaderMap) {
+    let Some(v) = headers.get(http::header::AGE) else {
+        return;
+    };
+    let parsed = v
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    match parsed {
+        None => {
+            headers.remove(http::header::AGE);
+        }
+        Some(digits) => {
+            let secs = digits.parse::<u64>().unwrap_or(u64::MAX).min(1 << 31);
+            headers.insert(http::header::AGE, http::HeaderValue::from(secs));
+        }
     }
 }
 
@@ -351,6 +379,35 @@ mod tests {
             panic!("expected store");
         };
         assert!(freshness.shareable);
+    }
+
+    #[test]
+    fn absurd_age_and_max_age_neither_panic_nor_overflow() {
+        let p = RoutePolicy::default();
+        let d = decide(
+            &p,
+            false,
+            &[
+                ("cache-control", "max-age=18446744073709551615"),
+                ("age", "18446744073709551615"),
+            ],
+        );
+        let Decision::Store { freshness, .. } = d else {
+            panic!("expected store");
+        };
+        assert_eq!(freshness.ttl, MAX_TTL);
+        let Decision::Store { freshness, .. } = decide(
+            &p,
+            false,
+            &[("cache-control", "max-age=18446744073709551615")],
+        ) else {
+            panic!("expected store");
+        };
+        assert_eq!(freshness.ttl, MAX_TTL);
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::AGE, http::HeaderValue::from_static("abc"));
+        sanitize_age(&mut h);
+        assert!(h.get(http::header::AGE).is_none());
     }
 
     #[test]

@@ -198,6 +198,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
     let response_time = SystemTime::now();
     let (mut parts, body) = res.into_parts();
     hop_by_hop::strip(&mut parts.headers);
+    corral_core::policy::sanitize_age(&mut parts.headers);
     let status = parts.status;
 
     if let Some(stale) = stale {

@@ -183,6 +183,10 @@ impl L2 {
             return Ok(false);
         }
         let bytes = envelope::encode(entry);
+        if bytes.is_empty() {
+            // Too big for the envelope's fields: L1 only.
+            return Ok(false);
+        }
         let vary = vary_record(&entry.vary);
         let stored: i64 = self
             .link

@@ -121,12 +121,20 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
     }
 }
 
+/// True when the probe's entry can answer this fill: usable now, the
+/// request's variant, and, for a refresh (SWR, early refresh, revalidation),
+/// newer than the copy being refreshed, or the refresh would never reach
+/// the origin.
 fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
     probe.entry.as_ref().is_some_and(|e| {
         matches!(
             e.state(SystemTime::now()),
             EntryState::Fresh | EntryState::StaleWhileRevalidate
         ) && e.matches_vary(&fill.ctx.headers)
+            && fill
+                .stale
+                .as_ref()
+                .is_none_or(|old| e.response_time > old.response_time)
     })
 }
 
