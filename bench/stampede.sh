@@ -37,7 +37,8 @@ YAML
 done
 deadline=$((SECONDS + 20))
 for i in 0 1 2 3 4; do
-  until curl -sf "http://127.0.0.1:910$i/healthz" >/dev/null; do
+  # Ready, and connected to Redis (corral serves before it is, alone).
+  until curl -sf "http://127.0.0.1:910$i/readyz" 2>/dev/null | grep -q '"redis":"connected"'; do
     [ $SECONDS -lt $deadline ] || { echo "corral $i did not start"; cat "$work/corral$i.log"; exit 1; }
     sleep 0.1
   done

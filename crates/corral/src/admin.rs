@@ -1,17 +1,76 @@
-//! The admin listener: health for now (metrics and purge come later). It
-//! never shares a port with client traffic.
+//! The admin listener: liveness (`/healthz`), readiness (`/readyz`, which
+//! reports Redis but is not failed by it: corral serves without Redis),
+//! load-balancer health (`/lb-health`, 503 from the moment a drain starts)
+//! and Prometheus `/metrics`. It never shares a port with client traffic.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub fn router() -> Router {
-    Router::new().route("/healthz", get(|| async { "ok\n" }))
+use crate::app::App;
+
+/// What the admin endpoints report on.
+pub struct AdminState {
+    pub app: Arc<App>,
+    pub metrics: PrometheusHandle,
+    /// Set when SIGTERM starts the drain.
+    pub draining: AtomicBool,
 }
 
-pub async fn serve(listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-    let r = axum::serve(listener, router())
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/lb-health", get(lb_health))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    let redis = s.app.l2.as_ref().map_or("off", |l2| l2.link.status());
+    let draining = s.draining.load(Ordering::Acquire);
+    let status = if draining {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let body = format!(
+        "{{\"ready\":{},\"draining\":{draining},\"routes\":{},\"redis\":\"{redis}\"}}\n",
+        !draining,
+        s.app.routes().len()
+    );
+    (status, [(header::CONTENT_TYPE, "application/json")], body)
+}
+
+async fn lb_health(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    if s.draining.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::OK, "ok\n")
+    }
+}
+
+async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::render(&s.metrics, &s.app),
+    )
+}
+
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let r = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
             let _ = shutdown.changed().await;
         })

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use corral_core::{Digest, Flights, L1, L1Config};
 
 use crate::config::Config;
@@ -12,7 +13,8 @@ use crate::routes::RouteTable;
 
 /// The running proxy's state.
 pub struct App {
-    pub routes: RouteTable,
+    /// Swapped whole on reload; a request keeps the table it started with.
+    routes: ArcSwap<RouteTable>,
     pub l1: Arc<L1>,
     pub flights: Flights<FillOutcome>,
     pub l2: Option<Arc<L2>>,
@@ -45,10 +47,22 @@ impl App {
             }
         };
         Ok(App {
-            routes: RouteTable::new(config),
+            routes: ArcSwap::from_pointee(RouteTable::new(config)),
             l1,
             flights: Flights::new(),
             l2,
         })
+    }
+}
+
+impl App {
+    /// The route table in force now.
+    pub fn routes(&self) -> Arc<RouteTable> {
+        self.routes.load_full()
+    }
+
+    /// Installs the routes of a new, already validated configuration.
+    pub fn replace_routes(&self, config: &Config) {
+        self.routes.store(Arc::new(RouteTable::new(config)));
     }
 }

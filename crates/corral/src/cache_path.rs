@@ -91,6 +91,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
                 EntryState::StaleWhileRevalidate => {
+                    crate::metrics::stale("revalidate");
                     refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
@@ -206,6 +207,7 @@ async fn on_lock_timeout(route: &Route, fill: FillRequest, head: bool) -> Respon
         OnTimeout::Fetch => lead(fill, None, head).await,
         OnTimeout::Stale => match fill.stale.clone() {
             Some(entry) => {
+                crate::metrics::stale("timeout");
                 let now = SystemTime::now();
                 let st = CacheStatus::forward(Forward::Stale)
                     .with_ttl(entry.ttl_secs(now))

@@ -120,6 +120,7 @@ pub async fn run(
         Ended::Outcome(o) => o,
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
+                crate::metrics::flight_waiters(fill.primary.readable(), p.followers());
                 p.complete(FillOutcome::Pass { reason });
             }
             if let Some(tx) = leader {
@@ -137,6 +138,7 @@ pub async fn run(
         tracing::warn!(route = %fill.route.name, key = %fill.primary.readable(), detail = d, "fill failed");
     }
     if let Some(p) = permit {
+        crate::metrics::flight_waiters(fill.primary.readable(), p.followers());
         p.complete(outcome.clone());
     }
     if let Some(tx) = leader {

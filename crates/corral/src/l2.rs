@@ -154,6 +154,7 @@ impl L2 {
             Ok(e) => Some(e),
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::l2("corrupt");
                 tracing::warn!(key = %keys.entry(), error = %err, "unreadable L2 entry treated as a miss");
                 None
             }

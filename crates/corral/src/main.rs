@@ -4,7 +4,6 @@
 
 mod admin;
 mod app;
-#[allow(dead_code)]
 mod breaker;
 mod cache_path;
 mod config;
@@ -12,8 +11,10 @@ mod fill;
 mod hop_by_hop;
 mod l2;
 mod lease;
+mod metrics;
 mod proxy;
 mod redis_link;
+mod reload;
 mod request;
 mod respond;
 mod routes;
@@ -71,7 +72,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Serve { config, log_format } => {
-            let config = match config::load(&config) {
+            let path = config;
+            let config = match config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("corral: invalid configuration: {e}");
@@ -89,7 +91,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(serve(config)) {
+            match runtime.block_on(serve(config, path)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corral: {e:#}");
@@ -125,20 +127,41 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-async fn serve(config: config::Config) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(config.listen)
-        .await
+async fn serve(config: config::Config, path: PathBuf) -> anyhow::Result<()> {
+    let listener = client_listener(config.listen)
         .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let metrics = metrics::install();
     let app = Arc::new(app::App::new(&config).context("invalid redis.url")?);
+    let admin_state = Arc::new(admin::AdminState {
+        app: Arc::clone(&app),
+        metrics,
+        draining: std::sync::atomic::AtomicBool::new(false),
+    });
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let admin = tokio::spawn(admin::serve(admin_listener, shutdown_rx.clone()));
-    tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), "corral serving");
+    let admin = tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::clone(&admin_state),
+        shutdown_rx.clone(),
+    ));
+    reload::spawn(Arc::clone(&app), path, config.clone());
+    tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
+    let drain_period = config.server.drain_period;
     tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested: draining");
+        let graceful = wait_for_signal().await;
+        // Load balancers and Kubernetes see the instance leave first
+        // (/lb-health and /readyz turn 503) while it still serves; only then
+        // does it stop accepting and let in-flight requests finish.
+        admin_state
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        if graceful {
+            tracing::info!(drain_period = ?drain_period, "SIGTERM: draining");
+            tokio::time::sleep(drain_period).await;
+        }
+        tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
     server::serve(listener, app, &config.server, shutdown_rx).await;
@@ -147,19 +170,34 @@ async fn serve(config: config::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// The client listener, with a deep accept queue: a stampede is a burst of
+/// connections too, and an overflowing queue costs a client a 1 s SYN retry.
+fn client_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(8192)
+}
+
+/// Waits for SIGTERM (true: drain first) or SIGINT (false: stop now).
+async fn wait_for_signal() -> bool {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
     match (term, int) {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {
-                _ = t.recv() => {}
-                _ = i.recv() => {}
+                _ = t.recv() => true,
+                _ = i.recv() => false,
             }
         }
         _ => {
             let _ = tokio::signal::ctrl_c().await;
+            false
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::cache_path;
 use crate::hop_by_hop;
+use crate::metrics;
 use crate::request::{RequestCtx, upstream_request};
 use crate::respond;
 use crate::routes::Route;
@@ -27,9 +28,65 @@ pub async fn handle(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request<Body>,
 ) -> Response<Body> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let (route, res) = route_request(app, peer, req).await;
+    let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
+    let cache = cache_result(&res);
+    metrics::request(route_name, &method, cache);
+    // The access line: never the query (it may carry tokens), never a
+    // credential header.
+    tracing::info!(
+        target: "corral::access",
+        route = route_name,
+        method = %method,
+        path = %path,
+        status = res.status().as_u16(),
+        cache,
+        cache_status = res.headers().get(&respond::CACHE_STATUS).and_then(|v| v.to_str().ok()).unwrap_or(""),
+        ms = started.elapsed().as_secs_f64() * 1000.0,
+        peer = %peer.ip(),
+    );
+    res
+}
+
+/// The `cache` label of a finished answer, read from its Cache-Status.
+fn cache_result(res: &Response<Body>) -> &'static str {
+    let Some(st) = res
+        .headers()
+        .get(&respond::CACHE_STATUS)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return "error";
+    };
+    if st.contains("; hit") {
+        "hit"
+    } else if st.contains("collapsed") {
+        "collapsed"
+    } else if st.contains("fwd=stale") && !st.contains("fwd-status=") || st.contains("detail=stale")
+    {
+        "stale"
+    } else if res.status().is_server_error() && st.contains("detail=") {
+        "error"
+    } else if st.contains("fwd=bypass") || st.contains("fwd=request") || !st.contains("stored") {
+        "pass"
+    } else {
+        "miss"
+    }
+}
+
+async fn route_request(
+    app: Arc<App>,
+    peer: SocketAddr,
+    req: Request<Body>,
+) -> (Option<Arc<Route>>, Response<Body>) {
     let (parts, body) = req.into_parts();
     let Some(host) = request_host(&parts.headers, &parts.uri) else {
-        return respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, "bad-host", None);
+        return (
+            None,
+            respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, "bad-host", None),
+        );
     };
     let ctx = RequestCtx {
         method: parts.method,
@@ -40,8 +97,13 @@ pub async fn handle(
         headers: parts.headers,
         peer: peer.ip(),
     };
-    let Some(route) = app.routes.find(&ctx.host, &ctx.path).cloned() else {
-        return respond::error(StatusCode::NOT_FOUND, Forward::Bypass, "no-route", None);
+    // The route table of this moment: a reload does not change the route a
+    // request in flight started with.
+    let Some(route) = app.routes().find(&ctx.host, &ctx.path).cloned() else {
+        return (
+            None,
+            respond::error(StatusCode::NOT_FOUND, Forward::Bypass, "no-route", None),
+        );
     };
     let cacheable_method = ctx.method == Method::GET || ctx.method == Method::HEAD;
     if cacheable_method
@@ -49,14 +111,16 @@ pub async fn handle(
         && !ctx.headers.contains_key(RANGE)
         && !ctx.headers.contains_key(UPGRADE)
     {
-        return cache_path::serve(app, route, ctx).await;
+        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), ctx).await;
+        return (Some(route), res);
     }
     let fwd = if route.cache_enabled && !cacheable_method {
         Forward::Request
     } else {
         Forward::Bypass
     };
-    forward_uncached(&app, &route, &ctx, body, fwd).await
+    let res = forward_uncached(&app, &route, &ctx, body, fwd).await;
+    (Some(route), res)
 }
 
 /// The Host the client asked for: the Host field, else the URI's authority.
@@ -143,8 +207,8 @@ async fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &Heade
         if !same_origin || !uri.path().starts_with('/') {
             continue;
         }
-        let target = app
-            .routes
+        let routes = app.routes();
+        let target = routes
             .find(&ctx.host, uri.path())
             .map_or(route, |r| r.as_ref());
         let key = UriKey::new(&ctx.host, uri.path(), uri.query(), &target.query_filter);

@@ -12,6 +12,7 @@ use redis::{Cmd, FromRedisValue, Script};
 
 use crate::breaker::Breaker;
 use crate::config::RedisConfig;
+use crate::metrics;
 
 /// Why a Redis operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -92,8 +93,35 @@ impl RedisLink {
         });
     }
 
+    /// Whether the breaker is open now, and how often it opened.
+    pub fn breaker_state(&self) -> (bool, u64) {
+        (
+            self.breaker.state() == crate::breaker::BreakerState::Open,
+            self.breaker.opened_count(),
+        )
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// For /readyz: connected, connecting or breaker-open.
+    pub fn status(&self) -> &'static str {
+        if !self.is_connected() {
+            "connecting"
+        } else if self.breaker_state().0 {
+            "breaker-open"
+        } else {
+            "connected"
+        }
+    }
+
     fn connection(&self) -> Result<ConnectionManager, L2Error> {
         if !self.breaker.allow() {
+            metrics::redis_error("breaker_open");
             return Err(L2Error::BreakerOpen);
         }
         let conn = self
@@ -105,6 +133,7 @@ impl RedisLink {
             Some(c) => Ok(c),
             None => {
                 self.breaker.failure();
+                metrics::redis_error("not_connected");
                 Err(L2Error::NotConnected)
             }
         }
@@ -121,10 +150,12 @@ impl RedisLink {
             }
             Ok(Err(e)) => {
                 self.breaker.failure();
+                metrics::redis_error("error");
                 Err(L2Error::Redis(e))
             }
             Err(_) => {
                 self.breaker.failure();
+                metrics::redis_error("timeout");
                 Err(L2Error::Timeout(self.op_timeout))
             }
         }

@@ -120,6 +120,11 @@ pub fn from_outcome(
             fwd_status,
             detail,
         } => {
+            crate::metrics::stale(if *detail == "lock-timeout" {
+                "timeout"
+            } else {
+                "error"
+            });
             let mut st = CacheStatus::forward(Forward::Stale)
                 .with_detail(detail)
                 .with_ttl(entry.ttl_secs(now));

@@ -70,7 +70,7 @@ impl Route {
             coalesce: rc.coalesce.enabled,
             lock_timeout: rc.coalesce.lock_timeout,
             on_timeout: rc.coalesce.on_timeout,
-            upstream: Upstream::new(&rc.timeouts),
+            upstream: Upstream::new(&rc.name, &rc.timeouts),
         }
     }
 
@@ -97,6 +97,10 @@ impl RouteTable {
                 .map(|r| Arc::new(Route::from_config(r, config.cache.max_object_size)))
                 .collect(),
         }
+    }
+
+    pub fn len(&self) -> usize {
+        self.routes.len()
     }
 
     /// The route for a request to `host` (lowercased, may carry a port) and `path`.

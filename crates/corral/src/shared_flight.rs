@@ -18,6 +18,7 @@ use crate::config::OnTimeout;
 use crate::fill::{Ended, FillOutcome, FillRequest, SharedResponse, fetch_and_store};
 use crate::l2::{Keys, L2, Probe};
 use crate::lease;
+use crate::metrics;
 use crate::subscriber::Notice;
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
@@ -49,6 +50,12 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         }
     }
     let mut backoff = POLL_FIRST;
+    let mut waited = false;
+    metrics::l2(if can_serve(fill, &probe) {
+        "hit"
+    } else {
+        "miss"
+    });
     loop {
         if let Some(hit) = usable(fill, &mut probe) {
             return hit;
@@ -60,6 +67,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
             Err(e) => return local(fill, &e.to_string()).await,
             Ok(Some(lease)) => {
+                metrics::lease(if waited { "taken_over" } else { "acquired" });
                 // Double-check: the previous leader may have stored it just
                 // before releasing.
                 if let Ok(mut again) = l2.probe(&keys, app.l1.generation_stamp()).await
@@ -85,7 +93,10 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
                 let _ = l2.publish(&keys, notice).await;
                 return ended;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                metrics::lease("lost");
+                waited = true;
+            }
         }
         // Someone else leads: wait for its notice, polling as a safety net.
         let mut watch = l2.watch(&keys).await;
@@ -104,11 +115,14 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             let jitter = Duration::from_millis(rand::random::<u64>() % 10);
             let wait = (backoff + jitter).min(deadline - now);
             tokio::select! {
-                n = watch.next() => {
-                    if n.is_none() {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
+                n = watch.next() => match n {
+                    // The leader's fetch failed and stored nothing: fetch
+                    // here, in parallel with the other instances, rather
+                    // than queue for the lease one instance after another.
+                    Some(Notice::Failed) => return fetch_and_store(fill).await,
+                    Some(_) => {}
+                    None => tokio::time::sleep(wait).await,
+                },
                 _ = tokio::time::sleep(wait) => {
                     backoff = (backoff * 2).min(POLL_MAX);
                 }
@@ -221,6 +235,7 @@ async fn local(fill: &FillRequest, why: &str) -> Ended {
 }
 
 async fn lock_timeout(fill: &FillRequest) -> Ended {
+    metrics::lease("timed_out");
     match fill.route.on_timeout {
         OnTimeout::Fetch => fetch_and_store(fill).await,
         OnTimeout::Stale => match &fill.stale {

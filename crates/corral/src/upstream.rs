@@ -64,13 +64,14 @@ impl UpstreamError {
 
 /// A route's connection pool and deadlines.
 pub struct Upstream {
+    route: String,
     client: Client<HttpConnector, Body>,
     pub response_headers: Duration,
     pub total: Duration,
 }
 
 impl Upstream {
-    pub fn new(t: &TimeoutsConfig) -> Self {
+    pub fn new(route: &str, t: &TimeoutsConfig) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(t.connect));
         connector.set_nodelay(true);
@@ -82,6 +83,7 @@ impl Upstream {
             .pool_max_idle_per_host(512)
             .build(connector);
         Upstream {
+            route: route.to_owned(),
             client,
             response_headers: t.response_headers,
             total: t.total,
@@ -120,8 +122,15 @@ impl Upstream {
         req: Request<Body>,
         deadline: Instant,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let head_deadline = (Instant::now() + self.response_headers).min(deadline);
-        match tokio::time::timeout_at(head_deadline, self.client.request(req)).await {
+        let started = Instant::now();
+        let head_deadline = (started + self.response_headers).min(deadline);
+        let r = tokio::time::timeout_at(head_deadline, self.client.request(req)).await;
+        let status = match &r {
+            Ok(Ok(res)) => Some(res.status().as_u16()),
+            _ => None,
+        };
+        crate::metrics::origin_fetch(&self.route, status, started.elapsed());
+        match r {
             Err(_) if head_deadline == deadline => Err(UpstreamError::TotalTimeout(self.total)),
             Err(_) => Err(UpstreamError::HeaderTimeout(self.response_headers)),
             Ok(Ok(res)) => Ok(res),

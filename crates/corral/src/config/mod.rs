@@ -59,6 +59,9 @@ pub struct ServerConfig {
     pub max_header_size: u64,
     /// How long in-flight requests may run after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// After SIGTERM, how long `/lb-health` answers 503 while corral still
+    /// serves, so load balancers stop sending before the listener closes.
+    pub drain_period: Duration,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +70,7 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             max_header_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
+            drain_period: Duration::from_secs(5),
         }
     }
 }

@@ -28,6 +28,7 @@ pub struct RawServer {
     pub header_read_timeout: Option<Text>,
     pub max_header_size: Option<Text>,
     pub shutdown_grace: Option<Text>,
+    pub drain_period: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -180,10 +180,16 @@ impl Resolver<'_> {
             "server.shutdown_grace",
             defaults.shutdown_grace,
         )?;
+        let drain_period = self.duration(
+            raw.drain_period.as_ref(),
+            "server.drain_period",
+            defaults.drain_period,
+        )?;
         Ok(ServerConfig {
             header_read_timeout: header_read_timeout.value,
             max_header_size: max_header_size.value,
             shutdown_grace: shutdown_grace.value,
+            drain_period: drain_period.value,
         })
     }
 

@@ -1,0 +1,171 @@
+//! Prometheus metrics: every name and label corral exports is written here,
+//! so the exported set can be read in one file. Recording is a few atomic
+//! operations; nothing here allocates a label value per request beyond the
+//! route name, and nothing blocks.
+
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::app::App;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// How many of the most-waited-on keys are exported.
+const TOP_KEYS: usize = 10;
+
+/// The keys whose flights had the most waiters recently (bounded).
+static TOP: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
+
+/// Installs the recorder (once per process) and returns its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                    &[
+                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    ],
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full("corral_flight_waiters".into()),
+                        &[0.0, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0],
+                    )
+                });
+            let recorder = match builder {
+                Ok(b) => b.build_recorder(),
+                Err(_) => PrometheusBuilder::new().build_recorder(),
+            };
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// One answered client request. `result` is one of hit, stale, miss,
+/// collapsed, pass, error.
+pub fn request(route: &str, method: &http::Method, result: &'static str) {
+    counter!("corral_requests_total", "route" => route.to_owned(), "method" => method_label(method), "cache" => result)
+        .increment(1);
+}
+
+fn method_label(m: &http::Method) -> &'static str {
+    match *m {
+        http::Method::GET => "GET",
+        http::Method::HEAD => "HEAD",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        http::Method::DELETE => "DELETE",
+        http::Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// One exchange with an upstream: its status (or "error") and how long the
+/// response head took.
+pub fn origin_fetch(route: &str, status: Option<u16>, took: Duration) {
+    let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
+    counter!("corral_origin_fetches_total", "route" => route.to_owned(), "status" => status)
+        .increment(1);
+    histogram!("corral_origin_fetch_duration_seconds", "route" => route.to_owned())
+        .record(took.as_secs_f64());
+}
+
+/// A flight ended with `waiters` followers.
+pub fn flight_waiters(key: &str, waiters: usize) {
+    histogram!("corral_flight_waiters").record(waiters as f64);
+    if waiters == 0 {
+        return;
+    }
+    let mut top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(slot) = top.iter_mut().find(|(k, _)| k == key) {
+        slot.1 = slot.1.max(waiters);
+    } else if top.len() < TOP_KEYS {
+        top.push((key.to_owned(), waiters));
+    } else if let Some(min) = top.iter_mut().min_by_key(|(_, w)| *w)
+        && min.1 < waiters
+    {
+        *min = (key.to_owned(), waiters);
+    }
+}
+
+/// A cross-instance lease event: acquired, lost, timed_out, taken_over.
+pub fn lease(outcome: &'static str) {
+    counter!("corral_lease_total", "outcome" => outcome).increment(1);
+}
+
+/// A Redis call that failed: timeout, error, breaker_open, not_connected.
+pub fn redis_error(kind: &'static str) {
+    counter!("corral_redis_errors_total", "kind" => kind).increment(1);
+}
+
+/// An L2 read: hit, miss, corrupt.
+pub fn l2(result: &'static str) {
+    counter!("corral_l2_reads_total", "result" => result).increment(1);
+}
+
+/// A stale answer: revalidate (SWR), error (SIE), timeout (lock timeout).
+pub fn stale(reason: &'static str) {
+    counter!("corral_stale_answers_total", "reason" => reason).increment(1);
+}
+
+/// The exposition text: the recorded metrics, point-in-time gauges and the
+/// top stampeding keys.
+pub fn render(handle: &PrometheusHandle, app: &App) -> String {
+    app.l1.sync();
+    gauge!("corral_l1_entries").set(app.l1.entry_count() as f64);
+    gauge!("corral_l1_bytes").set(app.l1.weighted_size() as f64);
+    gauge!("corral_flights_in_progress").set(app.flights.len() as f64);
+    if let Some(l2) = &app.l2 {
+        let (state, opened) = l2.link.breaker_state();
+        gauge!("corral_redis_breaker_open").set(if state { 1.0 } else { 0.0 });
+        gauge!("corral_redis_breaker_opened").set(opened as f64);
+        gauge!("corral_redis_connected").set(if l2.link.is_connected() { 1.0 } else { 0.0 });
+    }
+    handle.run_upkeep();
+    let mut out = handle.render();
+    let top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
+    out.push_str("# HELP corral_stampede_top_waiters Most followers seen on one flight, for the busiest keys.\n");
+    out.push_str("# TYPE corral_stampede_top_waiters gauge\n");
+    for (key, waiters) in top.iter() {
+        out.push_str(&format!(
+            "corral_stampede_top_waiters{{key=\"{}\"}} {waiters}\n",
+            escape_label(key)
+        ));
+    }
+    out
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_keys_stay_bounded_and_keep_the_largest() {
+        for i in 0..50 {
+            flight_waiters(&format!("k{i}"), i);
+        }
+        let top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(top.len(), TOP_KEYS);
+        assert!(top.iter().all(|(_, w)| *w >= 40), "{top:?}");
+    }
+
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}

@@ -1,0 +1,102 @@
+//! Hot reload: on SIGHUP, and whenever the config file's contents change
+//! (checked every second by reading the file through its path, which
+//! follows editor renames and Kubernetes ConfigMap symlink swaps alike),
+//! the file is loaded and validated; a good one replaces the routes
+//! atomically, a bad one is refused with its file:line:field and the
+//! running configuration stays. Requests in flight finish on the routes
+//! they started with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::app::App;
+use crate::config::{self, Config};
+
+const POLL: Duration = Duration::from_secs(1);
+
+/// Watches `path` for the life of the process.
+pub fn spawn(app: Arc<App>, path: PathBuf, running: Config) {
+    tokio::spawn(async move {
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reloads come from file changes only");
+                None
+            }
+        };
+        let mut last = std::fs::read(&path).ok().map(|b| fingerprint(&b));
+        let mut running = running;
+        loop {
+            let forced = tokio::select! {
+                _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
+                _ = tokio::time::sleep(POLL) => false,
+            };
+            // A file caught mid-rename reads as missing: try again next tick.
+            let Ok(bytes) = std::fs::read(&path) else {
+                if forced {
+                    tracing::error!(file = %path.display(), "reload requested but the config file cannot be read; keeping the running configuration");
+                }
+                continue;
+            };
+            let digest = fingerprint(&bytes);
+            if !forced && last == Some(digest) {
+                continue;
+            }
+            last = Some(digest);
+            match config::load(&path) {
+                Ok(new) => {
+                    for field in needs_restart(&running, &new) {
+                        tracing::warn!(
+                            field,
+                            "changed in the config file, but only takes effect after a restart"
+                        );
+                    }
+                    app.replace_routes(&new);
+                    tracing::info!(file = %path.display(), routes = new.routes.len(), "configuration reloaded");
+                    running = new;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "configuration reload refused; keeping the running configuration");
+                }
+            }
+        }
+    });
+}
+
+/// A cheap content fingerprint (FNV-1a); only compared with itself.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The settings a reload cannot apply to a running process.
+fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut fields = Vec::new();
+    if old.listen != new.listen {
+        fields.push("listen");
+    }
+    if old.admin != new.admin {
+        fields.push("admin");
+    }
+    if old.cache.memory != new.cache.memory {
+        fields.push("cache.memory");
+    }
+    if old.server.header_read_timeout != new.server.header_read_timeout
+        || old.server.max_header_size != new.server.max_header_size
+    {
+        fields.push("server");
+    }
+    let redis = |c: &Config| {
+        c.redis
+            .as_ref()
+            .map(|r| (r.url.clone(), r.key_prefix.clone()))
+    };
+    if redis(old) != redis(new) {
+        fields.push("redis");
+    }
+    fields
+}
