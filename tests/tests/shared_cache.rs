@@ -1,7 +1,9 @@
 //! Shared cache: several corral instances and one Redis. A cold key reaches
-//! the origin once across all of them, what one instance fetched the others
-//! serve, leases are released only by their owner, and Redis failing (dead,
-//! frozen, holding garbage) never fails a client request.
+//! the origin once across all of them (waiters woken by the fill notice),
+//! what one instance fetched the others serve, leases are released only by
+//! their owner and taken over when it dies, purges reach every instance, and
+//! Redis failing (down at start, dying, frozen, holding garbage) never fails a
+//! client request.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -548,5 +550,205 @@ async fn a_corrupt_shared_entry_is_a_miss_not_an_error() {
         origin.hits("/doc") <= 4,
         "one fill plus at most one refetch per corruption, saw {}",
         origin.hits("/doc")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_other_instances_are_woken_by_the_fill_notice_not_a_poll() {
+    // The safety-net poll of a waiter backs off to a few hundred ms; a waiter
+    // woken by the fill notice answers within milliseconds of the leader.
+    const WOKEN_WITHIN: Duration = Duration::from_millis(100);
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/slow", cacheable("worth the wait").delay(ms(1500)))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(5)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let leader = {
+        let (client, url) = (client.clone(), proxies[0].url("/slow"));
+        tokio::spawn(async move {
+            let answer = client.get(&url).await;
+            (answer, Instant::now())
+        })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let urls: Vec<String> = proxies[1..].iter().map(|p| p.url("/slow")).collect();
+    let followers = join_all(urls.iter().map(|url| {
+        let client = client.clone();
+        async move {
+            let answers = client.burst(5, url, &[]).await;
+            (answers, Instant::now())
+        }
+    }))
+    .await;
+    let (leader, leader_done) = leader.await.expect("leader task");
+
+    assert_eq!(leader.text(), "worth the wait");
+    let mut lags = Vec::new();
+    for (answers, done) in &followers {
+        for answer in answers {
+            assert_eq!(answer.status, 200, "{:#?}", tally(answers));
+            assert_eq!(answer.text(), "worth the wait");
+        }
+        lags.push(done.saturating_duration_since(leader_done));
+    }
+    assert_eq!(origin.hits("/slow"), 1);
+    assert!(
+        lags.iter().all(|lag| *lag <= WOKEN_WITHIN),
+        "instances B..E answered {lags:?} after the leader's answer, more than {WOKEN_WITHIN:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_start_and_serve_while_redis_is_down_and_share_once_it_is_up() {
+    let mut redis = Redis::start().await;
+    redis.kill();
+    let origin = Origin::new()
+        .route("/early", cacheable("served before redis"))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared_with_short_breaker(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    for proxy in &proxies {
+        let answer = client.get(&proxy.url("/early")).await;
+        assert_eq!(answer.status, 200, "{}", answer.cache_status());
+        assert_eq!(answer.text(), "served before redis");
+    }
+
+    redis.restart().await;
+    wait_shared_again(
+        &origin,
+        &client,
+        &proxies[0],
+        &proxies[1],
+        BREAKER_OPEN_FOR + ms(4000),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redis_key_starts_with_the_configured_prefix() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/doc", cacheable("prefixed"))
+        .route(
+            "/varied",
+            cacheable("varied").header("vary", "accept-encoding"),
+        )
+        .start()
+        .await;
+    let config = shared(&origin, &redis).redis_field("key_prefix", "\"team-a:\"");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+
+    for path in ["/doc", "/varied"] {
+        client.get(&proxies[0].url(path)).await;
+        let shared = client.get(&proxies[1].url(path)).await;
+        assert!(
+            shared.cache_status().is_hit(),
+            "{path}: {}",
+            shared.cache_status()
+        );
+    }
+    let keys = redis.keys("*").await;
+    assert!(
+        keys.iter().any(|k| k.contains(":e:")),
+        "entries are stored: {keys:?}"
+    );
+    assert!(
+        keys.iter().all(|k| k.starts_with("team-a:{")),
+        "keys outside the prefix: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_l2_max_object_size_stays_out_of_redis() {
+    let big = "x".repeat(64 * 1024);
+    let redis = Redis::start().await;
+    let origin = Origin::new().route("/big", cacheable(&big)).start().await;
+    let config = shared(&origin, &redis).redis_field("l2_max_object_size", "16KiB");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+
+    let first = client.get(&proxies[0].url("/big")).await;
+    assert_eq!(first.body.len(), big.len());
+    let again_on_a = client.get(&proxies[0].url("/big")).await;
+    assert!(
+        again_on_a.cache_status().is_hit(),
+        "A keeps it in L1: {}",
+        again_on_a.cache_status()
+    );
+    wait_no_lease(&redis, ms(2000)).await;
+    let on_b = client.get(&proxies[1].url("/big")).await;
+    assert_eq!(on_b.status, 200);
+    assert_eq!(on_b.body.len(), big.len());
+    assert!(
+        !on_b.cache_status().is_hit(),
+        "B cannot have it from Redis: {}",
+        on_b.cache_status()
+    );
+    assert_eq!(origin.hits("/big"), 2);
+    assert!(
+        redis.keys("*:e:*").await.is_empty(),
+        "no entry in Redis: {:?}",
+        redis.keys("*").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_error_does_not_queue_the_instances_one_behind_another() {
+    const INSTANCES: usize = 5;
+    const DELAY: Duration = Duration::from_millis(500);
+    // A leader's own fetch plus one more round for everyone told "no entry
+    // is coming" is 2 × DELAY; instances that each wait for the previous
+    // one's lease before fetching take INSTANCES × DELAY.
+    let bound = DELAY * 7 / 2;
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/fail", Reply::status(500, "kaput").delay(DELAY))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(INSTANCES)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let urls: Vec<String> = proxies.iter().map(|p| p.url("/fail")).collect();
+    let started = Instant::now();
+    let per_proxy = join_all(urls.iter().map(|url| {
+        let client = client.clone();
+        async move {
+            let answers = client.burst(10, url, &[]).await;
+            (answers, started.elapsed())
+        }
+    }))
+    .await;
+
+    let answers: Vec<&Answer> = per_proxy.iter().flat_map(|(a, _)| a).collect();
+    for answer in &answers {
+        assert_eq!(answer.status, 500, "{:#?}", tally(answers.iter().copied()));
+        assert_eq!(answer.text(), "kaput");
+    }
+    assert!(
+        origin.hits("/fail") <= INSTANCES,
+        "at most one fetch per instance, saw {}: {:#?}",
+        origin.hits("/fail"),
+        tally(answers.iter().copied())
+    );
+    let finished: Vec<Duration> = per_proxy.iter().map(|(_, took)| *took).collect();
+    assert!(
+        finished.iter().all(|took| *took < bound),
+        "instances answered after {finished:?} (origin delay {DELAY:?}, bound {bound:?}): \
+         they queued behind each other's lease for an answer none could store"
     );
 }
