@@ -3,6 +3,7 @@
 //! (stale-if-error), or expired. Bodies are `Bytes`, shared, never copied
 //! per hit.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -57,6 +58,9 @@ pub struct StoredResponse {
     pub private: bool,
     /// RFC 9111 §3.5: may be served to authenticated requests of any caller.
     pub shareable: bool,
+    /// The readable URI key (`host/path?query`), for prefix purges. Not
+    /// part of the L2 envelope: whoever reads an entry knows its URI.
+    pub uri: Arc<str>,
 }
 
 impl StoredResponse {
@@ -95,7 +99,14 @@ impl StoredResponse {
             generation,
             private,
             shareable: freshness.shareable,
+            uri: Arc::from(""),
         }
+    }
+
+    /// The same entry, labelled with its URI key.
+    pub fn with_uri(mut self, uri: &str) -> Self {
+        self.uri = Arc::from(uri);
+        self
     }
 
     pub fn state(&self, now: SystemTime) -> EntryState {

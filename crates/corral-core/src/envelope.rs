@@ -205,6 +205,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
         generation,
         private: flags & FLAG_PRIVATE != 0,
         shareable: flags & FLAG_SHAREABLE != 0,
+        uri: std::sync::Arc::from(""),
     })
 }
 
@@ -403,6 +404,7 @@ mod tests {
             generation: 7,
             private: true,
             shareable: true,
+            uri: std::sync::Arc::from(""),
         }
     }
 

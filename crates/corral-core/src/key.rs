@@ -165,6 +165,12 @@ impl PrimaryKey {
         self.digest
     }
 
+    /// The readable form without the query, for logs and metric labels:
+    /// a query may carry tokens.
+    pub fn loggable(&self) -> &str {
+        self.readable.split('?').next().unwrap_or(&self.readable)
+    }
+
     /// The key of one stored response: this URI, for this caller (when the
     /// response is not shareable), for these Vary-selected header values.
     pub fn variant(&self, identity: Option<&Identity>, vary_values: &[String]) -> VariantKey {

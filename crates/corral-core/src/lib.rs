@@ -2,6 +2,7 @@
 //! store and in-process request coalescing. Nothing in here serves HTTP or
 //! opens a socket, so every piece is unit-testable on its own.
 
+pub mod ban;
 pub mod cache_control;
 pub mod cache_status;
 pub mod entry;
@@ -14,6 +15,7 @@ pub mod store;
 pub mod vary;
 pub mod xfetch;
 
+pub use ban::{Ban, BanList, BanTarget, Verdict};
 pub use cache_control::CacheControl;
 pub use cache_status::{CacheStatus, Forward};
 pub use entry::{EntryState, StoredResponse, merge_not_modified};

@@ -14,6 +14,7 @@ use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
 
+use crate::ban::{BanList, Verdict};
 use crate::entry::{MAX_RESIDENCY, StoredResponse};
 use crate::key::{Digest, PrimaryKey, UriKey, VariantKey};
 use crate::vary::Vary;
@@ -79,6 +80,8 @@ pub struct L1 {
     /// Monotonic stamp: fetches record it when they start; invalidations
     /// take a new one.
     clock: AtomicU64,
+    /// Purges by prefix, tag and soft purges.
+    pub bans: BanList,
     /// Entries stamped below this are invalid for every URI whose
     /// generation record was evicted for space (conservative, never stale).
     floor: Arc<AtomicU64>,
@@ -113,6 +116,7 @@ impl L1 {
                 })
                 .build(),
             clock: AtomicU64::new(1),
+            bans: BanList::default(),
             floor,
         }
     }
@@ -144,7 +148,24 @@ impl L1 {
             self.entries.invalidate(&key.digest);
             return None;
         }
-        Some(e)
+        self.apply_bans(e).or_else(|| {
+            self.entries.invalidate(&key.digest);
+            None
+        })
+    }
+
+    /// `e` as the bans in force let it be served: unchanged, stale from a
+    /// soft purge, or `None` (purged).
+    pub fn apply_bans(&self, e: Arc<StoredResponse>) -> Option<Arc<StoredResponse>> {
+        match self.bans.verdict(&e) {
+            Verdict::Keep => Some(e),
+            Verdict::Drop => None,
+            Verdict::StaleFrom(t) => {
+                let mut stale = (*e).clone();
+                stale.fresh_until = t;
+                Some(Arc::new(stale))
+            }
+        }
     }
 
     /// Stores a variant (replacing any older one) unless an invalidation

@@ -1,7 +1,7 @@
 //! The admin listener: liveness (`/healthz`), readiness (`/readyz`, which
 //! reports Redis but is not failed by it: corral serves without Redis),
 //! load-balancer health (`/lb-health`, 503 from the moment a drain starts)
-//! and Prometheus `/metrics`. It never shares a port with client traffic.
+//! Prometheus `/metrics` and the purge API (`POST /purge`, see purge.rs). It never shares a port with client traffic.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +23,8 @@ pub struct AdminState {
     pub metrics: PrometheusHandle,
     /// Set when SIGTERM starts the drain.
     pub draining: AtomicBool,
+    /// The purge API's bearer token; `None` refuses every purge.
+    pub purge_token: Option<String>,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
@@ -31,6 +33,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/lb-health", get(lb_health))
         .route("/metrics", get(metrics))
+        .route("/purge", axum::routing::post(crate::purge::handle))
         .with_state(state)
 }
 

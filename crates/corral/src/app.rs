@@ -35,6 +35,13 @@ impl App {
                     if hex == crate::subscriber::ALL {
                         return l1.invalidate_all();
                     }
+                    if hex.starts_with("ban\t") {
+                        match crate::purge::decode_ban(hex) {
+                            Some(b) => l1.bans.add(b),
+                            None => tracing::warn!("ignoring a malformed ban notice"),
+                        }
+                        return;
+                    }
                     match Digest::from_hex(hex) {
                         Some(d) => l1.invalidate_uri_digest(d),
                         None => tracing::warn!(

@@ -119,7 +119,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
                         return lead(fill_request(found), None, head).await;
                     }
                     FillOutcome::Pass { reason } => {
-                        tracing::debug!(route = %route.name, key = %primary.readable(), reason = reason.as_str(), "uncacheable: fetching alone");
+                        tracing::debug!(route = %route.name, key = %primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
                         return lead(fill_request(found), None, head).await;
                     }
                     _ => {

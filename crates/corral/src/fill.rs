@@ -120,7 +120,7 @@ pub async fn run(
         Ended::Outcome(o) => o,
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
-                crate::metrics::flight_waiters(fill.primary.readable(), p.followers());
+                crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
                 p.complete(FillOutcome::Pass { reason });
             }
             if let Some(tx) = leader {
@@ -135,10 +135,10 @@ pub async fn run(
         detail: Some(d), ..
     } = &outcome
     {
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.readable(), detail = d, "fill failed");
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d, "fill failed");
     }
     if let Some(p) = permit {
-        crate::metrics::flight_waiters(fill.primary.readable(), p.followers());
+        crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
         p.complete(outcome.clone());
     }
     if let Some(tx) = leader {
@@ -233,19 +233,22 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
                     let vary = Vary::parse(&parts.headers);
                     let vary_values = vary.values(&ctx.headers);
                     let private = fill.identity.is_some() && !freshness.shareable;
-                    let entry = Arc::new(StoredResponse::new(
-                        status,
-                        parts.headers,
-                        bytes,
-                        *policy,
-                        &freshness,
-                        response_time,
-                        started.elapsed(),
-                        vary.clone(),
-                        vary_values,
-                        stamp,
-                        private,
-                    ));
+                    let entry = Arc::new(
+                        StoredResponse::new(
+                            status,
+                            parts.headers,
+                            bytes,
+                            *policy,
+                            &freshness,
+                            response_time,
+                            started.elapsed(),
+                            vary.clone(),
+                            vary_values,
+                            stamp,
+                            private,
+                        )
+                        .with_uri(fill.primary.uri().readable()),
+                    );
                     let key = fill.primary.variant(
                         if private {
                             fill.identity.as_ref()

@@ -115,6 +115,7 @@ impl L2 {
         let subscriber = Subscriber::start(
             Arc::clone(&link),
             format!("{}invalidate", config.key_prefix),
+            format!("{}bans", config.key_prefix),
             on_invalidate,
         );
         Ok(Arc::new(L2 {
@@ -235,6 +236,24 @@ impl L2 {
     /// Subscribes to the variant's fill notices.
     pub async fn watch(&self, keys: &Keys) -> NoticeWatch {
         self.subscriber.watch(keys.fill_channel()).await
+    }
+
+    /// Records a ban (for instances that connect later) and broadcasts it.
+    pub async fn publish_ban(&self, ban: &corral_core::Ban) -> Result<(), L2Error> {
+        let wire = crate::purge::encode_ban(ban);
+        let mut pipe = redis::cmd("HSET");
+        pipe.arg(self.bans_key()).arg(&wire).arg(1);
+        self.link.query::<()>(&pipe).await?;
+        let mut exp = redis::cmd("PEXPIRE");
+        exp.arg(self.bans_key()).arg(millis(RECORD_TTL));
+        self.link.query::<()>(&exp).await?;
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(format!("{}invalidate", self.prefix)).arg(wire);
+        self.link.query::<()>(&cmd).await
+    }
+
+    fn bans_key(&self) -> String {
+        format!("{}bans", self.prefix)
     }
 
     /// Deletes every stored variant of `primary` and tells every instance to

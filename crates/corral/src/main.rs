@@ -13,6 +13,7 @@ mod l2;
 mod lease;
 mod metrics;
 mod proxy;
+mod purge;
 mod redis_link;
 mod reload;
 mod request;
@@ -59,6 +60,28 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Purge cached answers through a running instance's admin listener
+    /// (with Redis, every instance). Exactly one of --url, --prefix, --tag.
+    Purge {
+        /// The admin listener, e.g. http://127.0.0.1:9080.
+        #[arg(long, default_value = "http://127.0.0.1:9080")]
+        admin: String,
+        /// Bearer token; defaults to $CORRAL_PURGE_TOKEN.
+        #[arg(long, env = "CORRAL_PURGE_TOKEN", hide_env_values = true)]
+        token: String,
+        /// One URL, e.g. http://api.example.com/v1/items/1.
+        #[arg(long, group = "what")]
+        url: Option<String>,
+        /// Every URL starting with this, e.g. http://api.example.com/v1/.
+        #[arg(long, group = "what")]
+        prefix: Option<String>,
+        /// Every answer tagged so (Surrogate-Key or Cache-Tag).
+        #[arg(long, group = "what")]
+        tag: Option<String>,
+        /// Mark stale instead of removing: stale-while-revalidate serves while one refresh runs.
+        #[arg(long)]
+        soft: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -71,9 +94,37 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => check(&config),
+        Command::Purge {
+            admin,
+            token,
+            url,
+            prefix,
+            tag,
+            soft,
+        } => {
+            let what = match (url, prefix, tag) {
+                (Some(u), None, None) => ("url", u),
+                (None, Some(p), None) => ("prefix", p),
+                (None, None, Some(t)) => ("tag", t),
+                _ => {
+                    eprintln!("corral purge: give exactly one of --url, --prefix, --tag");
+                    return ExitCode::from(2);
+                }
+            };
+            purge_cli(&admin, &token, what, soft)
+        }
         Command::Serve { config, log_format } => {
             let path = config;
-            let config = match config::load(&path) {
+            // One read: what runs and what the reload watcher compares
+            // against are the same bytes.
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("corral: cannot read {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let config = match config::parse(&path.display().to_string(), &text) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("corral: invalid configuration: {e}");
@@ -91,7 +142,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(serve(config, path)) {
+            match runtime.block_on(serve(config, path, reload::fingerprint(text.as_bytes()))) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corral: {e:#}");
@@ -115,6 +166,51 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
+fn purge_cli(admin: &str, token: &str, (kind, value): (&str, String), soft: bool) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("corral purge: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let endpoint = format!("{}/purge", admin.trim_end_matches('/'));
+    let soft = if soft { "true" } else { "false" };
+    let result = runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(10))
+            .no_proxy()
+            .build()?;
+        let res = client
+            .post(&endpoint)
+            .bearer_auth(token)
+            .query(&[(kind, value.as_str()), ("soft", soft)])
+            .send()
+            .await?;
+        let status = res.status();
+        let body = res.text().await?;
+        Ok::<_, reqwest::Error>((status, body))
+    });
+    match result {
+        Ok((status, body)) => {
+            print!("{body}");
+            if status.is_success() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("corral purge: {endpoint} answered {status}");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("corral purge: {endpoint}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -127,7 +223,7 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-async fn serve(config: config::Config, path: PathBuf) -> anyhow::Result<()> {
+async fn serve(config: config::Config, path: PathBuf, loaded: u64) -> anyhow::Result<()> {
     let listener = client_listener(config.listen)
         .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
     let admin_listener = TcpListener::bind(config.admin)
@@ -139,6 +235,11 @@ async fn serve(config: config::Config, path: PathBuf) -> anyhow::Result<()> {
         app: Arc::clone(&app),
         metrics,
         draining: std::sync::atomic::AtomicBool::new(false),
+        purge_token: config.server.purge_token.clone().or_else(|| {
+            std::env::var("CORRAL_PURGE_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty())
+        }),
     });
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let admin = tokio::spawn(admin::serve(
@@ -146,7 +247,7 @@ async fn serve(config: config::Config, path: PathBuf) -> anyhow::Result<()> {
         Arc::clone(&admin_state),
         shutdown_rx.clone(),
     ));
-    reload::spawn(Arc::clone(&app), path, config.clone());
+    reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {

@@ -172,14 +172,14 @@ async fn forward_uncached(
 
 /// Retires the URI here and, with Redis, on every instance. Redis trouble
 /// is logged, not answered: the client's write already succeeded.
-async fn invalidate_everywhere(app: &App, route_name: &str, uri: UriKey) {
+pub(crate) async fn invalidate_everywhere(app: &App, route_name: &str, uri: UriKey) {
     app.l1.invalidate_uri(&uri);
     if let Some(l2) = &app.l2 {
         let primary = PrimaryKey::new(route_name, uri.clone());
         let result = l2.invalidate(&primary, &uri).await;
-        tracing::debug!(key = %primary.readable(), ok = result.is_ok(), "cluster-wide invalidation");
+        tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
         if let Err(e) = result {
-            tracing::warn!(key = %primary.readable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
+            tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
         }
     }
 }

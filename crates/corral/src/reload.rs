@@ -18,7 +18,8 @@ use crate::config::{self, Config};
 const POLL: Duration = Duration::from_secs(1);
 
 /// Watches `path` for the life of the process.
-pub fn spawn(app: Arc<App>, path: PathBuf, running: Config) {
+/// `loaded` is the fingerprint of the bytes `running` was parsed from.
+pub fn spawn(app: Arc<App>, path: PathBuf, running: Config, loaded: u64) {
     tokio::spawn(async move {
         let mut hup = match signal(SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -27,7 +28,7 @@ pub fn spawn(app: Arc<App>, path: PathBuf, running: Config) {
                 None
             }
         };
-        let mut last = std::fs::read(&path).ok().map(|b| fingerprint(&b));
+        let mut last = Some(loaded);
         let mut running = running;
         loop {
             let forced = tokio::select! {
@@ -67,7 +68,7 @@ pub fn spawn(app: Arc<App>, path: PathBuf, running: Config) {
 }
 
 /// A cheap content fingerprint (FNV-1a); only compared with itself.
-fn fingerprint(bytes: &[u8]) -> u64 {
+pub fn fingerprint(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

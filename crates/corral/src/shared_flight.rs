@@ -29,7 +29,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
     let deadline = Instant::now() + fill.route.lock_timeout;
     let mut variant = fill.variant;
     let mut keys = l2.keys(&fill.primary, variant.digest);
-    let mut probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+    let mut probe = match read(fill, l2, &keys).await {
         Ok(p) => p,
         Err(e) => return local(fill, &e.to_string()).await,
     };
@@ -43,7 +43,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
             keys = l2.keys(&fill.primary, variant.digest);
-            probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+            probe = match read(fill, l2, &keys).await {
                 Ok(p) => p,
                 Err(e) => return local(fill, &e.to_string()).await,
             };
@@ -70,7 +70,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
                 metrics::lease(if waited { "taken_over" } else { "acquired" });
                 // Double-check: the previous leader may have stored it just
                 // before releasing.
-                if let Ok(mut again) = l2.probe(&keys, app.l1.generation_stamp()).await
+                if let Ok(mut again) = read(fill, l2, &keys).await
                     && let Some(hit) = usable(fill, &mut again)
                 {
                     let _ = lease.release().await;
@@ -101,7 +101,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         // Someone else leads: wait for its notice, polling as a safety net.
         let mut watch = l2.watch(&keys).await;
         loop {
-            probe = match l2.probe(&keys, app.l1.generation_stamp()).await {
+            probe = match read(fill, l2, &keys).await {
                 Ok(p) => p,
                 Err(e) => return local(fill, &e.to_string()).await,
             };
@@ -133,6 +133,22 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             return lock_timeout(fill).await;
         }
     }
+}
+
+/// Reads the variant's keys; the entry comes back labelled with its URI and
+/// screened by the purges (bans) in force.
+async fn read(
+    fill: &FillRequest,
+    l2: &L2,
+    keys: &Keys,
+) -> Result<Probe, crate::redis_link::L2Error> {
+    let app = &fill.app;
+    let mut probe = l2.probe(keys, app.l1.generation_stamp()).await?;
+    probe.entry = probe.entry.take().and_then(|e| {
+        let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
+        app.l1.apply_bans(e).map(Arc::unwrap_or_clone)
+    });
+    Ok(probe)
 }
 
 /// True when the probe's entry can answer this fill: usable now, the
@@ -225,12 +241,12 @@ async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse,
         .store(target.as_ref().unwrap_or(keys), entry, generation)
         .await
     {
-        tracing::warn!(key = %fill.primary.readable(), error = %e, "L2 write failed; the entry stays in L1");
+        tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
     }
 }
 
 async fn local(fill: &FillRequest, why: &str) -> Ended {
-    tracing::debug!(key = %fill.primary.readable(), reason = why, "Redis unavailable: coalescing locally");
+    tracing::debug!(key = %fill.primary.loggable(), reason = why, "Redis unavailable: coalescing locally");
     fetch_and_store(fill).await
 }
 

@@ -58,6 +58,8 @@ pub const ALL: &str = "*";
 pub struct Subscriber {
     link: Arc<RedisLink>,
     invalidate_channel: String,
+    /// The hash of bans (purges) in force, replayed on every (re)connect.
+    bans_key: String,
     on_invalidate: OnInvalidate,
     channels: Mutex<HashMap<String, Channel>>,
     sink: Mutex<Option<PubSubSink>>,
@@ -67,11 +69,13 @@ impl Subscriber {
     pub fn start(
         link: Arc<RedisLink>,
         invalidate_channel: String,
+        bans_key: String,
         on_invalidate: OnInvalidate,
     ) -> Arc<Self> {
         let sub = Arc::new(Subscriber {
             link,
             invalidate_channel,
+            bans_key,
             on_invalidate,
             channels: Mutex::new(HashMap::new()),
             sink: Mutex::new(None),
@@ -132,6 +136,17 @@ impl Subscriber {
                 (self.on_invalidate)(ALL);
             }
             was_connected = true;
+            // Bans issued while this instance was away (or before it
+            // started) still apply to what L2 holds.
+            if let Ok(bans) = self
+                .link
+                .query::<Vec<String>>(redis::cmd("HKEYS").arg(&self.bans_key))
+                .await
+            {
+                for b in bans {
+                    (self.on_invalidate)(&b);
+                }
+            }
             while let Some(msg) = stream.next().await {
                 let channel = msg.get_channel_name().to_owned();
                 let Ok(payload) = msg.get_payload::<String>() else {

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     /// After SIGTERM, how long `/lb-health` answers 503 while corral still
     /// serves, so load balancers stop sending before the listener closes.
     pub drain_period: Duration,
+    /// Bearer token of the purge API; `CORRAL_PURGE_TOKEN` is used when
+    /// this is absent. Neither set: purging is refused.
+    pub purge_token: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +74,7 @@ impl Default for ServerConfig {
             max_header_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             drain_period: Duration::from_secs(5),
+            purge_token: None,
         }
     }
 }

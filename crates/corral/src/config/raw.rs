@@ -29,6 +29,7 @@ pub struct RawServer {
     pub max_header_size: Option<Text>,
     pub shutdown_grace: Option<Text>,
     pub drain_period: Option<Text>,
+    pub purge_token: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

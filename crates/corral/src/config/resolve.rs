@@ -185,7 +185,22 @@ impl Resolver<'_> {
             "server.drain_period",
             defaults.drain_period,
         )?;
+        let purge_token = match raw.purge_token.as_ref() {
+            None => None,
+            Some(t) => {
+                let token = t.value.trim();
+                if token.len() < 16 {
+                    return Err(self.error(
+                        &t.referenced,
+                        "server.purge_token",
+                        "must be at least 16 characters: it guards cache purges",
+                    ));
+                }
+                Some(token.to_owned())
+            }
+        };
         Ok(ServerConfig {
+            purge_token,
             header_read_timeout: header_read_timeout.value,
             max_header_size: max_header_size.value,
             shutdown_grace: shutdown_grace.value,

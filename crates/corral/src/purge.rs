@@ -1,0 +1,226 @@
+//! The purge API on the admin listener, behind a bearer token:
+//! `POST /purge?url=URL`, `?prefix=URL-PREFIX`, `?tag=TAG`, each with
+//! `&soft=true` to mark entries stale (stale-while-revalidate then serves
+//! them while one refresh runs) instead of removing them. With Redis, a
+//! purge reaches every instance: hard URL purges delete the L2 entries,
+//! prefix / tag / soft purges become bans stored in Redis and broadcast.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use corral_core::{Ban, BanTarget, UriKey};
+use serde::Deserialize;
+
+use crate::admin::AdminState;
+use crate::app::App;
+
+#[derive(Debug, Deserialize)]
+pub struct PurgeQuery {
+    url: Option<String>,
+    prefix: Option<String>,
+    tag: Option<String>,
+    #[serde(default)]
+    soft: bool,
+}
+
+/// `POST /purge`.
+pub async fn handle(
+    State(s): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Query(q): Query<PurgeQuery>,
+) -> impl IntoResponse {
+    let Some(expected) = s.purge_token.as_deref() else {
+        return reply(
+            StatusCode::FORBIDDEN,
+            "purging is disabled: set server.purge_token or CORRAL_PURGE_TOKEN",
+        );
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+        return reply(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let app = &s.app;
+    let scope = if app.l2.is_some() {
+        "cluster"
+    } else {
+        "instance"
+    };
+    let mode = if q.soft { "soft" } else { "hard" };
+    let result = match (&q.url, &q.prefix, &q.tag) {
+        (Some(url), None, None) => purge_url(app, url, q.soft).await,
+        (None, Some(prefix), None) => match uri_prefix(prefix) {
+            Some(p) => {
+                ban(app, BanTarget::Prefix(p.clone()), q.soft).await;
+                Ok(p)
+            }
+            None => Err("prefix must be a URL (http://host/path) or host/path"),
+        },
+        (None, None, Some(tag)) if !tag.trim().is_empty() && !tag.contains(['\t', '\n']) => {
+            ban(app, BanTarget::Tag(tag.trim().to_owned()), q.soft).await;
+            Ok(tag.trim().to_owned())
+        }
+        _ => Err("give exactly one of url, prefix or tag"),
+    };
+    match result {
+        Ok(what) => {
+            tracing::info!(what = %what, mode, scope, "purged");
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                format!(
+                    "{{\"purged\":\"{}\",\"mode\":\"{mode}\",\"scope\":\"{scope}\"}}\n",
+                    what.replace('\\', "\\\\").replace('"', "\\\"")
+                ),
+            )
+        }
+        Err(why) => reply(StatusCode::BAD_REQUEST, why),
+    }
+}
+
+fn reply(
+    status: StatusCode,
+    message: &str,
+) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{{\"error\":\"{message}\"}}\n"),
+    )
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `http://Host:port/path?q` or `host/path` → the URI key form `host/path?q`.
+fn uri_prefix(s: &str) -> Option<String> {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .unwrap_or(s);
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return None;
+    }
+    let host = UriKey::new(authority, "", None, &corral_core::QueryFilter::default());
+    Some(format!("{}{path}", host.readable()))
+}
+
+async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'static str> {
+    let uri: http::Uri = url.parse().map_err(|_| "url is not a valid URL")?;
+    let host = uri
+        .authority()
+        .map(|a| a.as_str())
+        .ok_or("url must be absolute: http://host/path")?;
+    let routes = app.routes();
+    let route = routes
+        .find(&host.to_ascii_lowercase(), uri.path())
+        .ok_or("no route serves this url")?;
+    let key = UriKey::new(host, uri.path(), uri.query(), &route.query_filter);
+    let readable = key.readable().to_owned();
+    if soft {
+        ban(app, BanTarget::Uri(readable.clone()), true).await;
+    } else {
+        crate::proxy::invalidate_everywhere(app, &route.name, key).await;
+    }
+    Ok(readable)
+}
+
+/// Adds a ban here and, with Redis, records and broadcasts it.
+async fn ban(app: &Arc<App>, target: BanTarget, soft: bool) {
+    let ban = Ban {
+        target,
+        at: SystemTime::now(),
+        soft,
+    };
+    app.l1.bans.add(ban.clone());
+    if let Some(l2) = &app.l2
+        && let Err(e) = l2.publish_ban(&ban).await
+    {
+        tracing::warn!(error = %e, "the purge could not reach the other instances; they keep their copies until expiry");
+    }
+}
+
+/// The wire form of a ban: `ban\t<soft 0|1>\t<unix ms>\t<p|t|u>\t<value>`.
+pub fn encode_ban(b: &Ban) -> String {
+    let (kind, value) = match &b.target {
+        BanTarget::Prefix(v) => ("p", v),
+        BanTarget::Tag(v) => ("t", v),
+        BanTarget::Uri(v) => ("u", v),
+    };
+    let ms = b.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("ban\t{}\t{ms}\t{kind}\t{value}", u8::from(b.soft))
+}
+
+pub fn decode_ban(s: &str) -> Option<Ban> {
+    let mut parts = s.splitn(5, '\t');
+    if parts.next()? != "ban" {
+        return None;
+    }
+    let soft = match parts.next()? {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
+    let ms: u64 = parts.next()?.parse().ok()?;
+    let kind = parts.next()?;
+    let value = parts.next()?.to_owned();
+    let target = match kind {
+        "p" => BanTarget::Prefix(value),
+        "t" => BanTarget::Tag(value),
+        "u" => BanTarget::Uri(value),
+        _ => return None,
+    };
+    Some(Ban {
+        target,
+        at: UNIX_EPOCH.checked_add(Duration::from_millis(ms))?,
+        soft,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bans_round_trip_on_the_wire() {
+        let b = Ban {
+            target: BanTarget::Prefix("h/v1/".into()),
+            at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            soft: true,
+        };
+        assert_eq!(decode_ban(&encode_ban(&b)), Some(b));
+        assert_eq!(decode_ban("ban\t2\t1\tp\tx"), None);
+        assert_eq!(decode_ban("0123abcd"), None);
+    }
+
+    #[test]
+    fn prefixes_normalize_like_keys() {
+        assert_eq!(
+            uri_prefix("http://API.example.com:8080/v1/").as_deref(),
+            Some("api.example.com/v1/")
+        );
+        assert_eq!(
+            uri_prefix("api.example.com/v1").as_deref(),
+            Some("api.example.com/v1")
+        );
+        assert_eq!(uri_prefix("/v1"), None);
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}
