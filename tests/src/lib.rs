@@ -29,3 +29,5 @@ pub use raw::{RawAnswer, exchange};
 pub use redis_server::Redis;
 pub use reply::Reply;
 pub use wait::{DEADLINE, eventually};
+pub mod lifecycle;
+pub use lifecycle::{Exit, Signal};

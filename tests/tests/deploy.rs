@@ -1,0 +1,1416 @@
+//! deploy/: the Dockerfile, compose file, Kubernetes manifests and systemd
+//! unit, checked as far as a machine without a Docker engine, a cluster or
+//! systemd as init can: every YAML file parses, every corral config deploy/
+//! ships or mounts passes `corral check`, the manifests agree with the config
+//! they mount, the image's health probe works against a real corral, and the
+//! unit carries its hardening (and passes `systemd-analyze verify` when the
+//! tool is installed).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use corral_tests::paths::{corral_bin, workspace_root};
+use corral_tests::ports::free_addr;
+use corral_tests::temp::TempDir;
+use corral_tests::{Config, DEADLINE, Origin, Proxy, Reply, corral_check_file};
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, IgnoredAny};
+
+// ---------------------------------------------------------------------------
+// Files
+
+fn deploy_dir() -> PathBuf {
+    workspace_root().join("deploy")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Every file under `dir`, recursively, sorted.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(d) = pending.pop() {
+        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("list {}: {e}", d.display()));
+        for entry in entries {
+            let path = entry.expect("read a directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn yaml_files() -> Vec<PathBuf> {
+    files_under(&deploy_dir())
+        .into_iter()
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+        })
+        .collect()
+}
+
+fn corral_configs() -> Vec<PathBuf> {
+    let configs: Vec<PathBuf> = files_under(&deploy_dir().join("config"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    assert!(
+        configs.len() >= 2,
+        "expected the image default and the compose config under deploy/config, found {configs:?}"
+    );
+    configs
+}
+
+/// The documents of a multi-document YAML stream: split on `---` lines.
+fn documents(text: &str) -> Vec<String> {
+    let mut docs = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            docs.push(String::new());
+        } else if let Some(doc) = docs.last_mut() {
+            doc.push_str(line);
+            doc.push('\n');
+        }
+    }
+    // A document made only of comments and blank lines is no document.
+    docs.into_iter()
+        .filter(|d| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        })
+        .collect()
+}
+
+fn parse<T: DeserializeOwned>(what: &str, yaml: &str) -> T {
+    serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{what} does not parse: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// Quantities
+
+/// `250ms`, `5s`, `2m`, `1h` (the subset of corral's durations deploy/ uses).
+fn seconds(text: &str) -> f64 {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        panic!("`{text}` is not a duration this test reads")
+    };
+    let n: f64 = number
+        .parse()
+        .unwrap_or_else(|e| panic!("`{text}` is not a duration: {e}"));
+    n * scale
+}
+
+/// Bytes of a corral size (`256MiB`) or a Kubernetes quantity (`512Mi`).
+fn bytes(text: &str) -> u64 {
+    let text = text.trim();
+    let units: [(&str, u64); 10] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+        ("B", 1),
+    ];
+    let (number, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|n| (n, *scale)))
+        .unwrap_or((text, 1));
+    let n: u64 = number
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("`{text}` is not a size: {e}"));
+    n * scale
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("`{addr}` has no port"))
+}
+
+/// The host of an `scheme://host[:port][/path]` URL.
+fn url_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    authority.split(':').next().unwrap_or(authority)
+}
+
+// ---------------------------------------------------------------------------
+// The corral config, as far as deploy/ depends on it
+
+#[derive(Debug, Deserialize)]
+struct CorralConfig {
+    listen: String,
+    admin: String,
+    #[serde(default)]
+    server: ServerSection,
+    cache: CacheSection,
+    redis: Option<RedisSection>,
+    routes: Vec<RouteSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ServerSection {
+    shutdown_grace: Option<String>,
+    drain_period: Option<String>,
+}
+
+impl ServerSection {
+    /// The longest a SIGTERM'd corral runs: drain period plus shutdown grace,
+    /// with corral's defaults (5s, 30s) for the fields left out.
+    fn stop_seconds(&self) -> f64 {
+        self.drain_period.as_deref().map_or(5.0, seconds)
+            + self.shutdown_grace.as_deref().map_or(30.0, seconds)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct CacheSection {
+    memory: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct RedisSection {
+    url: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct RouteSection {
+    upstream: String,
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes, as far as the tests look
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Head {
+    api_version: String,
+    kind: String,
+    metadata: Metadata,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConfigMap {
+    metadata: Metadata,
+    data: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Deployment {
+    metadata: Metadata,
+    spec: DeploymentSpec,
+}
+
+#[derive(Debug, Deserialize)]
+struct DeploymentSpec {
+    replicas: u32,
+    selector: Selector,
+    template: PodTemplate,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Selector {
+    match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PodTemplate {
+    metadata: Metadata,
+    spec: PodSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpec {
+    termination_grace_period_seconds: Option<u64>,
+    security_context: Option<SecurityContext>,
+    containers: Vec<Container>,
+    #[serde(default)]
+    volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SecurityContext {
+    run_as_non_root: Option<bool>,
+    run_as_user: Option<u32>,
+    read_only_root_filesystem: Option<bool>,
+    allow_privilege_escalation: Option<bool>,
+    capabilities: Option<Capabilities>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Capabilities {
+    #[serde(default)]
+    drop: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Container {
+    name: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    ports: Vec<ContainerPort>,
+    readiness_probe: Option<Probe>,
+    liveness_probe: Option<Probe>,
+    lifecycle: Option<Lifecycle>,
+    resources: Option<Resources>,
+    security_context: Option<SecurityContext>,
+    #[serde(default)]
+    volume_mounts: Vec<VolumeMount>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerPort {
+    name: Option<String>,
+    container_port: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Probe {
+    http_get: Option<HttpGet>,
+}
+
+#[derive(Debug, Deserialize)]
+struct HttpGet {
+    path: String,
+    port: IntOrString,
+}
+
+/// A Kubernetes int-or-string (a port number or a port name, a count or a
+/// percentage).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+enum IntOrString {
+    Int(u32),
+    String(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Lifecycle {
+    pre_stop: Option<LifecycleHandler>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LifecycleHandler {
+    exec: Option<ExecAction>,
+    sleep: Option<SleepAction>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecAction {
+    command: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SleepAction {
+    seconds: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Resources {
+    #[serde(default)]
+    requests: BTreeMap<String, String>,
+    #[serde(default)]
+    limits: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VolumeMount {
+    name: String,
+    mount_path: String,
+    sub_path: Option<String>,
+    read_only: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Volume {
+    name: String,
+    config_map: Option<ConfigMapVolume>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConfigMapVolume {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Service {
+    metadata: Metadata,
+    spec: ServiceSpec,
+}
+
+#[derive(Debug, Deserialize)]
+struct ServiceSpec {
+    selector: BTreeMap<String, String>,
+    ports: Vec<ServicePort>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ServicePort {
+    name: Option<String>,
+    port: u16,
+    target_port: Option<IntOrString>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PodDisruptionBudget {
+    spec: PdbSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PdbSpec {
+    min_available: Option<IntOrString>,
+    selector: Selector,
+}
+
+/// Every document of every file under deploy/kubernetes, with its file.
+fn kubernetes_documents() -> Vec<(PathBuf, Head, String)> {
+    let dir = deploy_dir().join("kubernetes");
+    let mut out = Vec::new();
+    for path in files_under(&dir) {
+        let text = read(&path);
+        for (i, doc) in documents(&text).into_iter().enumerate() {
+            let what = format!("{} document {}", path.display(), i + 1);
+            let head: Head = parse(&what, &doc);
+            out.push((path.clone(), head, doc));
+        }
+    }
+    assert!(!out.is_empty(), "no manifests under {}", dir.display());
+    out
+}
+
+fn the_one<T: DeserializeOwned>(kind: &str, name: &str) -> T {
+    let matches: Vec<String> = kubernetes_documents()
+        .into_iter()
+        .filter(|(_, h, _)| h.kind == kind && h.metadata.name == name)
+        .map(|(_, _, doc)| doc)
+        .collect();
+    assert_eq!(
+        matches.len(),
+        1,
+        "expected exactly one {kind} named {name} under deploy/kubernetes"
+    );
+    parse(&format!("{kind} {name}"), &matches[0])
+}
+
+/// The corral Deployment, its ConfigMap and the config the ConfigMap holds.
+struct CorralPods {
+    deployment: Deployment,
+    config_map: ConfigMap,
+    /// The `--config` path the container is started with.
+    config_path: String,
+    config: CorralConfig,
+}
+
+impl CorralPods {
+    fn load() -> Self {
+        let deployment: Deployment = the_one("Deployment", "corral");
+        let container = corral_container(&deployment);
+        let config_path = match container.args.as_slice() {
+            [serve, flag, path] if serve == "serve" && flag == "--config" => path.clone(),
+            other => panic!("the corral container's args are not `serve --config FILE`: {other:?}"),
+        };
+        let volume = config_map_volume(&deployment);
+        let config_map: ConfigMap = the_one("ConfigMap", &volume);
+        let key = Path::new(&config_path)
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or_else(|| panic!("--config {config_path} has no file name"));
+        let text = config_map.data.get(key).unwrap_or_else(|| {
+            panic!(
+                "ConfigMap {} has no key {key} (the file --config names); keys: {:?}",
+                config_map.metadata.name,
+                config_map.data.keys().collect::<Vec<_>>()
+            )
+        });
+        let config: CorralConfig = parse("the config in the ConfigMap", text);
+        Self {
+            deployment,
+            config_map,
+            config_path,
+            config,
+        }
+    }
+
+    fn container(&self) -> &Container {
+        corral_container(&self.deployment)
+    }
+
+    fn template(&self) -> &PodTemplate {
+        &self.deployment.spec.template
+    }
+
+    /// The containerPort a probe or Service port reference resolves to.
+    fn resolve(&self, port: &IntOrString) -> u16 {
+        match port {
+            IntOrString::Int(n) => u16::try_from(*n).expect("a port fits in u16"),
+            IntOrString::String(name) => self
+                .container()
+                .ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .map(|p| p.container_port)
+                .unwrap_or_else(|| panic!("the corral container has no port named {name}")),
+        }
+    }
+}
+
+fn corral_container(deployment: &Deployment) -> &Container {
+    let containers = &deployment.spec.template.spec.containers;
+    containers
+        .iter()
+        .find(|c| c.name == "corral")
+        .unwrap_or_else(|| panic!("no container named corral in {containers:?}"))
+}
+
+/// The name of the ConfigMap mounted by the corral Deployment.
+fn config_map_volume(deployment: &Deployment) -> String {
+    let volumes: Vec<&Volume> = deployment
+        .spec
+        .template
+        .spec
+        .volumes
+        .iter()
+        .filter(|v| v.config_map.is_some())
+        .collect();
+    assert_eq!(
+        volumes.len(),
+        1,
+        "expected one ConfigMap volume: {volumes:?}"
+    );
+    volumes[0]
+        .config_map
+        .as_ref()
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Compose, as far as the tests look
+
+#[derive(Debug, Deserialize)]
+struct Compose {
+    services: BTreeMap<String, ComposeService>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ComposeService {
+    image: Option<String>,
+    build: Option<ComposeBuild>,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    volumes: Vec<String>,
+    healthcheck: Option<ComposeHealthcheck>,
+    #[serde(default)]
+    depends_on: BTreeMap<String, ComposeDependency>,
+    stop_grace_period: Option<String>,
+    read_only: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ComposeBuild {
+    context: String,
+    dockerfile: String,
+    target: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ComposeHealthcheck {
+    test: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ComposeDependency {
+    condition: String,
+}
+
+fn compose() -> Compose {
+    let path = deploy_dir().join("compose.yaml");
+    parse(&path.display().to_string(), &read(&path))
+}
+
+/// The compose services that run `corral serve`.
+fn corral_services(compose: &Compose) -> Vec<(&String, &ComposeService)> {
+    compose
+        .services
+        .iter()
+        .filter(|(_, s)| s.command.first().is_some_and(|c| c == "serve"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// (a) Every YAML file parses
+
+#[test]
+fn the_yaml_check_refuses_broken_yaml() {
+    // The generic check below must be able to fail.
+    for broken in [
+        "a: [1, 2\n",
+        "a: 'unterminated\n",
+        "a:\n  b: 1\n c: 2\n",
+        "a: 1\na: 2\n",
+    ] {
+        assert!(
+            serde_saphyr::from_multiple::<IgnoredAny>(broken).is_err(),
+            "broken YAML accepted: {broken:?}"
+        );
+    }
+}
+
+#[test]
+fn every_yaml_file_under_deploy_parses() {
+    let files = yaml_files();
+    for expected in [
+        "compose.yaml",
+        "config/corral.yaml",
+        "config/corral-compose.yaml",
+        "kubernetes/configmap.yaml",
+        "kubernetes/deployment.yaml",
+        "kubernetes/service.yaml",
+        "kubernetes/pdb.yaml",
+        "kubernetes/redis.yaml",
+    ] {
+        assert!(
+            files.contains(&deploy_dir().join(expected)),
+            "deploy/{expected} is missing; found {files:?}"
+        );
+    }
+    for path in &files {
+        let text = read(path);
+        let docs = serde_saphyr::from_multiple::<IgnoredAny>(&text)
+            .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
+        assert!(
+            !docs.is_empty(),
+            "{} holds no YAML document",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn every_kubernetes_document_names_its_kind_and_has_no_namespace() {
+    let docs = kubernetes_documents();
+    let mut kinds: Vec<(String, String)> = Vec::new();
+    for (path, head, _) in &docs {
+        let at = path.display();
+        assert!(
+            !head.api_version.is_empty(),
+            "{at}: a document without apiVersion"
+        );
+        assert!(!head.kind.is_empty(), "{at}: a document without kind");
+        assert!(
+            !head.metadata.name.is_empty(),
+            "{at}: {} without metadata.name",
+            head.kind
+        );
+        // Namespace-free: `kubectl apply -n NS` places them.
+        assert_eq!(
+            head.metadata.namespace, None,
+            "{at}: {} {} pins a namespace",
+            head.kind, head.metadata.name
+        );
+        let key = (head.kind.clone(), head.metadata.name.clone());
+        assert!(!kinds.contains(&key), "{at}: {key:?} defined twice");
+        kinds.push(key);
+    }
+    for (kind, api) in [
+        ("ConfigMap", "v1"),
+        ("Deployment", "apps/v1"),
+        ("Service", "v1"),
+        ("PodDisruptionBudget", "policy/v1"),
+    ] {
+        assert!(
+            docs.iter()
+                .any(|(_, h, _)| h.kind == kind && h.api_version == api),
+            "no {api} {kind} under deploy/kubernetes"
+        );
+    }
+}
+
+#[test]
+fn the_compose_file_runs_valkey_three_instances_the_origin_and_a_bounded_load() {
+    let compose = compose();
+    let services = &compose.services;
+    let redis = services.get("redis").expect("a `redis` service");
+    let image = redis.image.as_deref().unwrap_or_default();
+    assert!(
+        image.starts_with("valkey/valkey:") || image.starts_with("redis:"),
+        "redis uses an official Valkey or Redis image, not {image}"
+    );
+    assert!(redis.healthcheck.is_some(), "redis has a healthcheck");
+
+    let corrals = corral_services(&compose);
+    assert_eq!(
+        corrals.len(),
+        3,
+        "three corral instances: {:?}",
+        corrals.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let compose_config = deploy_dir().join("config").join("corral-compose.yaml");
+    let config: CorralConfig = parse("corral-compose.yaml", &read(&compose_config));
+    for (name, service) in &corrals {
+        // The config is mounted as a directory and --config names a file in it.
+        let config_path = match service.command.as_slice() {
+            [_, flag, path] if flag == "--config" => path.as_str(),
+            other => panic!("{name}: command is not `serve --config FILE`: {other:?}"),
+        };
+        let (mount_dir, file) = config_path
+            .rsplit_once('/')
+            .unwrap_or_else(|| panic!("{name}: --config {config_path} is not absolute"));
+        let mounted = service
+            .volumes
+            .iter()
+            .find_map(|v| {
+                let mut parts = v.split(':');
+                let host = parts.next()?;
+                let container = parts.next()?;
+                (container == mount_dir).then_some(host)
+            })
+            .unwrap_or_else(|| panic!("{name}: nothing mounted at {mount_dir}"));
+        assert_eq!(
+            deploy_dir().join(mounted).join(file),
+            compose_config,
+            "{name} runs the shared compose config"
+        );
+        let image = service.image.as_deref().unwrap_or_default();
+        assert!(!image.is_empty(), "{name} names its image");
+        let test = &service
+            .healthcheck
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name} has no healthcheck"))
+            .test;
+        let admin_port = port_of(&config.admin);
+        assert!(
+            test.iter().any(|t| t.ends_with(&format!(":{admin_port}")))
+                && test.iter().any(|t| t == "/readyz"),
+            "{name}: healthcheck probes /readyz on the admin port {admin_port}: {test:?}"
+        );
+        assert_eq!(service.read_only, Some(true), "{name}: read-only rootfs");
+        for dependency in ["redis", "origin"] {
+            let condition = service
+                .depends_on
+                .iter()
+                .find(|(d, _)| d.starts_with(dependency))
+                .map(|(_, c)| c.condition.as_str());
+            assert_eq!(
+                condition,
+                Some("service_healthy"),
+                "{name} waits for a healthy {dependency}"
+            );
+        }
+        let grace = service.stop_grace_period.as_deref().unwrap_or_else(|| {
+            panic!("{name}: no stop_grace_period (docker's 10s default is shorter than the drain)")
+        });
+        assert!(
+            seconds(grace) > config.server.stop_seconds(),
+            "{name}: stop_grace_period {grace} must exceed drain + shutdown_grace ({}s)",
+            config.server.stop_seconds()
+        );
+    }
+
+    // Redis and every upstream are reached by compose service name.
+    let redis_host = config.redis.as_ref().map(|r| url_host(&r.url));
+    assert_eq!(
+        redis_host,
+        Some("redis"),
+        "the compose config uses redis://redis"
+    );
+    for route in &config.routes {
+        let host = url_host(&route.upstream);
+        assert!(
+            services.contains_key(host),
+            "upstream {} names no compose service",
+            route.upstream
+        );
+    }
+    assert!(services.contains_key("origin"), "a demo origin service");
+
+    let load = services.get("load").expect("a `load` service");
+    let z = load.command.iter().position(|a| a == "-z");
+    let duration = z.and_then(|i| load.command.get(i + 1));
+    assert!(
+        duration.is_some_and(|d| seconds(d) <= 300.0),
+        "the load is bounded with -z: {:?}",
+        load.command
+    );
+    let target = load.command.last().map(String::as_str).unwrap_or_default();
+    assert!(
+        corrals.iter().any(|(n, _)| url_host(target) == n.as_str()),
+        "the load targets one corral instance: {target}"
+    );
+    assert_eq!(
+        load.depends_on
+            .values()
+            .next()
+            .map(|c| c.condition.as_str()),
+        Some("service_healthy"),
+        "the load waits for a healthy corral"
+    );
+
+    // Every image built here comes from deploy/Dockerfile and a stage it has.
+    let dockerfile = read(&deploy_dir().join("Dockerfile"));
+    for (name, service) in services {
+        if let Some(build) = &service.build {
+            assert_eq!(
+                deploy_dir().join(&build.context).join(&build.dockerfile),
+                deploy_dir().join("..").join("deploy/Dockerfile"),
+                "{name} builds deploy/Dockerfile with the repository root as context"
+            );
+            let target = build.target.as_deref().unwrap_or("runtime");
+            assert!(
+                dockerfile
+                    .lines()
+                    .any(|l| l.starts_with("FROM ") && l.ends_with(&format!(" AS {target}"))),
+                "{name}: deploy/Dockerfile has no stage {target}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (b) corral check passes on every config deploy/ ships or mounts
+
+#[tokio::test]
+async fn corral_check_accepts_every_config_under_deploy_config() {
+    for path in corral_configs() {
+        let outcome = corral_check_file(&path).await;
+        assert!(
+            outcome.status.success(),
+            "corral check {} failed ({}):\n{}",
+            path.display(),
+            outcome.status,
+            outcome.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn corral_check_accepts_the_config_in_the_kubernetes_configmap() {
+    let pods = CorralPods::load();
+    let scratch = TempDir::new("deploy-configmap").expect("create a scratch dir");
+    assert!(
+        !pods.config_map.data.is_empty(),
+        "the ConfigMap holds no file"
+    );
+    for (key, text) in &pods.config_map.data {
+        let path = scratch.path().join(key);
+        std::fs::write(&path, text).expect("write the ConfigMap's file");
+        let outcome = corral_check_file(&path).await;
+        assert!(
+            outcome.status.success(),
+            "corral check on ConfigMap key {key} failed ({}):\n{}",
+            outcome.status,
+            outcome.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn corral_check_refuses_a_broken_deploy_config() {
+    // The check above must be able to fail: the compose config with its admin
+    // listener on the client port is refused.
+    let text = read(&deploy_dir().join("config").join("corral-compose.yaml"));
+    let broken = text.replace("admin: 0.0.0.0:9080", "admin: 0.0.0.0:8080");
+    assert_ne!(broken, text, "the compose config's admin line moved");
+    let scratch = TempDir::new("deploy-broken").expect("create a scratch dir");
+    let path = scratch.path().join("corral.yaml");
+    std::fs::write(&path, broken).expect("write the broken config");
+    let outcome = corral_check_file(&path).await;
+    assert_eq!(
+        outcome.status.code(),
+        Some(2),
+        "corral check accepted a config whose admin shares the client port"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (c) The Kubernetes manifests agree with the config they mount
+
+#[test]
+fn deployment_probes_hit_readyz_and_healthz_on_the_admin_port() {
+    let pods = CorralPods::load();
+    let container = pods.container();
+    let admin = port_of(&pods.config.admin);
+    let listen = port_of(&pods.config.listen);
+
+    let ports: Vec<u16> = container.ports.iter().map(|p| p.container_port).collect();
+    assert!(
+        ports.contains(&listen),
+        "containerPorts {ports:?} lack listen port {listen}"
+    );
+    assert!(
+        ports.contains(&admin),
+        "containerPorts {ports:?} lack admin port {admin}"
+    );
+
+    for (which, probe, path) in [
+        ("readiness", &container.readiness_probe, "/readyz"),
+        ("liveness", &container.liveness_probe, "/healthz"),
+    ] {
+        let get = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("no {which} httpGet probe"));
+        assert_eq!(get.path, path, "{which} probe path");
+        assert_eq!(
+            pods.resolve(&get.port),
+            admin,
+            "{which} probe must hit the admin port {admin}"
+        );
+    }
+}
+
+#[test]
+fn deployment_runs_three_replicas_and_drains_before_it_is_killed() {
+    let pods = CorralPods::load();
+    assert_eq!(pods.deployment.spec.replicas, 3, "replicas");
+    let pod = &pods.template().spec;
+    let pre_stop = pods
+        .container()
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .expect("a preStop hook, so endpoints drop the pod before SIGTERM");
+    let pre_stop_seconds = match (&pre_stop.exec, &pre_stop.sleep) {
+        (Some(exec), _) => match exec.command.as_slice() {
+            [sleep, n] if sleep == "sleep" || sleep.ends_with("/sleep") => {
+                n.parse::<f64>().expect("preStop sleep seconds")
+            }
+            other => panic!("preStop exec is not `sleep N`: {other:?}"),
+        },
+        (None, Some(sleep)) => sleep.seconds as f64,
+        (None, None) => panic!("preStop neither execs sleep nor uses the sleep action"),
+    };
+    assert!(
+        pre_stop_seconds >= 5.0,
+        "preStop sleeps {pre_stop_seconds}s"
+    );
+    let grace = pod
+        .termination_grace_period_seconds
+        .expect("terminationGracePeriodSeconds (30s default is too short)") as f64;
+    let needed = pre_stop_seconds + pods.config.server.stop_seconds();
+    assert!(
+        grace > needed,
+        "terminationGracePeriodSeconds {grace} must exceed preStop + drain + shutdown_grace = {needed}"
+    );
+}
+
+#[test]
+fn deployment_mounts_the_configmap_as_a_directory_for_hot_reload() {
+    let pods = CorralPods::load();
+    let container = pods.container();
+    let volume = pods
+        .template()
+        .spec
+        .volumes
+        .iter()
+        .find(|v| v.config_map.is_some())
+        .expect("a ConfigMap volume");
+    let mount = container
+        .volume_mounts
+        .iter()
+        .find(|m| m.name == volume.name)
+        .expect("the ConfigMap volume is mounted in the corral container");
+    assert_eq!(
+        mount.sub_path, None,
+        "a subPath mount never sees ConfigMap updates"
+    );
+    assert_eq!(mount.read_only, Some(true), "the config mount is read-only");
+    assert_eq!(
+        Path::new(&pods.config_path).parent(),
+        Some(Path::new(&mount.mount_path)),
+        "--config {} lies directly in the mounted directory {}",
+        pods.config_path,
+        mount.mount_path
+    );
+}
+
+#[test]
+fn deployment_runs_non_root_on_a_read_only_root_with_bounded_memory() {
+    let pods = CorralPods::load();
+    let pod_sc = pods.template().spec.security_context.as_ref();
+    let sc = pods
+        .container()
+        .security_context
+        .as_ref()
+        .expect("a container securityContext");
+    let non_root = sc
+        .run_as_non_root
+        .or(pod_sc.and_then(|p| p.run_as_non_root));
+    assert_eq!(non_root, Some(true), "runAsNonRoot");
+    let uid = sc.run_as_user.or(pod_sc.and_then(|p| p.run_as_user));
+    assert!(uid.is_some_and(|u| u != 0), "a non-zero runAsUser: {uid:?}");
+    assert_eq!(
+        sc.read_only_root_filesystem,
+        Some(true),
+        "readOnlyRootFilesystem"
+    );
+    assert_eq!(
+        sc.allow_privilege_escalation,
+        Some(false),
+        "allowPrivilegeEscalation"
+    );
+    let dropped = sc.capabilities.as_ref().map(|c| c.drop.clone());
+    assert_eq!(
+        dropped,
+        Some(vec!["ALL".to_owned()]),
+        "capabilities dropped"
+    );
+
+    let resources = pods.container().resources.as_ref().expect("resources");
+    assert!(resources.requests.contains_key("cpu"), "a CPU request");
+    let limit = resources.limits.get("memory").expect("a memory limit");
+    let cache = bytes(&pods.config.cache.memory);
+    assert!(
+        bytes(limit) > cache + cache / 4,
+        "memory limit {limit} leaves too little above cache.memory {}",
+        pods.config.cache.memory
+    );
+}
+
+#[test]
+fn services_and_the_budget_select_the_corral_pods() {
+    let pods = CorralPods::load();
+    let labels = &pods.template().metadata.labels;
+    let selected = |selector: &BTreeMap<String, String>| {
+        !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    assert!(
+        selected(&pods.deployment.spec.selector.match_labels),
+        "the Deployment selects its own pods"
+    );
+    let listen = port_of(&pods.config.listen);
+    let admin = port_of(&pods.config.admin);
+
+    let services: Vec<Service> = kubernetes_documents()
+        .into_iter()
+        .filter(|(_, h, _)| h.kind == "Service")
+        .map(|(_, h, doc)| parse(&format!("Service {}", h.metadata.name), &doc))
+        .filter(|s: &Service| selected(&s.spec.selector))
+        .collect();
+    let target = |s: &Service| -> Vec<u16> {
+        s.spec
+            .ports
+            .iter()
+            .map(|p| {
+                pods.resolve(
+                    p.target_port
+                        .as_ref()
+                        .unwrap_or(&IntOrString::Int(u32::from(p.port))),
+                )
+            })
+            .collect()
+    };
+    let client = services
+        .iter()
+        .find(|s| target(s).contains(&listen))
+        .expect("a Service in front of the client port");
+    assert!(
+        !target(client).contains(&admin),
+        "the client Service {} must not expose the admin port",
+        client.metadata.name
+    );
+    let metrics = services
+        .iter()
+        .find(|s| target(s).contains(&admin))
+        .expect("a Service for the admin port");
+    let notes = &metrics.metadata.annotations;
+    assert_eq!(
+        notes.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        notes.get("prometheus.io/port"),
+        Some(&admin.to_string()),
+        "prometheus.io/port is the admin port"
+    );
+    assert_eq!(
+        notes.get("prometheus.io/path").map(String::as_str),
+        Some("/metrics")
+    );
+    assert!(
+        metrics.spec.ports.iter().any(|p| p.name.is_some()),
+        "the admin Service port is named"
+    );
+
+    let pdbs: Vec<PodDisruptionBudget> = kubernetes_documents()
+        .into_iter()
+        .filter(|(_, h, _)| h.kind == "PodDisruptionBudget")
+        .map(|(_, _, doc)| parse("PodDisruptionBudget", &doc))
+        .collect();
+    let pdb = pdbs
+        .iter()
+        .find(|p| selected(&p.spec.selector.match_labels))
+        .expect("a PodDisruptionBudget over the corral pods");
+    assert_eq!(
+        pdb.spec.min_available,
+        Some(IntOrString::Int(2)),
+        "minAvailable"
+    );
+}
+
+#[test]
+fn the_kubernetes_redis_is_the_one_the_config_names() {
+    let pods = CorralPods::load();
+    let url = &pods
+        .config
+        .redis
+        .as_ref()
+        .expect("the Kubernetes config uses Redis")
+        .url;
+    let host = url_host(url);
+    let service: Service = the_one("Service", host);
+    assert!(
+        service.spec.ports.iter().any(|p| p.port == 6379),
+        "Service {host} serves port 6379"
+    );
+    let redis: Deployment = kubernetes_documents()
+        .into_iter()
+        .filter(|(_, h, _)| h.kind == "Deployment")
+        .map(|(_, _, doc)| parse::<Deployment>("Deployment", &doc))
+        .find(|d| {
+            service
+                .spec
+                .selector
+                .iter()
+                .all(|(k, v)| d.spec.template.metadata.labels.get(k) == Some(v))
+        })
+        .expect("a Deployment behind the redis Service");
+    assert_eq!(
+        redis.spec.replicas, 1,
+        "a single Redis, documented as not HA"
+    );
+    assert_ne!(redis.metadata.name, "corral");
+}
+
+// ---------------------------------------------------------------------------
+// (d) The systemd unit
+
+fn unit_text() -> String {
+    read(&deploy_dir().join("systemd").join("corral.service"))
+}
+
+/// `Key=value` lines of the unit (comments skipped), in order.
+fn unit_directives(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.starts_with(';') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_systemd_unit_is_hardened() {
+    let directives = unit_directives(&unit_text());
+    let value = |key: &str| -> Vec<&str> {
+        directives
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    for (key, expected) in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("PrivateDevices", "yes"),
+        ("CapabilityBoundingSet", ""),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+        ("SystemCallFilter", "@system-service"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("LimitNOFILE", "65536"),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),
+        ("KillSignal", "SIGTERM"),
+        ("Restart", "on-failure"),
+    ] {
+        assert!(
+            value(key).contains(&expected),
+            "corral.service lacks {key}={expected} (has {:?})",
+            value(key)
+        );
+    }
+    assert!(
+        value("DynamicUser").contains(&"yes") || !value("User").is_empty(),
+        "corral.service runs as DynamicUser or a named user"
+    );
+    assert!(
+        !value("User").contains(&"root"),
+        "corral.service must not run as root"
+    );
+    assert_eq!(
+        value("ExecStart"),
+        vec!["/usr/local/bin/corral serve --config /etc/corral/corral.yaml"],
+        "ExecStart"
+    );
+}
+
+#[test]
+fn the_systemd_stop_timeout_outlasts_the_drain() {
+    let directives = unit_directives(&unit_text());
+    let timeout = directives
+        .iter()
+        .find(|(k, _)| k == "TimeoutStopSec")
+        .map(|(_, v)| v.clone())
+        .expect("TimeoutStopSec (systemd's 90s default hides the intent)");
+    // The unit runs /etc/corral/corral.yaml, installed from config/corral.yaml.
+    let config: CorralConfig = parse(
+        "config/corral.yaml",
+        &read(&workspace_root().join("config").join("corral.yaml")),
+    );
+    let timeout = if timeout.chars().all(|c| c.is_ascii_digit()) {
+        timeout.parse::<f64>().expect("TimeoutStopSec seconds")
+    } else {
+        seconds(&timeout)
+    };
+    assert!(
+        timeout > config.server.stop_seconds(),
+        "TimeoutStopSec {timeout}s must exceed drain + shutdown_grace = {}s",
+        config.server.stop_seconds()
+    );
+}
+
+#[tokio::test]
+async fn systemd_analyze_verifies_the_unit_when_installed() {
+    let Some(analyze) = which("systemd-analyze") else {
+        eprintln!("systemd-analyze is not installed: only the string checks ran");
+        return;
+    };
+    // verify wants ExecStart's binary to exist: point it at the built one.
+    let scratch = TempDir::new("deploy-systemd").expect("create a scratch dir");
+    let unit = scratch.path().join("corral.service");
+    let bin = corral_bin();
+    let text = unit_text().replace("/usr/local/bin/corral", &bin.display().to_string());
+    std::fs::write(&unit, text).expect("write the unit copy");
+    let child = tokio::process::Command::new(analyze)
+        .arg("verify")
+        .arg(&unit)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn systemd-analyze");
+    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("systemd-analyze verify finished")
+        .expect("wait for systemd-analyze");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // verify exits 0 on unknown keys but names them: any line about the unit fails.
+    let complaints: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("corral.service"))
+        .collect();
+    assert!(
+        output.status.success() && complaints.is_empty(),
+        "systemd-analyze verify ({}):\n{stderr}",
+        output.status
+    );
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The Dockerfile and its health probe
+
+#[test]
+fn the_dockerfile_builds_both_binaries_and_runs_corral_unprivileged() {
+    let text = read(&deploy_dir().join("Dockerfile"));
+    assert!(
+        text.contains("rust:1-bookworm"),
+        "the builder is rust:1-bookworm"
+    );
+    assert!(
+        text.contains("cargo build --release --locked -p corral -p corral-bench"),
+        "the builder compiles corral and the demo origin"
+    );
+    // The stages after the last FROM are the runtime image.
+    let runtime = text
+        .rsplit_once("\nFROM ")
+        .map(|(_, r)| r)
+        .expect("a multi-stage Dockerfile");
+    let runtime_base = runtime.split_whitespace().next().unwrap_or_default();
+    assert!(
+        text.contains("debian:bookworm-slim") || text.contains("distroless/cc-debian12"),
+        "runtime base is bookworm-slim or distroless: {runtime_base}"
+    );
+    let user = runtime
+        .lines()
+        .filter_map(|l| l.strip_prefix("USER "))
+        .next_back()
+        .expect("the runtime stage sets USER");
+    assert!(
+        !matches!(user.split(':').next(), Some("root" | "0")),
+        "the runtime user is not root: {user}"
+    );
+    assert!(
+        runtime.contains(r#"ENTRYPOINT ["corral"]"#),
+        "ENTRYPOINT [\"corral\"]"
+    );
+    assert!(
+        runtime.contains(r#"CMD ["serve", "--config", "/etc/corral/corral.yaml"]"#),
+        "CMD serve --config /etc/corral/corral.yaml"
+    );
+    assert!(runtime.contains("HEALTHCHECK"), "a HEALTHCHECK");
+    assert!(
+        runtime.contains("COPY --chmod=0644 deploy/config/corral.yaml /etc/corral/corral.yaml"),
+        "the default config is deploy/config/corral.yaml"
+    );
+
+    // EXPOSE matches the default config's ports.
+    let config: CorralConfig = parse(
+        "deploy/config/corral.yaml",
+        &read(&deploy_dir().join("config").join("corral.yaml")),
+    );
+    let exposed: Vec<u16> = runtime
+        .lines()
+        .filter_map(|l| l.strip_prefix("EXPOSE "))
+        .flat_map(|ports| ports.split_whitespace())
+        .filter_map(|p| p.split('/').next().and_then(|n| n.parse().ok()))
+        .collect();
+    for port in [port_of(&config.listen), port_of(&config.admin)] {
+        assert!(exposed.contains(&port), "EXPOSE {exposed:?} lacks {port}");
+    }
+}
+
+#[test]
+fn every_file_the_dockerfile_copies_is_in_the_build_context() {
+    let text = read(&deploy_dir().join("Dockerfile"));
+    let ignore = read(&deploy_dir().join("Dockerfile.dockerignore"));
+    let allowed: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .collect();
+    assert!(
+        ignore.lines().any(|l| l.trim() == "*"),
+        "the ignore file starts from nothing"
+    );
+    let mut copied = 0;
+    for line in text.lines().filter(|l| l.starts_with("COPY ")) {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        if words.iter().any(|w| w.starts_with("--from=")) {
+            continue;
+        }
+        let paths: Vec<&str> = words.into_iter().filter(|w| !w.starts_with("--")).collect();
+        let Some((_, sources)) = paths.split_last() else {
+            panic!("COPY without a destination: {line}");
+        };
+        for source in sources {
+            if *source == "." {
+                continue;
+            }
+            copied += 1;
+            assert!(
+                workspace_root().join(source).exists(),
+                "COPY {source}: no such file in the repository"
+            );
+            assert!(
+                allowed
+                    .iter()
+                    .any(|a| source.starts_with(a.trim_end_matches('/'))),
+                "COPY {source}: excluded by deploy/Dockerfile.dockerignore"
+            );
+        }
+    }
+    assert!(
+        copied >= 2,
+        "the Dockerfile copies the probe and the config"
+    );
+    // The workspace needs every member's manifest to build.
+    for member in ["Cargo.toml", "Cargo.lock", "crates/", "tests/", "bench/"] {
+        assert!(
+            allowed.contains(&member),
+            "Dockerfile.dockerignore excludes {member}"
+        );
+    }
+}
+
+/// Runs deploy/docker/http-probe against `target` and `path`.
+async fn http_probe(target: &str, path: &str) -> std::process::ExitStatus {
+    let script = deploy_dir().join("docker").join("http-probe");
+    let child = tokio::process::Command::new("bash")
+        .arg(&script)
+        .arg(target)
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn bash http-probe");
+    tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("http-probe finished within 10s")
+        .expect("wait for http-probe")
+        .status
+}
+
+#[tokio::test]
+async fn the_image_health_probe_passes_on_a_healthy_corral_and_fails_otherwise() {
+    let origin = Origin::new().route("/", Reply::ok("hello")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let admin = proxy.admin_addr().to_string();
+
+    let healthy = http_probe(&admin, "/healthz").await;
+    assert!(healthy.success(), "http-probe {admin} /healthz: {healthy}");
+    let missing = http_probe(&admin, "/no-such-endpoint").await;
+    assert!(!missing.success(), "http-probe passed on a 404");
+
+    let closed = free_addr().expect("a free port").to_string();
+    let refused = http_probe(&closed, "/healthz").await;
+    assert!(!refused.success(), "http-probe passed on a closed port");
+}
