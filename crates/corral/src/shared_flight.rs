@@ -65,7 +65,10 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         }
         let generation = probe.generation;
         match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
-            Err(e) => return local(fill, &e.to_string()).await,
+            // A slow Redis may still have granted the lease: fetch here,
+            // and still try to share the answer, so that waiters elsewhere
+            // do not wait out a lease nobody will release.
+            Err(e) => return local_then_share(fill, l2, &keys, generation, &e.to_string()).await,
             Ok(Some(lease)) => {
                 metrics::lease(if waited { "taken_over" } else { "acquired" });
                 // Double-check: the previous leader may have stored it just
@@ -248,6 +251,23 @@ async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse,
 async fn local(fill: &FillRequest, why: &str) -> Ended {
     tracing::debug!(key = %fill.primary.loggable(), reason = why, "Redis unavailable: coalescing locally");
     fetch_and_store(fill).await
+}
+
+/// `local`, then a best-effort L2 write and notice.
+async fn local_then_share(
+    fill: &FillRequest,
+    l2: &L2,
+    keys: &Keys,
+    generation: u64,
+    why: &str,
+) -> Ended {
+    let ended = local(fill, why).await;
+    if let Ended::Outcome(FillOutcome::Stored { entry, .. }) = &ended {
+        let entry = Arc::clone(entry);
+        store(l2, fill, keys, &entry, generation).await;
+        let _ = l2.publish(keys, Notice::Stored).await;
+    }
+    ended
 }
 
 async fn lock_timeout(fill: &FillRequest) -> Ended {
