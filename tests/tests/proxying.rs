@@ -200,3 +200,28 @@ async fn a_slow_upstream_is_answered_504_after_the_response_headers_timeout() {
         "the timeout answered after {elapsed:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served_and_share_the_cache_with_http1_clients() {
+    let origin = Origin::new()
+        .route(
+            "/h2",
+            Reply::ok("over h2c").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("h2c client");
+    let first = h2.get(proxy.url("/h2")).send().await.expect("h2c request");
+    assert_eq!(first.version(), reqwest::Version::HTTP_2);
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.text().await.expect("body"), "over h2c");
+    let again = Client::new().get(&proxy.url("/h2")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(again.text(), "over h2c");
+    assert_eq!(origin.hits("/h2"), 1);
+}
