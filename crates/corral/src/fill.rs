@@ -105,6 +105,19 @@ pub struct FillRequest {
     pub fwd: Forward,
 }
 
+impl FillRequest {
+    /// Where `entry` is stored: keyed to the caller when it is private to
+    /// them, under the Vary values it was produced for.
+    pub fn entry_key(&self, entry: &StoredResponse) -> VariantKey {
+        let identity = if entry.private {
+            self.identity.as_ref()
+        } else {
+            None
+        };
+        self.primary.variant(identity, &entry.vary_values)
+    }
+}
+
 /// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
 /// `leader` is `None` for a background refresh.
 pub async fn run(
@@ -216,79 +229,63 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
         }
     }
 
+    let read_body = |body| {
+        buffer(
+            body,
+            route.policy.max_object_size,
+            deadline,
+            route.upstream.total,
+        )
+    };
     match route
         .policy
         .evaluate(&req_parts, &parts, response_time, &route.identity)
     {
-        Decision::Store { freshness, policy } => {
-            match buffer(
-                body,
-                route.policy.max_object_size,
-                deadline,
-                route.upstream.total,
-            )
-            .await
-            {
-                Buffered::Full(bytes) => {
-                    let vary = Vary::parse(&parts.headers);
-                    let vary_values = vary.values(&ctx.headers);
-                    let private = fill.identity.is_some() && !freshness.shareable;
-                    let entry = Arc::new(
-                        StoredResponse::new(
-                            status,
-                            parts.headers,
-                            bytes,
-                            *policy,
-                            &freshness,
-                            response_time,
-                            started.elapsed(),
-                            vary.clone(),
-                            vary_values,
-                            stamp,
-                            private,
-                        )
-                        .with_uri(fill.primary.uri().readable()),
-                    );
-                    let key = fill.primary.variant(
-                        if private {
-                            fill.identity.as_ref()
-                        } else {
-                            None
-                        },
-                        &entry.vary_values,
-                    );
-                    app.l1.learn_vary(&fill.primary, &vary);
-                    app.l1.clear_pass(&fill.primary.digest());
-                    app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
-                    Ended::Outcome(FillOutcome::Stored {
-                        entry,
-                        fwd: Some(fwd),
-                        fwd_status: Some(status.as_u16()),
-                    })
-                }
-                Buffered::TooLarge(rest) => {
-                    app.l1
-                        .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
-                    Ended::Stream(
-                        PassReason::TooLarge,
-                        pass_response(parts, rest, fwd, PassReason::TooLarge),
+        Decision::Store { freshness, policy } => match read_body(body).await {
+            Buffered::Full(bytes) => {
+                let vary = Vary::parse(&parts.headers);
+                let vary_values = vary.values(&ctx.headers);
+                let private = fill.identity.is_some() && !freshness.shareable;
+                let entry = Arc::new(
+                    StoredResponse::new(
+                        status,
+                        parts.headers,
+                        bytes,
+                        *policy,
+                        &freshness,
+                        response_time,
+                        started.elapsed(),
+                        vary.clone(),
+                        vary_values,
+                        stamp,
+                        private,
                     )
-                }
-                Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+                    .with_uri(fill.primary.uri().readable()),
+                );
+                let key = fill.entry_key(&entry);
+                app.l1.learn_vary(&fill.primary, &vary);
+                app.l1.clear_pass(&fill.primary.digest());
+                app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
+                Ended::Outcome(FillOutcome::Stored {
+                    entry,
+                    fwd: Some(fwd),
+                    fwd_status: Some(status.as_u16()),
+                })
             }
-        }
-        Decision::Pass(reason) if status.is_server_error() => {
+            Buffered::TooLarge(rest) => {
+                app.l1
+                    .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+                Ended::Stream(
+                    PassReason::TooLarge,
+                    pass_response(parts, rest, fwd, PassReason::TooLarge),
+                )
+            }
+            Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+        },
+        Decision::Pass(_) if status.is_server_error() => {
             // An error every waiter shares, not a reason to stop coalescing:
             // the next request tries the origin again.
-            let _ = reason;
-            match buffer(
-                body,
-                route.policy.max_object_size,
-                deadline,
-                route.upstream.total,
-            )
-            .await
-            {
+            match read_body(body).await {
                 Buffered::Full(bytes) => Ended::Outcome(FillOutcome::Shared {
                     response: Arc::new(SharedResponse {
                         status,
@@ -336,15 +333,7 @@ fn revalidated(
         Decision::Store { freshness, policy } => {
             let entry =
                 Arc::new(stale.revalidated(merged, *policy, &freshness, response_time, stamp));
-            let private = entry.private;
-            let key = fill.primary.variant(
-                if private {
-                    fill.identity.as_ref()
-                } else {
-                    None
-                },
-                &entry.vary_values,
-            );
+            let key = fill.entry_key(&entry);
             fill.app
                 .l1
                 .insert(&key, fill.primary.uri(), Arc::clone(&entry));
@@ -357,14 +346,7 @@ fn revalidated(
         Decision::Pass(reason) => {
             // The body is still right for this request, but the origin no
             // longer lets it be stored or shared.
-            let key = fill.primary.variant(
-                if stale.private {
-                    fill.identity.as_ref()
-                } else {
-                    None
-                },
-                &stale.vary_values,
-            );
+            let key = fill.entry_key(stale);
             fill.app.l1.remove(&key);
             fill.app
                 .l1

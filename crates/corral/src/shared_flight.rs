@@ -177,14 +177,7 @@ fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
         return None;
     }
     let entry = Arc::new(probe.entry.take()?);
-    let key: VariantKey = fill.primary.variant(
-        if entry.private {
-            fill.identity.as_ref()
-        } else {
-            None
-        },
-        &entry.vary_values,
-    );
+    let key: VariantKey = fill.entry_key(&entry);
     fill.app.l1.learn_vary(&fill.primary, &entry.vary);
     fill.app
         .l1
@@ -227,14 +220,7 @@ async fn publish_result(
 async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse, generation: u64) {
     // The entry may be stored under another variant than the flight's
     // (a shareable answer to an authenticated request, a new Vary).
-    let stored_key = fill.primary.variant(
-        if entry.private {
-            fill.identity.as_ref()
-        } else {
-            None
-        },
-        &entry.vary_values,
-    );
+    let stored_key = fill.entry_key(entry);
     let target = if stored_key.digest == fill.variant.digest {
         None
     } else {
