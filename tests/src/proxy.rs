@@ -55,6 +55,7 @@ pub struct Proxy {
     config: ConfigSource,
     env: Vec<(String, String)>,
     instances: usize,
+    wait_for_redis: bool,
 }
 
 impl Proxy {
@@ -64,7 +65,17 @@ impl Proxy {
             config: config.into(),
             env: Vec::new(),
             instances: 1,
+            wait_for_redis: true,
         }
+    }
+
+    /// Do not wait for the shared cache at start (for a Redis that is down
+    /// on purpose). By default, a proxy with a `redis:` section is started
+    /// only once its `/readyz` reports Redis connected: corral serves before
+    /// that, alone, which would make exact cross-instance counts a race.
+    pub fn without_waiting_for_redis(mut self) -> Self {
+        self.wait_for_redis = false;
+        self
     }
 
     /// How many processes [`Proxy::start_all`] starts: the same config, each
@@ -115,6 +126,10 @@ impl Proxy {
             };
             let mut proxy = self.spawn(&bin, addr, admin_addr);
             match proxy.wait_healthy(STARTUP_DEADLINE).await {
+                Ok(()) if self.wait_for_redis && proxy.has_redis() => {
+                    proxy.wait_redis_connected(STARTUP_DEADLINE).await;
+                    return proxy;
+                }
                 Ok(()) => return proxy,
                 Err(Unhealthy::Exited(status)) => {
                     let log = proxy.log();
@@ -249,6 +264,37 @@ impl RunningProxy {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn has_redis(&self) -> bool {
+        std::fs::read_to_string(&self.config_path)
+            .is_ok_and(|c| c.lines().any(|l| l.starts_with("redis:")))
+    }
+
+    /// Waits until `/readyz` reports `"redis":"connected"`.
+    async fn wait_redis_connected(&self, within: Duration) {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .http1_only()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .expect("build the readiness client");
+        let url = self.admin_url("/readyz");
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok(r) = client.get(&url).send().await
+                && let Ok(body) = r.text().await
+                && body.contains("\"redis\":\"connected\"")
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "corral did not report Redis connected on {url} within {within:?}\n{}",
+                self.report()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     async fn wait_healthy(&mut self, within: Duration) -> Result<(), Unhealthy> {

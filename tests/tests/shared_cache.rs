@@ -617,6 +617,7 @@ async fn instances_start_and_serve_while_redis_is_down_and_share_once_it_is_up()
         .start()
         .await;
     let proxies = Proxy::new(shared_with_short_breaker(&origin, &redis))
+        .without_waiting_for_redis()
         .instances(2)
         .start_all()
         .await;

@@ -77,6 +77,8 @@ pub enum PassReason {
     NotStorable,
     NoFreshness,
     TooLarge,
+    /// Another instance found this key uncacheable (the shared pass marker).
+    HitForPass,
 }
 
 impl PassReason {
@@ -90,6 +92,7 @@ impl PassReason {
             PassReason::NotStorable => "not-storable",
             PassReason::NoFreshness => "no-freshness",
             PassReason::TooLarge => "too-large",
+            PassReason::HitForPass => "hit-for-pass",
         }
     }
 }

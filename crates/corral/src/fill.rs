@@ -125,12 +125,31 @@ pub async fn run(
     permit: Option<Permit<FillOutcome>>,
     leader: Option<oneshot::Sender<LeaderOutcome>>,
 ) {
+    let mut permit = permit;
     let result = match &fill.app.l2 {
-        Some(l2) => shared_flight::fill(&fill, l2).await,
+        Some(l2) => match shared_flight::fill(&fill, l2).await {
+            Ended::PassKnown => {
+                // Another instance found the key uncacheable: release this
+                // instance's waiters now, so that they fetch alongside the
+                // leader instead of after it.
+                fill.app
+                    .l1
+                    .mark_pass(fill.primary.digest(), fill.route.policy.hit_for_pass);
+                if let Some(p) = permit.take() {
+                    crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+                    p.complete(FillOutcome::Pass {
+                        reason: PassReason::HitForPass,
+                    });
+                }
+                fetch_and_store(&fill).await
+            }
+            ended => ended,
+        },
         None => fetch_and_store(&fill).await,
     };
     let outcome = match result {
         Ended::Outcome(o) => o,
+        Ended::PassKnown => return,
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
                 crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
@@ -161,6 +180,8 @@ pub async fn run(
 
 pub(crate) enum Ended {
     Outcome(FillOutcome),
+    /// The shared pass marker is set: nothing to coalesce across instances.
+    PassKnown,
     Stream(PassReason, Response<Body>),
 }
 

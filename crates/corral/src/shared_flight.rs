@@ -61,7 +61,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             return hit;
         }
         if probe.pass {
-            return fetch_and_store(fill).await;
+            return Ended::PassKnown;
         }
         let generation = probe.generation;
         match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
@@ -85,7 +85,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
                     Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
                         Fetched::Stored(Arc::clone(entry))
                     }
-                    Ended::Stream(..) => Fetched::Pass,
+                    Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
                     Ended::Outcome(_) => Fetched::Failed,
                 };
                 let notice = publish_result(fill, l2, &keys, result, generation).await;
