@@ -166,3 +166,45 @@ async fn a_304_to_if_none_match_refreshes_the_entry_and_the_client_gets_the_stor
     );
     assert_eq!(origin.hits("/etag"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_origin_is_asked_once_per_back_off_while_stale_answers_flow() {
+    let origin = Origin::new()
+        .route(
+            "/down",
+            Reply::ok("kept").header("cache-control", "max-age=1, stale-if-error=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/down");
+    assert_eq!(client.get(&url).await.text(), "kept");
+    let filled = Instant::now();
+    origin.set_mode(OriginMode::InternalError);
+    sleep_until(filled + PAST_ONE_SECOND).await;
+
+    let before = origin.hits("/down");
+    let started = Instant::now();
+    for _ in 0..200 {
+        let a = client.get(&url).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.text(), "kept");
+        assert_eq!(
+            a.cache_status().detail(),
+            Some("stale-if-error"),
+            "{}",
+            a.cache_status()
+        );
+    }
+    let elapsed = started.elapsed();
+    let asked = origin.hits("/down") - before;
+    // One request opens each one-second back-off; 200 stale answers in
+    // `elapsed` may span at most this many.
+    let allowed = 1 + elapsed.as_secs() as usize;
+    assert!(asked >= 1, "the failing origin was never tried");
+    assert!(
+        asked <= allowed,
+        "{asked} requests reached the failing origin in {elapsed:?} (at most {allowed})"
+    );
+}

@@ -76,6 +76,8 @@ pub struct L1 {
     entries: Cache<Digest, Arc<StoredResponse>>,
     vary: Cache<Digest, Vary>,
     pass: Cache<Digest, PassMarker>,
+    /// Keys whose origin just failed while a stale copy covered for it.
+    backoff: Cache<Digest, PassMarker>,
     generations: Cache<Digest, u64>,
     /// Monotonic stamp: fetches record it when they start; invalidations
     /// take a new one.
@@ -102,6 +104,10 @@ impl L1 {
                 .time_to_idle(Duration::from_secs(3600))
                 .build(),
             pass: Cache::builder()
+                .max_capacity(200_000)
+                .expire_after(PassExpiry)
+                .build(),
+            backoff: Cache::builder()
                 .max_capacity(200_000)
                 .expire_after(PassExpiry)
                 .build(),
@@ -213,6 +219,20 @@ impl L1 {
         if !duration.is_zero() {
             self.pass.insert(key, PassMarker(duration));
         }
+    }
+
+    /// True while `key`'s origin is left alone after a failure that a stale
+    /// copy answered (stale-if-error): one origin request per back-off.
+    pub fn in_backoff(&self, key: &Digest) -> bool {
+        self.backoff.contains_key(key)
+    }
+
+    pub fn back_off(&self, key: Digest, duration: Duration) {
+        self.backoff.insert(key, PassMarker(duration));
+    }
+
+    pub fn clear_backoff(&self, key: &Digest) {
+        self.backoff.invalidate(key);
     }
 
     pub fn clear_pass(&self, key: &Digest) {

@@ -98,6 +98,15 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
                         .with_detail("stale-while-revalidate");
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
+                EntryState::StaleIfError if app.l1.in_backoff(&flight_key) => {
+                    // The origin failed moments ago and stale-if-error
+                    // covered for it: leave it alone until the back-off ends.
+                    crate::metrics::stale("error");
+                    let st = CacheStatus::forward(Forward::Stale)
+                        .with_ttl(entry.ttl_secs(now))
+                        .with_detail("stale-if-error");
+                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
+                }
                 EntryState::StaleIfError | EntryState::Expired => {}
             }
         }

@@ -34,6 +34,10 @@ use crate::routes::Route;
 use crate::shared_flight;
 use crate::upstream::{DeadlineBody, UpstreamError};
 
+/// After the origin failed and a stale copy answered, the key's origin is
+/// left alone this long: stale answers meanwhile cost it nothing.
+const STALE_IF_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A buffered response that every waiter of a flight receives (an error).
 #[derive(Debug)]
 pub struct SharedResponse {
@@ -163,6 +167,17 @@ pub async fn run(
             return;
         }
     };
+    match &outcome {
+        FillOutcome::Stale {
+            detail: "stale-if-error",
+            ..
+        } => fill
+            .app
+            .l1
+            .back_off(fill.variant.digest, STALE_IF_ERROR_BACKOFF),
+        FillOutcome::Stored { .. } => fill.app.l1.clear_backoff(&fill.variant.digest),
+        _ => {}
+    }
     if let FillOutcome::Shared {
         detail: Some(d), ..
     } = &outcome
