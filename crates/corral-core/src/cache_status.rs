@@ -112,8 +112,10 @@ impl CacheStatus {
             s.push_str("; detail=");
             s.push_str(detail);
         }
-        // Only ASCII tokens and numbers are written above.
-        HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
+        // Only ASCII tokens and numbers are written above; the String's
+        // buffer becomes the header value without a copy.
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(s))
+            .unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
     }
 }
 

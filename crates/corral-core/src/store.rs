@@ -135,6 +135,11 @@ impl L1 {
 
     fn current_generation(&self, uri: &UriKey) -> u64 {
         let floor = self.floor.load(Ordering::Acquire);
+        // Until the first invalidation there is nothing to look up: the
+        // common hit path skips a map lookup.
+        if self.clock.load(Ordering::Acquire) == 1 {
+            return floor;
+        }
         self.generations
             .get(&uri.digest())
             .map_or(floor, |g| g.max(floor))

@@ -49,23 +49,62 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
-/// One answered client request. `result` is one of hit, stale, miss,
-/// collapsed, pass, error.
-pub fn request(route: &str, method: &http::Method, result: &'static str) {
-    counter!("corral_requests_total", "route" => route.to_owned(), "method" => method_label(method), "cache" => result)
+const METHODS: [&str; 8] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other",
+];
+const RESULTS: [&str; 6] = ["hit", "stale", "miss", "collapsed", "pass", "error"];
+
+/// A route's request counters, registered once, so that counting a request
+/// neither allocates a label nor looks one up.
+pub struct RequestCounters {
+    counters: Vec<metrics::Counter>,
+}
+
+impl RequestCounters {
+    pub fn new(route: &str) -> Self {
+        let mut counters = Vec::with_capacity(METHODS.len() * RESULTS.len());
+        for method in METHODS {
+            for result in RESULTS {
+                counters.push(counter!(
+                    "corral_requests_total",
+                    "route" => route.to_owned(),
+                    "method" => method,
+                    "cache" => result
+                ));
+            }
+        }
+        RequestCounters { counters }
+    }
+
+    /// One answered client request. `result` is one of hit, stale, miss,
+    /// collapsed, pass, error.
+    pub fn count(&self, method: &http::Method, result: &'static str) {
+        let r = RESULTS
+            .iter()
+            .position(|x| *x == result)
+            .unwrap_or(RESULTS.len() - 1);
+        if let Some(c) = self.counters.get(method_index(method) * RESULTS.len() + r) {
+            c.increment(1);
+        }
+    }
+}
+
+/// A request that matched no route (or had no valid host).
+pub fn unrouted(method: &http::Method, result: &'static str) {
+    counter!("corral_requests_total", "route" => "-", "method" => METHODS[method_index(method)], "cache" => result)
         .increment(1);
 }
 
-fn method_label(m: &http::Method) -> &'static str {
+fn method_index(m: &http::Method) -> usize {
     match *m {
-        http::Method::GET => "GET",
-        http::Method::HEAD => "HEAD",
-        http::Method::POST => "POST",
-        http::Method::PUT => "PUT",
-        http::Method::PATCH => "PATCH",
-        http::Method::DELETE => "DELETE",
-        http::Method::OPTIONS => "OPTIONS",
-        _ => "other",
+        http::Method::GET => 0,
+        http::Method::HEAD => 1,
+        http::Method::POST => 2,
+        http::Method::PUT => 3,
+        http::Method::PATCH => 4,
+        http::Method::DELETE => 5,
+        http::Method::OPTIONS => 6,
+        _ => 7,
     }
 }
 

@@ -34,7 +34,10 @@ pub async fn handle(
     let (route, res) = route_request(app, peer, req).await;
     let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
     let cache = cache_result(&res);
-    metrics::request(route_name, &method, cache);
+    match &route {
+        Some(r) => r.requests.count(&method, cache),
+        None => metrics::unrouted(&method, cache),
+    }
     // The access line: never the query (it may carry tokens), never a
     // credential header.
     tracing::info!(

@@ -27,6 +27,7 @@ pub struct Route {
     pub lock_timeout: Duration,
     pub on_timeout: OnTimeout,
     pub upstream: Upstream,
+    pub requests: crate::metrics::RequestCounters,
 }
 
 impl Route {
@@ -71,6 +72,7 @@ impl Route {
             lock_timeout: rc.coalesce.lock_timeout,
             on_timeout: rc.coalesce.on_timeout,
             upstream: Upstream::new(&rc.name, &rc.timeouts),
+            requests: crate::metrics::RequestCounters::new(&rc.name),
         }
     }
 
