@@ -5,6 +5,9 @@
 //! - `delay` milliseconds before answering; `size` body bytes; the others
 //!   become Cache-Control / Vary / ETag.
 //! - `GET /__hits?path=/any/path` → that path's request count; `GET /__hits` → the total.
+//! - `GET /__stats?prefix=/a/` → `hits=N paths=M max=K` over the paths starting
+//!   with the prefix: requests, distinct paths requested, most requests on one path
+//!   (a cache that fetched every key once has hits == paths and max == 1).
 //! - `POST /__outage?mode=503|slow|off` → every other request answers 503, or
 //!   waits 30 s, until `off`.
 //!
@@ -61,6 +64,25 @@ async fn handle(State(c): State<Arc<Counters>>, req: Request) -> Response {
             None => c.total.load(Ordering::Relaxed),
         };
         return text(StatusCode::OK, format!("{n}\n"));
+    }
+    if path == "/__stats" {
+        let prefix = q.get("prefix").map_or("/", String::as_str);
+        let (mut hits, mut paths, mut max) = (0u64, 0u64, 0u64);
+        for (_, &n) in c
+            .per_path
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+        {
+            hits += n;
+            paths += 1;
+            max = max.max(n);
+        }
+        return text(
+            StatusCode::OK,
+            format!("hits={hits} paths={paths} max={max}\n"),
+        );
     }
     if path == "/__outage" && req.method() == Method::POST {
         let mode = match q.get("mode").map(String::as_str) {
