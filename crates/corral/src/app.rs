@@ -18,6 +18,8 @@ pub struct App {
     pub l1: Arc<L1>,
     pub flights: Flights<FillOutcome>,
     pub l2: Option<Arc<L2>>,
+    /// `server.max_header_size`: a larger request head is answered 431.
+    pub max_header_size: u64,
 }
 
 impl App {
@@ -58,6 +60,7 @@ impl App {
             l1,
             flights: Flights::new(),
             l2,
+            max_header_size: config.server.max_header_size,
         })
     }
 }

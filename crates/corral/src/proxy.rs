@@ -85,6 +85,17 @@ async fn route_request(
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Response<Body>) {
     let (parts, body) = req.into_parts();
+    if head_size(&parts) > app.max_header_size {
+        return (
+            None,
+            respond::error(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                Forward::Bypass,
+                "request-head-too-large",
+                None,
+            ),
+        );
+    }
     let Some(host) = request_host(&parts.headers, &parts.uri) else {
         return (
             None,
@@ -124,6 +135,19 @@ async fn route_request(
     };
     let res = forward_uncached(&app, &route, &ctx, body, fwd).await;
     (Some(route), res)
+}
+
+/// Bytes of the request head as sent (request line and header fields).
+fn head_size(parts: &http::request::Parts) -> u64 {
+    let target = parts.uri.path_and_query().map_or(1, |pq| pq.as_str().len())
+        + parts.uri.authority().map_or(0, |a| a.as_str().len());
+    let line = parts.method.as_str().len() + target + 12;
+    let fields: usize = parts
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    (line + fields) as u64
 }
 
 /// The Host the client asked for: the Host field, else the URI's authority.
