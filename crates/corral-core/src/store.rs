@@ -237,11 +237,16 @@ impl L1 {
     }
 
     pub fn clear_backoff(&self, key: &Digest) {
-        self.backoff.invalidate(key);
+        // A read first: every fill clears, and a moka write costs more.
+        if self.backoff.contains_key(key) {
+            self.backoff.invalidate(key);
+        }
     }
 
     pub fn clear_pass(&self, key: &Digest) {
-        self.pass.invalidate(key);
+        if self.pass.contains_key(key) {
+            self.pass.invalidate(key);
+        }
     }
 
     /// Stored variants (approximate until pending maintenance runs).
