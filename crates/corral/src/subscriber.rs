@@ -172,14 +172,14 @@ impl Subscriber {
     /// Registers interest in `channel` and waits (at most the op timeout)
     /// for Redis to confirm the subscription.
     pub async fn watch(self: &Arc<Self>, channel: String) -> NoticeWatch {
-        let (rx, first) = {
+        let rx = {
             let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
             let c = map.entry(channel.clone()).or_insert_with(|| Channel {
                 tx: broadcast::channel(8).0,
                 watchers: 0,
             });
             c.watchers += 1;
-            (c.tx.subscribe(), c.watchers == 1)
+            c.tx.subscribe()
         };
         let sink = self
             .sink
@@ -187,9 +187,9 @@ impl Subscriber {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         if let Some(mut sink) = sink {
-            // Later watchers of the same channel must also wait for the
-            // confirmation; a second SUBSCRIBE is harmless.
-            let _ = first;
+            // Every watcher waits for a confirmation, not only the first
+            // of a channel (which may still be waiting for its own); a
+            // repeated SUBSCRIBE is harmless.
             let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
         }
         NoticeWatch {
