@@ -183,3 +183,21 @@ impl Client {
         }
     }
 }
+
+/// Distinct status + Cache-Status values and how often each came back: the
+/// shape of a burst, for assertion messages.
+pub fn tally<'a>(
+    answers: impl IntoIterator<Item = &'a Answer>,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for answer in answers {
+        *counts
+            .entry(format!(
+                "{} {}",
+                answer.status,
+                answer.header("cache-status").unwrap_or("<no cache-status>")
+            ))
+            .or_insert(0) += 1;
+    }
+    counts
+}

@@ -1,29 +1,13 @@
 //! Coalescing: a cold key reaches the origin once however many clients ask,
 //! and what cannot be shared is not serialized behind the lock.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use corral_tests::raw::send_and_hold;
-use corral_tests::{Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route};
+use corral_tests::{Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, tally};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Distinct Cache-Status values and how often each came back, for messages.
-fn tally(answers: &[Answer]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for answer in answers {
-        *counts
-            .entry(format!(
-                "{} {}",
-                answer.status,
-                answer.header("cache-status").unwrap_or("<no cache-status>")
-            ))
-            .or_insert(0) += 1;
-    }
-    counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

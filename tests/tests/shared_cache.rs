@@ -5,7 +5,6 @@
 //! Redis failing (down at start, dying, frozen, holding garbage) never fails a
 //! client request.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -15,7 +14,7 @@ use tokio::time::Instant;
 
 use corral_tests::{
     Answer, Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin,
-    RunningProxy,
+    RunningProxy, tally,
 };
 
 fn ms(n: u64) -> Duration {
@@ -25,21 +24,6 @@ fn ms(n: u64) -> Duration {
 /// How long the breaker stays open in the scenarios that break Redis; kept
 /// short so that recovery fits in a test.
 const BREAKER_OPEN_FOR: Duration = Duration::from_secs(1);
-
-/// Distinct status + Cache-Status values and how often each came back.
-fn tally<'a>(answers: impl IntoIterator<Item = &'a Answer>) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for answer in answers {
-        *counts
-            .entry(format!(
-                "{} {}",
-                answer.status,
-                answer.header("cache-status").unwrap_or("<no cache-status>")
-            ))
-            .or_insert(0) += 1;
-    }
-    counts
-}
 
 /// A 200 every cache may keep for a minute.
 fn cacheable(body: &str) -> Reply {
