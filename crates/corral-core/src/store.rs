@@ -7,7 +7,7 @@
 //! Nothing here blocks on I/O or holds a lock across an await.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use moka::Expiry;
@@ -79,6 +79,8 @@ pub struct L1 {
     /// Keys whose origin just failed while a stale copy covered for it.
     backoff: Cache<Digest, PassMarker>,
     generations: Cache<Digest, u64>,
+    /// Set once any response Varied; until then `learned_vary` is free.
+    any_vary: AtomicBool,
     /// Monotonic stamp: fetches record it when they start; invalidations
     /// take a new one.
     clock: AtomicU64,
@@ -101,7 +103,8 @@ impl L1 {
                 .build(),
             vary: Cache::builder()
                 .max_capacity(200_000)
-                .time_to_idle(Duration::from_secs(3600))
+                // No entry outlives MAX_RESIDENCY, so neither need its Vary.
+                .time_to_live(MAX_RESIDENCY)
                 .build(),
             pass: Cache::builder()
                 .max_capacity(200_000)
@@ -122,6 +125,7 @@ impl L1 {
                 })
                 .build(),
             clock: AtomicU64::new(1),
+            any_vary: AtomicBool::new(false),
             bans: BanList::default(),
             floor,
         }
@@ -206,11 +210,25 @@ impl L1 {
 
     /// The Vary set last seen for this URI on this route.
     pub fn learned_vary(&self, primary: &PrimaryKey) -> Vary {
+        // Most sites never Vary: until one response did, every hit skips
+        // this lookup (it showed up in hit-path profiles).
+        if !self.any_vary.load(Ordering::Acquire) {
+            return Vary::None;
+        }
         self.vary.get(&primary.digest()).unwrap_or_default()
     }
 
+    /// Records the Vary set of a response. Only a real Vary is kept (no
+    /// record means none); a URI that stops Varying loses its record.
     pub fn learn_vary(&self, primary: &PrimaryKey, vary: &Vary) {
+        if *vary == Vary::None {
+            if self.any_vary.load(Ordering::Acquire) && self.vary.contains_key(&primary.digest()) {
+                self.vary.invalidate(&primary.digest());
+            }
+            return;
+        }
         if self.vary.get(&primary.digest()).as_ref() != Some(vary) {
+            self.any_vary.store(true, Ordering::Release);
             self.vary.insert(primary.digest(), vary.clone());
         }
     }
