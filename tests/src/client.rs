@@ -201,3 +201,26 @@ pub fn tally<'a>(
     }
     counts
 }
+
+/// Asserts that every answer has `status` and `body`; a failure shows the
+/// tally of the whole burst.
+pub fn assert_every_answer<'a>(
+    answers: impl IntoIterator<Item = &'a Answer> + Clone,
+    status: u16,
+    body: &str,
+) {
+    for answer in answers.clone() {
+        assert_eq!(
+            answer.status,
+            status,
+            "answers: {:#?}",
+            tally(answers.clone())
+        );
+        assert_eq!(
+            answer.text(),
+            body,
+            "answers: {:#?}",
+            tally(answers.clone())
+        );
+    }
+}

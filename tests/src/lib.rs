@@ -21,7 +21,7 @@ pub mod wait;
 
 pub use cache_status::CacheStatus;
 pub use check::{CheckOutcome, corral_check, corral_check_file};
-pub use client::{Answer, Client, tally};
+pub use client::{Answer, Client, assert_every_answer, tally};
 pub use config::{Config, Route};
 pub use origin::{Origin, OriginMode, RunningOrigin, SeenRequest};
 pub use proxy::{Proxy, RunningProxy};

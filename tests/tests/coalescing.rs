@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use corral_tests::raw::send_and_hold;
-use corral_tests::{Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, tally};
+use corral_tests::{
+    Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, assert_every_answer, tally,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -36,10 +38,7 @@ async fn thousand_concurrent_gets_for_a_cold_key_reach_origin_once() {
     let answers = client.burst(1000, &proxy.url("/cold"), &[]).await;
 
     assert_eq!(origin.hits("/cold"), 1, "answers: {:#?}", tally(&answers));
-    for answer in &answers {
-        assert_eq!(answer.status, 200, "answers: {:#?}", tally(&answers));
-        assert_eq!(answer.text(), "the one answer");
-    }
+    assert_every_answer(&answers, 200, "the one answer");
     // One answer led and stored; every other one waited for it (collapsed)
     // or, on a loaded machine, arrived after it was stored (hit). Which of
     // the two is timing; that none went to the origin is not.
@@ -81,10 +80,7 @@ async fn a_leader_whose_client_disconnects_mid_fill_still_fills_for_its_follower
 
     let answers = client.burst(20, &proxy.url("/slow"), &[]).await;
 
-    for answer in &answers {
-        assert_eq!(answer.status, 200, "answers: {:#?}", tally(&answers));
-        assert_eq!(answer.text(), "filled");
-    }
+    assert_every_answer(&answers, 200, "filled");
     assert_eq!(origin.hits("/slow"), 1, "answers: {:#?}", tally(&answers));
     assert_eq!(
         origin.cancelled("/slow"),
@@ -113,10 +109,7 @@ async fn an_uncacheable_500_is_shared_by_the_coalesced_burst_and_not_stored() {
     let answers = client.burst(50, &proxy.url("/fail"), &[]).await;
 
     assert_eq!(origin.hits("/fail"), 1, "answers: {:#?}", tally(&answers));
-    for answer in &answers {
-        assert_eq!(answer.status, 500, "answers: {:#?}", tally(&answers));
-        assert_eq!(answer.text(), "kaput");
-    }
+    assert_every_answer(&answers, 500, "kaput");
 
     let next = client.get(&proxy.url("/fail")).await;
     assert_eq!(next.status, 500);

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use corral_tests::{
     Answer, Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin,
-    RunningProxy, tally,
+    RunningProxy, assert_every_answer, tally,
 };
 
 fn ms(n: u64) -> Duration {
@@ -226,15 +226,7 @@ async fn the_lab_thousand_requests_on_five_instances_reach_origin_once() {
         "answers: {:#?}",
         tally(answers.iter().copied())
     );
-    for answer in &answers {
-        assert_eq!(
-            answer.status,
-            200,
-            "answers: {:#?}",
-            tally(answers.iter().copied())
-        );
-        assert_eq!(answer.text(), "the one answer");
-    }
+    assert_every_answer(answers.iter().copied(), 200, "the one answer");
     wait_no_lease(&redis, ms(2000)).await;
 }
 
@@ -300,15 +292,7 @@ async fn when_the_leader_instance_dies_mid_fetch_a_waiter_takes_the_lease_over()
 
     let per_proxy = followers.await.expect("burst task");
     let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
-    for answer in &answers {
-        assert_eq!(
-            answer.status,
-            200,
-            "answers: {:#?}",
-            tally(answers.iter().copied())
-        );
-        assert_eq!(answer.text(), "slow answer");
-    }
+    assert_every_answer(answers.iter().copied(), 200, "slow answer");
     assert!(
         origin.hits("/slow") <= 2,
         "origin saw {} requests after the leader died (lease {lease}); answers: {:#?}",
@@ -378,15 +362,7 @@ async fn redis_dying_mid_burst_costs_at_most_one_fetch_per_instance_and_no_error
 
     let per_proxy = bursts.await.expect("burst task");
     let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
-    for answer in &answers {
-        assert_eq!(
-            answer.status,
-            200,
-            "answers: {:#?}",
-            tally(answers.iter().copied())
-        );
-        assert_eq!(answer.text(), "still served");
-    }
+    assert_every_answer(answers.iter().copied(), 200, "still served");
     assert!(
         origin.hits("/cold") <= 5,
         "origin saw {} requests; answers: {:#?}",
@@ -724,10 +700,7 @@ async fn an_origin_error_does_not_queue_the_instances_one_behind_another() {
     .await;
 
     let answers: Vec<&Answer> = per_proxy.iter().flat_map(|(a, _)| a).collect();
-    for answer in &answers {
-        assert_eq!(answer.status, 500, "{:#?}", tally(answers.iter().copied()));
-        assert_eq!(answer.text(), "kaput");
-    }
+    assert_every_answer(answers.iter().copied(), 500, "kaput");
     assert!(
         origin.hits("/fail") <= INSTANCES,
         "at most one fetch per instance, saw {}: {:#?}",
