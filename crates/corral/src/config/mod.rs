@@ -774,11 +774,8 @@ routes:
         assert_eq!(redis.breaker_open_for, Duration::from_secs(10));
     }
 
-    #[test]
-    fn redis_defaults_fill_every_field_but_url() {
-        let config = config(&redis_with("  url: redis://127.0.0.1\n"));
-        let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
-        assert_eq!(redis.url, "redis://127.0.0.1");
+    /// Every `redis:` field but `url` at its documented default.
+    fn assert_redis_defaults(redis: &RedisConfig) {
         assert_eq!(redis.op_timeout, Duration::from_millis(50));
         assert_eq!(redis.connect_timeout, Duration::from_secs(1));
         assert_eq!(redis.lease_ttl, Duration::from_secs(3));
@@ -786,6 +783,14 @@ routes:
         assert_eq!(redis.l2_max_object_size, 1024 * 1024);
         assert_eq!(redis.breaker_failures, 5);
         assert_eq!(redis.breaker_open_for, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn redis_defaults_fill_every_field_but_url() {
+        let config = config(&redis_with("  url: redis://127.0.0.1\n"));
+        let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
+        assert_eq!(redis.url, "redis://127.0.0.1");
+        assert_redis_defaults(&redis);
 
         // A breaker mapping with one field keeps the other's default.
         let config = self::config(&redis_with(
@@ -826,13 +831,7 @@ routes:
             .redis
             .unwrap_or_else(|| panic!("uncommented block has no redis section"));
         assert_eq!(redis.url, "redis://127.0.0.1:6379/0");
-        assert_eq!(redis.op_timeout, Duration::from_millis(50));
-        assert_eq!(redis.connect_timeout, Duration::from_secs(1));
-        assert_eq!(redis.lease_ttl, Duration::from_secs(3));
-        assert_eq!(redis.key_prefix, "corral:");
-        assert_eq!(redis.l2_max_object_size, 1024 * 1024);
-        assert_eq!(redis.breaker_failures, 5);
-        assert_eq!(redis.breaker_open_for, Duration::from_secs(2));
+        assert_redis_defaults(&redis);
     }
 
     #[test]
