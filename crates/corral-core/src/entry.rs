@@ -169,7 +169,13 @@ impl StoredResponse {
             .iter()
             .map(|(n, v)| n.as_str().len() + v.len() + 32)
             .sum();
-        u32::try_from(self.body.len() + headers + 512).unwrap_or(u32::MAX)
+        // A sealed body occupies whole pages.
+        let body = if crate::sealed::is_sealed(&self.body) {
+            self.body.len().div_ceil(4096) * 4096
+        } else {
+            self.body.len()
+        };
+        u32::try_from(body + headers + 512).unwrap_or(u32::MAX)
     }
 
     /// This entry refreshed by a 304, with `headers` from

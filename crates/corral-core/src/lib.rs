@@ -11,6 +11,7 @@ pub mod flight;
 pub mod identity;
 pub mod key;
 pub mod policy;
+pub mod sealed;
 pub mod store;
 pub mod vary;
 pub mod xfetch;

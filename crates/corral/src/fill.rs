@@ -286,7 +286,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
                     StoredResponse::new(
                         status,
                         parts.headers,
-                        bytes,
+                        corral_core::sealed::seal_or_keep(bytes),
                         *policy,
                         &freshness,
                         response_time,

@@ -6,6 +6,7 @@ mod admin;
 mod app;
 mod breaker;
 mod cache_path;
+mod client_stream;
 mod config;
 mod fill;
 mod hop_by_hop;
@@ -90,6 +91,26 @@ enum LogFormat {
     Pretty,
 }
 
+/// Raises the open-file limit to its hard limit and gives a quarter of it
+/// to sealed bodies (one descriptor each), the rest to connections.
+fn budget_descriptors() {
+    match corral_core::sealed::raise_open_file_limit() {
+        Some(limit) => {
+            let sealed = usize::try_from(limit / 4).unwrap_or(usize::MAX);
+            corral_core::sealed::set_max_live(sealed);
+            tracing::info!(
+                open_files = limit,
+                sealed_bodies = sealed,
+                "descriptor budget"
+            );
+        }
+        None => tracing::info!(
+            sealed_bodies = corral_core::sealed::DEFAULT_MAX_LIVE,
+            "open-file limit unknown: default descriptor budget"
+        ),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -132,6 +153,7 @@ fn main() -> ExitCode {
                 }
             };
             init_logs(log_format);
+            budget_descriptors();
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::app::App;
+use crate::client_stream::ClientStream;
 use crate::config::ServerConfig;
 use crate::proxy;
 
@@ -69,7 +70,7 @@ pub async fn serve(
                     req.map(axum::body::Body::new)
                 });
                 let conn = builder
-                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+                    .serve_connection(TokioIo::new(ClientStream::new(stream)), TowerToHyperService::new(svc))
                     .into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {

@@ -1,0 +1,127 @@
+//! The client connection as hyper sees it: a TCP stream whose writes send
+//! any part of a sealed cached body (`corral_core::sealed`) with
+//! sendfile(2), so a large hit is not copied from memory into the socket.
+//! The bytes on the wire are exactly the ones hyper asked to write; only
+//! the way they reach the kernel changes. It must never reorder, drop or
+//! duplicate a byte, and it reports short writes as short.
+
+use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+#[cfg(target_os = "linux")]
+const MSG_MORE: libc::c_int = libc::MSG_MORE;
+#[cfg(not(target_os = "linux"))]
+const MSG_MORE: libc::c_int = 0;
+
+/// A client TCP connection that sends sealed bodies with sendfile.
+#[derive(Debug)]
+pub struct ClientStream {
+    tcp: TcpStream,
+}
+
+impl ClientStream {
+    pub fn new(tcp: TcpStream) -> Self {
+        ClientStream { tcp }
+    }
+
+    /// Writes `bufs` with MSG_MORE: more follows at once, so the kernel
+    /// holds a short head back for the body instead of sending it alone.
+    fn poll_write_more(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            let sock = socket2::SockRef::from(&self.tcp);
+            match self.tcp.try_io(Interest::WRITABLE, || {
+                sock.send_vectored_with_flags(bufs, MSG_MORE)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    /// Sends `data`, which is sealed, with sendfile once the socket is
+    /// writable.
+    fn poll_send_sealed(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            let sent = self.tcp.try_io(Interest::WRITABLE, || {
+                match corral_core::sealed::send(self.tcp.as_fd(), data) {
+                    Some(r) => r,
+                    // Not sealed after all (cannot happen for a slice that
+                    // was sealed a moment ago); an ordinary write then.
+                    None => self.tcp.try_write(data),
+                }
+            });
+            match sent {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if corral_core::sealed::is_sealed(buf) {
+            return this.poll_send_sealed(cx, buf);
+        }
+        Pin::new(&mut this.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match bufs.iter().position(|b| corral_core::sealed::is_sealed(b)) {
+            // Nothing sealed: one writev, as before.
+            None => Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs),
+            // A sealed body first: sendfile it. The caller comes back for
+            // whatever follows.
+            Some(0) => this.poll_send_sealed(cx, &bufs[0]),
+            // The response head (and anything else) before the body: write
+            // that much now, held back by MSG_MORE so it leaves in one
+            // segment with the start of the body; the body goes with
+            // sendfile on the next call. A short count is allowed by the
+            // contract and hyper expects it.
+            Some(k) => this.poll_write_more(cx, &bufs[..k]),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
