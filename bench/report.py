@@ -92,6 +92,29 @@ def f_ratio(a, b) -> str:
     return f"{a / b:.2f}×"
 
 
+def cpu_per_answer(r: dict):
+    """Server CPU (all of the system's processes) per answer, in µs."""
+    m = r.get("m", {})
+    if r.get("server_cpu") is None or not m.get("answers"):
+        return None
+    return r["server_cpu"] / m["answers"] * 1e6
+
+
+def client_busy(r: dict, seconds: float):
+    """How busy oha's core was during the load, 0..1."""
+    if r.get("client_cpu") is None or not seconds:
+        return None
+    return r["client_cpu"] / seconds
+
+
+def f_us(v) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def f_pct(v) -> str:
+    return "–" if v is None else f"{v * 100:.0f}%"
+
+
 def non200(m: dict) -> str:
     bad = {k: v for k, v in m["codes"].items() if k != "200"}
     parts = [f"{v}×{k}" for k, v in sorted(bad.items())]
@@ -139,6 +162,12 @@ def main() -> None:
         n = pick(scenario, system="nginx", run=r["run"], **kw)
         return n[0]["m"] if n and not n[0]["m"].get("missing") else {}
 
+    def nginx_rec(scenario, r, **kw):
+        n = pick(scenario, system="nginx", run=r["run"], **kw)
+        return n[0] if n else {}
+
+    secs = float(a.duration.rstrip("s") or 0)
+
     L = []
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     built = a.commit or "built from commit " + sh("git", "rev-parse", "--short", "HEAD")
@@ -176,19 +205,28 @@ def main() -> None:
     # (a)
     hit = pick("hit")
     if hit:
-        L.append(f"\n## (a) Cache hit: one hot key, 50 connections, {a.duration}\n")
+        L.append(
+            f"\n## (a) Cache hit: one hot key, 50 connections, {a.duration}\n\n"
+            "`CPU µs/answer` is the server's CPU time (every process of the system, user + kernel) during the load "
+            "divided by the answers it gave; `oha core` is how busy the client's core was. With oha's core near 100% "
+            "the client, not the server, sets req/s: CPU per answer is then the fairer comparison.\n"
+        )
         rows = []
         for size in sorted({r["size"] for r in hit}):
             for r in pick("hit", size=size):
                 m, n = r["m"], nginx_of("hit", r, size=size)
                 if m.get("missing"):
-                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data", "", "", "", "", "", ""])
+                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data", "", "", "", "", "", "", "", "", ""])
                     continue
+                nr = nginx_rec("hit", r, size=size)
                 rows.append([
                     f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
-                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")), non200(m), r["origin_hits"],
+                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
+                    f_us(cpu_per_answer(r)), f_ratio(cpu_per_answer(r), cpu_per_answer(nr)), f_pct(client_busy(r, secs)),
+                    non200(m), r["origin_hits"],
                 ])
-        L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx", "non-200", "origin hits"], rows))
+        L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
+                        "CPU µs/answer", "CPU ×nginx", "oha core", "non-200", "origin hits"], rows))
 
     # (b)
     st = pick("stampede")
@@ -240,13 +278,17 @@ def main() -> None:
         for r in hs:
             m, n = r["m"], nginx_of("hotset", r)
             if m.get("missing"):
-                rows.append([r["system"], r["run"], "no data", "", "", "", "", "", "", ""])
+                rows.append([r["system"], r["run"], "no data", "", "", "", "", "", "", "", "", "", ""])
                 continue
+            nr = nginx_rec("hotset", r)
             rows.append([
                 r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")), f_ms(m["p50"]),
-                f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")), r.get("origin_hits"), r.get("keys_fetched"), non200(m),
+                f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
+                f_us(cpu_per_answer(r)), f_ratio(cpu_per_answer(r), cpu_per_answer(nr)), f_pct(client_busy(r, secs)),
+                r.get("origin_hits"), r.get("keys_fetched"), non200(m),
             ])
-        L.append(table(["system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx", "origin hits", "keys fetched", "non-200"], rows))
+        L.append(table(["system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx", "CPU µs/answer",
+                        "CPU ×nginx", "oha core", "origin hits", "keys fetched", "non-200"], rows))
 
     # (e)
     fa = pick("failing")
@@ -309,6 +351,21 @@ def main() -> None:
                 ", ".join(f"{x:.2f}×" for x in rr) + " / p99 " + ", ".join(f"{x:.2f}×" for x in pr),
                 verdict(rr and pr and min(rr) >= 1.2 and max(pr) <= 1.0, bool(rr)),
             ])
+            cr, busy = [], []
+            for r in pick("hit", system="corral", size=size):
+                c, nc = cpu_per_answer(r), cpu_per_answer(nginx_rec("hit", r, size=size))
+                if c and nc:
+                    cr.append(c / nc)
+                b = client_busy(nginx_rec("hit", r, size=size), secs)
+                if b is not None:
+                    busy.append(b)
+            if cr:
+                rows.append([
+                    f"hit {size // 1024} KiB, client-independent: server CPU per answer ≤ nginx's / 1.2 (≤ 0.83×)",
+                    ", ".join(f"{x:.2f}×" for x in cr)
+                    + (f" (oha's core {', '.join(f_pct(b) for b in busy)} busy under nginx)" if busy else ""),
+                    verdict(max(cr) <= 1 / 1.2, True),
+                ])
     if st:
         pr = ratios("stampede", "p99")
         rows.append(["stampede: p99 ≤ 0.6× nginx", ", ".join(f"{x:.2f}×" for x in pr), verdict(pr and max(pr) <= 0.6, bool(pr))])

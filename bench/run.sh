@@ -157,6 +157,35 @@ hits() { # the origin's request count for a path (-1 when it does not answer)
 }
 outage() { curl -s -o /dev/null -X POST "http://$ORIGIN/__outage?mode=$1"; }
 record() { printf '%s\n' "$1" >>"$raw/records.jsonl"; }
+cpu_ticks() { # pid: user+system clock ticks of the process and all its descendants
+  local total=0 pid stat rest ppid fields
+  declare -A parent=() ticks=()
+  for stat in /proc/[0-9]*/stat; do
+    read -r fields <"$stat" 2>/dev/null || continue
+    pid=${fields%% *}
+    rest=${fields##*) } # past "(comm) "; comm may hold spaces
+    read -r _ ppid _ _ _ _ _ _ _ _ _ utime stime _ <<<"$rest"
+    parent[$pid]=$ppid ticks[$pid]=$((utime + stime))
+  done
+  for pid in "${!ticks[@]}"; do
+    local p=$pid
+    while [ -n "$p" ] && [ "$p" != 0 ] && [ "$p" != "$1" ]; do p=${parent[$p]:-}; done
+    [ "$p" != "$1" ] || total=$((total + ticks[$pid]))
+  done
+  echo "$total"
+}
+oha_measured() { # system out.json bound oha-args...: oha_run, and the CPU seconds the
+  # system's processes and oha used during it (server_cpu, client_cpu in $cpu_json)
+  local s=$1 out=$2 bound=$3 before after hz cb ca
+  shift 3
+  hz=$(getconf CLK_TCK)
+  before=$(cpu_ticks "${pid_of[$s]}")
+  cb=$(awk '{print $16 + $17}' /proc/$$/stat) # this shell's reaped children: oha
+  oha_run "$out" "$bound" "$@"
+  ca=$(awk '{print $16 + $17}' /proc/$$/stat)
+  after=$(cpu_ticks "${pid_of[$s]}")
+  cpu_json="\"server_cpu\":$(awk -v a="$after" -v b="$before" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}'),\"client_cpu\":$(awk -v a="$ca" -v b="$cb" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}')"
+}
 order() { # run: systems in turn, the order reversed on even runs
   if [ $(($1 % 2)) -eq 1 ]; then printf '%s\n' "${systems[@]}"; else printf '%s\n' "${systems[@]}" | tac; fi
 }
@@ -229,8 +258,8 @@ if [[ "$scenarios" == *" hit "* ]]; then
         curl -s -o /dev/null "$url"; curl -s -o /dev/null "$url"
         out=hit-$size-$s-$run.json
         log "(a) hit ${size} B: $s run $run"
-        oha_run "$raw/$out" $((secs + 20)) -z "$duration" -c 50 "$url"
-        record "{\"scenario\":\"hit\",\"size\":$size,\"system\":\"$s\",\"run\":$run,\"oha\":[\"$out\"],\"origin_hits\":$(hits "$path")}"
+        oha_measured "$s" "$raw/$out" $((secs + 20)) -z "$duration" -c 50 "$url"
+        record "{\"scenario\":\"hit\",\"size\":$size,\"system\":\"$s\",\"run\":$run,\"oha\":[\"$out\"],\"origin_hits\":$(hits "$path"),$cpu_json}"
       done
     done
   done
@@ -304,10 +333,10 @@ if [[ "$scenarios" == *" hotset "* ]]; then
     for s in $(order "$run"); do
       out=hotset-$s-$run.json
       log "(d) hot set (cold start): $s run $run"
-      oha_run "$raw/$out" $((secs + 30)) -z "$duration" -c 50 --urls-from-file "$work/urls-$s-$run.txt"
+      oha_measured "$s" "$raw/$out" $((secs + 30)) -z "$duration" -c 50 --urls-from-file "$work/urls-$s-$run.txt"
       stats=$(curl -s "http://$ORIGIN/__stats?prefix=/$s/hot/$run-$tag/")
       read -r h p m <<<"$(sed -E 's/hits=([0-9]+) paths=([0-9]+) max=([0-9]+)/\1 \2 \3/' <<<"$stats")"
-      record "{\"scenario\":\"hotset\",\"system\":\"$s\",\"run\":$run,\"oha\":[\"$out\"],\"origin_hits\":${h:-null},\"keys_fetched\":${p:-null},\"max_per_key\":${m:-null}}"
+      record "{\"scenario\":\"hotset\",\"system\":\"$s\",\"run\":$run,\"oha\":[\"$out\"],\"origin_hits\":${h:-null},\"keys_fetched\":${p:-null},\"max_per_key\":${m:-null},$cpu_json}"
     done
   done
 fi
