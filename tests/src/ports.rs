@@ -21,3 +21,17 @@ pub fn free_addrs(n: usize) -> std::io::Result<Vec<SocketAddr>> {
         .collect::<std::io::Result<Vec<_>>>()?;
     listeners.iter().map(TcpListener::local_addr).collect()
 }
+
+/// A loopback port that refuses connections for as long as the returned
+/// socket lives: it is bound but not listening, so nothing else can take it
+/// (a port that was merely free may be reused by another test's server, or
+/// picked as the source port of a connection to itself).
+pub fn closed_port() -> std::io::Result<(socket2::Socket, SocketAddr)> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())?;
+    let addr = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| std::io::Error::other("not an inet address"))?;
+    Ok((socket, addr))
+}

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use corral_tests::paths::{corral_bin, workspace_root};
-use corral_tests::ports::free_addr;
+use corral_tests::ports::closed_port;
 use corral_tests::temp::TempDir;
 use corral_tests::{Config, DEADLINE, Origin, Proxy, Reply, corral_check_file};
 use serde::Deserialize;
@@ -1410,7 +1410,8 @@ async fn the_image_health_probe_passes_on_a_healthy_corral_and_fails_otherwise()
     let missing = http_probe(&admin, "/no-such-endpoint").await;
     assert!(!missing.success(), "http-probe passed on a 404");
 
-    let closed = free_addr().expect("a free port").to_string();
+    let (_held, closed) = closed_port().expect("a closed port");
+    let closed = closed.to_string();
     let refused = http_probe(&closed, "/healthz").await;
     assert!(!refused.success(), "http-probe passed on a closed port");
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 
-use corral_tests::ports::free_addr;
+use corral_tests::ports::closed_port;
 use corral_tests::{Client, Config, Origin, Proxy, Reply, Route};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +160,7 @@ async fn via_and_x_forwarded_headers_are_added_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_upstream_with_nothing_stale_is_answered_502_with_a_detail() {
-    let closed = free_addr().expect("a free port");
+    let (_held, closed) = closed_port().expect("a closed port");
     let proxy = Proxy::new(Config::single(format!("http://{closed}")))
         .start()
         .await;
