@@ -56,6 +56,7 @@ pub struct Proxy {
     env: Vec<(String, String)>,
     instances: usize,
     wait_for_redis: bool,
+    stall_stdout: bool,
 }
 
 impl Proxy {
@@ -66,6 +67,7 @@ impl Proxy {
             env: Vec::new(),
             instances: 1,
             wait_for_redis: true,
+            stall_stdout: false,
         }
     }
 
@@ -95,6 +97,14 @@ impl Proxy {
             .chunks(2)
             .map(|pair| self.clone().start_on(Some((pair[0], pair[1]))));
         futures_util::future::join_all(starts).await
+    }
+
+    /// Gives the process a stdout pipe that nobody reads: once the pipe's
+    /// buffer is full, every write to it would block (a log shipper that
+    /// stopped). stderr still goes to the log file.
+    pub fn with_stalled_stdout(mut self) -> Self {
+        self.stall_stdout = true;
+        self
     }
 
     /// Sets an environment variable for the process (e.g. `RUST_LOG`).
@@ -165,13 +175,20 @@ impl Proxy {
         let log_path = dir.path().join("corral.log");
         let log = File::create(&log_path).expect("create the proxy log");
         let log_err = log.try_clone().expect("clone the proxy log handle");
+        // A stalled stdout is the read end of a pipe kept, unread, in the
+        // Child for as long as the process lives.
+        let stdout = if self.stall_stdout {
+            Stdio::piped()
+        } else {
+            Stdio::from(log)
+        };
         let child = Command::new(bin)
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
-            .stdout(log)
+            .stdout(stdout)
             .stderr(log_err)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {} serve: {e}", bin.display()));

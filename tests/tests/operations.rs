@@ -411,10 +411,12 @@ async fn a_good_config_file_written_in_place_replaces_the_routes() {
         !slow.is_finished(),
         "the slow request ended before the reload was seen; it proves nothing"
     );
-    let reloaded = log_lines_with(&proxy, RELOADED);
+    // Log lines reach stdout within a few milliseconds, not at once.
+    let reloaded = wait_for_log_lines(&proxy, RELOADED, 1, DEADLINE).await;
     assert_eq!(reloaded.len(), 1, "{}", proxy.report());
     assert!(reloaded[0].contains("\"routes\":2"), "{}", reloaded[0]);
-    let restart = log_lines_with(&proxy, "only takes effect after a restart");
+    let restart =
+        wait_for_log_lines(&proxy, "only takes effect after a restart", 1, DEADLINE).await;
     assert!(
         restart.len() == 1 && restart[0].contains("cache.memory"),
         "{restart:#?}\n{}",
@@ -532,4 +534,51 @@ async fn readyz_reports_routes_and_redis_off_and_health_endpoints_answer() {
         "{metrics:?}"
     );
     lifecycle::Scrape::parse(&metrics.body).expect("readable exposition text");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stdout_never_holds_a_request() {
+    // About 300 bytes of access line per request: 4,000 requests are some
+    // 1.2 MB of log, twenty times what the unread stdout pipe holds. A
+    // proxy that wrote its log inline would stop answering at the
+    // two-hundredth request or so.
+    const N: usize = 4000;
+    let origin = Origin::new()
+        .route(
+            "/logged",
+            Reply::ok("answer").header("cache-control", "max-age=600"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_stalled_stdout()
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/logged");
+    let answered = tokio::time::timeout(DEADLINE * 3, async {
+        let mut all = Vec::with_capacity(N);
+        for _ in 0..N / 50 {
+            all.extend(client.burst(50, &url, &[]).await);
+        }
+        all
+    })
+    .await
+    .expect("every request answered while stdout is stalled");
+    corral_tests::assert_every_answer(&answered, 200, "answer");
+    assert_eq!(origin.hits("/logged"), 1);
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.sum(REQUESTS, &[("route", "api")]),
+        N as f64,
+        "{}",
+        metrics.text()
+    );
+    // 1.2 MB fits in the 8 MiB buffer: nothing dropped yet.
+    assert_eq!(
+        metrics.value("corral_log_lines_dropped_total", &[]),
+        Some(0.0),
+        "{}",
+        metrics.text()
+    );
 }

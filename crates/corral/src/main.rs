@@ -12,6 +12,7 @@ mod fill;
 mod hop_by_hop;
 mod l2;
 mod lease;
+mod log_sink;
 mod metrics;
 mod proxy;
 mod purge;
@@ -28,6 +29,7 @@ mod upstream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -164,7 +166,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(serve(config, path, reload::fingerprint(text.as_bytes()))) {
+            let served =
+                runtime.block_on(serve(config, path, reload::fingerprint(text.as_bytes())));
+            // The last lines ("corral stopped") are still queued for stdout.
+            if !log_sink::flush_installed(Duration::from_secs(2)) {
+                eprintln!("corral: stdout did not take the last log lines within 2s");
+            }
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corral: {e:#}");
@@ -233,15 +241,27 @@ fn purge_cli(admin: &str, token: &str, (kind, value): (&str, String), soft: bool
     }
 }
 
+/// Log lines go to stdout through [`log_sink`]: requests never wait on it.
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stdout);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Pretty => builder.init(),
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match log_sink::install() {
+        Ok(sink) => match format {
+            LogFormat::Json => builder.with_writer(sink).json().flatten_event(true).init(),
+            LogFormat::Pretty => builder.with_writer(sink).init(),
+        },
+        Err(e) => {
+            eprintln!("corral: no log writer thread ({e}); logging straight to stdout");
+            match format {
+                LogFormat::Json => builder
+                    .with_writer(std::io::stdout)
+                    .json()
+                    .flatten_event(true)
+                    .init(),
+                LogFormat::Pretty => builder.with_writer(std::io::stdout).init(),
+            }
+        }
     }
 }
 

@@ -163,6 +163,7 @@ pub fn render(handle: &PrometheusHandle, app: &App) -> String {
     gauge!("corral_l1_entries").set(app.l1.entry_count() as f64);
     gauge!("corral_l1_bytes").set(app.l1.weighted_size() as f64);
     gauge!("corral_sealed_bodies").set(corral_core::sealed::live() as f64);
+    counter!("corral_log_lines_dropped_total").absolute(crate::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(app.flights.len() as f64);
     if let Some(l2) = &app.l2 {
         let (state, opened) = l2.link.breaker_state();
