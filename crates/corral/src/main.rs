@@ -2,6 +2,7 @@
 //! `corral serve --config FILE` runs it; `corral check --config FILE`
 //! validates a configuration and exits.
 
+mod access_log;
 mod admin;
 mod app;
 mod breaker;
@@ -248,7 +249,10 @@ fn init_logs(format: LogFormat) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match log_sink::install() {
         Ok(sink) => match format {
-            LogFormat::Json => builder.with_writer(sink).json().flatten_event(true).init(),
+            LogFormat::Json => {
+                access_log::write_json_to(sink.clone());
+                builder.with_writer(sink).json().flatten_event(true).init()
+            }
             LogFormat::Pretty => builder.with_writer(sink).init(),
         },
         Err(e) => {

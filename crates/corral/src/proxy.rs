@@ -14,6 +14,7 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::Body as _;
 use tokio::time::Instant;
 
+use crate::access_log::{self, AccessLine};
 use crate::app::App;
 use crate::cache_path;
 use crate::hop_by_hop;
@@ -40,17 +41,20 @@ pub async fn handle(
     }
     // The access line: never the query (it may carry tokens), never a
     // credential header.
-    tracing::info!(
-        target: "corral::access",
-        route = route_name,
-        method = %method,
-        path = %path,
-        status = res.status().as_u16(),
+    access_log::log(&AccessLine {
+        route: route_name,
+        method: method.as_str(),
+        path: &path,
+        status: res.status().as_u16(),
         cache,
-        cache_status = res.headers().get(&respond::CACHE_STATUS).and_then(|v| v.to_str().ok()).unwrap_or(""),
-        ms = started.elapsed().as_secs_f64() * 1000.0,
-        peer = %peer.ip(),
-    );
+        cache_status: res
+            .headers()
+            .get(&respond::CACHE_STATUS)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(""),
+        ms: started.elapsed().as_secs_f64() * 1000.0,
+        peer: peer.ip(),
+    });
     res
 }
 
