@@ -2,8 +2,6 @@
 //! cache did with the request. Built in one place so every path names its
 //! outcome the same way.
 
-use std::fmt::Write as _;
-
 use http::HeaderValue;
 
 /// The cache's name in `Cache-Status`.
@@ -97,7 +95,8 @@ impl CacheStatus {
             s.push_str(fwd.as_str());
         }
         if let Some(status) = self.fwd_status {
-            let _ = write!(s, "; fwd-status={status}");
+            s.push_str("; fwd-status=");
+            push_int(&mut s, i64::from(status));
         }
         if self.stored {
             s.push_str("; stored");
@@ -106,7 +105,8 @@ impl CacheStatus {
             s.push_str("; collapsed");
         }
         if let Some(ttl) = self.ttl {
-            let _ = write!(s, "; ttl={ttl}");
+            s.push_str("; ttl=");
+            push_int(&mut s, ttl);
         }
         if let Some(detail) = self.detail {
             s.push_str("; detail=");
@@ -119,9 +119,40 @@ impl CacheStatus {
     }
 }
 
+/// `n` in decimal, without the formatting machinery (this runs on every
+/// answer).
+fn push_int(s: &mut String, n: i64) {
+    if n < 0 {
+        s.push('-');
+    }
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        s.push(char::from(d));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_are_written_like_display() {
+        for n in [0, 1, 9, 10, 59, 86_399, -1, -6, -10, i64::MAX, i64::MIN] {
+            let mut s = String::new();
+            push_int(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
+    }
 
     #[test]
     fn formats_parameters_in_rfc9211_order() {
