@@ -16,7 +16,7 @@ size=${1:-1024}
 n=${2:-5000}
 work=$(mktemp -d /tmp/corral-callgrind.XXXXXX)
 origin_pid=
-cleanup() { [ -z "$origin_pid" ] || kill "$origin_pid" 2>/dev/null || true; rm -rf "$work"; }
+cleanup() { [ -z "$origin_pid" ] || kill "$origin_pid" 2>/dev/null || true; [ -n "${CALLGRIND_KEEP:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
 for tool in valgrind curl oha; do command -v "$tool" >/dev/null || { echo "$tool is needed" >&2; exit 1; }; done
 cat >"$work/corral.yaml" <<YAML
