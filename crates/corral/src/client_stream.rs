@@ -42,7 +42,7 @@ impl ClientStream {
             match self.tcp.try_io(Interest::WRITABLE, || {
                 sock.send_vectored_with_flags(bufs, MSG_MORE)
             }) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if retry(&e) => continue,
                 other => return Poll::Ready(other),
             }
         }
@@ -54,19 +54,26 @@ impl ClientStream {
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
             let sent = self.tcp.try_io(Interest::WRITABLE, || {
-                match corral_core::sealed::send(self.tcp.as_fd(), data) {
-                    Some(r) => r,
-                    // Not sealed after all (cannot happen for a slice that
-                    // was sealed a moment ago); an ordinary write then.
-                    None => self.tcp.try_write(data),
-                }
+                // The caller found `data` sealed and holds it, so it stays
+                // sealed; were it not, failing the connection beats
+                // sending something else.
+                corral_core::sealed::send(self.tcp.as_fd(), data)
+                    .unwrap_or_else(|| Err(io::Error::other("body no longer sealed")))
             });
             match sent {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if retry(&e) => continue,
                 other => return Poll::Ready(other),
             }
         }
     }
+}
+
+/// Not ready after all, or a signal cut the call short: try again.
+fn retry(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
 impl AsyncRead for ClientStream {
@@ -109,7 +116,11 @@ impl AsyncWrite for ClientStream {
             // segment with the start of the body; the body goes with
             // sendfile on the next call. A short count is allowed by the
             // contract and hyper expects it.
-            Some(k) => this.poll_write_more(cx, &bufs[..k]),
+            Some(k) if bufs[..k].iter().any(|b| !b.is_empty()) => {
+                this.poll_write_more(cx, &bufs[..k])
+            }
+            // Only empty slices before it: nothing to hold back.
+            Some(k) => this.poll_send_sealed(cx, &bufs[k]),
         }
     }
 
