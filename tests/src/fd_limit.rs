@@ -1,7 +1,8 @@
 //! Raises the soft open-files limit so bursts of a thousand connections fit.
 //!
-//! No libc binding is available (and `unsafe` is forbidden), so this reads
-//! `/proc/self/limits` and asks `prlimit(1)` to lift the soft limit of this
+//! The tests crate has no libc binding (and `unsafe` is denied outside
+//! corral-core's sealed-body module), so this reads `/proc/self/limits`
+//! and asks `prlimit(1)` to lift the soft limit of this
 //! process; children (the proxy) inherit it. It never lowers a limit.
 
 use std::sync::OnceLock;
