@@ -246,26 +246,30 @@ fn purge_cli(admin: &str, token: &str, (kind, value): (&str, String), soft: bool
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match log_sink::install() {
-        Ok(sink) => match format {
-            LogFormat::Json => {
+        Ok(sink) => {
+            if matches!(format, LogFormat::Json) {
                 access_log::write_json_to(sink.clone());
-                builder.with_writer(sink).json().flatten_event(true).init()
             }
-            LogFormat::Pretty => builder.with_writer(sink).init(),
-        },
+            init_subscriber(filter, format, sink);
+        }
         Err(e) => {
             eprintln!("corral: no log writer thread ({e}); logging straight to stdout");
-            match format {
-                LogFormat::Json => builder
-                    .with_writer(std::io::stdout)
-                    .json()
-                    .flatten_event(true)
-                    .init(),
-                LogFormat::Pretty => builder.with_writer(std::io::stdout).init(),
-            }
+            init_subscriber(filter, format, std::io::stdout);
         }
+    }
+}
+
+fn init_subscriber<W>(filter: tracing_subscriber::EnvFilter, format: LogFormat, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Pretty => builder.init(),
     }
 }
 
