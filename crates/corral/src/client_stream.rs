@@ -36,44 +36,44 @@ impl ClientStream {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            let sock = socket2::SockRef::from(&self.tcp);
-            match self.tcp.try_io(Interest::WRITABLE, || {
-                sock.send_vectored_with_flags(bufs, MSG_MORE)
-            }) {
-                Err(e) if retry(&e) => continue,
-                other => return Poll::Ready(other),
-            }
-        }
+        let sock = socket2::SockRef::from(&self.tcp);
+        self.poll_send(cx, || sock.send_vectored_with_flags(bufs, MSG_MORE))
     }
 
     /// Sends `data`, which is sealed, with sendfile once the socket is
     /// writable.
     fn poll_send_sealed(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_send(cx, || {
+            // The caller found `data` sealed and holds it, so it stays
+            // sealed; were it not, failing the connection beats sending
+            // something else.
+            corral_core::sealed::send(self.tcp.as_fd(), data)
+                .unwrap_or_else(|| Err(io::Error::other("body no longer sealed")))
+        })
+    }
+
+    /// Runs the non-blocking `send` once the socket is writable, again
+    /// whenever it was not ready after all or a signal cut it short.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        mut send: impl FnMut() -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
-            let sent = self.tcp.try_io(Interest::WRITABLE, || {
-                // The caller found `data` sealed and holds it, so it stays
-                // sealed; were it not, failing the connection beats
-                // sending something else.
-                corral_core::sealed::send(self.tcp.as_fd(), data)
-                    .unwrap_or_else(|| Err(io::Error::other("body no longer sealed")))
-            });
-            match sent {
-                Err(e) if retry(&e) => continue,
+            match self.tcp.try_io(Interest::WRITABLE, &mut send) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue;
+                }
                 other => return Poll::Ready(other),
             }
         }
     }
-}
-
-/// Not ready after all, or a signal cut the call short: try again.
-fn retry(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    )
 }
 
 impl AsyncRead for ClientStream {
