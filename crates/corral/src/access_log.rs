@@ -38,11 +38,14 @@ pub struct AccessLine<'a> {
     pub peer: IpAddr,
 }
 
-/// Logs `line` if `corral::access` is enabled at info.
+/// Whether access lines are logged (`corral::access` enabled at info):
+/// ask before gathering what a line needs.
+pub fn enabled() -> bool {
+    tracing::enabled!(target: "corral::access", tracing::Level::INFO)
+}
+
+/// Logs `line`; the caller checked [`enabled`].
 pub fn log(line: &AccessLine<'_>) {
-    if !tracing::enabled!(target: "corral::access", tracing::Level::INFO) {
-        return;
-    }
     match DIRECT.get() {
         Some(sink) => {
             thread_local! {

@@ -31,7 +31,8 @@ pub async fn handle(
 ) -> Response<Body> {
     let started = Instant::now();
     let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    // Copied only for the access line, and only when one is written.
+    let path = access_log::enabled().then(|| req.uri().path().to_owned());
     let (route, res) = route_request(app, peer, req).await;
     let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
     let cache = cache_result(&res);
@@ -41,6 +42,9 @@ pub async fn handle(
     }
     // The access line: never the query (it may carry tokens), never a
     // credential header.
+    let Some(path) = path else {
+        return res;
+    };
     access_log::log(&AccessLine {
         route: route_name,
         method: method.as_str(),
