@@ -57,7 +57,9 @@ async fn exchange_inner(addr: SocketAddr, bytes: &[u8]) -> RawAnswer {
     }
 }
 
-fn find_head_end(buf: &[u8]) -> Option<usize> {
+/// Where the body starts in `buf`: just past the first blank line ending a
+/// response head, or `None` while the head is incomplete.
+pub fn find_head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
 }
 

@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use corral_tests::lifecycle::scrape;
+use corral_tests::raw::find_head_end;
 use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, eventually};
 
 /// A body in which no two nearby positions hold the same run of bytes, so a
@@ -104,8 +105,8 @@ async fn large_hits_are_byte_exact_at_every_size() {
 /// Reads one HTTP/1.1 response with a Content-Length off `stream`.
 async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
     let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
+        if let Some(end) = find_head_end(buf) {
+            break end;
         }
         let mut chunk = [0u8; 16 * 1024];
         let n = stream.read(&mut chunk).await.expect("read head");
@@ -244,8 +245,8 @@ async fn a_client_that_reads_slowly_still_gets_every_byte() {
                 break buf;
             }
             buf.extend_from_slice(&chunk[..n]);
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n")
-                && buf.len() - (i + 4) >= body.len()
+            if let Some(end) = find_head_end(&buf)
+                && buf.len() - end >= body.len()
             {
                 break buf;
             }
@@ -258,11 +259,7 @@ async fn a_client_that_reads_slowly_still_gets_every_byte() {
     })
     .await
     .expect("the whole answer within the deadline");
-    let start = got
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a response head")
-        + 4;
+    let start = find_head_end(&got).expect("a response head");
     assert!(got.starts_with(b"HTTP/1.1 200"));
     let received = &got[start..];
     assert!(received == body, "{}", first_difference(received, &body));
