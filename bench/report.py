@@ -158,13 +158,18 @@ def main() -> None:
         rs.sort(key=lambda r: (r["run"], SYSTEMS.index(r["system"]) if r["system"] in SYSTEMS else 9))
         return rs
 
-    def nginx_of(scenario, r, **kw):
-        n = pick(scenario, system="nginx", run=r["run"], **kw)
-        return n[0]["m"] if n and not n[0]["m"].get("missing") else {}
-
     def nginx_rec(scenario, r, **kw):
         n = pick(scenario, system="nginx", run=r["run"], **kw)
         return n[0] if n else {}
+
+    def nginx_of(scenario, r, **kw):
+        m = nginx_rec(scenario, r, **kw).get("m", {})
+        return {} if m.get("missing") else m
+
+    def cpu_cells(r, nr):
+        """CPU µs per answer, its ratio to nginx's (record `nr`), oha's core."""
+        c = cpu_per_answer(r)
+        return [f_us(c), f_ratio(c, cpu_per_answer(nr)), f_pct(client_busy(r, secs))]
 
     secs = float(a.duration.rstrip("s") or 0)
 
@@ -222,8 +227,7 @@ def main() -> None:
                 rows.append([
                     f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
                     f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
-                    f_us(cpu_per_answer(r)), f_ratio(cpu_per_answer(r), cpu_per_answer(nr)), f_pct(client_busy(r, secs)),
-                    non200(m), r["origin_hits"],
+                    *cpu_cells(r, nr), non200(m), r["origin_hits"],
                 ])
         L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
                         "CPU µs/answer", "CPU ×nginx", "oha core", "non-200", "origin hits"], rows))
@@ -283,8 +287,7 @@ def main() -> None:
             nr = nginx_rec("hotset", r)
             rows.append([
                 r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")), f_ms(m["p50"]),
-                f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
-                f_us(cpu_per_answer(r)), f_ratio(cpu_per_answer(r), cpu_per_answer(nr)), f_pct(client_busy(r, secs)),
+                f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")), *cpu_cells(r, nr),
                 r.get("origin_hits"), r.get("keys_fetched"), non200(m),
             ])
         L.append(table(["system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx", "CPU µs/answer",
@@ -381,7 +384,7 @@ def main() -> None:
         errs = [r["m"]["answers"] - r["m"]["ok"] + r["m"]["errors"] for r in c if not r["m"].get("missing")]
         oh = [r["origin_hits"] for r in c]
         nh = [r["origin_hits"] for r in pick("failing", system="nginx")]
-        window = float(a.duration.rstrip("s") or 0)
+        window = secs
         rows.append([
             f"failing origin: stale for the whole window (0 errors), at most one origin request per second "
             f"(a 1 s back-off) = {window:.0f} in {a.duration}",
