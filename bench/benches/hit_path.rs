@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use corral_core::{Freshness, L1, L1Config, PrimaryKey, QueryFilter, StoredResponse, UriKey, Vary};
+use corral_core::{
+    Freshness, L1, L1Config, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey, Vary,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::header::ACCEPT_ENCODING;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -44,24 +46,16 @@ fn l1_hit(c: &mut Criterion) {
     let filter = QueryFilter::default();
     let uri = UriKey::new("h", "/hot", None, &filter);
     let key = PrimaryKey::new("r", uri.clone()).variant(None, &[]);
-    let req = http::Request::get("http://h/hot")
-        .body(())
-        .expect("request");
-    let res = http::Response::builder()
-        .header("cache-control", "max-age=600")
-        .body(())
-        .expect("response");
     let fresh = Freshness {
         ttl: Duration::from_secs(600),
         swr: Duration::ZERO,
         sie: Duration::ZERO,
-        shareable: true,
+        sharing: Sharing::Everyone,
     };
     let entry = StoredResponse::new(
         StatusCode::OK,
         HeaderMap::new(),
         Bytes::from(vec![b'x'; 1024]),
-        http_cache_semantics_policy(&req, &res),
         &fresh,
         SystemTime::now(),
         Duration::from_millis(5),
@@ -77,13 +71,6 @@ fn l1_hit(c: &mut Criterion) {
             black_box(e.state(SystemTime::now()))
         })
     });
-}
-
-fn http_cache_semantics_policy(
-    req: &http::Request<()>,
-    res: &http::Response<()>,
-) -> http_cache_semantics::CachePolicy {
-    http_cache_semantics::CachePolicy::new(req, res)
 }
 
 criterion_group!(benches, key_building, vary_normalization, l1_hit);

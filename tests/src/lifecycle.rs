@@ -75,11 +75,12 @@ pub async fn wait_for_exit(proxy: &mut RunningProxy, within: Duration) -> Exit {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| {
             panic!("process {pid} was reaped before its exit status was read: {e}")
         });
-        if let Some(exit) = exit_from_stat(&stat) {
-            assert!(
-                !proxy.is_running(),
-                "process {pid} is a zombie, yet try_wait says it runs"
-            );
+        // The thread-group leader shows as a zombie while its other
+        // threads are still exiting; waitpid reports the exit only after
+        // them, so poll until it does.
+        if let Some(exit) = exit_from_stat(&stat)
+            && !proxy.is_running()
+        {
             return exit;
         }
         if tokio::time::Instant::now() >= deadline {

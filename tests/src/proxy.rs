@@ -57,6 +57,7 @@ pub struct Proxy {
     instances: usize,
     wait_for_redis: bool,
     stall_stdout: bool,
+    open_files: Option<u64>,
 }
 
 impl Proxy {
@@ -68,6 +69,7 @@ impl Proxy {
             instances: 1,
             wait_for_redis: true,
             stall_stdout: false,
+            open_files: None,
         }
     }
 
@@ -104,6 +106,14 @@ impl Proxy {
     /// stopped). stderr still goes to the log file.
     pub fn with_stalled_stdout(mut self) -> Self {
         self.stall_stdout = true;
+        self
+    }
+
+    /// Runs the process with this open-file limit, soft and hard (through
+    /// `prlimit(1)`, which execs it: the pid is corral's), so a test can
+    /// show what happens at the descriptor limit.
+    pub fn open_files(mut self, n: u64) -> Self {
+        self.open_files = Some(n);
         self
     }
 
@@ -182,7 +192,15 @@ impl Proxy {
         } else {
             Stdio::from(log)
         };
-        let child = Command::new(bin)
+        let mut command = match self.open_files {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)

@@ -75,3 +75,109 @@ pub async fn send_and_hold(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
         .unwrap_or_else(|e| panic!("write to {addr}: {e}"));
     stream
 }
+
+/// A whole response read off a raw connection: head and de-framed body.
+#[derive(Clone, Debug)]
+pub struct RawResponse {
+    /// The status code of the status line.
+    pub status: u16,
+    /// The response head (status line and headers) as text.
+    pub head: String,
+    /// The body, after removing chunked framing when the head says chunked.
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// Every value of header `name` (case-insensitive).
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        self.head
+            .split("\r\n")
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim())
+            .collect()
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.header_all(name).into_iter().next()
+    }
+}
+
+/// Sends `bytes` (which should ask for `Connection: close`) and reads until
+/// the server closes, within `within`; the body is de-framed by the head's
+/// Content-Length or chunked encoding, and bytes past that are kept in
+/// `body` too, so a framing mismatch shows.
+pub async fn exchange_full(addr: SocketAddr, bytes: &[u8], within: Duration) -> RawResponse {
+    let all = tokio::time::timeout(within, async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let _ = stream.write_all(bytes).await;
+        let mut all = Vec::new();
+        let _ = stream.read_to_end(&mut all).await;
+        all
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{addr} did not close the connection within {within:?}"));
+    // Interim answers (100 Continue) come before the final one: skip them.
+    let mut all = &all[..];
+    while all.starts_with(b"HTTP/1.1 1")
+        && !all.starts_with(b"HTTP/1.1 101")
+        && let Some(end) = find_head_end(all)
+    {
+        all = &all[end..];
+    }
+    let end = find_head_end(all).unwrap_or_else(|| {
+        panic!(
+            "no complete response head from {addr}: {:?}",
+            String::from_utf8_lossy(all)
+        )
+    });
+    let head = String::from_utf8_lossy(&all[..end - 4]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in response head {head:?}"));
+    let mut response = RawResponse {
+        status,
+        head,
+        body: Vec::new(),
+    };
+    let rest = &all[end..];
+    let chunked = response
+        .header_all("transfer-encoding")
+        .iter()
+        .any(|v| v.eq_ignore_ascii_case("chunked"));
+    response.body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    response
+}
+
+/// The data of a chunked body (whatever follows the last chunk is dropped).
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&rest[..i])
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim(),
+            16,
+        )
+        .unwrap_or(0);
+        rest = &rest[i + 2..];
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = rest.get(size + 2..).unwrap_or(&[]);
+    }
+    out
+}

@@ -298,3 +298,57 @@ async fn the_purge_subcommand_calls_the_admin_api() {
     assert!(!client.get(&proxy.url("/cli")).await.cache_status().is_hit());
     assert_eq!(origin.hits("/cli"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_without_a_valid_host_is_refused_and_purges_nothing() {
+    let origin = Origin::new().route("/k", cacheable("k")).start().await;
+    let proxy = Proxy::new(config(&origin)).start().await;
+    let client = Client::new();
+    client.get(&proxy.url("/k")).await;
+    for prefix in [":", "http://:80/", "http://", "%20/"] {
+        let (status, body) =
+            purge(&client, &proxy, &format!("prefix={}", enc(prefix)), TOKEN).await;
+        assert_eq!(status, 400, "prefix {prefix:?}: {body}");
+    }
+    let (status, body) = purge(
+        &client,
+        &proxy,
+        &format!("url={}", enc("http://:80/k")),
+        TOKEN,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let again = client.get(&proxy.url("/k")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(origin.hits("/k"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_purge_token_in_the_environment_is_refused_at_start() {
+    let dir = corral_tests::temp::TempDir::new("short-token").expect("scratch dir");
+    let path = dir.path().join("corral.yaml");
+    let yaml = corral_tests::config::with_listeners(
+        &Config::single("http://127.0.0.1:9").to_yaml(),
+        "127.0.0.1:0".parse().expect("addr"),
+        "127.0.0.1:0".parse().expect("addr"),
+    );
+    std::fs::write(&path, yaml).expect("write config");
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::process::Command::new(corral_tests::paths::corral_bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .env("CORRAL_PURGE_TOKEN", "short")
+            .output(),
+    )
+    .await
+    .expect("corral exits at once")
+    .expect("run corral");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("CORRAL_PURGE_TOKEN must be at least 16 characters"),
+        "{stderr}"
+    );
+}

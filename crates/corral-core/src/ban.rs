@@ -129,11 +129,8 @@ mod tests {
     use crate::policy::Freshness;
     use bytes::Bytes;
     use http::{HeaderMap, HeaderValue, StatusCode};
-    use http_cache_semantics::CachePolicy;
 
     fn entry(uri: &str, tags: Option<&'static str>) -> StoredResponse {
-        let req = http::Request::get("http://h/").body(()).expect("req");
-        let res = http::Response::builder().body(()).expect("res");
         let mut h = HeaderMap::new();
         if let Some(t) = tags {
             h.insert("surrogate-key", HeaderValue::from_static(t));
@@ -142,13 +139,12 @@ mod tests {
             ttl: Duration::from_secs(60),
             swr: Duration::from_secs(30),
             sie: Duration::ZERO,
-            shareable: true,
+            sharing: crate::Sharing::Everyone,
         };
         StoredResponse::new(
             StatusCode::OK,
             h,
             Bytes::new(),
-            CachePolicy::new(&req, &res),
             &fr,
             SystemTime::now() - Duration::from_secs(1),
             Duration::ZERO,

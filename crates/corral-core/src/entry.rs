@@ -1,19 +1,20 @@
 //! A stored response and its lifecycle: fresh, stale but usable while one
 //! refresh runs (stale-while-revalidate), usable only when the origin fails
 //! (stale-if-error), or expired. Bodies are `Bytes`, shared, never copied
-//! per hit.
+//! per hit. An entry owns compact copies of its headers (never slices of a
+//! connection's read buffer, which would keep the whole buffer alive), and
+//! its [`StoredResponse::weight`] is what it really holds in memory.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{
-    CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRANSFER_ENCODING,
+    AGE, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRANSFER_ENCODING,
 };
-use http::{HeaderMap, StatusCode};
-use http_cache_semantics::CachePolicy;
+use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::policy::Freshness;
+use crate::policy::{Freshness, Sharing};
 use crate::vary::Vary;
 
 /// Entries with a validator are kept this much past their stale windows so
@@ -41,7 +42,8 @@ pub struct StoredResponse {
     /// End-to-end headers as received (hop-by-hop already removed).
     pub headers: HeaderMap,
     pub body: Bytes,
-    pub policy: CachePolicy,
+    /// The origin's `Age` when the response arrived (RFC 9111 §4.2.3).
+    pub initial_age: Duration,
     pub response_time: SystemTime,
     pub fresh_until: SystemTime,
     pub swr: Duration,
@@ -56,8 +58,9 @@ pub struct StoredResponse {
     pub generation: u64,
     /// Keyed to one caller's credentials.
     pub private: bool,
-    /// RFC 9111 §3.5: may be served to authenticated requests of any caller.
-    pub shareable: bool,
+    /// RFC 9111 §3.5: which identified callers besides the one who asked
+    /// may be served this entry.
+    pub sharing: Sharing,
     /// The readable URI key (`host/path?query`), for prefix purges. Not
     /// part of the L2 envelope: whoever reads an entry knows its URI.
     pub uri: Arc<str>,
@@ -67,9 +70,8 @@ impl StoredResponse {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         status: StatusCode,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         body: Bytes,
-        policy: CachePolicy,
         freshness: &Freshness,
         response_time: SystemTime,
         fetch_duration: Duration,
@@ -79,16 +81,13 @@ impl StoredResponse {
         private: bool,
     ) -> Self {
         // A stored copy never hands one caller's cookie to another.
-        headers.remove(SET_COOKIE);
-        headers.remove(TRANSFER_ENCODING);
-        if let Ok(v) = http::HeaderValue::from_str(&body.len().to_string()) {
-            headers.insert(CONTENT_LENGTH, v);
-        }
+        let mut headers = compact(&headers, &[SET_COOKIE, TRANSFER_ENCODING]);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
         StoredResponse {
             status,
+            initial_age: initial_age(&headers),
             headers,
             body,
-            policy,
             response_time,
             fresh_until: later(response_time, freshness.ttl),
             swr: freshness.swr,
@@ -98,7 +97,7 @@ impl StoredResponse {
             vary_values,
             generation,
             private,
-            shareable: freshness.shareable,
+            sharing: freshness.sharing,
             uri: Arc::from(""),
         }
     }
@@ -136,9 +135,11 @@ impl StoredResponse {
         }
     }
 
-    /// The `Age` to send (RFC 9111 §4.2.3), including the origin's own Age.
+    /// The `Age` to send (RFC 9111 §4.2.3): the origin's own Age plus the
+    /// time since the response arrived.
     pub fn age_secs(&self, now: SystemTime) -> u64 {
-        self.policy.age(now).as_secs()
+        let resident = now.duration_since(self.response_time).unwrap_or_default();
+        self.initial_age.saturating_add(resident).as_secs()
     }
 
     pub fn has_validators(&self) -> bool {
@@ -162,44 +163,105 @@ impl StoredResponse {
             .min(MAX_RESIDENCY)
     }
 
-    /// Bytes this entry costs in L1.
+    /// Bytes this entry costs in L1: everything it holds (the record, its
+    /// header table, every header name and value, the body, the Vary values,
+    /// the URI label) and what the store spends to keep it.
     pub fn weight(&self) -> u32 {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 32)
-            .sum();
         // A sealed body occupies whole pages.
         let body = if crate::sealed::is_sealed(&self.body) {
             self.body.len().div_ceil(4096) * 4096
         } else {
-            self.body.len()
+            heap_bytes(self.body.len())
         };
-        u32::try_from(body + headers + 512).unwrap_or(u32::MAX)
+        let vary: usize = self
+            .vary_values
+            .iter()
+            .map(|v| std::mem::size_of::<String>() + heap_bytes(v.len()))
+            .sum::<usize>()
+            + std::mem::size_of_val(self.vary.names());
+        let total = std::mem::size_of::<Self>()
+            + STORE_OVERHEAD
+            + header_map_bytes(&self.headers)
+            + body
+            + vary
+            + heap_bytes(self.uri.len());
+        u32::try_from(total).unwrap_or(u32::MAX)
     }
 
     /// This entry refreshed by a 304, with `headers` from
     /// [`merge_not_modified`].
     pub fn revalidated(
         &self,
-        headers: HeaderMap,
-        policy: CachePolicy,
+        headers: &HeaderMap,
         freshness: &Freshness,
         response_time: SystemTime,
         generation: u64,
     ) -> Self {
+        let headers = compact(headers, &[]);
         StoredResponse {
+            initial_age: initial_age(&headers),
             headers,
-            policy,
             response_time,
             fresh_until: later(response_time, freshness.ttl),
             swr: freshness.swr,
             sie: freshness.sie,
-            shareable: freshness.shareable,
+            sharing: freshness.sharing,
             generation,
             ..self.clone()
         }
     }
+}
+
+/// What the store spends per entry beyond the entry itself: its map slot,
+/// access and write order nodes, the expiry timer node, the key and the
+/// `Arc` around the entry. Measured (see the `entry_weight_matches_rss`
+/// test in `store.rs`), not guessed.
+pub const STORE_OVERHEAD: usize = 448;
+
+/// What an allocation of `len` bytes costs the allocator (glibc: a 16-byte
+/// granularity and an 8-byte header).
+pub fn heap_bytes(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        (len + 8).div_ceil(16) * 16
+    }
+}
+
+/// What a header map holds: its tables and every name and value.
+pub fn header_map_bytes(headers: &HeaderMap) -> usize {
+    const BUCKET: usize =
+        std::mem::size_of::<HeaderName>() + std::mem::size_of::<HeaderValue>() + 24;
+    let fields: usize = headers
+        .iter()
+        // Standard names are static; counting every name errs on the safe side.
+        .map(|(n, v)| heap_bytes(n.as_str().len()) + heap_bytes(v.len()))
+        .sum();
+    std::mem::size_of::<HeaderMap>() + headers.capacity() * (BUCKET + 8) + fields
+}
+
+/// A copy of `headers` without `drop`, every value in its own allocation
+/// and the table sized to fit: nothing in it points into the buffer the
+/// headers were read from.
+pub fn compact(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.keys_len());
+    for (name, value) in headers {
+        if drop.contains(name) {
+            continue;
+        }
+        let value = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        out.append(name.clone(), value);
+    }
+    out
+}
+
+/// The `Age` the origin sent, in seconds (already sanitized to digits).
+fn initial_age(headers: &HeaderMap) -> Duration {
+    headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::ZERO, |s| Duration::from_secs(s.min(1 << 31)))
 }
 
 /// `t + d`, saturating far in the future instead of overflowing: the
@@ -232,17 +294,11 @@ mod tests {
 
     fn entry(ttl: u64, swr: u64, sie: u64) -> StoredResponse {
         let now = SystemTime::now();
-        let req = http::Request::get("http://h/").body(()).expect("req");
-        let res = http::Response::builder()
-            .header("cache-control", "max-age=60")
-            .body(())
-            .expect("res");
-        let policy = CachePolicy::new(&req, &res);
         let fr = Freshness {
             ttl: Duration::from_secs(ttl),
             swr: Duration::from_secs(swr),
             sie: Duration::from_secs(sie),
-            shareable: true,
+            sharing: Sharing::Everyone,
         };
         let mut h = HeaderMap::new();
         h.insert("etag", HeaderValue::from_static("\"v1\""));
@@ -252,7 +308,6 @@ mod tests {
             StatusCode::OK,
             h,
             Bytes::from_static(b"hello"),
-            policy,
             &fr,
             now,
             Duration::from_millis(10),
@@ -304,16 +359,10 @@ mod tests {
             ttl: Duration::from_secs(60),
             swr: Duration::ZERO,
             sie: Duration::ZERO,
-            shareable: true,
+            sharing: Sharing::Everyone,
         };
         let later = e.response_time + Duration::from_secs(5);
-        let r = e.revalidated(
-            merge_not_modified(&e.headers, &h304),
-            e.policy.clone(),
-            &fr,
-            later,
-            3,
-        );
+        let r = e.revalidated(&merge_not_modified(&e.headers, &h304), &fr, later, 3);
         assert_eq!(r.headers.get("x-a").map(|v| v.as_bytes()), Some(&b"2"[..]));
         assert_eq!(
             r.headers.get("content-length").map(|v| v.as_bytes()),
@@ -325,5 +374,45 @@ mod tests {
         );
         assert_eq!(r.state(later), EntryState::Fresh);
         assert_eq!(r.body, e.body);
+    }
+
+    #[test]
+    fn age_is_the_origins_plus_time_resident() {
+        let mut e = entry(10, 0, 0);
+        assert_eq!(e.age_secs(e.response_time), 0);
+        e.initial_age = Duration::from_secs(7);
+        assert_eq!(e.age_secs(e.response_time + Duration::from_secs(3)), 10);
+        // A clock that went back never makes Age negative.
+        assert_eq!(e.age_secs(e.response_time - Duration::from_secs(3)), 7);
+    }
+
+    #[test]
+    fn stored_headers_do_not_share_the_buffer_they_were_read_from() {
+        // One big buffer, as a connection's read buffer; the header value
+        // is a slice of it.
+        let buffer = Bytes::from(vec![b'v'; 64 * 1024]);
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-slice",
+            HeaderValue::from_maybe_shared(buffer.slice(0..4)).expect("value"),
+        );
+        let stored = compact(&h, &[]);
+        let kept = stored.get("x-slice").expect("kept");
+        assert_eq!(kept.as_bytes(), b"vvvv");
+        let original = h.get("x-slice").expect("original").as_bytes().as_ptr();
+        assert_ne!(kept.as_bytes().as_ptr(), original, "a copy, not a slice");
+    }
+
+    #[test]
+    fn weight_counts_headers_body_and_overhead() {
+        let e = entry(10, 0, 0);
+        let w = e.weight() as usize;
+        assert!(w >= STORE_OVERHEAD + std::mem::size_of::<StoredResponse>() + 5);
+        let mut big = e.clone();
+        big.headers.insert(
+            "x-big",
+            HeaderValue::from_bytes(&[b'a'; 1000]).expect("value"),
+        );
+        assert!(big.weight() as usize >= w + 1000);
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Layout (integers big-endian): magic `CRL`, version u8, status u16,
 //! response_time and fresh_until (unix millis u64), swr and sie (millis u64),
-//! fetch_duration (micros u64), flags u8 (bit 0 private, bit 1 shareable),
+//! fetch_duration (micros u64), flags u8 (bit 0 private, bit 1 shared with
+//! Authorization callers, bit 2 shared with every caller: RFC 9111 §3.5),
 //! vary kind u8 (0 none, 1 headers, 2 star) + u16 count + (u16 len + name)*,
 //! vary values u16 count + (u32 len + UTF-8)*, headers u32 count +
 //! (u16 name len + name + u32 value len + value)*, body u32 len + bytes, and
@@ -14,10 +15,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
-use http_cache_semantics::{CacheOptions, CachePolicy};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::entry::StoredResponse;
+use crate::policy::Sharing;
 use crate::vary::Vary;
 
 /// The format version written by [`encode`] and the only one [`decode`] reads.
@@ -25,12 +26,13 @@ pub const VERSION: u8 = 1;
 
 const MAGIC: &[u8; 3] = b"CRL";
 const FLAG_PRIVATE: u8 = 0b01;
-const FLAG_SHAREABLE: u8 = 0b10;
+/// Set for `must-revalidate` and for `public`/`s-maxage` (what version 1
+/// called "shareable"), so older readers share no more than before.
+const FLAG_SHARED_AUTHORIZATION: u8 = 0b010;
+const FLAG_SHARED_EVERYONE: u8 = 0b100;
 const VARY_NONE: u8 = 0;
 const VARY_HEADERS: u8 = 1;
 const VARY_STAR: u8 = 2;
-/// The request the rebuilt policy is attached to: `age()` never looks at it.
-const POLICY_URI: &str = "http://corral.invalid/";
 
 /// Why bytes read from L2 are not a stored response.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +49,7 @@ pub enum EnvelopeError {
     TrailingBytes(usize),
 }
 
-/// Encodes `entry` for L2. `policy` and `generation` are not stored; times
+/// Encodes `entry` for L2. `generation` is not stored; times
 /// are kept to the millisecond (fetch_duration to the microsecond) and times
 /// before the epoch become the epoch.
 ///
@@ -78,8 +80,10 @@ fn encode_checked(entry: &StoredResponse) -> Option<Bytes> {
     if entry.private {
         flags |= FLAG_PRIVATE;
     }
-    if entry.shareable {
-        flags |= FLAG_SHAREABLE;
+    match entry.sharing {
+        Sharing::Anonymous => {}
+        Sharing::Authorization => flags |= FLAG_SHARED_AUTHORIZATION,
+        Sharing::Everyone => flags |= FLAG_SHARED_AUTHORIZATION | FLAG_SHARED_EVERYONE,
     }
     out.put_u8(flags);
 
@@ -131,8 +135,7 @@ fn saturating_u64(n: u128) -> u64 {
 }
 
 /// Decodes an envelope read from L2, stamping it with this process's
-/// `generation`. The cache policy is rebuilt from the status, headers and
-/// response time, which is all its `age()` depends on.
+/// `generation`.
 pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeError> {
     let mut r = Reader { rest: bytes };
     let magic = r.take(MAGIC.len(), "magic").map_err(|e| {
@@ -160,7 +163,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
     let sie = Duration::from_millis(r.u64("sie")?);
     let fetch_duration = Duration::from_micros(r.u64("fetch_duration")?);
     let flags = r.u8("flags")?;
-    if flags & !(FLAG_PRIVATE | FLAG_SHAREABLE) != 0 {
+    if flags & !(FLAG_PRIVATE | FLAG_SHARED_AUTHORIZATION | FLAG_SHARED_EVERYONE) != 0 {
         return Err(EnvelopeError::Invalid("flags", format!("{flags:#010b}")));
     }
 
@@ -190,47 +193,33 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
         return Err(EnvelopeError::TrailingBytes(r.rest.len()));
     }
 
-    let policy = rebuild_policy(status, &headers, response_time);
-    Ok(StoredResponse {
+    let sharing = if flags & FLAG_SHARED_EVERYONE != 0 {
+        Sharing::Everyone
+    } else if flags & FLAG_SHARED_AUTHORIZATION != 0 {
+        Sharing::Authorization
+    } else {
+        Sharing::Anonymous
+    };
+    let freshness = crate::policy::Freshness {
+        ttl: Duration::ZERO,
+        swr,
+        sie,
+        sharing,
+    };
+    let mut entry = StoredResponse::new(
         status,
         headers,
         body,
-        policy,
+        &freshness,
         response_time,
-        fresh_until,
-        swr,
-        sie,
         fetch_duration,
         vary,
         vary_values,
         generation,
-        private: flags & FLAG_PRIVATE != 0,
-        shareable: flags & FLAG_SHAREABLE != 0,
-        uri: std::sync::Arc::from(""),
-    })
-}
-
-/// A policy equivalent to the stored one for everything used after storing:
-/// `age()` reads only the response time and the `Age` header.
-fn rebuild_policy(
-    status: StatusCode,
-    headers: &HeaderMap,
-    response_time: SystemTime,
-) -> CachePolicy {
-    let mut req = Request::new(());
-    *req.uri_mut() = Uri::from_static(POLICY_URI);
-    let mut res = Response::new(());
-    *res.status_mut() = status;
-    *res.headers_mut() = headers.clone();
-    CachePolicy::new_options(
-        &req,
-        &res,
-        response_time,
-        CacheOptions {
-            shared: true,
-            ..Default::default()
-        },
-    )
+        flags & FLAG_PRIVATE != 0,
+    );
+    entry.fresh_until = fresh_until;
+    Ok(entry)
 }
 
 /// A cursor over untrusted bytes; every read is bounds-checked.
@@ -389,24 +378,24 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xe9").expect("obs-text is a valid header value"),
         );
         let status = StatusCode::from_u16(203).expect("status");
-        let policy = rebuild_policy(status, &headers, response_time());
-        StoredResponse {
+        let freshness = crate::policy::Freshness {
+            ttl: Duration::from_secs(60),
+            swr: Duration::from_secs(5),
+            sie: Duration::from_millis(86_400_250),
+            sharing: Sharing::Authorization,
+        };
+        StoredResponse::new(
             status,
             headers,
             body,
-            policy,
-            response_time: response_time(),
-            fresh_until: response_time() + Duration::from_secs(60),
-            swr: Duration::from_secs(5),
-            sie: Duration::from_millis(86_400_250),
-            fetch_duration: Duration::from_micros(12_345),
+            &freshness,
+            response_time(),
+            Duration::from_micros(12_345),
             vary,
             vary_values,
-            generation: 7,
-            private: true,
-            shareable: true,
-            uri: std::sync::Arc::from(""),
-        }
+            7,
+            true,
+        )
     }
 
     fn varied() -> StoredResponse {
@@ -436,7 +425,7 @@ mod tests {
         assert_eq!(a.vary, b.vary);
         assert_eq!(a.vary_values, b.vary_values);
         assert_eq!(a.private, b.private);
-        assert_eq!(a.shareable, b.shareable);
+        assert_eq!(a.sharing, b.sharing);
         for later in [0, 1, 5, 3600] {
             let now = a.response_time + Duration::from_secs(later);
             assert_eq!(a.age_secs(now), b.age_secs(now), "age {later}s later");
@@ -459,11 +448,17 @@ mod tests {
 
     #[test]
     fn round_trip_of_each_flag_combination() {
-        for (private, shareable) in [(false, false), (true, false), (false, true), (true, true)] {
-            let mut e = varied();
-            e.private = private;
-            e.shareable = shareable;
-            assert_same(&e, &round_trip(&e));
+        for private in [false, true] {
+            for sharing in [
+                Sharing::Anonymous,
+                Sharing::Authorization,
+                Sharing::Everyone,
+            ] {
+                let mut e = varied();
+                e.private = private;
+                e.sharing = sharing;
+                assert_same(&e, &round_trip(&e));
+            }
         }
     }
 
@@ -555,7 +550,7 @@ mod tests {
         ));
         // flags: 4 + 2 + 5 * 8
         assert!(matches!(
-            patched(46, &[0b100]),
+            patched(46, &[0b1000]),
             Err(EnvelopeError::Invalid("flags", _))
         ));
         // vary kind

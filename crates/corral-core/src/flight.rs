@@ -114,6 +114,12 @@ impl<T> Permit<T> {
         self.slot.followers.load(Ordering::Relaxed)
     }
 
+    /// Followers still waiting: one that gave up (lock timeout) or whose
+    /// client went away no longer counts.
+    pub fn waiting(&self) -> usize {
+        self.slot.tx.receiver_count()
+    }
+
     /// Ends the flight with `outcome`, waking every follower.
     pub fn complete(mut self, outcome: T) {
         self.end(FlightEnd::Done(outcome));
@@ -194,6 +200,29 @@ mod tests {
         }
         assert!(f.is_empty());
         assert!(matches!(f.join(key(1)), Role::Leader(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn followers_that_stop_waiting_are_no_longer_counted() {
+        let f: Flights<u32> = Flights::new();
+        let Role::Leader(permit) = f.join(key(4)) else {
+            panic!()
+        };
+        let Role::Follower(a) = f.join(key(4)) else {
+            panic!()
+        };
+        let Role::Follower(b) = f.join(key(4)) else {
+            panic!()
+        };
+        assert_eq!(permit.waiting(), 2);
+        drop(a);
+        assert_eq!(permit.waiting(), 1);
+        assert!(matches!(
+            b.wait(Duration::from_millis(10)).await,
+            WaitResult::TimedOut
+        ));
+        assert_eq!(permit.waiting(), 0);
+        assert_eq!(permit.followers(), 2);
     }
 
     #[tokio::test]

@@ -1,22 +1,38 @@
 //! Who is asking. When a request carries credentials (the route's identity
 //! headers, Authorization by default, or named cookies) a keyed hash of them
 //! becomes part of the key, so one caller's answer never reaches another.
+//! Identity fails closed: a credential header is hashed whatever its bytes,
+//! and a Cookie field corral cannot parse strictly is hashed whole, so a
+//! request is anonymous only when corral is sure it carries no credential.
 //! Credential values are hashed here and never kept or logged.
 
 use http::HeaderMap;
-use http::header::{COOKIE, HeaderName};
+use http::header::{AUTHORIZATION, COOKIE, HeaderName};
 
 /// A keyed hash of a caller's credentials.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Identity([u8; 32]);
+pub struct Identity {
+    digest: [u8; 32],
+    /// Only `Authorization` identified the caller: RFC 9111 §3.5's
+    /// exceptions (`must-revalidate` too lets a response be shared) apply.
+    authorization_only: bool,
+}
 
 impl Identity {
     pub fn from_bytes(b: [u8; 32]) -> Self {
-        Identity(b)
+        Identity {
+            digest: b,
+            authorization_only: true,
+        }
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.digest
+    }
+
+    /// True when the caller was identified by `Authorization` alone.
+    pub fn is_authorization_only(&self) -> bool {
+        self.authorization_only
     }
 }
 
@@ -30,7 +46,9 @@ impl std::fmt::Debug for Identity {
 #[derive(Debug, Clone)]
 pub struct IdentityRules {
     headers: Vec<HeaderName>,
-    cookies: Vec<String>,
+    /// The configured cookie names, in the canonical form [`cookie_name_forms`]
+    /// compares.
+    cookies: Vec<Vec<u8>>,
     key: [u8; 32],
 }
 
@@ -42,7 +60,10 @@ impl IdentityRules {
         let key = blake3::derive_key("corral 2026-11 identity v1", b"");
         IdentityRules {
             headers,
-            cookies,
+            cookies: cookies
+                .iter()
+                .map(|c| canonical_cookie_name(c.as_bytes()))
+                .collect(),
             key,
         }
     }
@@ -56,9 +77,11 @@ impl IdentityRules {
     pub fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         let mut found = false;
+        let mut authorization_only = true;
         for name in &self.headers {
             for value in headers.get_all(name) {
                 found = true;
+                authorization_only &= *name == AUTHORIZATION;
                 h.update(name.as_str().as_bytes());
                 h.update(b"\x00");
                 h.update(value.as_bytes());
@@ -66,43 +89,129 @@ impl IdentityRules {
             }
         }
         if !self.cookies.is_empty() {
-            let mut pairs: Vec<(&str, &str)> = headers
-                .get_all(COOKIE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .filter_map(|c| c.trim().split_once('='))
-                .filter(|(n, _)| self.cookies.iter().any(|c| c == n))
-                .collect();
+            let mut pairs: Vec<&[u8]> = Vec::new();
+            for value in headers.get_all(COOKIE) {
+                match cookie_pairs(value.as_bytes()) {
+                    Some(parsed) => pairs.extend(
+                        parsed
+                            .filter(|(name, _)| self.names_credential(name))
+                            .map(|(_, pair)| pair),
+                    ),
+                    // Fail closed: a field corral cannot read strictly may
+                    // hold a credential some origin can read.
+                    None => pairs.push(value.as_bytes()),
+                }
+            }
             pairs.sort_unstable();
-            for (n, v) in pairs {
+            for pair in pairs {
                 found = true;
+                authorization_only = false;
                 h.update(b"cookie\x00");
-                h.update(n.as_bytes());
-                h.update(b"=");
-                h.update(v.as_bytes());
-                h.update(b"\x00");
+                h.update(&(pair.len() as u64).to_le_bytes());
+                h.update(pair);
             }
         }
-        found.then(|| Identity(*h.finalize().as_bytes()))
+        found.then(|| Identity {
+            digest: *h.finalize().as_bytes(),
+            authorization_only,
+        })
     }
+
+    /// True when an origin could read a cookie called `name` as one of the
+    /// configured credential cookies.
+    fn names_credential(&self, name: &[u8]) -> bool {
+        let canonical = canonical_cookie_name(name);
+        self.cookies.contains(&canonical)
+    }
+}
+
+/// The cookie-pairs of one Cookie field (RFC 6265 §4.2.1, read as leniently
+/// as common servers do: whitespace around `;` and `=` is trimmed), each as
+/// (name, the whole trimmed pair). `None` when the field does not parse
+/// strictly: a pair without `=`, or a name that is not an RFC 9110 token.
+/// Values may hold any bytes: they are hashed, never interpreted.
+fn cookie_pairs(field: &[u8]) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
+    let mut out = Vec::new();
+    for piece in field.split(|&b| b == b';') {
+        let pair = trim_ows(piece);
+        if pair.is_empty() {
+            continue;
+        }
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let name = trim_ows(&pair[..eq]);
+        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            return None;
+        }
+        out.push((name, pair));
+    }
+    Some(out.into_iter())
+}
+
+fn trim_ows(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// RFC 9110 §5.6.2 tchar.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A cookie name as the most lenient common servers read it, so that every
+/// spelling one of them would take for a credential cookie counts as it:
+/// percent-decoded (PHP decodes names), ASCII-lowercased, `.` and space read
+/// as `_` and anything from `[` on dropped (PHP again).
+fn canonical_cookie_name(name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(name.len());
+    let mut i = 0;
+    while i < name.len() {
+        let mut b = name[i];
+        if b == b'%'
+            && let (Some(h), Some(l)) = (
+                name.get(i + 1).and_then(|c| (*c as char).to_digit(16)),
+                name.get(i + 2).and_then(|c| (*c as char).to_digit(16)),
+            )
+        {
+            b = u8::try_from(h * 16 + l).unwrap_or(b'%');
+            i += 2;
+        }
+        i += 1;
+        match b {
+            b'[' => break,
+            b'.' | b' ' => out.push(b'_'),
+            _ => out.push(b.to_ascii_lowercase()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
-    use http::header::AUTHORIZATION;
 
     fn rules() -> IdentityRules {
         IdentityRules::new(vec![AUTHORIZATION], vec!["session".into()])
     }
 
+    fn with_cookies(fields: &[&[u8]]) -> Option<Identity> {
+        let mut h = HeaderMap::new();
+        for f in fields {
+            h.append(COOKIE, HeaderValue::from_bytes(f).expect("cookie field"));
+        }
+        rules().identify(&h)
+    }
+
     #[test]
     fn anonymous_requests_have_no_identity() {
-        let mut h = HeaderMap::new();
-        h.insert(COOKIE, HeaderValue::from_static("theme=dark"));
-        assert!(rules().identify(&h).is_none());
+        assert!(with_cookies(&[b"theme=dark"]).is_none());
+        assert!(with_cookies(&[b"theme=d\xc3\xa9cor; lang=fr"]).is_none());
+        assert!(rules().identify(&HeaderMap::new()).is_none());
     }
 
     #[test]
@@ -114,16 +223,55 @@ mod tests {
         };
         assert_ne!(mk("Bearer a"), mk("Bearer b"));
         assert_eq!(mk("Bearer a"), mk("Bearer a"));
+        assert!(mk("Bearer a").is_some_and(|i| i.is_authorization_only()));
     }
 
     #[test]
     fn named_cookies_identify_regardless_of_order_and_others() {
-        let mk = |c: &'static str| {
+        let a = with_cookies(&[b"theme=1; session=abc"]);
+        assert!(a.is_some_and(|i| !i.is_authorization_only()));
+        assert_eq!(a, with_cookies(&[b"session=abc; x=2"]));
+        assert_ne!(a, with_cookies(&[b"session=abd"]));
+    }
+
+    #[test]
+    fn every_spelling_a_server_reads_as_the_credential_cookie_identifies() {
+        for field in [
+            &b"session =x"[..],
+            b"session= x",
+            b"\tsession=x",
+            b"SESSION=x",
+            b"sess%69on=x",
+            b"session=caf\xc3\xa9",
+            b"session=\xff\xfe",
+            b"theme=\xe2\x9c\x93; session=x",
+        ] {
+            assert!(
+                with_cookies(&[field]).is_some(),
+                "{:?}",
+                String::from_utf8_lossy(field)
+            );
+        }
+        // PHP reads `a.b` and `a b` as `a_b`, and `a[x]` as `a`.
+        let php = IdentityRules::new(vec![], vec!["sid_v2".into()]);
+        for field in [&b"sid.v2=x"[..], b"sid%2Ev2=x", b"sid_v2[0]=x"] {
             let mut h = HeaderMap::new();
-            h.insert(COOKIE, HeaderValue::from_static(c));
-            rules().identify(&h)
-        };
-        assert_eq!(mk("theme=1; session=abc"), mk("session=abc; x=2"));
-        assert_ne!(mk("session=abc"), mk("session=abd"));
+            h.insert(COOKIE, HeaderValue::from_bytes(field).expect("cookie"));
+            assert!(
+                php.identify(&h).is_some(),
+                "{:?}",
+                String::from_utf8_lossy(field)
+            );
+        }
+    }
+
+    #[test]
+    fn a_cookie_field_that_does_not_parse_fails_closed() {
+        for field in [&b"session"[..], b"se\"ss=x", b"(x)=1", b"a=1; junk"] {
+            let id = with_cookies(&[field]);
+            assert!(id.is_some(), "{:?}", String::from_utf8_lossy(field));
+        }
+        // Keyed on the raw bytes: two different unparseable fields differ.
+        assert_ne!(with_cookies(&[b"junk1"]), with_cookies(&[b"junk2"]));
     }
 }

@@ -79,15 +79,17 @@ impl QueryFilter {
         out
     }
 
-    /// [`QueryFilter::normalize`], appended to `out`. A query that is
-    /// already in order with nothing to drop (the common case) is copied
-    /// as it is, without collecting and sorting its pairs.
+    /// [`QueryFilter::normalize`], appended to `out`. Parameters are
+    /// ordered by name only: repeated parameters keep their order, since
+    /// origins commonly read the first (`?a=1&a=2` is not `?a=2&a=1`). A
+    /// query already in order with nothing to drop (the common case) is
+    /// copied as it is, without collecting and sorting its pairs.
     fn normalize_into(&self, query: &str, out: &mut String) {
-        let name = |p: &str| p.split_once('=').map_or(p, |(n, _)| n).len();
+        let name = |p: &str| -> usize { p.split_once('=').map_or(p, |(n, _)| n).len() };
         let kept = |p: &&str| !p.is_empty() && !self.drops(&p[..name(p)]);
         let mut prev: Option<&str> = None;
         let as_is = query.split('&').all(|p| {
-            let ok = kept(&p) && prev.is_none_or(|q| q <= p);
+            let ok = kept(&p) && prev.is_none_or(|q| q[..name(q)] <= p[..name(p)]);
             prev = Some(p);
             ok
         });
@@ -96,7 +98,8 @@ impl QueryFilter {
             return;
         }
         let mut pairs: Vec<&str> = query.split('&').filter(kept).collect();
-        pairs.sort_unstable();
+        // Stable: equal names stay in the order the client sent them.
+        pairs.sort_by(|a, b| a[..name(a)].cmp(&b[..name(b)]));
         for (i, p) in pairs.iter().enumerate() {
             if i > 0 {
                 out.push('&');
@@ -108,10 +111,14 @@ impl QueryFilter {
 
 /// The target URI, normalized: lowercased host name (without port: the
 /// instances behind one load balancer listen on different ports but serve
-/// the same site), path, normalized query.
+/// the same site), path, normalized query. The host is validated before it
+/// gets here (no `/`, `?` or `:` in it), so `host/path?query` is unambiguous;
+/// [`UriKey::target`] is what the origin is asked for.
 #[derive(Clone, PartialEq, Eq)]
 pub struct UriKey {
     readable: String,
+    /// Where the path starts in `readable`.
+    host_len: usize,
     digest: Digest,
 }
 
@@ -121,6 +128,7 @@ impl UriKey {
         let mut readable =
             String::with_capacity(host.len() + path.len() + 1 + query.map_or(0, str::len));
         readable.extend(host.chars().map(|c| c.to_ascii_lowercase()));
+        let host_len = readable.len();
         readable.push_str(path);
         if let Some(q) = query {
             readable.push('?');
@@ -130,11 +138,21 @@ impl UriKey {
             }
         }
         let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
-        UriKey { readable, digest }
+        UriKey {
+            readable,
+            host_len,
+            digest,
+        }
     }
 
     pub fn readable(&self) -> &str {
         &self.readable
+    }
+
+    /// The path and normalized query: the request target the origin gets
+    /// for this key, so that what is stored is what was asked for.
+    pub fn target(&self) -> &str {
+        &self.readable[self.host_len..]
     }
 
     pub fn digest(&self) -> Digest {
@@ -199,6 +217,23 @@ impl PrimaryKey {
     /// a query may carry tokens.
     pub fn loggable(&self) -> &str {
         self.readable.split('?').next().unwrap_or(&self.readable)
+    }
+
+    /// Where a hit-for-pass marker for this URI lives: anonymous callers
+    /// share one; each identified caller has its own, so one caller's
+    /// uncacheable (e.g. `private`) answer never turns coalescing off for
+    /// everyone else.
+    pub fn pass_scope(&self, identity: Option<&Identity>) -> Digest {
+        match identity {
+            None => self.digest,
+            Some(id) => {
+                let mut h = blake3::Hasher::new();
+                h.update(&self.digest.0);
+                h.update(b"\x02pass");
+                h.update(id.as_bytes());
+                Digest(*h.finalize().as_bytes())
+            }
+        }
     }
 
     /// The key of one stored response: this URI, for this caller (when the
@@ -274,7 +309,9 @@ mod tests {
             ("a=1&b=2", "a=1&b=2"),
             ("b=2&a=1", "a=1&b=2"),
             ("a=1&a=1", "a=1&a=1"),
-            ("a=2&a=1", "a=1&a=2"),
+            ("a=2&a=1", "a=2&a=1"),
+            ("b=1&a=2&a=1", "a=2&a=1&b=1"),
+            ("a=2&b=1&a=1", "a=2&a=1&b=1"),
             ("a=1&&b=2", "a=1&b=2"),
             ("&", ""),
             ("", ""),
@@ -318,6 +355,26 @@ mod tests {
         let ab = p1.variant(None, &["ab".into(), "c".into()]);
         let a_bc = p1.variant(None, &["a".into(), "bc".into()]);
         assert_ne!(ab.digest, a_bc.digest);
+    }
+
+    #[test]
+    fn the_target_is_the_path_and_normalized_query() {
+        let f = QueryFilter::new(&["utm_*"]);
+        let k = UriKey::new("Site.Test:8080", "/a/b", Some("z=1&utm_x=2&a=1&a=0"), &f);
+        assert_eq!(k.readable(), "site.test/a/b?a=1&a=0&z=1");
+        assert_eq!(k.target(), "/a/b?a=1&a=0&z=1");
+        let bare = UriKey::new("h", "/p", Some("utm_x=1"), &f);
+        assert_eq!(bare.target(), "/p");
+    }
+
+    #[test]
+    fn pass_scopes_keep_callers_apart() {
+        let p = PrimaryKey::new("r", UriKey::new("h", "/p", None, &QueryFilter::default()));
+        let a = Identity::from_bytes([1; 32]);
+        let b = Identity::from_bytes([2; 32]);
+        assert_eq!(p.pass_scope(None), p.digest());
+        assert_ne!(p.pass_scope(Some(&a)), p.pass_scope(None));
+        assert_ne!(p.pass_scope(Some(&a)), p.pass_scope(Some(&b)));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! opens a socket, so every piece is unit-testable on its own.
 
 pub mod ban;
+pub mod budget;
 pub mod cache_control;
 pub mod cache_status;
 pub mod entry;
@@ -17,12 +18,13 @@ pub mod vary;
 pub mod xfetch;
 
 pub use ban::{Ban, BanList, BanTarget, Verdict};
+pub use budget::{Budget, Hold};
 pub use cache_control::CacheControl;
 pub use cache_status::{CacheStatus, Forward};
 pub use entry::{EntryState, StoredResponse, merge_not_modified};
 pub use flight::{FlightEnd, Flights, Role, WaitResult};
 pub use identity::{Identity, IdentityRules};
 pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
-pub use policy::{Decision, Freshness, PassReason, RoutePolicy};
+pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
 pub use store::{L1, L1Config};
 pub use vary::Vary;

@@ -6,13 +6,13 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{CACHE_CONTROL, CONTENT_LENGTH, EXPIRES, PRAGMA, SET_COOKIE};
+use http::header::{CONTENT_LENGTH, EXPIRES, SET_COOKIE};
 use http::{request, response};
 use http_cache_semantics::{CacheOptions, CachePolicy};
 use rand::Rng;
 
 use crate::cache_control::CacheControl;
-use crate::identity::IdentityRules;
+use crate::identity::Identity;
 use crate::vary::Vary;
 
 /// A route's cache policy, as configured.
@@ -63,8 +63,45 @@ pub struct Freshness {
     pub ttl: Duration,
     pub swr: Duration,
     pub sie: Duration,
-    /// May be served to other callers even when the request was authenticated.
-    pub shareable: bool,
+    /// Which identified callers besides the one who asked may be served it.
+    pub sharing: Sharing,
+}
+
+/// Who may be served a response stored for one request (RFC 9111 §3.5).
+/// Anonymous callers may always be served a stored response; identified
+/// ones only what the origin marked shareable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Sharing {
+    /// Identified callers get their own copy.
+    Anonymous,
+    /// `must-revalidate`: also callers identified by `Authorization` alone
+    /// (RFC 9111 §3.5's exception is for Authorization; an identity cookie
+    /// or header is not covered by it).
+    Authorization,
+    /// `public` or `s-maxage`: every caller.
+    Everyone,
+}
+
+impl Sharing {
+    /// What the response's directives allow.
+    pub fn of(cc: &CacheControl) -> Self {
+        if cc.public || cc.s_maxage.is_some() {
+            Sharing::Everyone
+        } else if cc.must_revalidate {
+            Sharing::Authorization
+        } else {
+            Sharing::Anonymous
+        }
+    }
+
+    /// True when a caller with `identity` may be served a response shared so.
+    pub fn admits(self, identity: Option<&Identity>) -> bool {
+        match identity {
+            None => true,
+            Some(id) if id.is_authorization_only() => self >= Sharing::Authorization,
+            Some(_) => self == Sharing::Everyone,
+        }
+    }
 }
 
 /// Why a response is not stored.
@@ -79,6 +116,11 @@ pub enum PassReason {
     TooLarge,
     /// Another instance found this key uncacheable (the shared pass marker).
     HitForPass,
+    /// The fills under way already hold all the memory they may.
+    FillMemory,
+    /// The origin framed the answer with both Content-Length and
+    /// Transfer-Encoding (RFC 9112 §6.3): passed on as chunked, never stored.
+    ConflictingFraming,
 }
 
 impl PassReason {
@@ -93,6 +135,8 @@ impl PassReason {
             PassReason::NoFreshness => "no-freshness",
             PassReason::TooLarge => "too-large",
             PassReason::HitForPass => "hit-for-pass",
+            PassReason::FillMemory => "fill-memory",
+            PassReason::ConflictingFraming => "conflicting-framing",
         }
     }
 }
@@ -100,23 +144,22 @@ impl PassReason {
 /// The verdict on one response.
 #[derive(Debug)]
 pub enum Decision {
-    Store {
-        freshness: Freshness,
-        policy: Box<CachePolicy>,
-    },
+    Store { freshness: Freshness },
     Pass(PassReason),
 }
 
 impl RoutePolicy {
-    /// Decides on a response to `req`, received at `response_time`.
-    /// Identity headers are keyed into the entry by the caller, so they do
-    /// not make the response unstorable here (the key keeps it private).
+    /// Decides on a response to a `method` request for `uri`, received at
+    /// `response_time`. Request headers play no part: client Cache-Control
+    /// is ignored, and credentials are keyed into the entry by the caller
+    /// (the key keeps a credentialed answer private), so they do not make
+    /// the response unstorable here.
     pub fn evaluate(
         &self,
-        req: &request::Parts,
+        method: &http::Method,
+        uri: &http::Uri,
         res: &response::Parts,
         response_time: SystemTime,
-        identity: &IdentityRules,
     ) -> Decision {
         let cc = CacheControl::parse(&res.headers);
         if cc.no_store {
@@ -144,18 +187,10 @@ impl RoutePolicy {
             return Decision::Pass(PassReason::TooLarge);
         }
 
-        let mut req_for_policy = req.clone();
-        req_for_policy.headers.remove(CACHE_CONTROL);
-        req_for_policy.headers.remove(PRAGMA);
-        let names: Vec<_> = req_for_policy
-            .headers
-            .keys()
-            .filter(|n| identity.is_identity_header(n))
-            .cloned()
-            .collect();
-        for n in names {
-            req_for_policy.headers.remove(n);
-        }
+        let mut req_for_policy = http::Request::new(());
+        *req_for_policy.method_mut() = method.clone();
+        *req_for_policy.uri_mut() = uri.clone();
+        let req_for_policy: request::Parts = req_for_policy.into_parts().0;
         // http-cache-semantics adds Age seconds to a Duration without a
         // bound: a hostile or broken Age must not overflow it.
         sanitize_age(&mut res_for_policy);
@@ -209,9 +244,8 @@ impl RoutePolicy {
                 ttl: self.jitter(ttl),
                 swr,
                 sie,
-                shareable: cc.shareable_when_authenticated(),
+                sharing: Sharing::of(&cc),
             },
-            policy: Box::new(policy),
         }
     }
 
@@ -253,15 +287,8 @@ pub fn sanitize_age(headers: &mut http::HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::IdentityRules;
     use http::header::AUTHORIZATION;
-
-    fn req(auth: bool) -> request::Parts {
-        let mut b = http::Request::builder().uri("http://h/p");
-        if auth {
-            b = b.header(AUTHORIZATION, "Bearer x");
-        }
-        b.body(()).expect("request").into_parts().0
-    }
 
     fn res(headers: &[(&str, &str)]) -> response::Parts {
         let mut b = http::Response::builder().status(200);
@@ -271,12 +298,9 @@ mod tests {
         b.body(()).expect("response").into_parts().0
     }
 
-    fn rules() -> IdentityRules {
-        IdentityRules::new(vec![AUTHORIZATION], vec![])
-    }
-
-    fn decide(p: &RoutePolicy, auth: bool, h: &[(&str, &str)]) -> Decision {
-        p.evaluate(&req(auth), &res(h), SystemTime::now(), &rules())
+    fn decide(p: &RoutePolicy, h: &[(&str, &str)]) -> Decision {
+        let uri = http::Uri::from_static("http://h/p");
+        p.evaluate(&http::Method::GET, &uri, &res(h), SystemTime::now())
     }
 
     #[test]
@@ -285,14 +309,13 @@ mod tests {
             swr_default: Duration::from_secs(5),
             ..Default::default()
         };
-        let Decision::Store { freshness, .. } =
-            decide(&p, false, &[("cache-control", "max-age=60")])
+        let Decision::Store { freshness, .. } = decide(&p, &[("cache-control", "max-age=60")])
         else {
             panic!("expected store");
         };
         assert_eq!(freshness.ttl.as_secs(), 60);
         assert_eq!(freshness.swr.as_secs(), 5);
-        assert!(!freshness.shareable);
+        assert_eq!(freshness.sharing, Sharing::Anonymous);
     }
 
     #[test]
@@ -308,7 +331,7 @@ mod tests {
             (("set-cookie", "a=b"), PassReason::SetCookie),
         ] {
             let hs = [("cache-control", "max-age=60"), h];
-            match decide(&p, false, &hs) {
+            match decide(&p, &hs) {
                 Decision::Pass(r) => assert_eq!(r, why),
                 Decision::Store { .. } => panic!("stored {h:?}"),
             }
@@ -319,20 +342,20 @@ mod tests {
     fn no_freshness_information_passes_unless_default_ttl() {
         let p = RoutePolicy::default();
         assert!(matches!(
-            decide(&p, false, &[]),
+            decide(&p, &[]),
             Decision::Pass(PassReason::NoFreshness)
         ));
         let p = RoutePolicy {
             default_ttl: Some(Duration::from_secs(30)),
             ..Default::default()
         };
-        let Decision::Store { freshness, .. } = decide(&p, false, &[]) else {
+        let Decision::Store { freshness, .. } = decide(&p, &[]) else {
             panic!("expected store");
         };
         assert_eq!(freshness.ttl.as_secs(), 30);
         // An explicit max-age=0 is not overridden by the default.
         assert!(matches!(
-            decide(&p, false, &[("cache-control", "max-age=0")]),
+            decide(&p, &[("cache-control", "max-age=0")]),
             Decision::Pass(PassReason::NoFreshness)
         ));
     }
@@ -345,7 +368,6 @@ mod tests {
         };
         let Decision::Store { freshness, .. } = decide(
             &p,
-            false,
             &[(
                 "cache-control",
                 "max-age=1, stale-while-revalidate=999, stale-if-error=7",
@@ -356,7 +378,6 @@ mod tests {
         assert_eq!((freshness.swr.as_secs(), freshness.sie.as_secs()), (10, 7));
         let Decision::Store { freshness, .. } = decide(
             &p,
-            false,
             &[(
                 "cache-control",
                 "max-age=1, must-revalidate, stale-if-error=7",
@@ -364,24 +385,48 @@ mod tests {
         ) else {
             panic!("expected store");
         };
-        assert!(freshness.sie.is_zero() && freshness.shareable);
+        assert!(freshness.sie.is_zero());
+        assert_eq!(freshness.sharing, Sharing::Authorization);
     }
 
     #[test]
     fn authenticated_responses_are_storable_but_only_public_ones_shareable() {
         let p = RoutePolicy::default();
-        let Decision::Store { freshness, .. } =
-            decide(&p, true, &[("cache-control", "max-age=60")])
+        let Decision::Store { freshness, .. } = decide(&p, &[("cache-control", "max-age=60")])
         else {
             panic!("expected store");
         };
-        assert!(!freshness.shareable);
+        assert_eq!(freshness.sharing, Sharing::Anonymous);
         let Decision::Store { freshness, .. } =
-            decide(&p, true, &[("cache-control", "public, max-age=60")])
+            decide(&p, &[("cache-control", "public, max-age=60")])
         else {
             panic!("expected store");
         };
-        assert!(freshness.shareable);
+        assert_eq!(freshness.sharing, Sharing::Everyone);
+    }
+
+    #[test]
+    fn must_revalidate_shares_with_authorization_callers_only() {
+        let bearer = {
+            let mut h = http::HeaderMap::new();
+            h.insert(AUTHORIZATION, http::HeaderValue::from_static("Bearer a"));
+            IdentityRules::new(vec![AUTHORIZATION], vec![]).identify(&h)
+        };
+        let cookie = {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                http::header::COOKIE,
+                http::HeaderValue::from_static("sid=1"),
+            );
+            IdentityRules::new(vec![AUTHORIZATION], vec!["sid".into()]).identify(&h)
+        };
+        assert!(bearer.is_some() && cookie.is_some());
+        let mr = Sharing::Authorization;
+        assert!(mr.admits(None) && mr.admits(bearer.as_ref()) && !mr.admits(cookie.as_ref()));
+        let public = Sharing::Everyone;
+        assert!(public.admits(bearer.as_ref()) && public.admits(cookie.as_ref()));
+        let none = Sharing::Anonymous;
+        assert!(none.admits(None) && !none.admits(bearer.as_ref()));
     }
 
     #[test]
@@ -389,7 +434,6 @@ mod tests {
         let p = RoutePolicy::default();
         let d = decide(
             &p,
-            false,
             &[
                 ("cache-control", "max-age=18446744073709551615"),
                 ("age", "18446744073709551615"),
@@ -399,11 +443,9 @@ mod tests {
             panic!("expected store");
         };
         assert_eq!(freshness.ttl, MAX_TTL);
-        let Decision::Store { freshness, .. } = decide(
-            &p,
-            false,
-            &[("cache-control", "max-age=18446744073709551615")],
-        ) else {
+        let Decision::Store { freshness, .. } =
+            decide(&p, &[("cache-control", "max-age=18446744073709551615")])
+        else {
             panic!("expected store");
         };
         assert_eq!(freshness.ttl, MAX_TTL);
@@ -437,7 +479,6 @@ mod tests {
         assert!(matches!(
             decide(
                 &p,
-                false,
                 &[("cache-control", "max-age=60"), ("content-length", "11")]
             ),
             Decision::Pass(PassReason::TooLarge)

@@ -22,8 +22,20 @@ use crate::vary::Vary;
 /// Sizing for L1.
 #[derive(Debug, Clone)]
 pub struct L1Config {
-    /// Bound on the bytes of stored responses.
+    /// Bound on the bytes L1 holds: stored responses and the records kept
+    /// beside them (learned Vary sets, pass and back-off markers,
+    /// invalidation generations), each weighed as what it really costs.
     pub memory: u64,
+}
+
+/// The share of `memory` each side table (Vary sets, pass markers, back-off
+/// markers, generations) may hold: 1/32 each, 1/8 together.
+const SIDE_TABLE_SHARE: u64 = 32;
+
+/// What one side-table record costs: the 32-byte key, the value and the
+/// store's own per-entry records (see `STORE_OVERHEAD`).
+fn side_record_weight(value_bytes: usize) -> u32 {
+    u32::try_from(32 + value_bytes + crate::entry::STORE_OVERHEAD).unwrap_or(u32::MAX)
 }
 
 struct EntryExpiry;
@@ -95,27 +107,37 @@ impl L1 {
     pub fn new(config: &L1Config) -> Self {
         let floor = Arc::new(AtomicU64::new(0));
         let listener_floor = Arc::clone(&floor);
+        let side = (config.memory / SIDE_TABLE_SHARE).max(1);
+        let entries = config.memory.saturating_sub(4 * side).max(1);
+        let marker_weight =
+            |_: &Digest, _: &PassMarker| side_record_weight(size_of::<PassMarker>());
         L1 {
             entries: Cache::builder()
-                .max_capacity(config.memory)
+                .max_capacity(entries)
                 .weigher(|_, v: &Arc<StoredResponse>| v.weight())
                 .expire_after(EntryExpiry)
                 .build(),
             vary: Cache::builder()
-                .max_capacity(200_000)
+                .max_capacity(side)
+                .weigher(|_, v: &Vary| {
+                    side_record_weight(size_of::<Vary>() + size_of_val(v.names()))
+                })
                 // No entry outlives MAX_RESIDENCY, so neither need its Vary.
                 .time_to_live(MAX_RESIDENCY)
                 .build(),
             pass: Cache::builder()
-                .max_capacity(200_000)
+                .max_capacity(side)
+                .weigher(marker_weight)
                 .expire_after(PassExpiry)
                 .build(),
             backoff: Cache::builder()
-                .max_capacity(200_000)
+                .max_capacity(side)
+                .weigher(marker_weight)
                 .expire_after(PassExpiry)
                 .build(),
             generations: Cache::builder()
-                .max_capacity(1_000_000)
+                .max_capacity(side)
+                .weigher(|_, _: &u64| side_record_weight(size_of::<u64>()))
                 // Outlives every entry stamped before it.
                 .time_to_live(MAX_RESIDENCY + Duration::from_secs(60))
                 .eviction_listener(move |_, g: u64, cause| {
@@ -280,7 +302,18 @@ impl L1 {
     /// Runs moka's pending maintenance (tests and metrics).
     pub fn sync(&self) {
         self.entries.run_pending_tasks();
+        self.vary.run_pending_tasks();
+        self.pass.run_pending_tasks();
+        self.backoff.run_pending_tasks();
         self.generations.run_pending_tasks();
+    }
+
+    /// Bytes held by the side tables (approximate).
+    pub fn side_weighted_size(&self) -> u64 {
+        self.vary.weighted_size()
+            + self.pass.weighted_size()
+            + self.backoff.weighted_size()
+            + self.generations.weighted_size()
     }
 }
 
@@ -288,28 +321,21 @@ impl L1 {
 mod tests {
     use super::*;
     use crate::key::QueryFilter;
-    use crate::policy::Freshness;
+    use crate::policy::{Freshness, Sharing};
     use bytes::Bytes;
     use http::{HeaderMap, StatusCode};
-    use http_cache_semantics::CachePolicy;
 
     fn stored(body: &'static [u8], generation: u64) -> Arc<StoredResponse> {
-        let req = http::Request::get("http://h/").body(()).expect("req");
-        let res = http::Response::builder()
-            .header("cache-control", "max-age=60")
-            .body(())
-            .expect("res");
         let fr = Freshness {
             ttl: Duration::from_secs(60),
             swr: Duration::ZERO,
             sie: Duration::ZERO,
-            shareable: true,
+            sharing: Sharing::Everyone,
         };
         Arc::new(StoredResponse::new(
             StatusCode::OK,
             HeaderMap::new(),
             Bytes::from_static(body),
-            CachePolicy::new(&req, &res),
             &fr,
             SystemTime::now(),
             Duration::from_millis(1),

@@ -68,7 +68,7 @@ pub fn normalized_value(name: &HeaderName, headers: &HeaderMap) -> String {
     }
     let mut tokens: Vec<String> = raw
         .flat_map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
+            escaped(v.as_bytes())
                 .split(',')
                 .map(collapse)
                 .collect::<Vec<_>>()
@@ -86,6 +86,26 @@ pub fn normalized_value(name: &HeaderName, headers: &HeaderMap) -> String {
     }
     tokens.join(",")
 }
+
+/// A header value as text that keeps every byte apart: bytes outside
+/// visible ASCII (and `%` itself) become `%XX`, so two different values
+/// never read as one (a lossy conversion would map every invalid byte to
+/// U+FFFD and merge their variants).
+fn escaped(value: &[u8]) -> String {
+    let mut out = String::with_capacity(value.len());
+    for &b in value {
+        if b == b'%' || !(b == b'\t' || (0x20..0x7f).contains(&b)) {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Trims and removes whitespace around `;` and `=` and collapses runs.
 fn collapse(token: &str) -> String {
@@ -151,6 +171,19 @@ mod tests {
             &headers(&[("accept-encoding", "gzip;q=0.5")]),
         );
         assert_eq!(q1, q2);
+    }
+
+    #[test]
+    fn different_bytes_never_share_a_variant() {
+        let n = HeaderName::from_static("accept-language");
+        let v = |b: &[u8]| {
+            let mut h = HeaderMap::new();
+            h.insert(&n, HeaderValue::from_bytes(b).expect("value"));
+            normalized_value(&n, &h)
+        };
+        assert_ne!(v(b"fr\xff"), v(b"fr\xfe"));
+        assert_ne!(v(b"fr\xff"), v(b"fr%FF"));
+        assert_eq!(v(b"fr\xff"), v(b"fr\xff"));
     }
 
     #[test]

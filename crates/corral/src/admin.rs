@@ -68,17 +68,33 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     )
 }
 
+/// Connections the admin listener serves at once: scrapers, health checks
+/// and operators, never client traffic.
+const ADMIN_CONNECTIONS: usize = 64;
+
+/// Serves the admin endpoints under the same deadlines as client traffic
+/// (an idle or silent socket is closed), with their own small limit.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
-    mut shutdown: watch::Receiver<bool>,
+    server: &crate::config::ServerConfig,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let r = axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        })
-        .await;
-    if let Err(e) = r {
-        tracing::error!(error = %e, "admin listener failed");
-    }
+    let limits = crate::connection::Limits {
+        header_read_timeout: server.header_read_timeout,
+        idle_timeout: server.idle_timeout,
+        send_timeout: server.send_timeout,
+        max_connections: ADMIN_CONNECTIONS,
+    };
+    let builder = crate::connection::builder(&limits, 16 * 1024, 64 * 1024);
+    crate::connection::serve(
+        "admin",
+        listener,
+        router(state),
+        builder,
+        limits,
+        shutdown,
+        server.shutdown_grace,
+    )
+    .await;
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use corral_core::{Digest, Flights, L1, L1Config};
+use corral_core::{Budget, Digest, Flights, L1, L1Config};
 
 use crate::config::Config;
 use crate::fill::FillOutcome;
@@ -18,6 +18,10 @@ pub struct App {
     pub l1: Arc<L1>,
     pub flights: Flights<FillOutcome>,
     pub l2: Option<Arc<L2>>,
+    /// What fills may buffer at once (`cache.fill_memory`).
+    pub fill_memory: Arc<Budget>,
+    /// Fills under way in this instance (`cache.max_fills`).
+    pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
     pub max_header_size: u64,
 }
@@ -60,6 +64,8 @@ impl App {
             l1,
             flights: Flights::new(),
             l2,
+            fill_memory: Budget::new(config.cache.fill_memory),
+            fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
         })
     }

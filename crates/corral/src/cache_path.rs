@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use crate::app::App;
 use crate::config::OnTimeout;
 use crate::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
-use crate::request::RequestCtx;
+use crate::request::RequestHead;
 use crate::respond;
 use crate::routes::Route;
 
@@ -26,9 +26,11 @@ use crate::routes::Route;
 /// answer looks again before fetching alone.
 const VARY_RETRIES: usize = 2;
 
-pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Response<Body> {
+pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Response<Body> {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);
+    // The key and (in the fill) the upstream request both come from this
+    // one validated head.
     let uri = UriKey::new(
         &ctx.host,
         &ctx.path,
@@ -37,6 +39,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
     );
     let primary = PrimaryKey::new(&route.name, uri);
     let identity = route.identity.identify(&ctx.headers);
+    let pass_scope = primary.pass_scope(identity.as_ref());
 
     let mut attempt = 0;
     loop {
@@ -52,7 +55,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
             &primary,
             own_key.as_ref(),
             &shared_key,
-            identity.is_some(),
+            identity.as_ref(),
             &ctx,
         );
         let flight_key = own_key.unwrap_or(shared_key).digest;
@@ -64,12 +67,13 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
         let fill_request = |stale: Option<Arc<StoredResponse>>| FillRequest {
             app: Arc::clone(&app),
             route: Arc::clone(&route),
-            ctx: Arc::clone(&ctx),
+            head: Arc::clone(&ctx),
             primary: primary.clone(),
             identity,
             variant: own_key.unwrap_or(shared_key),
             stale,
             fwd,
+            committed: Default::default(),
         };
 
         if let Some(entry) = &found {
@@ -111,7 +115,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
             }
         }
 
-        if !route.coalesce || app.l1.is_pass(&primary.digest()) {
+        if !route.coalesce || app.l1.is_pass(&pass_scope) {
             return lead(fill_request(found), None, head).await;
         }
         match app.flights.join(flight_key) {
@@ -125,6 +129,12 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestCtx) -> Respons
                             attempt += 1;
                             continue;
                         }
+                        return lead(fill_request(found), None, head).await;
+                    }
+                    FillOutcome::Shared { response, .. }
+                        if !response.matches_vary(&ctx.headers) =>
+                    {
+                        // An error for another variant: not this caller's.
                         return lead(fill_request(found), None, head).await;
                     }
                     FillOutcome::Pass { reason } => {
@@ -162,8 +172,8 @@ fn lookup(
     primary: &PrimaryKey,
     own_key: Option<&VariantKey>,
     shared_key: &VariantKey,
-    authenticated: bool,
-    ctx: &RequestCtx,
+    identity: Option<&corral_core::Identity>,
+    ctx: &RequestHead,
 ) -> Option<Arc<StoredResponse>> {
     if let Some(e) = own_key.and_then(|k| app.l1.get(k, primary.uri()))
         && e.matches_vary(&ctx.headers)
@@ -171,8 +181,9 @@ fn lookup(
         return Some(e);
     }
     let e = app.l1.get(shared_key, primary.uri())?;
-    // An authenticated caller only gets what the origin marked shareable.
-    if (authenticated && !e.shareable) || !e.matches_vary(&ctx.headers) {
+    // An identified caller only gets what the origin marked shareable
+    // with callers like it (RFC 9111 §3.5).
+    if !e.sharing.admits(identity) || !e.matches_vary(&ctx.headers) {
         return None;
     }
     Some(e)
@@ -191,7 +202,7 @@ async fn lead(
     permit: Option<corral_core::flight::Permit<FillOutcome>>,
     head: bool,
 ) -> Response<Body> {
-    let request_headers = fill.ctx.headers.clone();
+    let request_headers = fill.head.headers.clone();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(fill::run(fill, permit, Some(tx)));
     match rx.await {
@@ -221,7 +232,7 @@ async fn on_lock_timeout(route: &Route, fill: FillRequest, head: bool) -> Respon
                 let st = CacheStatus::forward(Forward::Stale)
                     .with_ttl(entry.ttl_secs(now))
                     .with_detail("lock-timeout");
-                respond::from_entry(&entry, &st, now, head, &fill.ctx.headers)
+                respond::from_entry(&entry, &st, now, head, &fill.head.headers)
             }
             None => lead(fill, None, head).await,
         },

@@ -8,6 +8,7 @@
 use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -18,15 +19,26 @@ const MSG_MORE: libc::c_int = libc::MSG_MORE;
 #[cfg(not(target_os = "linux"))]
 const MSG_MORE: libc::c_int = 0;
 
-/// A client TCP connection that sends sealed bodies with sendfile.
+/// A client TCP connection that sends sealed bodies with sendfile, and
+/// tells its connection's watchdog when a write has to wait for the client.
 #[derive(Debug)]
 pub struct ClientStream {
     tcp: TcpStream,
+    activity: Arc<crate::connection::Activity>,
 }
 
 impl ClientStream {
-    pub fn new(tcp: TcpStream) -> Self {
-        ClientStream { tcp }
+    pub fn new(tcp: TcpStream, activity: Arc<crate::connection::Activity>) -> Self {
+        ClientStream { tcp, activity }
+    }
+
+    /// Records whether a write went through or has to wait.
+    fn track(&self, poll: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match &poll {
+            Poll::Pending => self.activity.write_blocked(),
+            Poll::Ready(_) => self.activity.write_done(),
+        }
+        poll
     }
 
     /// Writes `bufs` with MSG_MORE: more follows at once, so the kernel
@@ -93,10 +105,12 @@ impl AsyncWrite for ClientStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if corral_core::sealed::is_sealed(buf) {
-            return this.poll_send_sealed(cx, buf);
-        }
-        Pin::new(&mut this.tcp).poll_write(cx, buf)
+        let poll = if corral_core::sealed::is_sealed(buf) {
+            this.poll_send_sealed(cx, buf)
+        } else {
+            Pin::new(&mut this.tcp).poll_write(cx, buf)
+        };
+        this.track(poll)
     }
 
     fn poll_write_vectored(
@@ -105,7 +119,7 @@ impl AsyncWrite for ClientStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match bufs.iter().position(|b| corral_core::sealed::is_sealed(b)) {
+        let poll = match bufs.iter().position(|b| corral_core::sealed::is_sealed(b)) {
             // Nothing sealed: one writev, as before.
             None => Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs),
             // A sealed body first: sendfile it. The caller comes back for
@@ -121,7 +135,8 @@ impl AsyncWrite for ClientStream {
             }
             // Only empty slices before it: nothing to hold back.
             Some(k) => this.poll_send_sealed(cx, &bufs[k]),
-        }
+        };
+        this.track(poll)
     }
 
     fn is_write_vectored(&self) -> bool {

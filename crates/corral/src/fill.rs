@@ -12,40 +12,52 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::flight::Permit;
 use corral_core::{
-    Decision, Forward, Identity, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary,
-    merge_not_modified,
+    Budget, Decision, Digest, Forward, Identity, PassReason, PrimaryKey, StoredResponse,
+    VariantKey, Vary, merge_not_modified,
 };
 use futures_util::StreamExt;
-use http::header::{ETAG, LAST_MODIFIED};
+use http::header::{CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE};
 use http::header::{
     IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
 };
-use http::{HeaderMap, Method, Response, StatusCode, request, response};
+use http::{HeaderMap, Method, Response, StatusCode, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::app::App;
-use crate::hop_by_hop;
-use crate::request::{RequestCtx, upstream_request};
+use crate::request::{RequestBody, RequestHead, upstream_request};
 use crate::respond;
 use crate::routes::Route;
 use crate::shared_flight;
-use crate::upstream::{DeadlineBody, UpstreamError};
+use crate::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
 
 /// After the origin failed and a stale copy answered, the key's origin is
 /// left alone this long: stale answers meanwhile cost it nothing.
 const STALE_IF_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Response headers that belong to the caller who asked and never to
+/// anyone a shared answer reaches.
+static PER_CALLER: [HeaderName; 2] = [SET_COOKIE, HeaderName::from_static("authentication-info")];
+
 /// A buffered response that every waiter of a flight receives (an error).
+/// What every waiter gets carries no per-caller header; the leader alone
+/// gets those back.
 #[derive(Debug)]
 pub struct SharedResponse {
     pub status: StatusCode,
+    /// The headers every waiter may see (compact copies).
     pub headers: HeaderMap,
     pub body: Bytes,
     /// The upstream's status, when the upstream answered at all.
     pub upstream_status: Option<u16>,
+    /// Headers for the leader's client only (`Set-Cookie`).
+    pub own_headers: HeaderMap,
+    /// The answer's Vary and the leader's values for it: a waiter whose
+    /// request selects another variant fetches alone.
+    pub vary: Vary,
+    pub vary_values: Vec<String>,
 }
 
 impl SharedResponse {
@@ -61,7 +73,40 @@ impl SharedResponse {
             headers,
             body: respond::error_body(status, detail),
             upstream_status: None,
+            own_headers: HeaderMap::new(),
+            vary: Vary::None,
+            vary_values: Vec::new(),
         }
+    }
+
+    /// An origin's answer to share with the waiters of a flight, split into
+    /// what everyone may see and what only the leader may; `None` when it
+    /// cannot be shared at all (Vary: *).
+    fn from_origin(parts: response::Parts, body: Bytes, request: &HeaderMap) -> Option<Self> {
+        let vary = Vary::parse(&parts.headers);
+        if vary == Vary::Star {
+            return None;
+        }
+        let mut own_headers = HeaderMap::new();
+        for name in &PER_CALLER {
+            for v in parts.headers.get_all(name) {
+                own_headers.append(name.clone(), v.clone());
+            }
+        }
+        Some(SharedResponse {
+            status: parts.status,
+            headers: corral_core::entry::compact(&parts.headers, &PER_CALLER),
+            body,
+            upstream_status: Some(parts.status.as_u16()),
+            own_headers,
+            vary_values: vary.values(request),
+            vary,
+        })
+    }
+
+    /// True when `request` selects the variant this answer is for.
+    pub fn matches_vary(&self, request: &HeaderMap) -> bool {
+        self.vary.values(request) == self.vary_values
     }
 }
 
@@ -100,13 +145,16 @@ pub enum LeaderOutcome {
 pub struct FillRequest {
     pub app: Arc<App>,
     pub route: Arc<Route>,
-    pub ctx: Arc<RequestCtx>,
+    pub head: Arc<RequestHead>,
     pub primary: PrimaryKey,
     pub identity: Option<Identity>,
     /// The flight's key: the variant this request selects.
     pub variant: VariantKey,
     pub stale: Option<Arc<StoredResponse>>,
     pub fwd: Forward,
+    /// Set once the fill must run to its end whoever waits: its answer is
+    /// being stored, or other instances wait on its lease.
+    pub committed: std::sync::atomic::AtomicBool,
 }
 
 impl FillRequest {
@@ -120,6 +168,18 @@ impl FillRequest {
         };
         self.primary.variant(identity, &entry.vary_values)
     }
+
+    /// Where this caller's hit-for-pass marker lives.
+    pub fn pass_scope(&self) -> Digest {
+        self.primary.pass_scope(self.identity.as_ref())
+    }
+
+    /// Marks this caller's view of the URI uncacheable for a while.
+    fn mark_pass(&self) {
+        self.app
+            .l1
+            .mark_pass(self.pass_scope(), self.route.policy.hit_for_pass);
+    }
 }
 
 /// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
@@ -130,26 +190,47 @@ pub async fn run(
     leader: Option<oneshot::Sender<LeaderOutcome>>,
 ) {
     let mut permit = permit;
-    let result = match &fill.app.l2 {
-        Some(l2) => match shared_flight::fill(&fill, l2).await {
-            Ended::PassKnown => {
-                // Another instance found the key uncacheable: release this
-                // instance's waiters now, so that they fetch alongside the
-                // leader instead of after it.
-                fill.app
-                    .l1
-                    .mark_pass(fill.primary.digest(), fill.route.policy.hit_for_pass);
-                if let Some(p) = permit.take() {
-                    crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
-                    p.complete(FillOutcome::Pass {
-                        reason: PassReason::HitForPass,
-                    });
-                }
-                fetch_and_store(&fill).await
+    let mut leader = leader;
+    // A fill for a client that went away, with nobody else waiting and
+    // nothing committed yet, is cancelled: nobody would get its answer (an
+    // HTTP/2 client resetting each stream it opens must not make corral
+    // fetch for nobody). A background refresh has no client and runs on.
+    let cancellable = leader.is_some();
+    let slots = tokio::select! {
+        s = take_slots(&fill) => s,
+        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
+            crate::metrics::fill_cancelled(&fill.route.name);
+            return;
+        }
+    };
+    let Some(_slots) = slots else {
+        crate::metrics::fill_refused(&fill.route.name);
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        finish(&fill, permit, leader, fill_limit(&fill));
+        return;
+    };
+    let first = tokio::select! {
+        r = fetch(&fill) => r,
+        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
+            crate::metrics::fill_cancelled(&fill.route.name);
+            return;
+        }
+    };
+    let result = match first {
+        Ended::PassKnown => {
+            // Another instance found the key uncacheable: release this
+            // instance's waiters now, so that they fetch alongside the
+            // leader instead of after it.
+            fill.mark_pass();
+            if let Some(p) = permit.take() {
+                crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+                p.complete(FillOutcome::Pass {
+                    reason: PassReason::HitForPass,
+                });
             }
-            ended => ended,
-        },
-        None => fetch_and_store(&fill).await,
+            fetch_and_store(&fill).await
+        }
+        ended => ended,
     };
     let outcome = match result {
         Ended::Outcome(o) => o,
@@ -184,12 +265,105 @@ pub async fn run(
     {
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d, "fill failed");
     }
+    finish(&fill, permit, leader, outcome);
+}
+
+/// The fetch itself: through the shared tier when Redis is configured.
+async fn fetch(fill: &FillRequest) -> Ended {
+    match &fill.app.l2 {
+        Some(l2) => shared_flight::fill(fill, l2).await,
+        None => fetch_and_store(fill).await,
+    }
+}
+
+/// Gives every waiter and the leader's client the outcome.
+fn finish(
+    fill: &FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<LeaderOutcome>>,
+    outcome: FillOutcome,
+) {
     if let Some(p) = permit {
         crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
         p.complete(outcome.clone());
     }
     if let Some(tx) = leader {
         let _ = tx.send(LeaderOutcome::Outcome(outcome));
+    }
+}
+
+/// A slot of the route's and of the instance's fill limits, waited for at
+/// most the route's lock timeout (the flight is registered meanwhile, so
+/// followers queue behind it instead of adding fills).
+async fn take_slots(
+    fill: &FillRequest,
+) -> Option<(
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+)> {
+    let take = async {
+        let route = Arc::clone(&fill.route.fills).acquire_owned().await.ok()?;
+        let instance = Arc::clone(&fill.app.fills).acquire_owned().await.ok()?;
+        Some((route, instance))
+    };
+    tokio::time::timeout(fill.route.lock_timeout, take)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// What waiters get when no fill slot came in time: the stale copy if it
+/// may still be served, else a 503 for every one of them.
+fn fill_limit(fill: &FillRequest) -> FillOutcome {
+    if let Some(stale) = &fill.stale
+        && stale.usable_on_error(SystemTime::now())
+    {
+        return FillOutcome::Stale {
+            entry: Arc::clone(stale),
+            fwd_status: None,
+            detail: "fill-limit",
+        };
+    }
+    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, "fill-limit");
+    response
+        .headers
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+    FillOutcome::Shared {
+        response: Arc::new(response),
+        fwd: fill.fwd,
+        detail: Some("fill-limit"),
+    }
+}
+
+/// How long a fill nobody waits for runs on before it is cancelled: the
+/// herd of a stampede whose first client left arrives within it and still
+/// finds the fill under way.
+const ABANDON_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Resolves once nobody has wanted this fill for [`ABANDON_GRACE`]: the
+/// leader's client is gone, no follower waits, and the fill has not
+/// committed to storing (or to other instances).
+async fn abandoned(
+    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
+    permit: Option<&Permit<FillOutcome>>,
+    fill: &FillRequest,
+) {
+    let Some(tx) = leader.as_mut() else {
+        return std::future::pending().await;
+    };
+    tx.closed().await;
+    let mut since: Option<Instant> = None;
+    loop {
+        let waiting = permit.map_or(0, Permit::waiting);
+        if waiting == 0 && !fill.committed.load(std::sync::atomic::Ordering::Acquire) {
+            let since = *since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ABANDON_GRACE {
+                return;
+            }
+        } else {
+            since = None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 
@@ -206,7 +380,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
     let FillRequest {
         app,
         route,
-        ctx,
+        head,
         stale,
         fwd,
         ..
@@ -218,7 +392,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
 
     // The fill asks for the whole representation: the client's own
     // conditionals and ranges are answered by corral from the entry.
-    let mut headers = ctx.headers.clone();
+    let mut headers = head.headers.clone();
     for h in [
         IF_NONE_MATCH,
         IF_MODIFIED_SINCE,
@@ -237,19 +411,31 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             headers.insert(IF_MODIFIED_SINCE, lm.clone());
         }
     }
-    let req = match upstream_request(route, ctx, Method::GET, headers, Body::empty()) {
+    // The target is the key's: what is stored is exactly what was asked for.
+    let target = fill.primary.uri().target();
+    let req = match upstream_request(
+        route,
+        head,
+        Method::GET,
+        target,
+        headers,
+        Body::empty(),
+        RequestBody::None,
+    ) {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
-    let req_parts = request_parts(&req);
+    let uri = req.uri().clone();
     let res = match route.upstream.send(req, true, deadline).await {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
     let response_time = SystemTime::now();
     let (mut parts, body) = res.into_parts();
-    hop_by_hop::strip(&mut parts.headers);
-    corral_core::policy::sanitize_age(&mut parts.headers);
+    let framing = match sanitize_response(&mut parts) {
+        Ok(f) => f,
+        Err(e) => return Ended::Outcome(failed(fill, &e)),
+    };
     let status = parts.status;
 
     if let Some(stale) = stale {
@@ -261,33 +447,43 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             });
         }
         if status == StatusCode::NOT_MODIFIED {
-            return revalidated(fill, stale, &req_parts, &parts, response_time, stamp);
+            return revalidated(fill, stale, &uri, &parts, response_time, stamp);
         }
     }
 
-    let read_body = |body| {
+    let read_body = |body, declared| {
         buffer(
             body,
+            declared,
             route.policy.max_object_size,
+            &app.fill_memory,
             deadline,
             route.upstream.total,
         )
     };
-    match route
-        .policy
-        .evaluate(&req_parts, &parts, response_time, &route.identity)
-    {
-        Decision::Store { freshness, policy } => match read_body(body).await {
+    let declared = declared_length(&parts.headers);
+    let decision = match framing {
+        Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
+        Framing::Plain => route
+            .policy
+            .evaluate(&Method::GET, &uri, &parts, response_time),
+    };
+    if matches!(decision, Decision::Store { .. }) {
+        fill.committed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    match decision {
+        Decision::Store { freshness } => match read_body(body, declared).await {
             Buffered::Full(bytes) => {
                 let vary = Vary::parse(&parts.headers);
-                let vary_values = vary.values(&ctx.headers);
-                let private = fill.identity.is_some() && !freshness.shareable;
+                let vary_values = vary.values(&head.headers);
+                let private =
+                    fill.identity.is_some() && !freshness.sharing.admits(fill.identity.as_ref());
                 let entry = Arc::new(
                     StoredResponse::new(
                         status,
                         parts.headers,
                         corral_core::sealed::seal_or_keep(bytes),
-                        *policy,
                         &freshness,
                         response_time,
                         started.elapsed(),
@@ -300,7 +496,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
                 );
                 let key = fill.entry_key(&entry);
                 app.l1.learn_vary(&fill.primary, &vary);
-                app.l1.clear_pass(&fill.primary.digest());
+                app.l1.clear_pass(&fill.pass_scope());
                 app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
                 Ended::Outcome(FillOutcome::Stored {
                     entry,
@@ -308,51 +504,73 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
                     fwd_status: Some(status.as_u16()),
                 })
             }
-            Buffered::TooLarge(rest) => {
-                app.l1
-                    .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
-                Ended::Stream(
-                    PassReason::TooLarge,
-                    pass_response(parts, rest, fwd, PassReason::TooLarge),
-                )
+            Buffered::Over(reason, rest) => {
+                if reason == PassReason::TooLarge {
+                    fill.mark_pass();
+                }
+                Ended::Stream(reason, pass_response(parts, rest, fwd, reason))
             }
             Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
         },
-        Decision::Pass(_) if status.is_server_error() => {
-            // An error every waiter shares, not a reason to stop coalescing:
-            // the next request tries the origin again.
-            match read_body(body).await {
-                Buffered::Full(bytes) => Ended::Outcome(FillOutcome::Shared {
-                    response: Arc::new(SharedResponse {
-                        status,
-                        headers: parts.headers,
-                        body: bytes,
-                        upstream_status: Some(status.as_u16()),
-                    }),
-                    fwd,
-                    detail: None,
-                }),
-                Buffered::TooLarge(rest) => Ended::Stream(
-                    PassReason::TooLarge,
-                    pass_response(parts, rest, fwd, PassReason::TooLarge),
-                ),
+        Decision::Pass(reason) if status.is_server_error() && shareable_error(reason) => {
+            // An error every waiter shares (without the leader's cookies),
+            // not a reason to stop coalescing: the next request tries the
+            // origin again. A `private` error is the caller's own: waiters
+            // fetch alone.
+            match read_body(body, declared).await {
+                Buffered::Full(bytes) => {
+                    let own = parts.clone();
+                    match SharedResponse::from_origin(parts, bytes.clone(), &head.headers) {
+                        Some(response) => Ended::Outcome(FillOutcome::Shared {
+                            response: Arc::new(response),
+                            fwd,
+                            detail: None,
+                        }),
+                        None => Ended::Stream(
+                            reason,
+                            pass_response(own, Body::from(bytes), fwd, reason),
+                        ),
+                    }
+                }
+                Buffered::Over(over, rest) => {
+                    Ended::Stream(over, pass_response(parts, rest, fwd, over))
+                }
                 Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
             }
         }
         Decision::Pass(reason) => {
-            app.l1
-                .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+            if reason != PassReason::ConflictingFraming {
+                fill.mark_pass();
+            }
             let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
             Ended::Stream(reason, pass_response(parts, body, fwd, reason))
         }
     }
 }
 
+/// True when an error answer with this pass reason may be fanned out to a
+/// flight's waiters: not one the origin made `private` (the caller's own),
+/// not one framed ambiguously.
+fn shareable_error(reason: PassReason) -> bool {
+    !matches!(
+        reason,
+        PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar
+    )
+}
+
+/// The Content-Length the origin declared, if any.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 /// A 304 refreshed the stale entry: store the refreshed copy.
 fn revalidated(
     fill: &FillRequest,
     stale: &Arc<StoredResponse>,
-    req_parts: &request::Parts,
+    uri: &http::Uri,
     not_modified: &response::Parts,
     response_time: SystemTime,
     stamp: u64,
@@ -360,15 +578,19 @@ fn revalidated(
     let merged = merge_not_modified(&stale.headers, &not_modified.headers);
     let mut merged_parts = not_modified.clone();
     merged_parts.status = stale.status;
-    merged_parts.headers = merged.clone();
+    merged_parts.headers = merged;
     let route = &fill.route;
     match route
         .policy
-        .evaluate(req_parts, &merged_parts, response_time, &route.identity)
+        .evaluate(&Method::GET, uri, &merged_parts, response_time)
     {
-        Decision::Store { freshness, policy } => {
-            let entry =
-                Arc::new(stale.revalidated(merged, *policy, &freshness, response_time, stamp));
+        Decision::Store { freshness } => {
+            let entry = Arc::new(stale.revalidated(
+                &merged_parts.headers,
+                &freshness,
+                response_time,
+                stamp,
+            ));
             let key = fill.entry_key(&entry);
             fill.app
                 .l1
@@ -384,11 +606,9 @@ fn revalidated(
             // longer lets it be stored or shared.
             let key = fill.entry_key(stale);
             fill.app.l1.remove(&key);
-            fill.app
-                .l1
-                .mark_pass(fill.primary.digest(), route.policy.hit_for_pass);
+            fill.mark_pass();
             let mut parts = merged_parts;
-            parts.headers.remove(http::header::CONTENT_LENGTH);
+            parts.headers.remove(CONTENT_LENGTH);
             let body = Body::from(stale.body.clone());
             Ended::Stream(reason, pass_response(parts, body, Forward::Stale, reason))
         }
@@ -429,45 +649,65 @@ fn pass_response(
     Response::from_parts(parts, body)
 }
 
-fn request_parts(req: &http::Request<Body>) -> request::Parts {
-    let mut b = http::Request::builder()
-        .method(req.method().clone())
-        .uri(req.uri().clone());
-    if let Some(h) = b.headers_mut() {
-        *h = req.headers().clone();
-    }
-    match b.body(()) {
-        Ok(r) => r.into_parts().0,
-        Err(_) => http::Request::new(()).into_parts().0,
-    }
-}
-
 enum Buffered {
     Full(Bytes),
-    /// Over the limit: what was read, followed by the rest, as one body.
-    TooLarge(Body),
+    /// Not buffered whole (over the size limit, or over the fill memory
+    /// budget): what was read, followed by the rest, as one body.
+    Over(PassReason, Body),
     Failed(UpstreamError),
 }
 
-/// Reads a body into memory, up to `limit` bytes and the deadline.
+/// Reads a body into memory, up to `limit` bytes, what `budget` grants and
+/// the deadline. `declared` (the origin's Content-Length) sizes the buffer
+/// once, so a stored body holds no spare capacity.
 async fn buffer(
     mut body: Incoming,
+    declared: Option<u64>,
     limit: u64,
+    budget: &Arc<Budget>,
     deadline: Instant,
     total: std::time::Duration,
 ) -> Buffered {
+    let mut hold = budget.hold();
+    let initial = declared.unwrap_or(0).min(limit).min(1 << 20);
     let mut buf = BytesMut::new();
+    if initial > 0 {
+        if !hold.grow(initial) {
+            return Buffered::Over(
+                PassReason::FillMemory,
+                Body::new(DeadlineBody::new(body, deadline, total)),
+            );
+        }
+        buf.reserve(usize::try_from(initial).unwrap_or(0));
+    }
     loop {
         match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Buffered::Failed(UpstreamError::TotalTimeout(total)),
-            Ok(None) => return Buffered::Full(buf.freeze()),
+            Ok(None) => {
+                // A buffer that grew in steps holds up to twice its bytes:
+                // keep an exact copy instead.
+                let bytes = if buf.capacity() - buf.len() > buf.len() / 8 + 64 {
+                    Bytes::copy_from_slice(&buf)
+                } else {
+                    buf.freeze()
+                };
+                return Buffered::Full(bytes);
+            }
             Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue; // trailers are not stored
                 };
-                if (buf.len() + data.len()) as u64 > limit {
-                    buf.extend_from_slice(&data);
+                let after = (buf.len() + data.len()) as u64;
+                let over = if after > limit {
+                    Some(PassReason::TooLarge)
+                } else if after > hold.held() && !hold.grow(after - hold.held()) {
+                    Some(PassReason::FillMemory)
+                } else {
+                    None
+                };
+                buf.extend_from_slice(&data);
+                if let Some(reason) = over {
                     let head = futures_util::stream::once(std::future::ready(Ok::<
                         Bytes,
                         Box<dyn std::error::Error + Send + Sync>,
@@ -475,9 +715,8 @@ async fn buffer(
                         buf.freeze()
                     )));
                     let rest = BodyDataStream::new(DeadlineBody::new(body, deadline, total));
-                    return Buffered::TooLarge(Body::from_stream(head.chain(rest)));
+                    return Buffered::Over(reason, Body::from_stream(head.chain(rest)));
                 }
-                buf.extend_from_slice(&data);
             }
         }
     }

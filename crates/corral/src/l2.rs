@@ -55,6 +55,9 @@ const RECORD_TTL: Duration = Duration::from_secs(8 * 86400);
 pub struct Keys {
     tag: String,
     variant: String,
+    /// The pass marker's suffix: empty for anonymous callers, the pass
+    /// scope for an identified one (see `PrimaryKey::pass_scope`).
+    pass_scope: String,
 }
 
 impl Keys {
@@ -74,7 +77,7 @@ impl Keys {
         format!("{}:gen", self.tag)
     }
     fn pass(&self) -> String {
-        format!("{}:pass", self.tag)
+        format!("{}:pass{}", self.tag, self.pass_scope)
     }
     fn variants(&self) -> String {
         format!("{}:variants", self.tag)
@@ -128,10 +131,20 @@ impl L2 {
         }))
     }
 
-    pub fn keys(&self, primary: &PrimaryKey, variant: Digest) -> Keys {
+    /// The keys of `variant` of `primary`, for a caller with `identity`.
+    pub fn keys(
+        &self,
+        primary: &PrimaryKey,
+        variant: Digest,
+        identity: Option<&corral_core::Identity>,
+    ) -> Keys {
         Keys {
             tag: format!("{}{{{}}}", self.prefix, primary.digest().to_hex()),
             variant: variant.to_hex(),
+            pass_scope: match identity {
+                None => String::new(),
+                Some(id) => format!(":{}", primary.pass_scope(Some(id)).to_hex()),
+            },
         }
     }
 
@@ -213,7 +226,8 @@ impl L2 {
         Ok(stored == 1)
     }
 
-    /// Remembers the URI as uncacheable for every instance.
+    /// Remembers the URI as uncacheable, for callers of this pass scope, on
+    /// every instance.
     pub async fn mark_pass(&self, keys: &Keys, duration: Duration) -> Result<(), L2Error> {
         if duration.is_zero() {
             return Ok(());
@@ -259,7 +273,7 @@ impl L2 {
     /// Deletes every stored variant of `primary` and tells every instance to
     /// drop `uri` from its L1.
     pub async fn invalidate(&self, primary: &PrimaryKey, uri: &UriKey) -> Result<(), L2Error> {
-        let keys = self.keys(primary, Digest([0; 32]));
+        let keys = self.keys(primary, Digest([0; 32]), None);
         let entry_prefix = format!("{}:e:", keys.tag);
         let _: i64 = self
             .link

@@ -9,6 +9,7 @@ mod breaker;
 mod cache_path;
 mod client_stream;
 mod config;
+mod connection;
 mod fill;
 mod hop_by_hop;
 mod l2;
@@ -94,24 +95,44 @@ enum LogFormat {
     Pretty,
 }
 
-/// Raises the open-file limit to its hard limit and gives a quarter of it
-/// to sealed bodies (one descriptor each), the rest to connections.
-fn budget_descriptors() {
-    match corral_core::sealed::raise_open_file_limit() {
-        Some(limit) => {
-            let sealed = usize::try_from(limit / 4).unwrap_or(usize::MAX);
-            corral_core::sealed::set_max_live(sealed);
-            tracing::info!(
-                open_files = limit,
-                sealed_bodies = sealed,
-                "descriptor budget"
-            );
-        }
-        None => tracing::info!(
-            sealed_bodies = corral_core::sealed::DEFAULT_MAX_LIVE,
-            "open-file limit unknown: default descriptor budget"
-        ),
+/// Descriptors kept for everything that is not a client connection or a
+/// sealed body: listeners, Redis, the admin listener's connections, logs.
+const RESERVED_DESCRIPTORS: u64 = 256;
+
+/// Raises the open-file limit to its hard limit and splits it: a quarter
+/// to sealed bodies (one descriptor each), a reserve, and the rest to
+/// client connections, each of which may need one upstream connection too.
+/// Returns the client connection limit (`server.max_connections` when set).
+fn budget_descriptors(configured: Option<usize>) -> usize {
+    let limit = corral_core::sealed::raise_open_file_limit();
+    let sealed = match limit {
+        Some(limit) => usize::try_from(limit / 4).unwrap_or(usize::MAX),
+        None => corral_core::sealed::DEFAULT_MAX_LIVE,
+    };
+    corral_core::sealed::set_max_live(sealed);
+    let fitting = limit.map(|l| {
+        usize::try_from((l - l / 4).saturating_sub(RESERVED_DESCRIPTORS) / 2)
+            .unwrap_or(usize::MAX)
+            .max(16)
+    });
+    let connections = configured.or(fitting).unwrap_or(1024);
+    if let (Some(c), Some(fit)) = (configured, fitting)
+        && c > fit
+    {
+        tracing::warn!(
+            max_connections = c,
+            open_files = limit,
+            fits = fit,
+            "server.max_connections is more than the open-file limit can hold: past {fit}, accepts may fail for lack of descriptors"
+        );
     }
+    tracing::info!(
+        open_files = limit,
+        sealed_bodies = sealed,
+        max_connections = connections,
+        "descriptor budget"
+    );
+    connections
 }
 
 fn main() -> ExitCode {
@@ -155,8 +176,17 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let env_token = std::env::var("CORRAL_PURGE_TOKEN").ok();
+            let purge_token =
+                match purge::token(config.server.purge_token.as_deref(), env_token.as_deref()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!("corral: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
             init_logs(log_format);
-            budget_descriptors();
+            let max_connections = budget_descriptors(config.server.max_connections);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -167,8 +197,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let served =
-                runtime.block_on(serve(config, path, reload::fingerprint(text.as_bytes())));
+            let served = runtime.block_on(serve(
+                config,
+                path,
+                reload::fingerprint(text.as_bytes()),
+                purge_token,
+                max_connections,
+            ));
             // The last lines ("corral stopped") are still queued for stdout.
             if !log_sink::flush_installed(Duration::from_secs(2)) {
                 eprintln!("corral: stdout did not take the last log lines within 2s");
@@ -273,7 +308,13 @@ where
     }
 }
 
-async fn serve(config: config::Config, path: PathBuf, loaded: u64) -> anyhow::Result<()> {
+async fn serve(
+    config: config::Config,
+    path: PathBuf,
+    loaded: u64,
+    purge_token: Option<String>,
+    max_connections: usize,
+) -> anyhow::Result<()> {
     let listener = client_listener(config.listen)
         .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
     let admin_listener = TcpListener::bind(config.admin)
@@ -285,18 +326,21 @@ async fn serve(config: config::Config, path: PathBuf, loaded: u64) -> anyhow::Re
         app: Arc::clone(&app),
         metrics,
         draining: std::sync::atomic::AtomicBool::new(false),
-        purge_token: config.server.purge_token.clone().or_else(|| {
-            std::env::var("CORRAL_PURGE_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty())
-        }),
+        purge_token,
     });
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let admin = tokio::spawn(admin::serve(
-        admin_listener,
-        Arc::clone(&admin_state),
-        shutdown_rx.clone(),
-    ));
+    let admin_server = config.server.clone();
+    let admin_state_for_listener = Arc::clone(&admin_state);
+    let admin_shutdown = shutdown_rx.clone();
+    let admin = tokio::spawn(async move {
+        admin::serve(
+            admin_listener,
+            admin_state_for_listener,
+            &admin_server,
+            admin_shutdown,
+        )
+        .await;
+    });
     reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
@@ -315,7 +359,7 @@ async fn serve(config: config::Config, path: PathBuf, loaded: u64) -> anyhow::Re
         tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
-    server::serve(listener, app, &config.server, shutdown_rx).await;
+    server::serve(listener, app, &config.server, max_connections, shutdown_rx).await;
     let _ = admin.await;
     tracing::info!("corral stopped");
     Ok(())

@@ -151,6 +151,22 @@ pub fn l2(result: &'static str) {
     counter!("corral_l2_reads_total", "result" => result).increment(1);
 }
 
+/// A fill not started because the route's or the instance's fill limit
+/// was reached.
+pub fn fill_refused(route: &str) {
+    counter!("corral_fills_refused_total", "route" => route.to_owned()).increment(1);
+}
+
+/// A fill cancelled because its client went away and nobody else waited.
+pub fn fill_cancelled(route: &str) {
+    counter!("corral_fills_cancelled_total", "route" => route.to_owned()).increment(1);
+}
+
+/// A connection corral closed for a reason of its own (a deadline, abuse).
+pub fn connection_closed(reason: &'static str) {
+    counter!("corral_connections_closed_total", "reason" => reason).increment(1);
+}
+
 /// A stale answer: revalidate (SWR), error (SIE), timeout (lock timeout).
 pub fn stale(reason: &'static str) {
     counter!("corral_stale_answers_total", "reason" => reason).increment(1);
@@ -162,6 +178,8 @@ pub fn render(handle: &PrometheusHandle, app: &App) -> String {
     app.l1.sync();
     gauge!("corral_l1_entries").set(app.l1.entry_count() as f64);
     gauge!("corral_l1_bytes").set(app.l1.weighted_size() as f64);
+    gauge!("corral_l1_side_bytes").set(app.l1.side_weighted_size() as f64);
+    gauge!("corral_fill_buffer_bytes").set(app.fill_memory.used() as f64);
     gauge!("corral_sealed_bodies").set(corral_core::sealed::live() as f64);
     counter!("corral_log_lines_dropped_total").absolute(crate::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(app.flights.len() as f64);

@@ -9,20 +9,18 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
 use corral_core::{CacheStatus, Forward, PrimaryKey, UriKey};
-use http::header::{CONTENT_LOCATION, HOST, LOCATION, RANGE, UPGRADE};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
-use http_body::Body as _;
+use http::header::{CONTENT_LOCATION, LOCATION, RANGE};
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 
 use crate::access_log::{self, AccessLine};
 use crate::app::App;
 use crate::cache_path;
-use crate::hop_by_hop;
 use crate::metrics;
-use crate::request::{RequestCtx, upstream_request};
+use crate::request::{RequestBody, RequestHead, upstream_request};
 use crate::respond;
 use crate::routes::Route;
-use crate::upstream::DeadlineBody;
+use crate::upstream::{DeadlineBody, sanitize_response};
 
 pub async fn handle(
     State(app): State<Arc<App>>,
@@ -92,7 +90,7 @@ async fn route_request(
     peer: SocketAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Response<Body>) {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if head_size(&parts) > app.max_header_size {
         return (
             None,
@@ -104,45 +102,71 @@ async fn route_request(
             ),
         );
     }
-    let Some(host) = request_host(&parts.headers, &parts.uri) else {
+    if wants_upgrade(&parts.headers) {
+        // corral does not tunnel: say so, rather than forward a request
+        // whose Upgrade it would have to drop.
         return (
             None,
-            respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, "bad-host", None),
+            respond::error(
+                StatusCode::NOT_IMPLEMENTED,
+                Forward::Bypass,
+                "upgrade-unsupported",
+                None,
+            ),
         );
-    };
-    let ctx = RequestCtx {
-        method: parts.method,
-        version: parts.version,
-        host,
-        path: parts.uri.path().to_owned(),
-        query: parts.uri.query().map(str::to_owned),
-        headers: parts.headers,
-        peer: peer.ip(),
+    }
+    let head = match RequestHead::parse(&mut parts, peer.ip(), &body) {
+        Ok(h) => h,
+        Err(bad) => {
+            return (
+                None,
+                respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, bad.detail(), None),
+            );
+        }
     };
     // The route table of this moment: a reload does not change the route a
     // request in flight started with.
-    let Some(route) = app.routes().find(&ctx.host, &ctx.path).cloned() else {
+    let Some(route) = app.routes().find(&head.host, &head.path).cloned() else {
         return (
             None,
             respond::error(StatusCode::NOT_FOUND, Forward::Bypass, "no-route", None),
         );
     };
-    let cacheable_method = ctx.method == Method::GET || ctx.method == Method::HEAD;
-    if cacheable_method
+    if head.is_cacheable_method()
         && route.cache_enabled
-        && !ctx.headers.contains_key(RANGE)
-        && !ctx.headers.contains_key(UPGRADE)
+        && head.body == RequestBody::None
+        && !head.headers.contains_key(RANGE)
     {
-        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), ctx).await;
+        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head).await;
         return (Some(route), res);
     }
-    let fwd = if route.cache_enabled && !cacheable_method {
+    // A GET or HEAD with a body is passed through, body and all, and
+    // never cached: its answer may depend on the body, which no key holds.
+    let fwd = if route.cache_enabled && !head.is_cacheable_method() {
         Forward::Request
     } else {
         Forward::Bypass
     };
-    let res = forward_uncached(&app, &route, &ctx, body, fwd).await;
+    let detail = (route.cache_enabled && head.is_cacheable_method()).then(|| {
+        if head.body == RequestBody::None {
+            "range"
+        } else {
+            "request-body"
+        }
+    });
+    let res = forward_uncached(&app, &route, &head, body, fwd, detail).await;
     (Some(route), res)
+}
+
+/// True when the client asks to switch protocols (WebSocket and the like).
+/// `h2c` is the exception: it is an offer that may be ignored, and is.
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|t| t.trim_ascii())
+        .any(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"h2c"))
 }
 
 /// Bytes of the request head as sent (request line and header fields).
@@ -158,30 +182,27 @@ fn head_size(parts: &http::request::Parts) -> u64 {
     (line + fields) as u64
 }
 
-/// The Host the client asked for: the Host field, else the URI's authority.
-/// `None` when it is not valid text.
-fn request_host(headers: &HeaderMap, uri: &Uri) -> Option<String> {
-    match headers.get(HOST) {
-        Some(h) => h.to_str().ok().map(str::to_ascii_lowercase),
-        None => Some(
-            uri.authority()
-                .map(|a| a.as_str().to_ascii_lowercase())
-                .unwrap_or_default(),
-        ),
-    }
-}
-
 /// Streams a request through to the upstream and the answer back.
 async fn forward_uncached(
     app: &App,
     route: &Route,
-    ctx: &RequestCtx,
+    head: &RequestHead,
     body: Body,
     fwd: Forward,
+    detail: Option<&'static str>,
 ) -> Response<Body> {
     let deadline = Instant::now() + route.upstream.total;
-    let bodyless = body.size_hint().exact() == Some(0);
-    let req = match upstream_request(route, ctx, ctx.method.clone(), ctx.headers.clone(), body) {
+    let bodyless = head.body == RequestBody::None;
+    let body = if bodyless { Body::empty() } else { body };
+    let req = match upstream_request(
+        route,
+        head,
+        head.method.clone(),
+        &head.path_and_query(),
+        head.headers.clone(),
+        body,
+        head.body,
+    ) {
         Ok(r) => r,
         Err(e) => return respond::error(StatusCode::BAD_REQUEST, fwd, e.detail(), None),
     };
@@ -193,12 +214,16 @@ async fn forward_uncached(
         }
     };
     let (mut parts, body) = res.into_parts();
-    if !ctx.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
-        invalidate(app, route, ctx, &parts.headers).await;
+    if let Err(e) = sanitize_response(&mut parts) {
+        tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
+        return respond::error(e.status(), fwd, e.detail(), None);
     }
-    hop_by_hop::strip(&mut parts.headers);
-    let st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
-    respond::decorate(&mut parts.headers, &st, ctx.version);
+    if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
+        invalidate(app, route, head, &parts.headers).await;
+    }
+    let mut st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
+    st.detail = detail;
+    respond::decorate(&mut parts.headers, &st, head.version);
     Response::from_parts(
         parts,
         Body::new(DeadlineBody::new(body, deadline, route.upstream.total)),
@@ -219,7 +244,7 @@ pub(crate) async fn invalidate_everywhere(app: &App, route_name: &str, uri: UriK
     }
 }
 
-async fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &HeaderMap) {
+async fn invalidate(app: &App, route: &Route, ctx: &RequestHead, response: &HeaderMap) {
     let uri = UriKey::new(
         &ctx.host,
         &ctx.path,
@@ -236,9 +261,10 @@ async fn invalidate(app: &App, route: &Route, ctx: &RequestCtx, response: &Heade
         };
         // Only the same origin: a response must not evict another site's
         // entries (RFC 9111 §4.4).
-        let same_origin = uri
-            .authority()
-            .is_none_or(|a| a.as_str().eq_ignore_ascii_case(&ctx.host));
+        let same_origin = uri.authority().is_none_or(|a| {
+            crate::request::parse_authority(a.as_str().as_bytes()).as_deref()
+                == Some(ctx.host.as_str())
+        });
         if !same_origin || !uri.path().starts_with('/') {
             continue;
         }

@@ -95,11 +95,34 @@ fn reply(
     )
 }
 
+/// Purge tokens shorter than this are refused: the token guards every
+/// cached answer.
+const MIN_TOKEN_CHARS: usize = 16;
+
+/// The purge token in force: `server.purge_token` (checked by the config
+/// loader), else `CORRAL_PURGE_TOKEN` (`env`), held to the same minimum. An
+/// empty variable counts as unset.
+pub fn token(configured: Option<&str>, env: Option<&str>) -> Result<Option<String>, String> {
+    if let Some(t) = configured {
+        return Ok(Some(t.to_owned()));
+    }
+    match env.map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) if t.chars().count() < MIN_TOKEN_CHARS => Err(format!(
+            "CORRAL_PURGE_TOKEN must be at least {MIN_TOKEN_CHARS} characters: it guards cache purges"
+        )),
+        Some(t) => Ok(Some(t.to_owned())),
+    }
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `http://Host:port/path?q` or `host/path` → the URI key form `host/path?q`.
+/// The host must be one a request could carry (validated as a Host field
+/// is, never empty), and a prefix without a path means the whole host
+/// (`host/`), so `a.test` cannot purge `a.test.example`.
 fn uri_prefix(s: &str) -> Option<String> {
     let rest = s
         .strip_prefix("http://")
@@ -107,26 +130,26 @@ fn uri_prefix(s: &str) -> Option<String> {
         .unwrap_or(s);
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
-        None => (rest, ""),
+        None => (rest, "/"),
     };
-    if authority.is_empty() {
-        return None;
-    }
-    let host = UriKey::new(authority, "", None, &corral_core::QueryFilter::default());
-    Some(format!("{}{path}", host.readable()))
+    let host = crate::request::parse_authority(authority.as_bytes()).filter(|h| !h.is_empty())?;
+    Some(format!("{host}{path}"))
 }
 
 async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'static str> {
     let uri: http::Uri = url.parse().map_err(|_| "url is not a valid URL")?;
-    let host = uri
+    let authority = uri
         .authority()
         .map(|a| a.as_str())
         .ok_or("url must be absolute: http://host/path")?;
+    let host = crate::request::parse_authority(authority.as_bytes())
+        .filter(|h| !h.is_empty())
+        .ok_or("url must name a valid host")?;
     let routes = app.routes();
     let route = routes
-        .find(&host.to_ascii_lowercase(), uri.path())
+        .find(&host, uri.path())
         .ok_or("no route serves this url")?;
-    let key = UriKey::new(host, uri.path(), uri.query(), &route.query_filter);
+    let key = UriKey::new(&host, uri.path(), uri.query(), &route.query_filter);
     let readable = key.readable().to_owned();
     if soft {
         ban(app, BanTarget::Uri(readable.clone()), true).await;
@@ -215,6 +238,27 @@ mod tests {
             Some("api.example.com/v1")
         );
         assert_eq!(uri_prefix("/v1"), None);
+        // A host alone means everything under it, and nothing beyond.
+        assert_eq!(uri_prefix("a.test").as_deref(), Some("a.test/"));
+        // No host, or no valid one: refused, never "purge everything".
+        for bad in [":", "http://:80/", "http://", "", "a b/x", "http://[::1/x"] {
+            assert_eq!(uri_prefix(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_environment_token_is_held_to_the_same_minimum() {
+        assert_eq!(token(None, None), Ok(None));
+        assert_eq!(token(None, Some("  ")), Ok(None));
+        assert!(token(None, Some("short")).is_err());
+        assert_eq!(
+            token(None, Some("0123456789abcdef")),
+            Ok(Some("0123456789abcdef".to_owned()))
+        );
+        assert_eq!(
+            token(Some("from-the-config-file"), Some("short")),
+            Ok(Some("from-the-config-file".to_owned()))
+        );
     }
 
     #[test]

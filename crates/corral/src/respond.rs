@@ -63,8 +63,20 @@ fn etag_matches(request: &HeaderMap, etag: Option<&HeaderValue>) -> bool {
         .any(|t| t == "*" || t.trim_start_matches("W/") == etag)
 }
 
-fn from_shared(shared: &SharedResponse, status: &CacheStatus, head: bool) -> Response<Body> {
+/// A shared (error) answer; the leader alone (`own`) also gets the
+/// per-caller headers its own request produced.
+fn from_shared(
+    shared: &SharedResponse,
+    status: &CacheStatus,
+    head: bool,
+    own: bool,
+) -> Response<Body> {
     let mut headers = shared.headers.clone();
+    if own {
+        for (name, value) in &shared.own_headers {
+            headers.append(name, value.clone());
+        }
+    }
     decorate(&mut headers, status, Version::HTTP_11);
     let body = if head {
         Body::empty()
@@ -113,7 +125,7 @@ pub fn from_outcome(
             st.fwd_status = response.upstream_status;
             st.detail = *detail;
             st.collapsed = collapsed;
-            from_shared(response, &st, head)
+            from_shared(response, &st, head, !collapsed)
         }
         FillOutcome::Stale {
             entry,

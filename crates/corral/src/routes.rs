@@ -26,6 +26,8 @@ pub struct Route {
     pub coalesce: bool,
     pub lock_timeout: Duration,
     pub on_timeout: OnTimeout,
+    /// Fills under way on this route (`coalesce.max_fills`).
+    pub fills: Arc<tokio::sync::Semaphore>,
     pub upstream: Upstream,
     pub requests: crate::metrics::RequestCounters,
 }
@@ -71,6 +73,7 @@ impl Route {
             coalesce: rc.coalesce.enabled,
             lock_timeout: rc.coalesce.lock_timeout,
             on_timeout: rc.coalesce.on_timeout,
+            fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
             upstream: Upstream::new(&rc.name, &rc.timeouts),
             requests: crate::metrics::RequestCounters::new(&rc.name),
         }
@@ -79,7 +82,7 @@ impl Route {
     fn matches(&self, host: &str, path: &str) -> bool {
         let host_ok = match &self.host {
             None => true,
-            Some(h) => h == host || host.split_once(':').is_some_and(|(name, _)| name == h),
+            Some(h) => h == host,
         };
         host_ok && path.starts_with(&self.prefix)
     }
@@ -105,7 +108,8 @@ impl RouteTable {
         self.routes.len()
     }
 
-    /// The route for a request to `host` (lowercased, may carry a port) and `path`.
+    /// The route for a request to `host` (a validated, lowercased host name
+    /// without port) and `path`.
     pub fn find(&self, host: &str, path: &str) -> Option<&Arc<Route>> {
         self.routes
             .iter()

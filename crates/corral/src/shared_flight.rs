@@ -28,7 +28,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
     let app = &fill.app;
     let deadline = Instant::now() + fill.route.lock_timeout;
     let mut variant = fill.variant;
-    let mut keys = l2.keys(&fill.primary, variant.digest);
+    let mut keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
     let mut probe = match read(fill, l2, &keys).await {
         Ok(p) => p,
         Err(e) => return local(fill, &e.to_string()).await,
@@ -39,10 +39,10 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         && *vary != app.l1.learned_vary(&fill.primary)
     {
         app.l1.learn_vary(&fill.primary, vary);
-        let values = vary.values(&fill.ctx.headers);
+        let values = vary.values(&fill.head.headers);
         variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
-            keys = l2.keys(&fill.primary, variant.digest);
+            keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
             probe = match read(fill, l2, &keys).await {
                 Ok(p) => p,
                 Err(e) => return local(fill, &e.to_string()).await,
@@ -71,6 +71,9 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             Err(e) => return local_then_share(fill, l2, &keys, generation, &e.to_string()).await,
             Ok(Some(lease)) => {
                 metrics::lease(if waited { "taken_over" } else { "acquired" });
+                // Other instances now wait on this fill.
+                fill.committed
+                    .store(true, std::sync::atomic::Ordering::Release);
                 // Double-check: the previous leader may have stored it just
                 // before releasing.
                 if let Ok(mut again) = read(fill, l2, &keys).await
@@ -163,7 +166,7 @@ fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
         matches!(
             e.state(SystemTime::now()),
             EntryState::Fresh | EntryState::StaleWhileRevalidate
-        ) && e.matches_vary(&fill.ctx.headers)
+        ) && e.matches_vary(&fill.head.headers)
             && fill
                 .stale
                 .as_ref()
@@ -224,7 +227,7 @@ async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse,
     let target = if stored_key.digest == fill.variant.digest {
         None
     } else {
-        Some(l2.keys(&fill.primary, stored_key.digest))
+        Some(l2.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
     };
     if let Err(e) = l2
         .store(target.as_ref().unwrap_or(keys), entry, generation)

@@ -37,6 +37,8 @@ pub enum UpstreamError {
     Exchange(String),
     #[error("building the upstream request failed: {0}")]
     Request(String),
+    #[error("the upstream answered {0}, which corral never asked for")]
+    Protocol(http::StatusCode),
 }
 
 impl UpstreamError {
@@ -58,8 +60,40 @@ impl UpstreamError {
             UpstreamError::TotalTimeout(_) => "upstream-total-timeout",
             UpstreamError::Exchange(_) => "upstream-error",
             UpstreamError::Request(_) => "bad-upstream-request",
+            UpstreamError::Protocol(_) => "upstream-protocol-error",
         }
     }
+}
+
+/// How the origin framed its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Plain,
+    /// Both Content-Length and Transfer-Encoding (RFC 9112 §6.3): the
+    /// Content-Length was removed and the chunked body is authoritative.
+    /// Such an answer is passed on, never stored or shared.
+    Conflicting,
+}
+
+/// Makes an upstream response head fit to pass on: hop-by-hop headers
+/// removed, a Content-Length beside Transfer-Encoding removed (what the
+/// client is told must be what it gets), a nonsensical Age dropped. A 101
+/// (or any 1xx as a final answer) is an error: corral never asks for an
+/// upgrade, so an origin that switches protocols is not speaking HTTP to it.
+pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, UpstreamError> {
+    if parts.status.is_informational() {
+        return Err(UpstreamError::Protocol(parts.status));
+    }
+    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let framing = if chunked && parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        Framing::Conflicting
+    } else {
+        Framing::Plain
+    };
+    crate::hop_by_hop::strip(&mut parts.headers);
+    corral_core::policy::sanitize_age(&mut parts.headers);
+    Ok(framing)
 }
 
 /// A route's connection pool and deadlines.

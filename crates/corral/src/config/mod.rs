@@ -53,8 +53,18 @@ pub struct Config {
 /// Front-end connection limits (`server:` section, optional).
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// How long a client may take to send the request head.
+    /// How long a client may take to send the request head, counted from
+    /// the moment its connection is accepted (or its previous answer sent).
     pub header_read_timeout: Duration,
+    /// How long a connection with no request in progress stays open
+    /// (HTTP/1.1 keep-alive and HTTP/2 alike).
+    pub idle_timeout: Duration,
+    /// How long a write to a client may stay blocked (the client reads
+    /// nothing) before the connection is closed.
+    pub send_timeout: Duration,
+    /// Client connections open at once; `None`: derived from the open-file
+    /// limit at start. Past it, corral stops accepting (the kernel queues).
+    pub max_connections: Option<usize>,
     /// Bytes of request head hyper may buffer; at least 8KiB (hyper's minimum).
     pub max_header_size: u64,
     /// How long in-flight requests may run after a shutdown signal.
@@ -71,6 +81,9 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
+            max_connections: None,
             max_header_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             drain_period: Duration::from_secs(5),
@@ -86,7 +99,15 @@ pub struct CacheConfig {
     pub memory: u64,
     /// Largest response body stored; never more than `memory`.
     pub max_object_size: u64,
+    /// Bytes all fills under way may buffer together; a fill that would
+    /// pass it streams through uncached. At least `max_object_size`.
+    pub fill_memory: u64,
+    /// Origin fetches the cache path may have under way at once.
+    pub max_fills: usize,
 }
+
+/// Default `cache.max_fills`.
+const DEFAULT_MAX_FILLS: usize = 1024;
 
 /// Default `cache.max_object_size`: 8MiB.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
@@ -226,6 +247,8 @@ pub struct CoalesceConfig {
     pub lock_timeout: Duration,
     /// What a waiter does when `lock_timeout` passes.
     pub on_timeout: OnTimeout,
+    /// Origin fetches this route may have under way at once.
+    pub max_fills: usize,
 }
 
 impl Default for CoalesceConfig {
@@ -234,6 +257,7 @@ impl Default for CoalesceConfig {
             enabled: true,
             lock_timeout: Duration::from_secs(5),
             on_timeout: OnTimeout::Fetch,
+            max_fills: 256,
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub header_read_timeout: Option<Text>,
+    pub idle_timeout: Option<Text>,
+    pub send_timeout: Option<Text>,
+    pub max_connections: Option<Text>,
     pub max_header_size: Option<Text>,
     pub shutdown_grace: Option<Text>,
     pub drain_period: Option<Text>,
@@ -37,6 +40,8 @@ pub struct RawServer {
 pub struct RawCache {
     pub memory: Option<Text>,
     pub max_object_size: Option<Text>,
+    pub fill_memory: Option<Text>,
+    pub max_fills: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,4 +126,5 @@ pub struct RawCoalesce {
     pub enabled: Option<bool>,
     pub lock_timeout: Option<Text>,
     pub on_timeout: Option<Text>,
+    pub max_fills: Option<Text>,
 }

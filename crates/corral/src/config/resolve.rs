@@ -16,10 +16,10 @@ use super::raw::{
 use super::size::{describe_size, parse_size};
 use super::{
     CacheConfig, CoalesceConfig, Config, ConfigError, DEFAULT_BREAKER_FAILURES,
-    DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_OBJECT_SIZE,
-    DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_LEASE_TTL,
-    DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig, RouteConfig, ServerConfig,
-    StaleWindow, TimeoutsConfig,
+    DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_FILLS,
+    DEFAULT_MAX_OBJECT_SIZE, DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX,
+    DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig,
+    RouteConfig, ServerConfig, StaleWindow, TimeoutsConfig,
 };
 
 /// hyper panics when asked to buffer less than this for a request head.
@@ -160,6 +160,25 @@ impl Resolver<'_> {
             defaults.header_read_timeout,
         )?;
         self.positive(&header_read_timeout, "server.header_read_timeout")?;
+        let idle_timeout = self.duration(
+            raw.idle_timeout.as_ref(),
+            "server.idle_timeout",
+            defaults.idle_timeout,
+        )?;
+        self.positive(&idle_timeout, "server.idle_timeout")?;
+        let send_timeout = self.duration(
+            raw.send_timeout.as_ref(),
+            "server.send_timeout",
+            defaults.send_timeout,
+        )?;
+        self.positive(&send_timeout, "server.send_timeout")?;
+        let max_connections = match &raw.max_connections {
+            None => None,
+            Some(t) => Some(
+                whole_number(&t.value, 1, "connections")
+                    .map_err(|m| self.error(&t.referenced, "server.max_connections", m))?,
+            ),
+        };
         let max_header_size = self.size(
             raw.max_header_size.as_ref(),
             "server.max_header_size",
@@ -202,6 +221,9 @@ impl Resolver<'_> {
         Ok(ServerConfig {
             purge_token,
             header_read_timeout: header_read_timeout.value,
+            idle_timeout: idle_timeout.value,
+            send_timeout: send_timeout.value,
+            max_connections,
             max_header_size: max_header_size.value,
             shutdown_grace: shutdown_grace.value,
             drain_period: drain_period.value,
@@ -231,9 +253,28 @@ impl Resolver<'_> {
             (&memory, "cache.memory"),
             describe_size,
         )?;
+        // By default fills may buffer a quarter of what the cache holds, and
+        // always enough for one object of the largest storable size.
+        let fill_memory = self.size(
+            raw.value.fill_memory.as_ref(),
+            "cache.fill_memory",
+            (memory.value / 4).max(max_object_size.value),
+        )?;
+        self.ordered(
+            (&max_object_size, "cache.max_object_size"),
+            (&fill_memory, "cache.fill_memory"),
+            describe_size,
+        )?;
+        let max_fills = match &raw.value.max_fills {
+            None => DEFAULT_MAX_FILLS,
+            Some(t) => whole_number(&t.value, 1, "fills")
+                .map_err(|m| self.error(&t.referenced, "cache.max_fills", m))?,
+        };
         Ok(CacheConfig {
             memory: memory.value,
             max_object_size: max_object_size.value,
+            fill_memory: fill_memory.value,
+            max_fills,
         })
     }
 
@@ -603,10 +644,16 @@ impl Resolver<'_> {
                 .map_err(|m| self.error(&text.referenced, &format!("{prefix}.on_timeout"), m))?,
             None => defaults.on_timeout,
         };
+        let max_fills = match &raw.max_fills {
+            None => defaults.max_fills,
+            Some(t) => whole_number(&t.value, 1, "fills")
+                .map_err(|m| self.error(&t.referenced, &format!("{prefix}.max_fills"), m))?,
+        };
         Ok(CoalesceConfig {
             enabled: raw.enabled.unwrap_or(defaults.enabled),
             lock_timeout: lock_timeout.value,
             on_timeout,
+            max_fills,
         })
     }
 
@@ -929,6 +976,16 @@ fn key_prefix(text: &str) -> Result<String, String> {
         ));
     }
     Ok(text.to_owned())
+}
+
+/// A count of at least `min` (`what` names the unit in the message).
+fn whole_number(text: &str, min: usize, what: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(format!(
+            "`{text}` is not a whole number of {what} of at least {min}"
+        )),
+    }
 }
 
 fn breaker_failures(text: &str) -> Result<u32, String> {

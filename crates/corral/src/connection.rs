@@ -1,0 +1,365 @@
+//! The life of one accepted connection, from accept to close, for the
+//! client and the admin listener alike. Every connection has a deadline at
+//! every moment: the first request head must arrive within
+//! `header_read_timeout` of the accept (HTTP/1 or the HTTP/2 preface and a
+//! request, so a socket that sends nothing, or only the preface, is closed),
+//! a connection with no request in progress closes after `idle_timeout`,
+//! a write the client does not read for `send_timeout` closes it, and a
+//! connection whose requests are mostly abandoned by the client (HTTP/2
+//! rapid reset) is closed. Connections are counted by a semaphore permit
+//! taken before accept, so past the limit corral stops accepting and the
+//! kernel queues: nothing is refused, nothing spins.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::client_stream::ClientStream;
+
+/// Abandoned requests a connection may have before its abandon rate counts.
+const ABANDON_FLOOR: usize = 64;
+/// How long a connection told to close (idle, drain) may take to finish.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// The deadlines and the limit of one listener.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub send_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// What one connection is doing, shared by its requests, its socket and its
+/// watchdog. Times are milliseconds since the connection was accepted.
+#[derive(Debug)]
+pub struct Activity {
+    opened: Instant,
+    in_flight: AtomicUsize,
+    started: AtomicUsize,
+    abandoned: AtomicUsize,
+    /// When the connection last had no request in progress.
+    idle_since: AtomicU64,
+    /// When a write began waiting for the client to read; `u64::MAX` when
+    /// no write waits.
+    write_blocked_since: AtomicU64,
+    /// Wakes the watchdog when the connection turns abusive.
+    alarm: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+            abandoned: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            write_blocked_since: AtomicU64::new(u64::MAX),
+            alarm: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.opened + Duration::from_millis(ms)
+    }
+
+    /// A write could not complete: the client is not reading.
+    pub fn write_blocked(&self) {
+        if self.write_blocked_since.load(Ordering::Relaxed) == u64::MAX {
+            self.write_blocked_since
+                .store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// A write went through.
+    pub fn write_done(&self) {
+        if self.write_blocked_since.load(Ordering::Relaxed) != u64::MAX {
+            self.write_blocked_since.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> RequestGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.started.fetch_add(1, Ordering::Relaxed);
+        RequestGuard {
+            activity: Arc::clone(self),
+            answered: false,
+        }
+    }
+
+    /// True when most requests on this connection were dropped by the
+    /// client before their answer: a client opening and cancelling
+    /// requests (HTTP/2 rapid reset) to make corral fetch for nobody.
+    fn abusive(&self) -> bool {
+        let abandoned = self.abandoned.load(Ordering::Relaxed);
+        abandoned >= ABANDON_FLOOR && abandoned * 2 > self.started.load(Ordering::Relaxed)
+    }
+}
+
+/// One request in progress; its end (answer sent, or the client gone)
+/// makes the connection idle again when it was the last.
+struct RequestGuard {
+    activity: Arc<Activity>,
+    answered: bool,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.activity.abandoned.fetch_add(1, Ordering::Relaxed);
+            if self.activity.abusive() {
+                self.activity.alarm.notify_one();
+            }
+        }
+        if self.activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let now = self.activity.now_ms();
+            self.activity.idle_since.store(now, Ordering::Release);
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in progress until the
+/// body has been sent (or dropped).
+pub struct TrackedBody {
+    inner: Body,
+    _guard: RequestGuard,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The router as a hyper service that counts each request on `activity`.
+#[derive(Clone)]
+struct Tracked {
+    router: Router,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Tracked {
+    type Response = Response<TrackedBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let mut guard = self.activity.begin();
+        let mut req = req.map(Body::new);
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let router = self.router.clone();
+        Box::pin(async move {
+            let res = router.oneshot(req).await?;
+            guard.answered = true;
+            Ok(res.map(|inner| TrackedBody {
+                inner,
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+/// The HTTP/1.1 and HTTP/2 settings every connection of a listener gets.
+pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(usize::try_from(buffer).unwrap_or(usize::MAX))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(max_header_size).unwrap_or(u32::MAX))
+        .max_concurrent_streams(128)
+        // Pings find peers that vanished while a request was in progress;
+        // idle connections are closed by the watchdog either way.
+        .keep_alive_interval(Some(limits.idle_timeout.min(Duration::from_secs(30))))
+        .keep_alive_timeout(Duration::from_secs(20));
+    builder
+}
+
+/// Accepts on `listener` until `shutdown` turns true, serving each
+/// connection with `router` under `limits`; then tells every open
+/// connection to finish and waits up to `grace` for them.
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let builder = Arc::new(builder);
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors and the like: back off a little
+                    // instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let activity = Activity::new();
+        let service = Tracked {
+            router: router.clone(),
+            activity: Arc::clone(&activity),
+            peer,
+        };
+        let io = TokioIo::new(ClientStream::new(stream, Arc::clone(&activity)));
+        let builder = Arc::clone(&builder);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection(io, service);
+            watch_over(conn, &activity, &limits, shutdown).await;
+            drop(permit);
+            tracing::trace!(listener = name, %peer, "connection closed");
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit until it closes: all permits back
+    // means all connections drained.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    tokio::select! {
+        _ = slots.acquire_many(all) => tracing::info!("all {name} connections drained"),
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!(listener = name, grace = ?grace, "shutdown grace elapsed with connections still open");
+        }
+    }
+}
+
+type Conn<'a> = auto::Connection<'a, TokioIo<ClientStream>, Tracked, TokioExecutor>;
+
+/// Drives one connection to its end under its deadlines.
+async fn watch_over(
+    conn: Conn<'_>,
+    activity: &Activity,
+    limits: &Limits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut conn = std::pin::pin!(conn);
+    // Once told to close, the connection has this long to finish.
+    let mut closing: Option<Instant> = None;
+    let busy_recheck = (limits.send_timeout / 4).max(Duration::from_millis(250));
+    loop {
+        let now = Instant::now();
+        let in_flight = activity.in_flight.load(Ordering::Acquire);
+        let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
+        let mut next = if in_flight > 0 {
+            now + busy_recheck
+        } else if activity.started.load(Ordering::Relaxed) == 0 {
+            activity.opened + limits.header_read_timeout
+        } else {
+            activity.at(activity.idle_since.load(Ordering::Acquire)) + limits.idle_timeout
+        };
+        if blocked != u64::MAX {
+            next = next.min(activity.at(blocked) + limits.send_timeout);
+        }
+        if let Some(hard) = closing {
+            next = next.min(hard);
+        }
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(next) => {}
+            _ = activity.alarm.notified(), if closing.is_none() => {}
+            _ = shutdown.changed(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now() + CLOSE_GRACE.max(limits.header_read_timeout));
+                continue;
+            }
+        }
+        let now = Instant::now();
+        if closing.is_some_and(|hard| now >= hard) {
+            return; // dropping the connection closes it
+        }
+        let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
+        if blocked != u64::MAX && now >= activity.at(blocked) + limits.send_timeout {
+            crate::metrics::connection_closed("send-timeout");
+            tracing::debug!("closing a connection whose client read nothing for send_timeout");
+            return;
+        }
+        if closing.is_none() {
+            let idle = activity.in_flight.load(Ordering::Acquire) == 0;
+            let first = activity.started.load(Ordering::Relaxed) == 0;
+            let expired = if first {
+                now >= activity.opened + limits.header_read_timeout
+            } else {
+                now >= activity.at(activity.idle_since.load(Ordering::Acquire))
+                    + limits.idle_timeout
+            };
+            let reason = if activity.abusive() {
+                tracing::warn!("closing a connection whose client abandons most of its requests");
+                Some("abandoned-requests")
+            } else if idle && expired {
+                Some(if first { "no-request" } else { "idle" })
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                crate::metrics::connection_closed(reason);
+                conn.as_mut().graceful_shutdown();
+                closing = Some(now + CLOSE_GRACE);
+            }
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Connections from accept to close, against hostile clients: sockets that
+//! send nothing or only the HTTP/2 preface, clients that never read, a
+//! flood of idle sockets past the descriptor limit, and an HTTP/2 client
+//! that resets every stream it opens. Every one is bounded by
+//! configuration, and the bound is measured (sockets closed, descriptors,
+//! origin requests), not assumed.
+
+use std::time::Duration;
+
+use corral_tests::lifecycle::scrape;
+use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Reply, Route, RunningProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Waits until the server closes `stream` (EOF or reset), reading and
+/// dropping whatever it sends first; `false` if it is still open at `within`.
+async fn closed_within(mut stream: TcpStream, within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Descriptors the process holds now.
+fn open_descriptors(proxy: &RunningProxy) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", proxy.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+async fn closed_for(proxy: &RunningProxy, reason: &str) -> f64 {
+    scrape(proxy)
+        .await
+        .sum("corral_connections_closed_total", &[("reason", reason)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_preface_only_and_idle_connections_are_closed_on_both_listeners() {
+    let origin = Origin::new()
+        .route("/a", Reply::ok("a").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let config = Config::single(origin.url())
+        .server("header_read_timeout", "1s")
+        .server("idle_timeout", "1s");
+    let proxy = Proxy::new(config).start().await;
+
+    let mut sockets = Vec::new();
+    for _ in 0..100 {
+        sockets.push(TcpStream::connect(proxy.addr()).await.expect("connect"));
+    }
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+        s.write_all(PREFACE).await.expect("preface");
+        sockets.push(s);
+    }
+    for _ in 0..10 {
+        sockets.push(
+            TcpStream::connect(proxy.admin_addr())
+                .await
+                .expect("connect admin"),
+        );
+    }
+    // A keep-alive connection that served one request, then went quiet.
+    let mut kept = TcpStream::connect(proxy.addr()).await.expect("connect");
+    kept.write_all(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .expect("request");
+    sockets.push(kept);
+
+    let checks = sockets
+        .into_iter()
+        .map(|s| tokio::spawn(closed_within(s, Duration::from_secs(8))));
+    let results = futures_util::future::join_all(checks).await;
+    let open = results
+        .into_iter()
+        .filter(|r| !matches!(r, Ok(true)))
+        .count();
+    assert_eq!(open, 0, "connections still open after their deadline");
+    assert!(closed_for(&proxy, "no-request").await >= 120.0);
+
+    // An HTTP/2 connection that served a request, then went quiet: hyper
+    // has no idle timeout for HTTP/2; corral's closes it (GOAWAY).
+    let tcp = TcpStream::connect(proxy.addr()).await.expect("connect");
+    let (h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let driver = tokio::spawn(connection);
+    let mut ready = h2.ready().await.expect("h2 ready");
+    let (response, _) = ready
+        .send_request(
+            http::Request::get("http://h/a").body(()).expect("request"),
+            true,
+        )
+        .expect("send");
+    let response = response.await.expect("h2 response");
+    assert_eq!(response.status(), 200);
+    drop(ready);
+    let ended = tokio::time::timeout(Duration::from_secs(8), driver).await;
+    assert!(ended.is_ok(), "an idle HTTP/2 connection stayed open");
+    assert!(closed_for(&proxy, "idle").await >= 1.0);
+    // And the proxy serves.
+    assert_eq!(Client::new().get(&proxy.url("/a")).await.text(), "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_past_the_descriptor_limit_never_exhaust_it() {
+    const LIMIT: u64 = 512;
+    const IDLE: usize = 700;
+    let origin = Origin::new()
+        .route(
+            "/ok",
+            Reply::ok("served").header("cache-control", "no-store"),
+        )
+        .start()
+        .await;
+    let config = Config::single(origin.url()).server("header_read_timeout", "500ms");
+    let proxy = Proxy::new(config).open_files(LIMIT).start().await;
+
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        idle.push(TcpStream::connect(proxy.addr()).await.expect("connect"));
+    }
+    // Behind every idle socket in the accept queue, a real request.
+    let client = Client::new();
+    let url = proxy.url("/ok");
+    let real = tokio::spawn(async move { client.get(&url).await });
+    let mut most = 0;
+    while !real.is_finished() {
+        most = most.max(open_descriptors(&proxy));
+        tokio::time::sleep(ms(50)).await;
+    }
+    let answer = real.await.expect("request task");
+    assert_eq!(answer.text(), "served");
+    assert!(
+        most < LIMIT as usize / 2,
+        "corral held {most} descriptors of {LIMIT} with {IDLE} idle clients"
+    );
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_cut_off_after_send_timeout() {
+    let big = "x".repeat(8 * 1024 * 1024);
+    let origin = Origin::new()
+        .route("/big", Reply::ok(big).header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let config = Config::single(origin.url())
+        .cache("max_object_size", "16MiB")
+        .server("send_timeout", "1s");
+    let proxy = Proxy::new(config).start().await;
+    // Warm the cache so the answer is a hit that no origin paces.
+    assert_eq!(
+        Client::new().get(&proxy.url("/big")).await.body.len(),
+        8 * 1024 * 1024
+    );
+    let mut stuck = TcpStream::connect(proxy.addr()).await.expect("connect");
+    stuck
+        .write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .expect("request");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while closed_for(&proxy, "send-timeout").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a client that reads nothing still holds its connection"
+        );
+        tokio::time::sleep(ms(100)).await;
+    }
+    assert!(closed_within(stuck, DEADLINE).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_resetting_every_stream_makes_corral_fetch_almost_nothing() {
+    const STREAMS: usize = 2000;
+    let origin = Origin::new()
+        .route(
+            "/r",
+            Reply::ok("r")
+                .header("cache-control", "max-age=60")
+                .delay(ms(3000)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(
+        Config::new().route(Route::new("api", origin.url()).coalesce("max_fills", "16")),
+    )
+    .start()
+    .await;
+
+    let tcp = TcpStream::connect(proxy.addr()).await.expect("connect");
+    let (h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let driver = tokio::spawn(connection);
+    // Streams reset before the server took them are the h2 crate's to
+    // refuse; these are reset a moment after, once corral has started on
+    // them: each stream opened, then reset 2 ms later.
+    let mut sent = 0;
+    for i in 0..STREAMS {
+        let request = http::Request::get(format!("http://h/r?k={i}"))
+            .body(())
+            .expect("request");
+        let ready = tokio::time::timeout(DEADLINE, h2.clone().ready()).await;
+        let Ok(Ok(mut ready)) = ready else { break };
+        let Ok((response, _)) = ready.send_request(request, true) else {
+            break;
+        };
+        sent += 1;
+        tokio::time::sleep(ms(2)).await;
+        drop(response);
+    }
+    drop(h2);
+    let _ = tokio::time::timeout(DEADLINE, driver).await;
+
+    let fetched = origin.hits("/r");
+    assert!(sent >= 64, "the client got {sent} streams out");
+    assert!(
+        fetched <= 200,
+        "{sent} reset streams made corral fetch {fetched} times"
+    );
+    assert!(closed_for(&proxy, "abandoned-requests").await >= 1.0);
+    // The fills nobody wanted were cancelled, and the origin saw it.
+    let cancelled = origin.cancelled("/r");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while origin.cancelled("/r") < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no abandoned fill was cancelled ({cancelled} by the origin's count)"
+        );
+        tokio::time::sleep(ms(50)).await;
+    }
+    assert!(
+        scrape(&proxy)
+            .await
+            .sum("corral_fills_cancelled_total", &[])
+            >= 1.0
+    );
+    // Honest clients are still served.
+    assert_eq!(Client::new().get(&proxy.url("/r?k=x")).await.text(), "r");
+}
