@@ -9,6 +9,8 @@ pub mod cache_status;
 pub mod entry;
 pub mod envelope;
 pub mod flight;
+pub mod head;
+pub mod hop_by_hop;
 pub mod identity;
 pub mod key;
 pub mod policy;

@@ -18,9 +18,9 @@ use tokio::sync::oneshot;
 use crate::app::App;
 use crate::config::OnTimeout;
 use crate::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
-use crate::request::RequestHead;
 use crate::respond;
 use crate::routes::Route;
+use corral_core::head::RequestHead;
 
 /// How many times a follower whose Vary values did not match the leader's
 /// answer looks again before fetching alone.

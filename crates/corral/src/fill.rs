@@ -27,11 +27,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::app::App;
-use crate::request::{RequestBody, RequestHead, upstream_request};
+use crate::request::upstream_request;
 use crate::respond;
 use crate::routes::Route;
 use crate::shared_flight;
 use crate::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
+use corral_core::head::{RequestBody, RequestHead};
 
 /// After the origin failed and a stale copy answered, the key's origin is
 /// left alone this long: stale answers meanwhile cost it nothing.

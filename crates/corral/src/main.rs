@@ -11,7 +11,6 @@ mod client_stream;
 mod config;
 mod connection;
 mod fill;
-mod hop_by_hop;
 mod l2;
 mod lease;
 mod log_sink;

@@ -17,10 +17,11 @@ use crate::access_log::{self, AccessLine};
 use crate::app::App;
 use crate::cache_path;
 use crate::metrics;
-use crate::request::{RequestBody, RequestHead, upstream_request};
+use crate::request::upstream_request;
 use crate::respond;
 use crate::routes::Route;
 use crate::upstream::{DeadlineBody, sanitize_response};
+use corral_core::head::{RequestBody, RequestHead};
 
 pub async fn handle(
     State(app): State<Arc<App>>,
@@ -115,7 +116,7 @@ async fn route_request(
             ),
         );
     }
-    let head = match RequestHead::parse(&mut parts, peer.ip(), &body) {
+    let head = match RequestHead::parse(&mut parts, peer.ip(), crate::request::body_of(&body)) {
         Ok(h) => h,
         Err(bad) => {
             return (
@@ -262,7 +263,7 @@ async fn invalidate(app: &App, route: &Route, ctx: &RequestHead, response: &Head
         // Only the same origin: a response must not evict another site's
         // entries (RFC 9111 §4.4).
         let same_origin = uri.authority().is_none_or(|a| {
-            crate::request::parse_authority(a.as_str().as_bytes()).as_deref()
+            corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
                 == Some(ctx.host.as_str())
         });
         if !same_origin || !uri.path().starts_with('/') {

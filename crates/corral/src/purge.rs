@@ -132,7 +132,8 @@ fn uri_prefix(s: &str) -> Option<String> {
         Some(i) => rest.split_at(i),
         None => (rest, "/"),
     };
-    let host = crate::request::parse_authority(authority.as_bytes()).filter(|h| !h.is_empty())?;
+    let host =
+        corral_core::head::parse_authority(authority.as_bytes()).filter(|h| !h.is_empty())?;
     Some(format!("{host}{path}"))
 }
 
@@ -142,7 +143,7 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
         .authority()
         .map(|a| a.as_str())
         .ok_or("url must be absolute: http://host/path")?;
-    let host = crate::request::parse_authority(authority.as_bytes())
+    let host = corral_core::head::parse_authority(authority.as_bytes())
         .filter(|h| !h.is_empty())
         .ok_or("url must name a valid host")?;
     let routes = app.routes();

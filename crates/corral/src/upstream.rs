@@ -91,7 +91,7 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
     } else {
         Framing::Plain
     };
-    crate::hop_by_hop::strip(&mut parts.headers);
+    corral_core::hop_by_hop::strip(&mut parts.headers);
     corral_core::policy::sanitize_age(&mut parts.headers);
     Ok(framing)
 }

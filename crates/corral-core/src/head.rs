@@ -1,0 +1,369 @@
+//! The client's request head as corral sees it: one validated view
+//! ([`RequestHead`]) from which both the cache key and the upstream request
+//! are built, so the two can never disagree. Every byte of it came from a
+//! client and is treated as hostile: an invalid head is refused (400), never
+//! guessed at. What a client may not pass to the origin (hop-by-hop,
+//! framing and proxy-control headers) is gone from the view.
+
+use std::net::IpAddr;
+
+use http::header::{CONTENT_LENGTH, EXPECT, HOST, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+
+use crate::hop_by_hop;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Why a request head was refused (each is a 400 with this Cache-Status detail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadHead {
+    /// HTTP/1.1 without a Host field (RFC 9112 §3.2).
+    MissingHost,
+    /// More than one Host field line.
+    DuplicateHost,
+    /// A Host (or target authority) that is not a valid `host[:port]`.
+    InvalidHost,
+    /// HTTP/2's `:authority` and `Host` name different hosts (RFC 9113 §8.3.1).
+    ConflictingHost,
+    /// A request target corral cannot key (not origin-, absolute- or asterisk-form).
+    InvalidTarget,
+}
+
+impl BadHead {
+    pub fn detail(self) -> &'static str {
+        match self {
+            BadHead::MissingHost => "missing-host",
+            BadHead::DuplicateHost => "duplicate-host",
+            BadHead::InvalidHost => "invalid-host",
+            BadHead::ConflictingHost => "conflicting-host",
+            BadHead::InvalidTarget => "invalid-target",
+        }
+    }
+}
+
+/// Whether the client sent a body, and how it is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody {
+    None,
+    /// This many bytes (Content-Length, or HTTP/2's length).
+    Sized(u64),
+    /// A body of unknown length (chunked, or HTTP/2 without content-length).
+    Streamed,
+}
+
+/// A client request's head, validated once. Nothing else of the client's
+/// head is ever read.
+#[derive(Debug, Clone)]
+pub struct RequestHead {
+    pub method: Method,
+    pub version: Version,
+    /// The host name, lowercased, without its port: what the key holds and
+    /// what `X-Forwarded-Host` carries. Empty only for an HTTP/1.0 request
+    /// without Host.
+    pub host: String,
+    /// Starts with `/` (or is `*` for `OPTIONS *`).
+    pub path: String,
+    pub query: Option<String>,
+    /// End-to-end headers only: hop-by-hop (and every header `Connection`
+    /// names), framing, Host and proxy-control headers removed.
+    pub headers: HeaderMap,
+    /// The client's `X-Forwarded-For`, if it sent one (corral appends to it).
+    pub forwarded_for: Option<HeaderValue>,
+    pub peer: IpAddr,
+    pub body: RequestBody,
+}
+
+/// Headers a client must never set for the origin: they claim what a trusted
+/// proxy saw (scheme, host, port, prefix, client address) or rewrite the
+/// target. corral sets its own `X-Forwarded-For`/`-Proto`/`-Host`; the rest
+/// would be unkeyed inputs an origin may build its answer (and its links)
+/// from, and so a way to poison the shared entry.
+const PROXY_CONTROL: [&str; 14] = [
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-scheme",
+    "x-forwarded-ssl",
+    "x-real-ip",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-host",
+    "x-host",
+    "front-end-https",
+];
+
+/// Headers that make some frameworks treat a GET as another method: on a
+/// cacheable request they would store a POST's (or DELETE's) answer under
+/// the GET's key.
+const METHOD_OVERRIDE: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+impl RequestHead {
+    /// Validates the head of a request received from `peer` that carries
+    /// `body`. The head's headers are taken out of `parts`.
+    pub fn parse(
+        parts: &mut http::request::Parts,
+        peer: IpAddr,
+        body: RequestBody,
+    ) -> Result<Self, BadHead> {
+        let host = request_host(parts)?;
+        let (path, query) = target(&parts.uri)?;
+        let mut headers = std::mem::take(&mut parts.headers);
+        let forwarded_for = headers.get(&X_FORWARDED_FOR).cloned();
+        strip_for_upstream(&mut headers, &parts.method);
+        Ok(RequestHead {
+            method: parts.method.clone(),
+            version: parts.version,
+            host,
+            path,
+            query,
+            headers,
+            forwarded_for,
+            peer,
+            body,
+        })
+    }
+
+    /// GET or HEAD: the methods corral caches and coalesces.
+    pub fn is_cacheable_method(&self) -> bool {
+        self.method == Method::GET || self.method == Method::HEAD
+    }
+
+    pub fn path_and_query(&self) -> String {
+        match &self.query {
+            Some(q) => format!("{}?{q}", self.path),
+            None => self.path.clone(),
+        }
+    }
+}
+
+/// Removes everything a client may not pass to the origin: hop-by-hop
+/// headers and those `Connection` names, framing (rebuilt for the body
+/// corral actually sends), Host (the upstream's is set), proxy-control
+/// headers, and on GET/HEAD method overrides. One pass over the headers;
+/// removals only for names present.
+pub fn strip_for_upstream(headers: &mut HeaderMap, method: &Method) {
+    hop_by_hop::strip(headers);
+    let cacheable = *method == Method::GET || *method == Method::HEAD;
+    let mut doomed: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        let n = name.as_str();
+        let strip = *name == HOST
+            || *name == CONTENT_LENGTH
+            || *name == EXPECT
+            || PROXY_CONTROL.contains(&n)
+            || (cacheable && METHOD_OVERRIDE.contains(&n));
+        if strip {
+            doomed.push(name.clone());
+        }
+    }
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
+/// The host the request is for: the authority of an absolute-form (or
+/// HTTP/2) target, else the Host field. RFC 9112 §3.2: HTTP/1.1 needs
+/// exactly one valid Host; an absolute-form target wins over it (§3.2.2).
+fn request_host(parts: &http::request::Parts) -> Result<String, BadHead> {
+    let mut hosts = parts.headers.get_all(HOST).iter();
+    let field = hosts.next();
+    if hosts.next().is_some() {
+        return Err(BadHead::DuplicateHost);
+    }
+    let field = match field {
+        Some(v) => Some(parse_authority(v.as_bytes()).ok_or(BadHead::InvalidHost)?),
+        None => None,
+    };
+    let from_target = match parts.uri.authority() {
+        Some(a) => Some(parse_authority(a.as_str().as_bytes()).ok_or(BadHead::InvalidHost)?),
+        None => None,
+    };
+    match parts.version {
+        Version::HTTP_2 | Version::HTTP_3 => match (from_target, field) {
+            (Some(t), Some(f)) if t != f => Err(BadHead::ConflictingHost),
+            (Some(t), _) => Ok(t),
+            (None, Some(f)) => Ok(f),
+            (None, None) => Err(BadHead::MissingHost),
+        },
+        Version::HTTP_09 | Version::HTTP_10 => Ok(from_target.or(field).unwrap_or_default()),
+        _ => match (from_target, field) {
+            (_, None) => Err(BadHead::MissingHost),
+            (Some(t), Some(_)) => Ok(t),
+            (None, Some(f)) => Ok(f),
+        },
+    }
+}
+
+/// `host[:port]` as RFC 3986 allows it in a Host field, restricted to what
+/// a DNS name, an IPv4 address or a bracketed IPv6 address can be. The host
+/// comes back lowercased and without its port. A port, when present, must
+/// be digits below 65536 (an empty one is allowed, as the RFC does).
+pub fn parse_authority(raw: &[u8]) -> Option<String> {
+    if raw.len() > 262 {
+        return None;
+    }
+    let (host, port) = if raw.first() == Some(&b'[') {
+        let close = raw.iter().position(|&b| b == b']')?;
+        let inner = std::str::from_utf8(&raw[1..close]).ok()?;
+        inner.parse::<std::net::Ipv6Addr>().ok()?;
+        let rest = &raw[close + 1..];
+        let port = match rest.split_first() {
+            None => None,
+            Some((b':', p)) => Some(p),
+            Some(_) => return None,
+        };
+        (&raw[..=close], port)
+    } else {
+        match raw.iter().position(|&b| b == b':') {
+            Some(i) => (&raw[..i], Some(&raw[i + 1..])),
+            None => (raw, None),
+        }
+    };
+    if let Some(port) = port
+        && (port.len() > 5
+            || !port.iter().all(u8::is_ascii_digit)
+            || (!port.is_empty() && std::str::from_utf8(port).ok()?.parse::<u32>().ok()? > 65535))
+    {
+        return None;
+    }
+    let name_ok = host.first() == Some(&b'[')
+        || (host.len() <= 253
+            && host
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')));
+    if !name_ok {
+        return None;
+    }
+    let mut s = String::from_utf8(host.to_vec()).ok()?;
+    s.make_ascii_lowercase();
+    Some(s)
+}
+
+/// The path and query of the target. The path always starts with `/`
+/// (an absolute-form target with an empty path means `/`), or is `*`.
+fn target(uri: &Uri) -> Result<(String, Option<String>), BadHead> {
+    let path = uri.path();
+    let path = if path.is_empty() { "/" } else { path };
+    if !path.starts_with('/') && path != "*" {
+        return Err(BadHead::InvalidTarget);
+    }
+    Ok((path.to_owned(), uri.query().map(str::to_owned)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(version: Version, uri: &str, hosts: &[&'static str]) -> http::request::Parts {
+        let mut b = http::Request::builder().version(version).uri(uri);
+        for h in hosts {
+            b = b.header(HOST, *h);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    fn host_of(version: Version, uri: &str, hosts: &[&'static str]) -> Result<String, BadHead> {
+        request_host(&parts(version, uri, hosts))
+    }
+
+    #[test]
+    fn host_rules_follow_rfc_9112() {
+        const HTTP_10: Version = Version::HTTP_10;
+        const HTTP_11: Version = Version::HTTP_11;
+        const HTTP_2: Version = Version::HTTP_2;
+        assert_eq!(
+            host_of(HTTP_11, "/a", &["Site.Test:8080"]),
+            Ok("site.test".into())
+        );
+        assert_eq!(host_of(HTTP_11, "/a", &[]), Err(BadHead::MissingHost));
+        assert_eq!(host_of(HTTP_10, "/a", &[]), Ok(String::new()));
+        assert_eq!(
+            host_of(HTTP_11, "/a", &["a.test", "b.test"]),
+            Err(BadHead::DuplicateHost)
+        );
+        assert_eq!(
+            host_of(HTTP_11, "/a", &["site.test/static"]),
+            Err(BadHead::InvalidHost)
+        );
+        // Absolute form wins over Host.
+        assert_eq!(
+            host_of(HTTP_11, "http://real.test/a", &["other.test"]),
+            Ok("real.test".into())
+        );
+        assert_eq!(
+            host_of(HTTP_2, "http://a.test/x", &["b.test"]),
+            Err(BadHead::ConflictingHost)
+        );
+        assert_eq!(host_of(HTTP_2, "http://a.test/x", &[]), Ok("a.test".into()));
+    }
+
+    #[test]
+    fn authorities_are_validated_strictly() {
+        for ok in [
+            "a.test",
+            "a.test:80",
+            "a.test:",
+            "127.0.0.1:1",
+            "[::1]",
+            "[::1]:8080",
+            "",
+            "x_y",
+        ] {
+            assert!(parse_authority(ok.as_bytes()).is_some(), "{ok:?}");
+        }
+        for bad in [
+            "a.test/x",
+            "a.test:99999",
+            "a.test:8o",
+            "u@a.test",
+            "a.test:80:80",
+            "[::1",
+            "[zz]",
+            "[::1]x",
+            "a test",
+            "a.test\u{0}",
+            "a.test?x",
+            "a.test#x",
+            "é.test",
+        ] {
+            assert!(parse_authority(bad.as_bytes()).is_none(), "{bad:?}");
+        }
+        assert_eq!(parse_authority(b"[::1]:80").as_deref(), Some("[::1]"));
+    }
+
+    #[test]
+    fn stripping_removes_hop_by_hop_framing_and_proxy_control_headers() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "x-secret, close"),
+            ("x-secret", "1"),
+            ("content-length", "5"),
+            ("expect", "100-continue"),
+            ("host", "a.test"),
+            ("forwarded", "host=evil"),
+            ("x-forwarded-host", "evil"),
+            ("x-original-url", "/admin"),
+            ("x-http-method-override", "DELETE"),
+            ("accept", "*/*"),
+        ] {
+            h.append(n, HeaderValue::from_static(v));
+        }
+        let mut get = h.clone();
+        strip_for_upstream(&mut get, &Method::GET);
+        assert_eq!(
+            get.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["accept"]
+        );
+        let mut post = h;
+        strip_for_upstream(&mut post, &Method::POST);
+        assert!(post.contains_key("x-http-method-override"));
+        assert_eq!(post.len(), 2);
+    }
+}
