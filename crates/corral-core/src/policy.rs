@@ -94,6 +94,13 @@ impl Sharing {
         }
     }
 
+    /// True when a response shared so, fetched for a caller with
+    /// `identity`, must be stored under that caller's own key: it may not
+    /// serve callers like them.
+    pub fn keeps_private(self, identity: Option<&Identity>) -> bool {
+        identity.is_some() && !self.admits(identity)
+    }
+
     /// True when a caller with `identity` may be served a response shared so.
     pub fn admits(self, identity: Option<&Identity>) -> bool {
         match identity {

@@ -478,8 +478,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             Buffered::Full(bytes) => {
                 let vary = Vary::parse(&parts.headers);
                 let vary_values = vary.values(&head.headers);
-                let private =
-                    fill.identity.is_some() && !freshness.sharing.admits(fill.identity.as_ref());
+                let private = freshness.sharing.keeps_private(fill.identity.as_ref());
                 let entry = Arc::new(
                     StoredResponse::new(
                         status,

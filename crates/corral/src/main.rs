@@ -320,6 +320,7 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
     let metrics = metrics::install();
+    metrics::spawn_upkeep(metrics.clone());
     let app = Arc::new(app::App::new(&config).context("invalid redis.url")?);
     let admin_state = Arc::new(admin::AdminState {
         app: Arc::clone(&app),
