@@ -368,6 +368,29 @@ fn scripted(reply: &Reply, seen: &SeenRequest, body: Incoming) -> Response<Origi
         ReplyBody::Fixed(bytes) => full(bytes.clone()),
         ReplyBody::EchoRequestBody => body.boxed(),
         ReplyBody::FromRequest(f) => full(f(seen)),
+        ReplyBody::Trickle {
+            chunk,
+            count,
+            every,
+        } => {
+            let (chunk, count, every) = (chunk.clone(), *count, *every);
+            let frames = futures_util::stream::unfold(0usize, move |i| {
+                let chunk = chunk.clone();
+                async move {
+                    if i >= count {
+                        return None;
+                    }
+                    if i > 0 {
+                        tokio::time::sleep(every).await;
+                    }
+                    Some((
+                        Ok::<_, hyper::Error>(hyper::body::Frame::data(chunk)),
+                        i + 1,
+                    ))
+                }
+            });
+            http_body_util::StreamBody::new(frames).boxed()
+        }
     };
     let mut response = Response::new(body);
     *response.status_mut() = reply.status;

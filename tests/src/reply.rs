@@ -20,6 +20,12 @@ pub(crate) enum ReplyBody {
     EchoRequestBody,
     /// Computed from the request's head (method, URI, headers).
     FromRequest(Arc<dyn Fn(&SeenRequest) -> String + Send + Sync>),
+    /// `count` copies of `chunk`, one every `every`, chunked (no length).
+    Trickle {
+        chunk: Bytes,
+        count: usize,
+        every: Duration,
+    },
 }
 
 /// A scripted answer of the origin.
@@ -51,6 +57,20 @@ impl Reply {
     pub fn echo_body() -> Self {
         Self {
             body: ReplyBody::EchoRequestBody,
+            ..Self::ok("")
+        }
+    }
+
+    /// 200 whose body is `count` chunks of `chunk_size` bytes sent `every`
+    /// apart, with no Content-Length (chunked): a slow body of a length
+    /// nobody knows in advance.
+    pub fn trickle(chunk_size: usize, count: usize, every: Duration) -> Self {
+        Self {
+            body: ReplyBody::Trickle {
+                chunk: Bytes::from(vec![b't'; chunk_size]),
+                count,
+                every,
+            },
             ..Self::ok("")
         }
     }
@@ -106,6 +126,13 @@ impl std::fmt::Debug for Reply {
             ReplyBody::Fixed(b) => format!("{b:?}"),
             ReplyBody::EchoRequestBody => "<echo request body>".to_owned(),
             ReplyBody::FromRequest(_) => "<from request>".to_owned(),
+            ReplyBody::Trickle {
+                chunk,
+                count,
+                every,
+            } => {
+                format!("<{count} x {} bytes every {every:?}>", chunk.len())
+            }
         };
         f.debug_struct("Reply")
             .field("status", &self.status)

@@ -74,3 +74,52 @@ async fn distinct_keys_with_kibibyte_headers_stay_within_the_memory_bound() {
         "RSS peaked at {peak:.1} MiB with cache.memory {MEMORY_MIB} MiB ({stored} entries, L1 counts {l1:.1} MiB)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_fills_of_unknown_length_cannot_buffer_past_fill_memory() {
+    const FILLS: usize = 30;
+    const CHUNK: usize = 512 * 1024;
+    const CHUNKS: usize = 12;
+    let origin = Origin::new()
+        .route(
+            "/big",
+            Reply::trickle(CHUNK, CHUNKS, std::time::Duration::from_millis(100))
+                .header("cache-control", "max-age=600"),
+        )
+        .start()
+        .await;
+    // fill_memory defaults to max(memory / 4, max_object_size): 8 MiB here.
+    let config = Config::single(origin.url())
+        .cache("memory", "16MiB")
+        .cache("max_object_size", "8MiB");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let fills: Vec<_> = (0..FILLS)
+        .map(|i| {
+            let client = client.clone();
+            let url = proxy.url(&format!("/big?k={i}"));
+            tokio::spawn(async move { client.get(&url).await })
+        })
+        .collect();
+    let mut peak: f64 = 0.0;
+    while !fills.iter().all(tokio::task::JoinHandle::is_finished) {
+        peak = peak.max(rss_mib(&proxy));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut streamed = 0;
+    for f in fills {
+        let answer = f.await.expect("fill task");
+        assert_eq!(answer.body.len(), CHUNK * CHUNKS, "every answer is whole");
+        if answer.cache_status().detail() == Some("fill-memory") {
+            streamed += 1;
+        }
+    }
+    assert!(
+        peak <= 16.0 + 8.0 + 64.0,
+        "RSS peaked at {peak:.1} MiB: {FILLS} slow fills buffered past cache.fill_memory"
+    );
+    assert!(
+        streamed > 0,
+        "{FILLS} fills of 6 MiB fit in 8 MiB of fill memory?"
+    );
+}
