@@ -119,10 +119,15 @@ async fn route_request(
     let head = match RequestHead::parse(&mut parts, peer.ip(), crate::request::body_of(&body)) {
         Ok(h) => h,
         Err(bad) => {
-            return (
-                None,
-                respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, bad.detail(), None),
+            // The stream may be out of step with the client after a head
+            // like this: answer, then close.
+            let mut res =
+                respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, bad.detail(), None);
+            res.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
             );
+            return (None, res);
         }
     };
     // The route table of this moment: a reload does not change the route a

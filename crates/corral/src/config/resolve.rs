@@ -850,11 +850,13 @@ fn match_host(text: &str) -> Result<String, String> {
             return Err(format!("`{text}` is not a valid host name"));
         }
     }
-    if let Some(port) = port {
-        match port.parse::<u16>() {
-            Ok(p) if p != 0 => {}
-            _ => return Err(format!("`{text}`: `{port}` is not a port number (1-65535)")),
-        }
+    if port.is_some() {
+        // Requests are routed and keyed by host name: the port a client
+        // names is not part of either (instances behind one balancer
+        // listen on different ports and serve the same site).
+        return Err(format!(
+            "`{text}`: write the host name without a port; the port is not part of routing"
+        ));
     }
     Ok(host)
 }
@@ -1073,13 +1075,12 @@ mod tests {
     #[test]
     fn hosts_are_lowercased_and_checked() {
         assert_eq!(match_host("API.Example.com"), Ok("api.example.com".into()));
-        assert_eq!(
-            match_host("api.example.com:8443"),
-            Ok("api.example.com:8443".into())
-        );
-        assert_eq!(match_host("[::1]:8080"), Ok("[::1]:8080".into()));
+        assert_eq!(match_host("[::1]"), Ok("[::1]".into()));
         assert_eq!(match_host("10.0.0.1"), Ok("10.0.0.1".into()));
+        // Requests are routed by host name: a port would never match.
+        assert!(match_host("api.example.com:8443").is_err_and(|e| e.contains("without a port")));
         for bad in [
+            "[::1]:8080",
             "",
             "http://api.example.com",
             "*.example.com",
