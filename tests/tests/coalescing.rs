@@ -111,14 +111,27 @@ async fn an_uncacheable_500_is_shared_by_the_coalesced_burst_and_not_stored() {
     assert_eq!(origin.hits("/fail"), 1, "answers: {:#?}", tally(&answers));
     assert_every_answer(&answers, 500, "kaput");
 
-    let next = client.get(&proxy.url("/fail")).await;
-    assert_eq!(next.status, 500);
-    assert_eq!(
-        origin.hits("/fail"),
-        2,
-        "a 500 must not be stored: {}",
-        next.cache_status()
-    );
+    // The key is in back-off for a second: corral answers for the origin.
+    let during = client.get(&proxy.url("/fail")).await;
+    assert_eq!(during.status, 503);
+    assert_eq!(during.cache_status().detail(), Some("backoff"));
+    assert_eq!(origin.hits("/fail"), 1);
+    // Once it ends, the origin is asked again: the 500 was not stored.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let next = client.get(&proxy.url("/fail")).await;
+        if next.status == 500 {
+            assert_eq!(next.text(), "kaput");
+            break;
+        }
+        assert_eq!(next.cache_status().detail(), Some("backoff"));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the back-off never ended"
+        );
+        tokio::time::sleep(ms(50)).await;
+    }
+    assert_eq!(origin.hits("/fail"), 2, "a 500 must not be stored");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

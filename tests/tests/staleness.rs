@@ -190,17 +190,21 @@ async fn a_failing_origin_is_asked_once_per_back_off_while_stale_answers_flow() 
         let a = client.get(&url).await;
         assert_eq!(a.status, 200);
         assert_eq!(a.text(), "kept");
-        assert_eq!(
-            a.cache_status().detail(),
-            Some("stale-if-error"),
+        // The request that finds the origin failing says stale-if-error;
+        // those while the key backs off say backoff.
+        assert!(
+            matches!(
+                a.cache_status().detail(),
+                Some("stale-if-error" | "backoff")
+            ),
             "{}",
             a.cache_status()
         );
     }
     let elapsed = started.elapsed();
     let asked = origin.hits("/down") - before;
-    // One request opens each one-second back-off; 200 stale answers in
-    // `elapsed` may span at most this many.
+    // One request opens each back-off (one second, then doubling); 200
+    // stale answers in `elapsed` may span at most this many.
     let allowed = 1 + elapsed.as_secs() as usize;
     assert!(asked >= 1, "the failing origin was never tried");
     assert!(

@@ -450,8 +450,12 @@ async fn a_coalesced_error_respects_vary() {
     let fr = client.get_with(&url, &[("accept-language", "fr")]).await;
     let en = en.await.expect("en task");
     assert_eq!(en.text(), "down:en");
-    assert_eq!(fr.text(), "down:fr", "{}", fr.cache_status());
-    assert_eq!(origin.hits("/down"), 2);
+    // The French caller never gets the English error: it fetches alone, or,
+    // once the English failure put the URI into back-off, gets corral's 503.
+    let own = fr.text() == "down:fr";
+    let backed_off = fr.status == 503 && fr.cache_status().detail() == Some("backoff");
+    assert!(own || backed_off, "{}: {}", fr.cache_status(), fr.text());
+    assert!(origin.hits("/down") <= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,10 +2,12 @@
 //! store and in-process request coalescing. Nothing in here serves HTTP or
 //! opens a socket, so every piece is unit-testable on its own.
 
+pub mod backoff;
 pub mod ban;
 pub mod budget;
 pub mod cache_control;
 pub mod cache_status;
+pub mod circuit;
 pub mod entry;
 pub mod envelope;
 pub mod flight;
@@ -19,10 +21,12 @@ pub mod store;
 pub mod vary;
 pub mod xfetch;
 
+pub use backoff::{Backoff, BackoffPolicy};
 pub use ban::{Ban, BanList, BanTarget, Verdict};
 pub use budget::{Budget, Hold};
 pub use cache_control::CacheControl;
 pub use cache_status::{CacheStatus, Forward};
+pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use entry::{EntryState, StoredResponse, merge_not_modified};
 pub use flight::{FlightEnd, Flights, Role, WaitResult};
 pub use identity::{Identity, IdentityRules};

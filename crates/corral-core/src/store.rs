@@ -14,6 +14,7 @@ use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
 
+use crate::backoff::Backoff;
 use crate::ban::{BanList, Verdict};
 use crate::entry::{MAX_RESIDENCY, StoredResponse};
 use crate::key::{Digest, PrimaryKey, UriKey, VariantKey};
@@ -83,16 +84,45 @@ impl Expiry<Digest, PassMarker> for PassExpiry {
     }
 }
 
+/// A back-off and how long to remember it once it ends.
+#[derive(Clone, Copy)]
+struct BackoffRecord {
+    backoff: Backoff,
+    keep: Duration,
+}
+
+struct BackoffExpiry;
+
+impl Expiry<Digest, BackoffRecord> for BackoffExpiry {
+    fn expire_after_create(&self, _: &Digest, v: &BackoffRecord, _: Instant) -> Option<Duration> {
+        Some(v.backoff.remaining(SystemTime::now()) + v.keep)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &Digest,
+        v: &BackoffRecord,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(v.backoff.remaining(SystemTime::now()) + v.keep)
+    }
+}
+
 /// The in-process cache.
 pub struct L1 {
     entries: Cache<Digest, Arc<StoredResponse>>,
     vary: Cache<Digest, Vary>,
     pass: Cache<Digest, PassMarker>,
-    /// Keys whose origin just failed while a stale copy covered for it.
-    backoff: Cache<Digest, PassMarker>,
+    /// Keys whose origin failed: their back-off, kept a while past its end
+    /// so that the next failure counts as one more in a row.
+    backoff: Cache<Digest, BackoffRecord>,
     generations: Cache<Digest, u64>,
     /// Set once any response Varied; until then `learned_vary` is free.
     any_vary: AtomicBool,
+    /// Set once any key went into back-off; until then the hit path skips
+    /// the back-off lookup.
+    any_backoff: AtomicBool,
     /// Monotonic stamp: fetches record it when they start; invalidations
     /// take a new one.
     clock: AtomicU64,
@@ -132,8 +162,8 @@ impl L1 {
                 .build(),
             backoff: Cache::builder()
                 .max_capacity(side)
-                .weigher(marker_weight)
-                .expire_after(PassExpiry)
+                .weigher(|_, _: &BackoffRecord| side_record_weight(size_of::<BackoffRecord>()))
+                .expire_after(BackoffExpiry)
                 .build(),
             generations: Cache::builder()
                 .max_capacity(side)
@@ -148,6 +178,7 @@ impl L1 {
                 .build(),
             clock: AtomicU64::new(1),
             any_vary: AtomicBool::new(false),
+            any_backoff: AtomicBool::new(false),
             bans: BanList::default(),
             floor,
         }
@@ -266,21 +297,44 @@ impl L1 {
         }
     }
 
-    /// True while `key`'s origin is left alone after a failure that a stale
-    /// copy answered (stale-if-error): one origin request per back-off.
-    pub fn in_backoff(&self, key: &Digest) -> bool {
-        self.backoff.contains_key(key)
+    /// `key`'s back-off, while its origin is to be left alone at `now`.
+    pub fn active_backoff(&self, key: &Digest, now: SystemTime) -> Option<Backoff> {
+        // Most keys never failed: until one did, this is a load, not a lookup.
+        if !self.any_backoff.load(Ordering::Acquire) {
+            return None;
+        }
+        self.backoff
+            .get(key)
+            .map(|r| r.backoff)
+            .filter(|b| b.active(now))
     }
 
-    pub fn back_off(&self, key: Digest, duration: Duration) {
-        self.backoff.insert(key, PassMarker(duration));
+    /// `key`'s last back-off, ended or not (the count of failures in a row).
+    pub fn last_backoff(&self, key: &Digest) -> Option<Backoff> {
+        self.backoff.get(key).map(|r| r.backoff)
     }
 
+    /// Puts `key` into `backoff`, remembered `keep` past its end.
+    pub fn set_backoff(&self, key: Digest, backoff: Backoff, keep: Duration) {
+        self.any_backoff.store(true, Ordering::Release);
+        self.backoff.insert(key, BackoffRecord { backoff, keep });
+    }
+
+    /// The origin answered for `key`: its back-off ends.
     pub fn clear_backoff(&self, key: &Digest) {
         // A read first: every fill clears, and a moka write costs more.
-        if self.backoff.contains_key(key) {
+        if self.any_backoff.load(Ordering::Acquire) && self.backoff.contains_key(key) {
             self.backoff.invalidate(key);
         }
+    }
+
+    /// Keys whose back-off is running now.
+    pub fn backoff_keys(&self) -> usize {
+        let now = SystemTime::now();
+        self.backoff
+            .iter()
+            .filter(|(_, r)| r.backoff.active(now))
+            .count()
     }
 
     pub fn clear_pass(&self, key: &Digest) {

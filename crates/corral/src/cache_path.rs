@@ -44,6 +44,8 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
     let mut attempt = 0;
     loop {
         let now = SystemTime::now();
+        // While the origin is failing for this key, nothing here asks it.
+        let backoff = app.l1.active_backoff(&pass_scope, now);
         let vary = app.l1.learned_vary(&primary);
         let values = vary.values(&ctx.headers);
         let shared_key = primary.variant(None, &values);
@@ -71,7 +73,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
             primary: primary.clone(),
             identity,
             variant: own_key.unwrap_or(shared_key),
-            stale,
+            stale: arc_swap::ArcSwapOption::from(stale),
             fwd,
             committed: Default::default(),
         };
@@ -79,12 +81,14 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
         if let Some(entry) = &found {
             match entry.state(now) {
                 EntryState::Fresh => {
-                    if xfetch::roll(
-                        now,
-                        entry.fresh_until,
-                        entry.fetch_duration,
-                        route.policy.early_refresh_beta,
-                    ) {
+                    if backoff.is_none()
+                        && xfetch::roll(
+                            now,
+                            entry.fresh_until,
+                            entry.fetch_duration,
+                            route.policy.early_refresh_beta,
+                        )
+                    {
                         refresh_in_background(
                             &app,
                             flight_key,
@@ -94,7 +98,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
                     let st = CacheStatus::hit(entry.ttl_secs(now));
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
-                EntryState::StaleWhileRevalidate => {
+                EntryState::StaleWhileRevalidate if backoff.is_none() => {
                     crate::metrics::stale("revalidate");
                     refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
                     let st = CacheStatus::forward(Forward::Stale)
@@ -102,16 +106,21 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
                         .with_detail("stale-while-revalidate");
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
-                EntryState::StaleIfError if app.l1.in_backoff(&flight_key) => {
-                    // The origin failed moments ago and stale-if-error
-                    // covered for it: leave it alone until the back-off ends.
-                    crate::metrics::stale("error");
+                EntryState::StaleWhileRevalidate | EntryState::StaleIfError
+                    if backoff.is_some() =>
+                {
+                    // The origin failed for this key moments ago: leave it
+                    // alone until the back-off ends; the stale copy answers.
+                    crate::metrics::stale("backoff");
+                    crate::metrics::origin_skipped(&route.name, "backoff");
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
-                        .with_detail("stale-if-error");
+                        .with_detail("backoff");
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
-                EntryState::StaleIfError | EntryState::Expired => {}
+                EntryState::StaleWhileRevalidate
+                | EntryState::StaleIfError
+                | EntryState::Expired => {}
             }
         }
 
@@ -190,7 +199,7 @@ fn lookup(
 }
 
 /// Starts a refresh unless one is already under way for this key.
-fn refresh_in_background(app: &App, flight_key: Digest, fill: FillRequest) {
+pub(crate) fn refresh_in_background(app: &App, flight_key: Digest, fill: FillRequest) {
     if let Role::Leader(permit) = app.flights.join(flight_key) {
         tokio::spawn(fill::run(fill, Some(permit), None));
     }
@@ -225,7 +234,7 @@ async fn lead(
 async fn on_lock_timeout(route: &Route, fill: FillRequest, head: bool) -> Response<Body> {
     match route.on_timeout {
         OnTimeout::Fetch => lead(fill, None, head).await,
-        OnTimeout::Stale => match fill.stale.clone() {
+        OnTimeout::Stale => match fill.stale() {
             Some(entry) => {
                 crate::metrics::stale("timeout");
                 let now = SystemTime::now();

@@ -12,8 +12,8 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::flight::Permit;
 use corral_core::{
-    Budget, Decision, Digest, Forward, Identity, PassReason, PrimaryKey, StoredResponse,
-    VariantKey, Vary, merge_not_modified,
+    Admission, Budget, Decision, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
+    StoredResponse, VariantKey, Vary, merge_not_modified,
 };
 use futures_util::StreamExt;
 use http::header::{CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE};
@@ -33,10 +33,6 @@ use crate::routes::Route;
 use crate::shared_flight;
 use crate::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
 use corral_core::head::{RequestBody, RequestHead};
-
-/// After the origin failed and a stale copy answered, the key's origin is
-/// left alone this long: stale answers meanwhile cost it nothing.
-const STALE_IF_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Response headers that belong to the caller who asked and never to
 /// anyone a shared answer reaches.
@@ -151,7 +147,9 @@ pub struct FillRequest {
     pub identity: Option<Identity>,
     /// The flight's key: the variant this request selects.
     pub variant: VariantKey,
-    pub stale: Option<Arc<StoredResponse>>,
+    /// The copy being refreshed or revalidated, or served if the origin
+    /// fails: from L1, or (set by the shared tier) from L2.
+    pub stale: arc_swap::ArcSwapOption<StoredResponse>,
     pub fwd: Forward,
     /// Set once the fill must run to its end whoever waits: its answer is
     /// being stored, or other instances wait on its lease.
@@ -168,6 +166,37 @@ impl FillRequest {
             None
         };
         self.primary.variant(identity, &entry.vary_values)
+    }
+
+    /// A background refresh of `entry` for the same caller and key.
+    pub fn refreshing(&self, entry: Arc<StoredResponse>) -> FillRequest {
+        FillRequest {
+            app: Arc::clone(&self.app),
+            route: Arc::clone(&self.route),
+            head: Arc::clone(&self.head),
+            primary: self.primary.clone(),
+            identity: self.identity,
+            variant: self.variant,
+            stale: arc_swap::ArcSwapOption::from(Some(entry)),
+            fwd: Forward::Stale,
+            committed: Default::default(),
+        }
+    }
+
+    /// The stale copy in hand, if any.
+    pub fn stale(&self) -> Option<Arc<StoredResponse>> {
+        self.stale.load_full()
+    }
+
+    /// Takes `entry` (read from L2) as the copy to serve if the origin
+    /// fails, unless the one in hand is at least as recent.
+    pub fn offer_stale(&self, entry: Arc<StoredResponse>) {
+        let newer = self
+            .stale()
+            .is_none_or(|held| entry.response_time > held.response_time);
+        if newer {
+            self.stale.store(Some(entry));
+        }
     }
 
     /// Where this caller's hit-for-pass marker lives.
@@ -249,24 +278,30 @@ pub async fn run(
             return;
         }
     };
-    match &outcome {
-        FillOutcome::Stale {
-            detail: "stale-if-error",
-            ..
-        } => fill
-            .app
-            .l1
-            .back_off(fill.variant.digest, STALE_IF_ERROR_BACKOFF),
-        FillOutcome::Stored { .. } => fill.app.l1.clear_backoff(&fill.variant.digest),
-        _ => {}
-    }
     if let FillOutcome::Shared {
         detail: Some(d), ..
     } = &outcome
     {
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d, "fill failed");
     }
+    // A copy read from L2 within its stale-while-revalidate window answers
+    // stale; one refresh starts once this flight has ended.
+    let refresh = match &outcome {
+        FillOutcome::Stored {
+            entry, fwd: None, ..
+        } if entry.state(SystemTime::now()) == EntryState::StaleWhileRevalidate => {
+            Some(Arc::clone(entry))
+        }
+        _ => None,
+    };
     finish(&fill, permit, leader, outcome);
+    if let Some(entry) = refresh {
+        crate::cache_path::refresh_in_background(
+            &fill.app,
+            fill.variant.digest,
+            fill.refreshing(entry),
+        );
+    }
 }
 
 /// The fetch itself: through the shared tier when Redis is configured.
@@ -316,11 +351,11 @@ async fn take_slots(
 /// What waiters get when no fill slot came in time: the stale copy if it
 /// may still be served, else a 503 for every one of them.
 fn fill_limit(fill: &FillRequest) -> FillOutcome {
-    if let Some(stale) = &fill.stale
+    if let Some(stale) = fill.stale()
         && stale.usable_on_error(SystemTime::now())
     {
         return FillOutcome::Stale {
-            entry: Arc::clone(stale),
+            entry: stale,
             fwd_status: None,
             detail: "fill-limit",
         };
@@ -376,13 +411,102 @@ pub(crate) enum Ended {
 }
 
 /// Fetches from the origin and stores in L1: the whole fill when there is
-/// no Redis, the leader's part when there is.
+/// no Redis, the leader's part when there is. Every origin request of the
+/// cache path goes through here, so here is where a failing origin is
+/// left alone: a key in back-off, or a route whose circuit is open, gets
+/// the stale copy or an error without a request, and every fetch's result
+/// feeds both.
 pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
+    let now = SystemTime::now();
+    if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
+        return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
+    }
+    let admission = fill.route.circuit.allow();
+    if admission == Admission::Refuse {
+        return Ended::Outcome(skipped(
+            fill,
+            Skipped::CircuitOpen(fill.route.circuit.retry_after()),
+        ));
+    }
+    let ended = fetch_origin(fill).await;
+    if let Some(ok) = origin_verdict(&ended) {
+        fill.route.circuit.record(ok);
+        let scope = fill.pass_scope();
+        if ok {
+            fill.app.l1.clear_backoff(&scope);
+        } else {
+            let policy = fill.route.backoff;
+            let backoff = policy.after_failure(fill.app.l1.last_backoff(&scope), SystemTime::now());
+            tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
+            fill.app.l1.set_backoff(scope, backoff, policy.memory());
+        }
+    }
+    ended
+}
+
+/// Why an origin request was not made.
+enum Skipped {
+    /// The key is in back-off for this much longer.
+    Backoff(std::time::Duration),
+    /// The route's circuit is open; a probe may go in this long.
+    CircuitOpen(std::time::Duration),
+}
+
+/// What callers get when the origin is left alone: the stale copy while
+/// stale-if-error (or stale-while-revalidate) allows it, else a 503 that
+/// says when to come back.
+fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
+    let (detail, retry) = match why {
+        Skipped::Backoff(d) => ("backoff", d),
+        Skipped::CircuitOpen(d) => ("circuit-open", d),
+    };
+    crate::metrics::origin_skipped(&fill.route.name, detail);
+    if let Some(stale) = fill.stale()
+        && stale.usable_on_error(SystemTime::now())
+    {
+        return FillOutcome::Stale {
+            entry: stale,
+            fwd_status: None,
+            detail,
+        };
+    }
+    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
+    response.headers.insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(retry.as_secs_f64().ceil().max(1.0) as u64),
+    );
+    FillOutcome::Shared {
+        response: Arc::new(response),
+        fwd: fill.fwd,
+        detail: Some(detail),
+    }
+}
+
+/// Whether a fetch reached a healthy origin (`Some(true)`), a failing one
+/// (`Some(false)`: a 5xx, a refused connection, a timeout), or was no
+/// fetch at all.
+fn origin_verdict(ended: &Ended) -> Option<bool> {
+    match ended {
+        Ended::PassKnown => None,
+        Ended::Stream(_, response) => Some(!response.status().is_server_error()),
+        Ended::Outcome(FillOutcome::Stored { .. } | FillOutcome::Pass { .. }) => Some(true),
+        Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
+            (*detail == "stale-if-error").then_some(false)
+        }
+        Ended::Outcome(FillOutcome::Shared { response, .. }) => {
+            Some(!response.status.is_server_error())
+        }
+    }
+}
+
+/// The fetch itself.
+async fn fetch_origin(fill: &FillRequest) -> Ended {
+    let stale = fill.stale();
+    let stale = stale.as_ref();
     let FillRequest {
         app,
         route,
         head,
-        stale,
         fwd,
         ..
     } = fill;
@@ -618,11 +742,11 @@ fn revalidated(
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
-    if let Some(stale) = &fill.stale
+    if let Some(stale) = fill.stale()
         && stale.usable_on_error(SystemTime::now())
     {
         return FillOutcome::Stale {
-            entry: Arc::clone(stale),
+            entry: stale,
             fwd_status: None,
             detail: "stale-if-error",
         };

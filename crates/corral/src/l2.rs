@@ -79,6 +79,11 @@ impl Keys {
     fn pass(&self) -> String {
         format!("{}:pass{}", self.tag, self.pass_scope)
     }
+    /// Same scope as the pass marker: a caller's failures back off that
+    /// caller's fetches only.
+    fn backoff(&self) -> String {
+        format!("{}:backoff{}", self.tag, self.pass_scope)
+    }
     fn variants(&self) -> String {
         format!("{}:variants", self.tag)
     }
@@ -93,6 +98,8 @@ pub struct Probe {
     pub lease_held: bool,
     /// The URI's invalidation generation when read.
     pub generation: u64,
+    /// The key's back-off, as the instance that last failed recorded it.
+    pub backoff: Option<corral_core::Backoff>,
 }
 
 /// The shared store.
@@ -148,22 +155,25 @@ impl L2 {
         }
     }
 
-    /// Reads entry, Vary record, pass marker, lease and generation at once.
+    /// Reads entry, Vary record, pass marker, lease, generation and back-off
+    /// at once.
     pub async fn probe(&self, keys: &Keys, generation_stamp: u64) -> Result<Probe, L2Error> {
         let mut cmd = redis::cmd("MGET");
         cmd.arg(keys.entry())
             .arg(keys.vary())
             .arg(keys.pass())
             .arg(keys.lease())
-            .arg(keys.generation());
+            .arg(keys.generation())
+            .arg(keys.backoff());
         type Row = (
             Option<Vec<u8>>,
             Option<String>,
             Option<String>,
             Option<String>,
             Option<u64>,
+            Option<String>,
         );
-        let (entry, vary, pass, lease, generation): Row = self.link.query(&cmd).await?;
+        let (entry, vary, pass, lease, generation, backoff): Row = self.link.query(&cmd).await?;
         let entry = entry.and_then(|bytes| match envelope::decode(&bytes, generation_stamp) {
             Ok(e) => Some(e),
             Err(err) => {
@@ -179,7 +189,32 @@ impl L2 {
             pass: pass.is_some(),
             lease_held: lease.is_some(),
             generation: generation.unwrap_or(0),
+            backoff: backoff.as_deref().and_then(corral_core::Backoff::decode),
         })
+    }
+
+    /// Shares a key's back-off with every instance, for as long as it is
+    /// worth remembering (`keep` past its end).
+    pub async fn set_backoff(
+        &self,
+        keys: &Keys,
+        backoff: &corral_core::Backoff,
+        keep: Duration,
+    ) -> Result<(), L2Error> {
+        let ttl = backoff.remaining(SystemTime::now()) + keep;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(keys.backoff())
+            .arg(backoff.encode())
+            .arg("PX")
+            .arg(millis(ttl));
+        self.link.query::<()>(&cmd).await
+    }
+
+    /// The origin answered for the key: its back-off ends everywhere.
+    pub async fn clear_backoff(&self, keys: &Keys) -> Result<(), L2Error> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(keys.backoff());
+        self.link.query::<()>(&cmd).await
     }
 
     /// Writes an entry unless the URI was invalidated after `generation`

@@ -174,6 +174,13 @@ pub fn fill_refused(route: &str) {
     counter!("corral_fills_refused_total", "route" => route.to_owned()).increment(1);
 }
 
+/// An origin request corral did not make: the key was in back-off, or the
+/// route's circuit was open.
+pub fn origin_skipped(route: &str, reason: &'static str) {
+    counter!("corral_origin_skipped_total", "route" => route.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
 /// A fill cancelled because its client went away and nobody else waited.
 pub fn fill_cancelled(route: &str) {
     counter!("corral_fills_cancelled_total", "route" => route.to_owned()).increment(1);
@@ -184,7 +191,8 @@ pub fn connection_closed(reason: &'static str) {
     counter!("corral_connections_closed_total", "reason" => reason).increment(1);
 }
 
-/// A stale answer: revalidate (SWR), error (SIE), timeout (lock timeout).
+/// A stale answer: revalidate (SWR), error (SIE), timeout (lock timeout),
+/// backoff (the origin is being left alone), fill-limit.
 pub fn stale(reason: &'static str) {
     counter!("corral_stale_answers_total", "reason" => reason).increment(1);
 }
@@ -197,6 +205,11 @@ pub fn render(handle: &PrometheusHandle, app: &App) -> String {
     gauge!("corral_l1_bytes").set(app.l1.weighted_size() as f64);
     gauge!("corral_l1_side_bytes").set(app.l1.side_weighted_size() as f64);
     gauge!("corral_fill_buffer_bytes").set(app.fill_memory.used() as f64);
+    gauge!("corral_origin_backoff_keys").set(app.l1.backoff_keys() as f64);
+    for route in app.routes().iter() {
+        gauge!("corral_origin_circuit_open", "route" => route.name.clone())
+            .set(if route.circuit.is_open() { 1.0 } else { 0.0 });
+    }
     gauge!("corral_sealed_bodies").set(corral_core::sealed::live() as f64);
     counter!("corral_log_lines_dropped_total").absolute(crate::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(app.flights.len() as f64);

@@ -72,13 +72,14 @@ fn cache_result(res: &Response<Body>) -> &'static str {
     };
     if st.contains("; hit") {
         "hit"
+    } else if res.status().is_server_error() {
+        // An outage shows on error-rate dashboards, shared or not.
+        "error"
     } else if st.contains("collapsed") {
         "collapsed"
     } else if st.contains("fwd=stale") && !st.contains("fwd-status=") || st.contains("detail=stale")
     {
         "stale"
-    } else if res.status().is_server_error() && st.contains("detail=") {
-        "error"
     } else if st.contains("fwd=bypass") || st.contains("fwd=request") || !st.contains("stored") {
         "pass"
     } else {

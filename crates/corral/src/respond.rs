@@ -101,8 +101,17 @@ pub fn from_outcome(
         FillOutcome::Stored {
             entry, fwd: None, ..
         } => {
-            // Filled by another instance, read from L2.
-            let st = CacheStatus::hit(entry.ttl_secs(now)).with_detail("l2");
+            // Filled by another instance, read from L2: fresh is a hit;
+            // within stale-while-revalidate it is a stale answer, and the
+            // fill that read it starts the refresh.
+            let st = if entry.state(now) == corral_core::EntryState::StaleWhileRevalidate {
+                crate::metrics::stale("revalidate");
+                CacheStatus::forward(Forward::Stale)
+                    .with_ttl(entry.ttl_secs(now))
+                    .with_detail("stale-while-revalidate")
+            } else {
+                CacheStatus::hit(entry.ttl_secs(now)).with_detail("l2")
+            };
             from_entry(entry, &st, now, head, request)
         }
         FillOutcome::Stored {
@@ -132,10 +141,10 @@ pub fn from_outcome(
             fwd_status,
             detail,
         } => {
-            crate::metrics::stale(if *detail == "lock-timeout" {
-                "timeout"
-            } else {
-                "error"
+            crate::metrics::stale(match *detail {
+                "lock-timeout" => "timeout",
+                "stale-if-error" => "error",
+                other => other,
             });
             let mut st = CacheStatus::forward(Forward::Stale)
                 .with_detail(detail)

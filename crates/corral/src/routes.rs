@@ -28,6 +28,10 @@ pub struct Route {
     pub on_timeout: OnTimeout,
     /// Fills under way on this route (`coalesce.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
+    /// How long a key whose origin failed is left alone.
+    pub backoff: corral_core::BackoffPolicy,
+    /// Stops fills to an origin that fails most of them.
+    pub circuit: corral_core::Circuit,
     pub upstream: Upstream,
     pub requests: crate::metrics::RequestCounters,
 }
@@ -74,6 +78,14 @@ impl Route {
             lock_timeout: rc.coalesce.lock_timeout,
             on_timeout: rc.coalesce.on_timeout,
             fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
+            backoff: rc.backoff,
+            circuit: corral_core::Circuit::new(corral_core::CircuitSettings {
+                enabled: rc.circuit.enabled,
+                error_rate: rc.circuit.error_rate,
+                min_fetches: rc.circuit.min_fetches,
+                window: rc.circuit.window,
+                open_for: rc.circuit.open_for,
+            }),
             upstream: Upstream::new(&rc.name, &rc.timeouts),
             requests: crate::metrics::RequestCounters::new(&rc.name),
         }
@@ -106,6 +118,10 @@ impl RouteTable {
 
     pub fn len(&self) -> usize {
         self.routes.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.routes.iter()
     }
 
     /// The route for a request to `host` (a validated, lowercased host name

@@ -63,6 +63,16 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         if probe.pass {
             return Ended::PassKnown;
         }
+        // The origin is failing for this key (this instance or another saw
+        // it): no lease, no fetch; the gate answers stale or an error.
+        if app
+            .l1
+            .active_backoff(&fill.pass_scope(), SystemTime::now())
+            .is_some()
+        {
+            return fetch_and_store(fill).await;
+        }
+        let had_backoff = probe.backoff.is_some();
         let generation = probe.generation;
         match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
             // A slow Redis may still have granted the lease: fetch here,
@@ -91,7 +101,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
                     Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
                     Ended::Outcome(_) => Fetched::Failed,
                 };
-                let notice = publish_result(fill, l2, &keys, result, generation).await;
+                let notice = publish_result(fill, l2, &keys, result, generation, had_backoff).await;
                 drop(watchdog);
                 if let Ok(false) = lease.release().await {
                     tracing::warn!(lease = %keys.lease(), "the lease had passed to another leader before release");
@@ -122,10 +132,14 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             let wait = (backoff + jitter).min(deadline - now);
             tokio::select! {
                 n = watch.next() => match n {
-                    // The leader's fetch failed and stored nothing: fetch
-                    // here, in parallel with the other instances, rather
-                    // than queue for the lease one instance after another.
-                    Some(Notice::Failed) => return fetch_and_store(fill).await,
+                    // The leader's fetch failed and stored nothing. Its
+                    // back-off is in Redis: read it (and any stale copy)
+                    // so that this instance leaves the origin alone too,
+                    // rather than every waiting instance asking it again.
+                    Some(Notice::Failed) => {
+                        let _ = read(fill, l2, &keys).await;
+                        return fetch_and_store(fill).await;
+                    }
                     Some(_) => {}
                     None => tokio::time::sleep(wait).await,
                 },
@@ -142,7 +156,10 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
 }
 
 /// Reads the variant's keys; the entry comes back labelled with its URI and
-/// screened by the purges (bans) in force.
+/// screened by the purges (bans) in force. A back-off another instance
+/// recorded is adopted here, and an entry too old to serve fresh but still
+/// good for stale-if-error is kept as the fill's fallback, so an instance
+/// with no copy of its own serves Redis's when the origin fails.
 async fn read(
     fill: &FillRequest,
     l2: &L2,
@@ -154,6 +171,24 @@ async fn read(
         let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
         app.l1.apply_bans(e).map(Arc::unwrap_or_clone)
     });
+    let now = SystemTime::now();
+    let scope = fill.pass_scope();
+    if let Some(theirs) = probe.backoff.filter(|b| b.active(now))
+        && app
+            .l1
+            .active_backoff(&scope, now)
+            .is_none_or(|ours| ours.until < theirs.until)
+    {
+        app.l1
+            .set_backoff(scope, theirs, fill.route.backoff.memory());
+    }
+    if let Some(e) = &probe.entry
+        && !can_serve(fill, &probe)
+        && e.usable_on_error(now)
+        && e.matches_vary(&fill.head.headers)
+    {
+        fill.offer_stale(Arc::new(e.clone()));
+    }
     Ok(probe)
 }
 
@@ -168,8 +203,7 @@ fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
             EntryState::Fresh | EntryState::StaleWhileRevalidate
         ) && e.matches_vary(&fill.head.headers)
             && fill
-                .stale
-                .as_ref()
+                .stale()
                 .is_none_or(|old| e.response_time > old.response_time)
     })
 }
@@ -200,13 +234,19 @@ enum Fetched {
     Failed,
 }
 
+/// `had_backoff`: the key was in back-off when read, so a success clears it
+/// for every instance.
 async fn publish_result(
     fill: &FillRequest,
     l2: &L2,
     keys: &Keys,
     fetched: Fetched,
     generation: u64,
+    had_backoff: bool,
 ) -> Notice {
+    if had_backoff && !matches!(fetched, Fetched::Failed) {
+        let _ = l2.clear_backoff(keys).await;
+    }
     match fetched {
         Fetched::Stored(entry) => {
             store(l2, fill, keys, &entry, generation).await;
@@ -216,7 +256,16 @@ async fn publish_result(
             let _ = l2.mark_pass(keys, fill.route.policy.hit_for_pass).await;
             Notice::Pass
         }
-        Fetched::Failed => Notice::Failed,
+        Fetched::Failed => {
+            // Before the notice: the waiting instances read it on Failed.
+            let now = SystemTime::now();
+            if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
+                let _ = l2
+                    .set_backoff(keys, &backoff, fill.route.backoff.memory())
+                    .await;
+            }
+            Notice::Failed
+        }
     }
 }
 
@@ -263,9 +312,9 @@ async fn lock_timeout(fill: &FillRequest) -> Ended {
     metrics::lease("timed_out");
     match fill.route.on_timeout {
         OnTimeout::Fetch => fetch_and_store(fill).await,
-        OnTimeout::Stale => match &fill.stale {
+        OnTimeout::Stale => match fill.stale() {
             Some(entry) => Ended::Outcome(FillOutcome::Stale {
-                entry: Arc::clone(entry),
+                entry,
                 fwd_status: None,
                 detail: "lock-timeout",
             }),

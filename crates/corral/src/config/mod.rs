@@ -147,7 +147,7 @@ const DEFAULT_BREAKER_OPEN_FOR: Duration = Duration::from_secs(2);
 pub struct RouteConfig {
     /// Unique, `[A-Za-z0-9_-]+`; used in logs, metrics and headers.
     pub name: String,
-    /// `match.host`: lowercased `host` or `host:port`; `None` matches any host.
+    /// `match.host`: a lowercased host name; `None` matches any host.
     pub host: Option<String>,
     /// `match.path_prefix`: starts with `/`; default `/`.
     pub path_prefix: String,
@@ -156,6 +156,37 @@ pub struct RouteConfig {
     pub timeouts: TimeoutsConfig,
     pub cache: RouteCacheConfig,
     pub coalesce: CoalesceConfig,
+    /// Per-key back-off when the origin fails (`backoff:`).
+    pub backoff: corral_core::BackoffPolicy,
+    /// The route's origin circuit (`circuit:`).
+    pub circuit: CircuitConfig,
+}
+
+/// When most of a route's fetches fail, the route stops sending all but a
+/// probe to its origin for a while.
+#[derive(Debug, Clone, Copy)]
+pub struct CircuitConfig {
+    pub enabled: bool,
+    /// Percentage of failed fetches in a window that opens the circuit; 1 to 100.
+    pub error_rate: u8,
+    /// Fewer fetches than this in a window never open it; at least 1.
+    pub min_fetches: u32,
+    /// The window fetches are counted in; positive.
+    pub window: Duration,
+    /// How long it stays open before one probe fetch; positive.
+    pub open_for: Duration,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            error_rate: 50,
+            min_fetches: 20,
+            window: Duration::from_secs(10),
+            open_for: Duration::from_secs(5),
+        }
+    }
 }
 
 /// Upstream timeouts; each positive, and neither phase longer than `total`.

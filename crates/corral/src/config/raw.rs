@@ -73,6 +73,8 @@ pub struct RawRoute {
     pub timeouts: Option<RawTimeouts>,
     pub cache: Option<RawRouteCache>,
     pub coalesce: Option<RawCoalesce>,
+    pub backoff: Option<RawBackoff>,
+    pub circuit: Option<RawCircuit>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,4 +129,21 @@ pub struct RawCoalesce {
     pub lock_timeout: Option<Text>,
     pub on_timeout: Option<Text>,
     pub max_fills: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBackoff {
+    pub min: Option<Text>,
+    pub max: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCircuit {
+    pub enabled: Option<bool>,
+    pub error_rate: Option<Text>,
+    pub min_fetches: Option<Text>,
+    pub window: Option<Text>,
+    pub open_for: Option<Text>,
 }

@@ -10,12 +10,12 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{describe_duration, parse_duration};
 use super::paths::NodePaths;
 use super::raw::{
-    RawBreaker, RawCache, RawCoalesce, RawConfig, RawIdentity, RawMatch, RawRedis, RawRoute,
-    RawRouteCache, RawServer, RawStaleWindow, RawTimeouts, Text,
+    RawBackoff, RawBreaker, RawCache, RawCircuit, RawCoalesce, RawConfig, RawIdentity, RawMatch,
+    RawRedis, RawRoute, RawRouteCache, RawServer, RawStaleWindow, RawTimeouts, Text,
 };
 use super::size::{describe_size, parse_size};
 use super::{
-    CacheConfig, CoalesceConfig, Config, ConfigError, DEFAULT_BREAKER_FAILURES,
+    CacheConfig, CircuitConfig, CoalesceConfig, Config, ConfigError, DEFAULT_BREAKER_FAILURES,
     DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_FILLS,
     DEFAULT_MAX_OBJECT_SIZE, DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX,
     DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig,
@@ -439,6 +439,14 @@ impl Resolver<'_> {
             Some(coalesce) => self.coalesce(coalesce, &format!("{prefix}.coalesce"))?,
             None => CoalesceConfig::default(),
         };
+        let backoff = match &raw.backoff {
+            Some(b) => self.backoff(b, &format!("{prefix}.backoff"))?,
+            None => corral_core::BackoffPolicy::default(),
+        };
+        let circuit = match &raw.circuit {
+            Some(c) => self.circuit(c, &format!("{prefix}.circuit"))?,
+            None => CircuitConfig::default(),
+        };
         Ok(RouteConfig {
             name,
             host,
@@ -447,6 +455,54 @@ impl Resolver<'_> {
             timeouts,
             cache,
             coalesce,
+            backoff,
+            circuit,
+        })
+    }
+
+    fn backoff(
+        &self,
+        raw: &RawBackoff,
+        prefix: &str,
+    ) -> Result<corral_core::BackoffPolicy, ConfigError> {
+        let defaults = corral_core::BackoffPolicy::default();
+        let min_field = format!("{prefix}.min");
+        let max_field = format!("{prefix}.max");
+        let min = self.duration(raw.min.as_ref(), &min_field, defaults.min)?;
+        self.positive(&min, &min_field)?;
+        let max = self.duration(raw.max.as_ref(), &max_field, defaults.max)?;
+        self.ordered((&min, &min_field), (&max, &max_field), describe_duration)?;
+        Ok(corral_core::BackoffPolicy {
+            min: min.value,
+            max: max.value,
+        })
+    }
+
+    fn circuit(&self, raw: &RawCircuit, prefix: &str) -> Result<CircuitConfig, ConfigError> {
+        let defaults = CircuitConfig::default();
+        let error_rate = match &raw.error_rate {
+            None => defaults.error_rate,
+            Some(t) => percentage(&t.value, 1, 100)
+                .map_err(|m| self.error(&t.referenced, &format!("{prefix}.error_rate"), m))?,
+        };
+        let min_fetches = match &raw.min_fetches {
+            None => defaults.min_fetches,
+            Some(t) => whole_number(&t.value, 1, "fetches")
+                .and_then(|n| u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value)))
+                .map_err(|m| self.error(&t.referenced, &format!("{prefix}.min_fetches"), m))?,
+        };
+        let window_field = format!("{prefix}.window");
+        let window = self.duration(raw.window.as_ref(), &window_field, defaults.window)?;
+        self.positive(&window, &window_field)?;
+        let open_field = format!("{prefix}.open_for");
+        let open_for = self.duration(raw.open_for.as_ref(), &open_field, defaults.open_for)?;
+        self.positive(&open_for, &open_field)?;
+        Ok(CircuitConfig {
+            enabled: raw.enabled.unwrap_or(defaults.enabled),
+            error_rate,
+            min_fetches,
+            window: window.value,
+            open_for: open_for.value,
         })
     }
 
@@ -978,6 +1034,17 @@ fn key_prefix(text: &str) -> Result<String, String> {
         ));
     }
     Ok(text.to_owned())
+}
+
+/// A whole percentage from `min` to `max` (`50` or `50%`).
+fn percentage(text: &str, min: u8, max: u8) -> Result<u8, String> {
+    let number = text.trim().trim_end_matches('%').trim();
+    match number.parse::<u8>() {
+        Ok(p) if (min..=max).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "`{text}` is not a whole percentage from {min} to {max}"
+        )),
+    }
 }
 
 /// A count of at least `min` (`what` names the unit in the message).

@@ -1,0 +1,149 @@
+//! Leaving a failing origin alone. When a fetch for a key fails (a 5xx, a
+//! refused connection, a timeout) the key goes into back-off: until it
+//! ends, nothing corral does for that key reaches the origin (no fill, no
+//! background or early refresh), and callers get the stale copy or an
+//! error at once. Each failure in a row doubles the period, up to a cap,
+//! with jitter so that keys failing together do not retry together; the
+//! first success ends it. A back-off is a pair of numbers so that
+//! instances can share it through Redis.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+
+/// How long back-off periods are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffPolicy {
+    /// The period after the first failure.
+    pub min: Duration,
+    /// No period is longer.
+    pub max: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        BackoffPolicy {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl BackoffPolicy {
+    /// The period after `failures` failures in a row: `min` doubled for
+    /// each failure after the first, capped at `max`, less up to a quarter
+    /// at random (never below `min`).
+    pub fn period(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(30);
+        let full = self
+            .min
+            .saturating_mul(1u32 << doublings)
+            .min(self.max)
+            .max(self.min);
+        let jitter = rand::rng().random_range(0.0..=0.25);
+        full.mul_f64(1.0 - jitter).max(self.min.min(full))
+    }
+
+    /// The back-off after one more failure than `previous` had, from `now`.
+    pub fn after_failure(&self, previous: Option<Backoff>, now: SystemTime) -> Backoff {
+        let failures = previous.map_or(0, |b| b.failures).saturating_add(1);
+        Backoff {
+            until: now.checked_add(self.period(failures)).unwrap_or(now),
+            failures,
+        }
+    }
+
+    /// How long a back-off record is worth keeping after its period: long
+    /// enough that the next failure still counts as one in a row.
+    pub fn memory(&self) -> Duration {
+        self.max.saturating_mul(2)
+    }
+}
+
+/// A key's back-off: origin requests wait until `until`; `failures` in a
+/// row led to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub until: SystemTime,
+    pub failures: u32,
+}
+
+impl Backoff {
+    /// True while origin requests for the key must wait.
+    pub fn active(&self, now: SystemTime) -> bool {
+        now < self.until
+    }
+
+    /// What is left of the period at `now`.
+    pub fn remaining(&self, now: SystemTime) -> Duration {
+        self.until.duration_since(now).unwrap_or_default()
+    }
+
+    /// The shared form: `until` in unix milliseconds, `:`, failures.
+    pub fn encode(&self) -> String {
+        let ms = self
+            .until
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{ms}:{}", self.failures)
+    }
+
+    /// Reads [`Backoff::encode`]'s form; `None` for anything else.
+    pub fn decode(s: &str) -> Option<Self> {
+        let (ms, failures) = s.split_once(':')?;
+        let until = UNIX_EPOCH.checked_add(Duration::from_millis(ms.parse().ok()?))?;
+        Some(Backoff {
+            until,
+            failures: failures.parse().ok()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_double_up_to_the_cap_with_jitter_that_only_shortens() {
+        let p = BackoffPolicy {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        for (failures, full) in [(1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (60, 30)] {
+            for _ in 0..50 {
+                let d = p.period(failures);
+                let full = Duration::from_secs(full);
+                assert!(d <= full, "{failures}: {d:?} > {full:?}");
+                assert!(
+                    d >= full.mul_f64(0.75).max(p.min).min(full),
+                    "{failures}: {d:?}"
+                );
+            }
+        }
+        assert_eq!(p.period(0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn each_failure_in_a_row_counts() {
+        let p = BackoffPolicy::default();
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let first = p.after_failure(None, now);
+        assert_eq!(first.failures, 1);
+        assert!(first.active(now) && !first.active(first.until));
+        let second = p.after_failure(Some(first), first.until);
+        assert_eq!(second.failures, 2);
+        assert!(second.remaining(first.until) >= Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn the_shared_form_round_trips_and_refuses_garbage() {
+        let b = Backoff {
+            until: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
+            failures: 4,
+        };
+        assert_eq!(Backoff::decode(&b.encode()), Some(b));
+        for bad in ["", "1", "x:1", "1:x", "1:2:3", ":"] {
+            assert_eq!(Backoff::decode(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! When the origin fails, corral gets quieter, not louder: a failing key is
+//! left alone for a back-off that grows while failures continue (shared by
+//! every instance through Redis), a route whose fetches mostly fail opens
+//! its circuit, and the copy Redis holds answers stale-if-error on an
+//! instance that has none of its own.
+
+use std::time::Duration;
+
+use corral_tests::lifecycle::scrape;
+use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Redis, Reply, Route};
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn shared(origin_url: &str, redis: &Redis) -> Config {
+    Config::new()
+        .route(Route::new("api", origin_url))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+}
+
+/// Sends `n` GETs of `url` one after another over `within`, evenly spaced.
+async fn paced(client: &Client, url: &str, n: u32, within: Duration) -> Vec<corral_tests::Answer> {
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    for i in 0..n {
+        tokio::time::sleep_until(start + within * i / n).await;
+        answers.push(client.get(url).await);
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_refresh_inside_stale_while_revalidate_backs_off() {
+    let origin = Origin::new()
+        .route(
+            "/swr",
+            Reply::ok("kept").header("cache-control", "max-age=1, stale-while-revalidate=30"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/swr");
+    assert_eq!(client.get(&url).await.text(), "kept");
+    origin.set_mode(OriginMode::InternalError);
+    // Into the stale-while-revalidate window.
+    tokio::time::sleep(ms(1100)).await;
+
+    let before = origin.hits("/swr");
+    let answers = paced(&client, &url, 200, Duration::from_secs(2)).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == 200 && a.text() == "kept")
+    );
+    let asked = origin.hits("/swr") - before;
+    // The first failure backs the key off for a second, the second for two:
+    // two seconds of requests reach the origin at most twice (574c533: 73-77).
+    assert!(
+        (1..=2).contains(&asked),
+        "{asked} refreshes reached the failing origin in 2 s"
+    );
+    let backed_off = answers
+        .iter()
+        .filter(|a| a.cache_status().detail() == Some("backoff"))
+        .count();
+    assert!(backed_off >= 150, "{backed_off} answers said backoff");
+    let metrics = scrape(&proxy).await;
+    assert!(metrics.sum("corral_origin_skipped_total", &[("reason", "backoff")]) >= 150.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_reaches_the_failing_origin_once_per_back_off_across_instances() {
+    const INSTANCES: usize = 3;
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/k",
+            Reply::ok("fine").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin.url(), &redis))
+        .instances(INSTANCES)
+        .start_all()
+        .await;
+    origin.set_mode(OriginMode::InternalError);
+    let client = Client::new();
+    // 2.5 s of requests on every instance at once, a cold key, the origin
+    // down: back-offs of about 1 s then 2 s allow at most 2 origin requests
+    // in all, however many instances ask.
+    let started = Instant::now();
+    let urls: Vec<String> = proxies.iter().map(|p| p.url("/k")).collect();
+    let answers = join_all(urls.iter().map(|url| paced(&client, url, 50, ms(2500)))).await;
+    let elapsed = started.elapsed();
+    let asked = origin.hits("/k");
+    assert!(
+        (1..=3).contains(&asked),
+        "{asked} requests reached the failing origin from {INSTANCES} instances in {elapsed:?}"
+    );
+    for a in answers.iter().flatten() {
+        assert!(
+            a.status == 500 || (a.status == 503 && a.cache_status().detail() == Some("backoff")),
+            "{} {}",
+            a.status,
+            a.cache_status()
+        );
+    }
+    // Errors are counted as errors, shared or not.
+    let metrics = scrape(&proxies[0]).await;
+    assert!(
+        metrics.sum("corral_requests_total", &[("cache", "error")]) >= 40.0,
+        "{}",
+        metrics.text()
+    );
+    assert_eq!(
+        metrics.sum("corral_requests_total", &[("cache", "pass")]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_without_a_copy_serves_the_redis_copy_when_the_origin_fails() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/e",
+            Reply::ok("from redis").header("cache-control", "max-age=1, stale-if-error=60"),
+        )
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin.url(), &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let client = Client::new();
+    assert_eq!(client.get(&proxies[0].url("/e")).await.text(), "from redis");
+    origin.set_mode(OriginMode::InternalError);
+    tokio::time::sleep(ms(1100)).await;
+
+    // Instance B never held it; the origin fails; Redis has the copy.
+    let b = client.get(&proxies[1].url("/e")).await;
+    assert_eq!(b.status, 200, "{}", b.cache_status());
+    assert_eq!(b.text(), "from redis");
+    assert_eq!(b.cache_status().fwd(), Some("stale"));
+    assert_eq!(b.cache_status().detail(), Some("stale-if-error"));
+    let metrics = scrape(&proxies[1]).await;
+    assert_eq!(
+        metrics.sum("corral_stale_answers_total", &[("reason", "error")]),
+        1.0
+    );
+    assert_eq!(origin.hits("/e"), 2, "one fill, one failed fetch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_from_redis_is_labelled_stale_and_refreshed_once() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/r",
+            Reply::ok("v1").header("cache-control", "max-age=1, stale-while-revalidate=30"),
+        )
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin.url(), &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let client = Client::new();
+    assert_eq!(client.get(&proxies[0].url("/r")).await.text(), "v1");
+    origin.set_route("/r", Reply::ok("v2").header("cache-control", "max-age=60"));
+    tokio::time::sleep(ms(1100)).await;
+
+    let b = client.get(&proxies[1].url("/r")).await;
+    assert_eq!(b.text(), "v1");
+    assert_eq!(
+        b.cache_status().fwd(),
+        Some("stale"),
+        "{}",
+        b.cache_status()
+    );
+    assert_eq!(b.cache_status().detail(), Some("stale-while-revalidate"));
+    let metrics = scrape(&proxies[1]).await;
+    assert_eq!(
+        metrics.sum("corral_stale_answers_total", &[("reason", "revalidate")]),
+        1.0
+    );
+    // The refresh it started reaches the origin once and stores v2.
+    origin.wait_hits("/r", 2, DEADLINE).await;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let again = client.get(&proxies[1].url("/r")).await;
+        if again.text() == "v2" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the refresh never landed");
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(origin.hits("/r"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_fetches_mostly_fail_opens_its_circuit_then_probes() {
+    let origin = Origin::new()
+        .route("/c", Reply::ok("up").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let route = Route::new("api", origin.url()).cache("hit_for_pass", "0s");
+    let config = Config::new().route(route).to_yaml().replace(
+        "    upstream:",
+        "    circuit: { error_rate: 50%, min_fetches: 5, window: 10s, open_for: 1s }\n    upstream:",
+    );
+    let proxy = Proxy::new(config).start().await;
+    origin.set_mode(OriginMode::InternalError);
+    let client = Client::new();
+    // Distinct keys: no per-key back-off in the way, only the route's rate.
+    for i in 0..5 {
+        let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;
+        assert_eq!(a.status, 500);
+    }
+    for i in 5..25 {
+        let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;
+        assert_eq!(a.status, 503);
+        assert_eq!(a.cache_status().detail(), Some("circuit-open"));
+    }
+    assert_eq!(origin.hits("/c"), 5, "the open circuit sends nothing");
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.value("corral_origin_circuit_open", &[("route", "api")]),
+        Some(1.0)
+    );
+
+    // The origin recovers; after open_for one probe goes, and closes it.
+    origin.set_mode(OriginMode::Script);
+    let deadline = Instant::now() + DEADLINE;
+    let mut i = 100;
+    loop {
+        i += 1;
+        let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no probe ever went");
+        tokio::time::sleep(ms(50)).await;
+    }
+    for j in 0..5 {
+        let a = client.get(&proxy.url(&format!("/c?k=after{j}"))).await;
+        assert_eq!(a.text(), "up");
+    }
+}
