@@ -1,9 +1,11 @@
 //! The demo origin for load scenarios: every answer is shaped by its query
 //! string, and it counts the requests it receives per path.
 //!
-//! `GET /any/path?delay=300&size=1024&max-age=60&swr=30&sie=600&status=200&vary=accept-encoding&etag=v1`
+//! `GET /any/path?delay=300&size=1024&max-age=60&swr=30&sie=600&status=200&vary=accept-encoding&etag=v1&tag=k7`
 //! - `delay` milliseconds before answering; `size` body bytes; the others
-//!   become Cache-Control / Vary / ETag.
+//!   become Cache-Control / Vary / ETag. With `tag`, the body is the tag
+//!   and `;` repeated to `size` bytes (so a checking client can tell one
+//!   key's body from another's); without it, `x` repeated.
 //! - `GET /__hits?path=/any/path` → that path's request count; `GET /__hits` → the total.
 //! - `GET /__stats?prefix=/a/` → `hits=N paths=M max=K` over the paths starting
 //!   with the prefix: requests, distinct paths requested, most requests on one path
@@ -123,7 +125,11 @@ async fn handle(State(c): State<Arc<Counters>>, req: Request) -> Response {
             cc.push(format!("{name}={v}"));
         }
     }
-    let mut r = Response::new(Body::from(vec![b'x'; size]));
+    let body = match q.get("tag") {
+        Some(tag) => format!("{tag};").bytes().cycle().take(size).collect(),
+        None => vec![b'x'; size],
+    };
+    let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
     let h = r.headers_mut();
     if !cc.is_empty()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# corral's soak benchmark: three instances sharing one Redis under a steady
+# load, with origin outages, every answer checked.
+#
+#   bench/soak.sh [CYCLES] [RATE]        (defaults: 1 cycle, 1500 req/s)
+#
+# One cycle is 60 s of normal traffic, a 30 s origin outage (every request
+# answered 503) and 60 s more: 2.5 minutes. The load (bench/src/bin/soak-load.rs)
+# spreads RATE requests per second over the instances, Zipf over 5,000 keys
+# with 1-5 s TTLs, stale-while-revalidate 5 s and stale-if-error 60 s, and
+# checks every body (its own key's, whole), every Age and every status.
+# It prints each second's answers and origin requests, each minute's RSS per
+# instance, and origin requests per second before, during and after the
+# outages. A long soak for memory: `bench/soak.sh 12` (30 minutes).
+# Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
+# in target/release.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cycles=${1:-1}
+rate=${2:-1500}
+redis_port=6397
+origin_port=3970
+ports=(8197 8198 8199)
+admins=(9197 9198 9199)
+export PATH="$PATH:/usr/sbin:/sbin"
+
+if [ -z "${BENCH_NO_BUILD:-}" ]; then
+  cargo build --release --locked -p corral -p corral-bench >&2
+fi
+command -v redis-server >/dev/null || { echo "soak.sh needs redis-server" >&2; exit 1; }
+work=$(mktemp -d /tmp/corral-soak.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+pids+=($!)
+target/release/demo-origin "127.0.0.1:$origin_port" >"$work/origin.log" 2>&1 &
+pids+=($!)
+corrals=()
+for i in 0 1 2; do
+  cat >"$work/corral$i.yaml" <<YAML
+listen: 127.0.0.1:${ports[$i]}
+admin: 127.0.0.1:${admins[$i]}
+cache: { memory: 64MiB, max_object_size: 1MiB }
+redis: { url: "redis://127.0.0.1:$redis_port/0", op_timeout: 100ms }
+routes:
+  - name: soak
+    match: { path_prefix: / }
+    upstream: http://127.0.0.1:$origin_port
+YAML
+  CORRAL_LOG=warn target/release/corral serve --config "$work/corral$i.yaml" >"$work/corral$i.log" 2>&1 &
+  corrals+=($!)
+  pids+=($!)
+done
+for a in "${admins[@]}"; do
+  for _ in $(seq 100); do
+    curl -fsS "http://127.0.0.1:$a/readyz" 2>/dev/null | grep -q '"redis":"connected"' && break
+    sleep 0.1
+  done
+done
+echo "corral $(git rev-parse --short HEAD): 3 instances, one Redis, $rate req/s, $cycles cycle(s) of 60 s + 30 s outage + 60 s"
+instances="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+pidlist=$(IFS=,; echo "${corrals[*]}")
+timeout $((cycles * 150 + 60)) target/release/soak-load "$instances" "127.0.0.1:$origin_port" "$pidlist" "$rate" 5000 60 30 60 "$cycles"
