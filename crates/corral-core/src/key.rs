@@ -132,8 +132,11 @@ impl UriKey {
         readable.push_str(path);
         if let Some(q) = query {
             readable.push('?');
+            let mark = readable.len();
             filter.normalize_into(q, &mut readable);
-            if readable.ends_with('?') {
+            // Drop the `?` only when the filter kept nothing: a `?` that
+            // ends a kept value (`a=?`) is the client's and stays.
+            if readable.len() == mark {
                 readable.pop();
             }
         }
@@ -300,6 +303,25 @@ mod tests {
         assert_eq!(host_name("[::1]"), "[::1]");
         let empty = UriKey::new("h", "/p", Some("utm_a=1"), &f);
         assert_eq!(empty.readable(), "h/p");
+    }
+
+    #[test]
+    fn a_question_mark_that_ends_a_kept_value_is_kept() {
+        // Found by the fuzz target: `/x?a=?` used to become `/x?a=`, so the
+        // origin was asked for a different resource than the client named.
+        let f = QueryFilter::new(&["utm_*"]);
+        for (q, target) in [
+            ("a=?", "/x?a=?"),
+            ("?", "/x??"),
+            ("a=1&b=?", "/x?a=1&b=?"),
+            ("utm_a=?", "/x"),
+        ] {
+            let key = UriKey::new("h", "/x", Some(q), &f);
+            assert_eq!(key.target(), target, "{q:?}");
+        }
+        let a = UriKey::new("h", "/x", Some("a=?"), &f);
+        let b = UriKey::new("h", "/x", Some("a="), &f);
+        assert_ne!(a.digest(), b.digest());
     }
 
     #[test]
