@@ -59,7 +59,8 @@ pub struct RequestHead {
     pub version: Version,
     /// The host name, lowercased, without its port: what the key holds and
     /// what `X-Forwarded-Host` carries. Empty only for an HTTP/1.0 request
-    /// without Host.
+    /// without Host, or a request whose Host field is present but empty
+    /// (RFC 9112 §3.2 allows it when the target has no authority).
     pub host: String,
     /// Starts with `/` (or is `*` for `OPTIONS *`).
     pub path: String,

@@ -164,14 +164,17 @@ fn is_tchar(b: u8) -> bool {
 
 /// A cookie name as the most lenient common servers read it, so that every
 /// spelling one of them would take for a credential cookie counts as it:
-/// percent-decoded (PHP decodes names), ASCII-lowercased, `.` and space read
-/// as `_` and anything from `[` on dropped (PHP again).
+/// percent-decoded (PHP decodes names), ASCII-lowercased, `.`, space and a
+/// literal `+` (PHP decodes it to a space) read as `_`, and anything from
+/// `[` on dropped (PHP again).
 fn canonical_cookie_name(name: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(name.len());
     let mut i = 0;
     while i < name.len() {
         let mut b = name[i];
-        if b == b'%'
+        if b == b'+' {
+            b = b' ';
+        } else if b == b'%'
             && let (Some(h), Some(l)) = (
                 name.get(i + 1).and_then(|c| (*c as char).to_digit(16)),
                 name.get(i + 2).and_then(|c| (*c as char).to_digit(16)),
@@ -252,9 +255,15 @@ mod tests {
                 String::from_utf8_lossy(field)
             );
         }
-        // PHP reads `a.b` and `a b` as `a_b`, and `a[x]` as `a`.
+        // PHP reads `a.b`, `a+b` and `a b` as `a_b`, and `a[x]` as `a`.
         let php = IdentityRules::new(vec![], vec!["sid_v2".into()]);
-        for field in [&b"sid.v2=x"[..], b"sid%2Ev2=x", b"sid_v2[0]=x"] {
+        for field in [
+            &b"sid.v2=x"[..],
+            b"sid%2Ev2=x",
+            b"sid+v2=x",
+            b"sid%20v2=x",
+            b"sid_v2[0]=x",
+        ] {
             let mut h = HeaderMap::new();
             h.insert(COOKIE, HeaderValue::from_bytes(field).expect("cookie"));
             assert!(
