@@ -87,16 +87,21 @@ pub struct RawResponse {
     pub body: Vec<u8>,
 }
 
+/// Every value of header `name` (case-insensitive, trimmed) in a message
+/// head as text (start line, then header lines, CRLF-separated).
+pub fn head_values<'h>(head: &'h str, name: &str) -> Vec<&'h str> {
+    head.split("\r\n")
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim())
+        .collect()
+}
+
 impl RawResponse {
     /// Every value of header `name` (case-insensitive).
     pub fn header_all(&self, name: &str) -> Vec<&str> {
-        self.head
-            .split("\r\n")
-            .skip(1)
-            .filter_map(|l| l.split_once(':'))
-            .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim())
-            .collect()
+        head_values(&self.head, name)
     }
 
     /// The first value of header `name`.

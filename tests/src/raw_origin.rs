@@ -42,13 +42,7 @@ impl RawRequest {
 
     /// Every value of header `name` (case-insensitive), trimmed.
     pub fn header_all(&self, name: &str) -> Vec<&str> {
-        self.head
-            .split("\r\n")
-            .skip(1)
-            .filter_map(|l| l.split_once(':'))
-            .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim())
-            .collect()
+        crate::raw::head_values(&self.head, name)
     }
 
     /// The first value of header `name`.
