@@ -152,23 +152,34 @@ async fn idle_clients_past_the_descriptor_limit_never_exhaust_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_nothing_is_cut_off_after_send_timeout() {
-    let big = "x".repeat(8 * 1024 * 1024);
+    // Larger than what the kernel can buffer for a client that reads
+    // nothing: its receive buffer is pinned small below, and corral's send
+    // buffer grows to tcp_wmem's maximum (4 MiB by default) at most.
+    const SIZE: usize = 24 * 1024 * 1024;
     let origin = Origin::new()
-        .route("/big", Reply::ok(big).header("cache-control", "max-age=60"))
+        .route(
+            "/big",
+            Reply::ok("x".repeat(SIZE)).header("cache-control", "max-age=60"),
+        )
         .start()
         .await;
     let config = Config::single(origin.url())
-        .cache("max_object_size", "16MiB")
-        .server("send_timeout", "1s");
+        .cache("max_object_size", "32MiB")
+        .server("send_timeout", "1s")
+        // Every other deadline far away, so that only send_timeout can
+        // close the stuck connection inside the test's deadline.
+        .server("idle_timeout", "1h")
+        .server("header_read_timeout", "1h");
     let proxy = Proxy::new(config).start().await;
-    // Warm the cache so the answer is a hit that no origin paces.
-    assert_eq!(
-        Client::new().get(&proxy.url("/big")).await.body.len(),
-        8 * 1024 * 1024
-    );
-    let mut stuck = TcpStream::connect(proxy.addr()).await.expect("connect");
+    // Warm the cache so the answer is a hit that no origin paces. The key
+    // holds the host without its port, so `Host: 127.0.0.1` below is the
+    // same key as this request.
+    assert_eq!(Client::new().get(&proxy.url("/big")).await.body.len(), SIZE);
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut stuck = socket.connect(proxy.addr()).await.expect("connect");
     stuck
-        .write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
+        .write_all(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .expect("request");
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -180,6 +191,11 @@ async fn a_client_that_reads_nothing_is_cut_off_after_send_timeout() {
         tokio::time::sleep(ms(100)).await;
     }
     assert!(closed_within(stuck, DEADLINE).await);
+    assert_eq!(
+        origin.hits("/big"),
+        1,
+        "the stuck client was answered from the cache"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

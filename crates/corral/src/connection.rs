@@ -87,11 +87,15 @@ impl Activity {
         self.opened + Duration::from_millis(ms)
     }
 
-    /// A write could not complete: the client is not reading.
+    /// A write could not complete: the client is not reading. The
+    /// watchdog is woken so that its next deadline becomes `send_timeout`
+    /// from now: it may be asleep until the idle deadline, because a
+    /// response whose body is all in hyper's buffer counts as answered.
     pub fn write_blocked(&self) {
         if self.write_blocked_since.load(Ordering::Relaxed) == u64::MAX {
             self.write_blocked_since
                 .store(self.now_ms(), Ordering::Relaxed);
+            self.alarm.notify_one();
         }
     }
 
