@@ -724,3 +724,45 @@ async fn an_origin_error_does_not_queue_the_instances_one_behind_another() {
          they queued behind each other's lease for an answer none could store"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_coalescing_disabled_redis_coalesces_nothing_but_still_caches() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/cold", cacheable("cold").delay(ms(300)))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()).coalesce("enabled", "false"))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+
+    // Coalescing off means off in both tiers: ten concurrent misses are ten
+    // origin requests, with Redis as without it.
+    let answers = client.burst(10, &proxies[0].url("/cold"), &[]).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.text(), "cold");
+        assert!(
+            !answer.cache_status().collapsed(),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert_eq!(origin.hits("/cold"), 10);
+    let leases = corral_tests::lifecycle::scrape(&proxies[0])
+        .await
+        .sum("corral_lease_total", &[]);
+    assert_eq!(
+        leases, 0.0,
+        "no fill that does not coalesce takes the lease"
+    );
+
+    // Redis is still a cache: the other instance serves what was stored.
+    let b = client.get(&proxies[1].url("/cold")).await;
+    assert_eq!(b.text(), "cold");
+    assert!(b.cache_status().is_hit(), "{}", b.cache_status());
+    assert_eq!(origin.hits("/cold"), 10);
+}

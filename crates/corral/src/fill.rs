@@ -239,8 +239,9 @@ pub async fn run(
         finish(&fill, permit, leader, fill_limit(&fill));
         return;
     };
+    let coalesced = permit.is_some();
     let first = tokio::select! {
-        r = fetch(&fill) => r,
+        r = fetch(&fill, coalesced) => r,
         () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
             crate::metrics::fill_cancelled(&fill.route.name);
             return;
@@ -304,10 +305,14 @@ pub async fn run(
     }
 }
 
-/// The fetch itself: through the shared tier when Redis is configured.
-async fn fetch(fill: &FillRequest) -> Ended {
+/// The fetch itself, through Redis when it is configured: a local flight's
+/// leader (`coalesced`) enters the shared tier and its lease; any other
+/// fill uses L2 as a cache only, so that a request that chose not to
+/// coalesce (or could not) is not coalesced across instances either.
+async fn fetch(fill: &FillRequest, coalesced: bool) -> Ended {
     match &fill.app.l2 {
-        Some(l2) => shared_flight::fill(fill, l2).await,
+        Some(l2) if coalesced => shared_flight::fill(fill, l2).await,
+        Some(l2) => shared_flight::fill_alone(fill, l2).await,
         None => fetch_and_store(fill).await,
     }
 }

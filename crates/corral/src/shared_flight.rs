@@ -1,6 +1,8 @@
 //! The second coalescing tier: one leader per key across every instance.
-//! Only a local flight's leader gets here, so each instance sends at most
-//! one request per key to Redis. It reads L2 (a hit ends the flight), else
+//! Only a local flight's leader (or background refresh) enters it through
+//! [`fill`], so each instance sends at most one request per key to Redis;
+//! a fill that does not coalesce uses L2 as a cache through [`fill_alone`]
+//! and never takes the lease. It reads L2 (a hit ends the flight), else
 //! takes the lease: the winner re-reads L2, fetches, writes L2, releases and
 //! announces; the others wait for the announcement on the shared subscriber
 //! (subscribed before re-reading L2), polling L2 with backoff and jitter as
@@ -24,38 +26,17 @@ use crate::subscriber::Notice;
 const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_millis(250);
 
+/// A local flight's leader (or a background refresh) fills through the
+/// shared tier: L2, then the lease.
 pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
     let app = &fill.app;
     let deadline = Instant::now() + fill.route.lock_timeout;
-    let mut variant = fill.variant;
-    let mut keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
-    let mut probe = match read(fill, l2, &keys).await {
-        Ok(p) => p,
+    let (keys, mut probe) = match first_read(fill, l2).await {
+        Ok(read) => read,
         Err(e) => return local(fill, &e.to_string()).await,
     };
-    // Another instance may know this URI's Vary set already: use it, so the
-    // right variant is read and the right lease taken.
-    if let Some(vary) = &probe.vary
-        && *vary != app.l1.learned_vary(&fill.primary)
-    {
-        app.l1.learn_vary(&fill.primary, vary);
-        let values = vary.values(&fill.head.headers);
-        variant = fill.primary.variant(fill.identity.as_ref(), &values);
-        if variant != fill.variant {
-            keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
-            probe = match read(fill, l2, &keys).await {
-                Ok(p) => p,
-                Err(e) => return local(fill, &e.to_string()).await,
-            };
-        }
-    }
     let mut backoff = POLL_FIRST;
     let mut waited = false;
-    metrics::l2(if can_serve(fill, &probe) {
-        "hit"
-    } else {
-        "miss"
-    });
     loop {
         if let Some(hit) = usable(fill, &mut probe) {
             return hit;
@@ -153,6 +134,72 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
             return lock_timeout(fill).await;
         }
     }
+}
+
+/// A fill that does not coalesce (the route turned coalescing off, the
+/// caller's view is hit-for-pass, or it left a flight that was not its
+/// own): L2 is a cache for it like L1, so it reads L2 and writes what it
+/// fetched there, but it takes no lease and waits for nobody, so each such
+/// request reaches the origin on its own, as it would without Redis.
+pub async fn fill_alone(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
+    let (keys, mut probe) = match first_read(fill, l2).await {
+        Ok(read) => read,
+        Err(e) => return local(fill, &e.to_string()).await,
+    };
+    if let Some(hit) = usable(fill, &mut probe) {
+        return hit;
+    }
+    if probe.pass {
+        return Ended::PassKnown;
+    }
+    let ended = fetch_and_store(fill).await;
+    let result = match &ended {
+        Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
+        Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
+        Ended::Outcome(_) => Fetched::Failed,
+    };
+    // Nobody waits on this fill's lease: the record is written (entry,
+    // hit-for-pass or back-off), no notice is sent.
+    publish_result(
+        fill,
+        l2,
+        &keys,
+        result,
+        probe.generation,
+        probe.backoff.is_some(),
+    )
+    .await;
+    ended
+}
+
+/// The first read of a fill: the variant's keys and what L2 holds for them.
+/// Another instance may know this URI's Vary set already: it is used, so
+/// that the right variant is read (and the right lease taken).
+async fn first_read(
+    fill: &FillRequest,
+    l2: &L2,
+) -> Result<(Keys, Probe), crate::redis_link::L2Error> {
+    let app = &fill.app;
+    let keys = l2.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
+    let mut probe = read(fill, l2, &keys).await?;
+    let mut keys = keys;
+    if let Some(vary) = &probe.vary
+        && *vary != app.l1.learned_vary(&fill.primary)
+    {
+        app.l1.learn_vary(&fill.primary, vary);
+        let values = vary.values(&fill.head.headers);
+        let variant = fill.primary.variant(fill.identity.as_ref(), &values);
+        if variant != fill.variant {
+            keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
+            probe = read(fill, l2, &keys).await?;
+        }
+    }
+    metrics::l2(if can_serve(fill, &probe) {
+        "hit"
+    } else {
+        "miss"
+    });
+    Ok((keys, probe))
 }
 
 /// Reads the variant's keys; the entry comes back labelled with its URI and
