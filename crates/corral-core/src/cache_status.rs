@@ -1,8 +1,12 @@
 //! The RFC 9211 `Cache-Status` field corral adds to every answer: what the
-//! cache did with the request. Built in one place so every path names its
-//! outcome the same way.
+//! cache did with the request, typed. The header, the `cache` label of the
+//! metrics and the access line are all derived from one [`CacheStatus`], so
+//! no path reads an outcome back out of a string.
 
-use http::HeaderValue;
+use http::{HeaderValue, StatusCode};
+
+use crate::head::BadHead;
+use crate::policy::PassReason;
 
 /// The cache's name in `Cache-Status`.
 pub const CACHE_NAME: &str = "corral";
@@ -37,6 +41,105 @@ impl Forward {
     }
 }
 
+/// Why an answer is what it is: the `detail` parameter of `Cache-Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// A stale copy served inside stale-while-revalidate; one refresh runs.
+    StaleWhileRevalidate,
+    /// A stale copy served because the origin failed (stale-if-error).
+    StaleIfError,
+    /// The key is in back-off after origin failures: no fetch was made.
+    Backoff,
+    /// The route's circuit is open: no fetch was made.
+    CircuitOpen,
+    /// The wait for another request's fill ran past `lock_timeout`.
+    LockTimeout,
+    /// No fill slot came free in time (`max_fills`).
+    FillLimit,
+    /// The fill ended without an answer for this caller.
+    FillFailed,
+    /// A waiter was handed a pass it could not use.
+    FillPassed,
+    /// A hit read from the shared tier (Redis).
+    L2,
+    /// A Range request: passed through, never cached.
+    Range,
+    /// A GET or HEAD with a body: passed through, never cached.
+    RequestBody,
+    /// No route matches the request.
+    NoRoute,
+    /// An Upgrade request: corral does not tunnel.
+    UpgradeUnsupported,
+    /// The request head is larger than `max_header_size`.
+    RequestHeadTooLarge,
+    /// The request head is invalid.
+    BadRequest(BadHead),
+    /// Why the origin's answer was not stored.
+    Pass(PassReason),
+    /// The origin could not be used; the reason names how it failed.
+    Upstream(&'static str),
+}
+
+impl Detail {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Detail::StaleWhileRevalidate => "stale-while-revalidate",
+            Detail::StaleIfError => "stale-if-error",
+            Detail::Backoff => "backoff",
+            Detail::CircuitOpen => "circuit-open",
+            Detail::LockTimeout => "lock-timeout",
+            Detail::FillLimit => "fill-limit",
+            Detail::FillFailed => "fill-failed",
+            Detail::FillPassed => "fill-passed",
+            Detail::L2 => "l2",
+            Detail::Range => "range",
+            Detail::RequestBody => "request-body",
+            Detail::NoRoute => "no-route",
+            Detail::UpgradeUnsupported => "upgrade-unsupported",
+            Detail::RequestHeadTooLarge => "request-head-too-large",
+            Detail::BadRequest(bad) => bad.detail(),
+            Detail::Pass(reason) => reason.as_str(),
+            Detail::Upstream(reason) => reason,
+        }
+    }
+
+    /// The `reason` label of `corral_stale_answers_total` when a stale copy
+    /// is served for this reason.
+    pub fn stale_reason(self) -> &'static str {
+        match self {
+            Detail::StaleWhileRevalidate => "revalidate",
+            Detail::StaleIfError => "error",
+            Detail::LockTimeout => "timeout",
+            other => other.as_str(),
+        }
+    }
+}
+
+/// What the cache did, as the `cache` label of `corral_requests_total`
+/// and the access line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheLabel {
+    Hit,
+    Miss,
+    Stale,
+    Collapsed,
+    Pass,
+    Error,
+}
+
+impl CacheLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheLabel::Hit => "hit",
+            CacheLabel::Miss => "miss",
+            CacheLabel::Stale => "stale",
+            CacheLabel::Collapsed => "collapsed",
+            CacheLabel::Pass => "pass",
+            CacheLabel::Error => "error",
+        }
+    }
+}
+
 /// One `Cache-Status` entry for corral.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheStatus {
@@ -47,7 +150,7 @@ pub struct CacheStatus {
     pub collapsed: bool,
     /// Remaining freshness in seconds; negative when stale.
     pub ttl: Option<i64>,
-    pub detail: Option<&'static str>,
+    pub detail: Option<Detail>,
 }
 
 impl CacheStatus {
@@ -73,7 +176,7 @@ impl CacheStatus {
         self
     }
 
-    pub fn with_detail(mut self, detail: &'static str) -> Self {
+    pub fn with_detail(mut self, detail: Detail) -> Self {
         self.detail = Some(detail);
         self
     }
@@ -81,6 +184,29 @@ impl CacheStatus {
     pub fn with_ttl(mut self, ttl: i64) -> Self {
         self.ttl = Some(ttl);
         self
+    }
+
+    /// The `cache` label of an answer with this status and HTTP `code`.
+    pub fn label(&self, code: StatusCode) -> CacheLabel {
+        if self.hit {
+            CacheLabel::Hit
+        } else if code.is_server_error() {
+            // An outage shows on error-rate dashboards, shared or not.
+            CacheLabel::Error
+        } else if self.collapsed {
+            CacheLabel::Collapsed
+        } else if (self.fwd == Some(Forward::Stale) && self.fwd_status.is_none())
+            || matches!(
+                self.detail,
+                Some(Detail::StaleWhileRevalidate | Detail::StaleIfError)
+            )
+        {
+            CacheLabel::Stale
+        } else if matches!(self.fwd, Some(Forward::Bypass | Forward::Request)) || !self.stored {
+            CacheLabel::Pass
+        } else {
+            CacheLabel::Miss
+        }
     }
 
     /// The field value, e.g. `corral; fwd=uri-miss; fwd-status=200; stored; ttl=60`.
@@ -110,7 +236,7 @@ impl CacheStatus {
         }
         if let Some(detail) = self.detail {
             s.push_str("; detail=");
-            s.push_str(detail);
+            s.push_str(detail.as_str());
         }
         // Only ASCII tokens and numbers are written above; the String's
         // buffer becomes the header value without a copy.
@@ -170,9 +296,47 @@ mod tests {
         );
         assert_eq!(
             CacheStatus::forward(Forward::Stale)
-                .with_detail("stale-if-error")
+                .with_detail(Detail::StaleIfError)
                 .to_header_value(),
             "corral; fwd=stale; detail=stale-if-error"
+        );
+    }
+
+    #[test]
+    fn the_label_follows_the_typed_status() {
+        let ok = StatusCode::OK;
+        assert_eq!(CacheStatus::hit(5).label(ok), CacheLabel::Hit);
+        let mut stored = CacheStatus::forward(Forward::UriMiss).with_fwd_status(200);
+        stored.stored = true;
+        assert_eq!(stored.label(ok), CacheLabel::Miss);
+        assert_eq!(stored.label(StatusCode::BAD_GATEWAY), CacheLabel::Error);
+        let mut collapsed = stored.clone();
+        collapsed.stored = false;
+        collapsed.collapsed = true;
+        assert_eq!(collapsed.label(ok), CacheLabel::Collapsed);
+        let backoff = CacheStatus::forward(Forward::Stale).with_detail(Detail::Backoff);
+        assert_eq!(backoff.label(ok), CacheLabel::Stale);
+        let sie = CacheStatus::forward(Forward::Stale)
+            .with_fwd_status(500)
+            .with_detail(Detail::StaleIfError);
+        assert_eq!(sie.label(ok), CacheLabel::Stale);
+        let swr_l2 = CacheStatus::forward(Forward::Stale).with_detail(Detail::StaleWhileRevalidate);
+        assert_eq!(swr_l2.label(ok), CacheLabel::Stale);
+        let pass = CacheStatus::forward(Forward::UriMiss)
+            .with_fwd_status(200)
+            .with_detail(Detail::Pass(PassReason::Private));
+        assert_eq!(pass.label(ok), CacheLabel::Pass);
+        assert_eq!(
+            CacheStatus::forward(Forward::Bypass).label(ok),
+            CacheLabel::Pass
+        );
+        assert_eq!(Detail::LockTimeout.stale_reason(), "timeout");
+        assert_eq!(Detail::StaleIfError.stale_reason(), "error");
+        assert_eq!(Detail::StaleWhileRevalidate.stale_reason(), "revalidate");
+        assert_eq!(Detail::FillLimit.stale_reason(), "fill-limit");
+        assert_eq!(
+            Detail::BadRequest(BadHead::MissingHost).as_str(),
+            "missing-host"
         );
     }
 }

@@ -25,7 +25,7 @@ pub use backoff::{Backoff, BackoffPolicy};
 pub use ban::{Ban, BanList, BanTarget, Verdict};
 pub use budget::{Budget, Hold};
 pub use cache_control::CacheControl;
-pub use cache_status::{CacheStatus, Forward};
+pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward};
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use entry::{EntryState, StoredResponse, merge_not_modified};
 pub use flight::{FlightEnd, Flights, Role, WaitResult};

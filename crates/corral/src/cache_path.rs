@@ -7,18 +7,16 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::body::Body;
 use corral_core::{
-    CacheStatus, Digest, EntryState, Forward, PrimaryKey, Role, StoredResponse, UriKey, VariantKey,
-    Vary, WaitResult, xfetch,
+    CacheStatus, Detail, Digest, EntryState, Forward, PrimaryKey, Role, StoredResponse, UriKey,
+    VariantKey, Vary, WaitResult, xfetch,
 };
-use http::{Method, Response, StatusCode};
+use http::{Method, StatusCode};
 use tokio::sync::oneshot;
 
 use crate::app::App;
-use crate::config::OnTimeout;
 use crate::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
-use crate::respond;
+use crate::respond::{self, Answer};
 use crate::routes::Route;
 use corral_core::head::RequestHead;
 
@@ -26,7 +24,7 @@ use corral_core::head::RequestHead;
 /// answer looks again before fetching alone.
 const VARY_RETRIES: usize = 2;
 
-pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Response<Body> {
+pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);
     // The key and (in the fill) the upstream request both come from this
@@ -99,11 +97,11 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
                 EntryState::StaleWhileRevalidate if backoff.is_none() => {
-                    crate::metrics::stale("revalidate");
+                    crate::metrics::stale(Detail::StaleWhileRevalidate);
                     refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
-                        .with_detail("stale-while-revalidate");
+                        .with_detail(Detail::StaleWhileRevalidate);
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
                 EntryState::StaleWhileRevalidate | EntryState::StaleIfError
@@ -111,11 +109,11 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
                 {
                     // The origin failed for this key moments ago: leave it
                     // alone until the back-off ends; the stale copy answers.
-                    crate::metrics::stale("backoff");
+                    crate::metrics::stale(Detail::Backoff);
                     crate::metrics::origin_skipped(&route.name, "backoff");
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
-                        .with_detail("backoff");
+                        .with_detail(Detail::Backoff);
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
                 EntryState::StaleWhileRevalidate
@@ -169,7 +167,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Respon
                     continue;
                 }
                 WaitResult::TimedOut => {
-                    return on_lock_timeout(&route, fill_request(found), head).await;
+                    return on_lock_timeout(fill_request(found), head).await;
                 }
             },
         }
@@ -210,7 +208,7 @@ async fn lead(
     fill: FillRequest,
     permit: Option<corral_core::flight::Permit<FillOutcome>>,
     head: bool,
-) -> Response<Body> {
+) -> Answer {
     let request_headers = fill.head.headers.clone();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(fill::run(fill, permit, Some(tx)));
@@ -218,35 +216,23 @@ async fn lead(
         Ok(LeaderOutcome::Outcome(o)) => {
             respond::from_outcome(&o, false, SystemTime::now(), head, &request_headers)
         }
-        Ok(LeaderOutcome::Stream(res)) => {
-            if head {
-                let (parts, _) = res.into_parts();
-                Response::from_parts(parts, Body::empty())
-            } else {
-                res
-            }
-        }
-        Err(_) => respond::error(StatusCode::BAD_GATEWAY, Forward::Miss, "fill-failed", None),
+        Ok(LeaderOutcome::Stream(answer)) if head => answer.without_body(),
+        Ok(LeaderOutcome::Stream(answer)) => answer,
+        Err(_) => respond::error(
+            StatusCode::BAD_GATEWAY,
+            Forward::Miss,
+            Detail::FillFailed,
+            None,
+        ),
     }
 }
 
 /// The route's `on_timeout` for a follower that waited its lock timeout.
-async fn on_lock_timeout(route: &Route, fill: FillRequest, head: bool) -> Response<Body> {
-    match route.on_timeout {
-        OnTimeout::Fetch => lead(fill, None, head).await,
-        OnTimeout::Stale => match fill.stale() {
-            Some(entry) => {
-                crate::metrics::stale("timeout");
-                let now = SystemTime::now();
-                let st = CacheStatus::forward(Forward::Stale)
-                    .with_ttl(entry.ttl_secs(now))
-                    .with_detail("lock-timeout");
-                respond::from_entry(&entry, &st, now, head, &fill.head.headers)
-            }
-            None => lead(fill, None, head).await,
-        },
-        OnTimeout::Error => {
-            respond::error(StatusCode::GATEWAY_TIMEOUT, fill.fwd, "lock-timeout", None)
+async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
+    match fill::on_lock_timeout(&fill) {
+        Some(outcome) => {
+            respond::from_outcome(&outcome, false, SystemTime::now(), head, &fill.head.headers)
         }
+        None => lead(fill, None, head).await,
     }
 }

@@ -12,8 +12,8 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::flight::Permit;
 use corral_core::{
-    Admission, Budget, Decision, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
-    StoredResponse, VariantKey, Vary, merge_not_modified,
+    Admission, Budget, Decision, Detail, Digest, EntryState, Forward, Identity, PassReason,
+    PrimaryKey, StoredResponse, VariantKey, Vary, merge_not_modified,
 };
 use futures_util::StreamExt;
 use http::header::{CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE};
@@ -27,8 +27,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::config::OnTimeout;
 use crate::request::upstream_request;
-use crate::respond;
+use crate::respond::{self, Answer};
 use crate::routes::Route;
 use crate::shared_flight;
 use crate::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
@@ -59,7 +60,7 @@ pub struct SharedResponse {
 
 impl SharedResponse {
     /// corral's own error answer, for every waiter.
-    pub fn corral_error(status: StatusCode, detail: &'static str) -> Self {
+    pub fn corral_error(status: StatusCode, detail: Detail) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
@@ -119,12 +120,12 @@ pub enum FillOutcome {
     Shared {
         response: Arc<SharedResponse>,
         fwd: Forward,
-        detail: Option<&'static str>,
+        detail: Option<Detail>,
     },
     Stale {
         entry: Arc<StoredResponse>,
         fwd_status: Option<u16>,
-        detail: &'static str,
+        detail: Detail,
     },
     Pass {
         reason: PassReason,
@@ -135,7 +136,7 @@ pub enum FillOutcome {
 /// upstream response itself, streamed.
 pub enum LeaderOutcome {
     Outcome(FillOutcome),
-    Stream(Response<Body>),
+    Stream(Answer),
 }
 
 /// Everything a fill needs, owned.
@@ -283,7 +284,7 @@ pub async fn run(
         detail: Some(d), ..
     } = &outcome
     {
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d, "fill failed");
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
     }
     // A copy read from L2 within its stale-while-revalidate window answers
     // stale; one refresh starts once this flight has ended.
@@ -353,6 +354,28 @@ async fn take_slots(
         .flatten()
 }
 
+/// The route's `on_timeout` for a wait on another request's fill (local or
+/// on another instance) that ran past `lock_timeout`: the outcome to answer
+/// with, or `None` to fetch without waiting any more.
+pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
+    match fill.route.on_timeout {
+        OnTimeout::Fetch => None,
+        OnTimeout::Stale => fill.stale().map(|entry| FillOutcome::Stale {
+            entry,
+            fwd_status: None,
+            detail: Detail::LockTimeout,
+        }),
+        OnTimeout::Error => Some(FillOutcome::Shared {
+            response: Arc::new(SharedResponse::corral_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                Detail::LockTimeout,
+            )),
+            fwd: fill.fwd,
+            detail: Some(Detail::LockTimeout),
+        }),
+    }
+}
+
 /// What waiters get when no fill slot came in time: the stale copy if it
 /// may still be served, else a 503 for every one of them.
 fn fill_limit(fill: &FillRequest) -> FillOutcome {
@@ -362,17 +385,18 @@ fn fill_limit(fill: &FillRequest) -> FillOutcome {
         return FillOutcome::Stale {
             entry: stale,
             fwd_status: None,
-            detail: "fill-limit",
+            detail: Detail::FillLimit,
         };
     }
-    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, "fill-limit");
+    let mut response =
+        SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, Detail::FillLimit);
     response
         .headers
         .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
     FillOutcome::Shared {
         response: Arc::new(response),
         fwd: fill.fwd,
-        detail: Some("fill-limit"),
+        detail: Some(Detail::FillLimit),
     }
 }
 
@@ -412,7 +436,7 @@ pub(crate) enum Ended {
     Outcome(FillOutcome),
     /// The shared pass marker is set: nothing to coalesce across instances.
     PassKnown,
-    Stream(PassReason, Response<Body>),
+    Stream(PassReason, Answer),
 }
 
 /// Fetches from the origin and stores in L1: the whole fill when there is
@@ -462,10 +486,10 @@ enum Skipped {
 /// says when to come back.
 fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
     let (detail, retry) = match why {
-        Skipped::Backoff(d) => ("backoff", d),
-        Skipped::CircuitOpen(d) => ("circuit-open", d),
+        Skipped::Backoff(d) => (Detail::Backoff, d),
+        Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
-    crate::metrics::origin_skipped(&fill.route.name, detail);
+    crate::metrics::origin_skipped(&fill.route.name, detail.as_str());
     if let Some(stale) = fill.stale()
         && stale.usable_on_error(SystemTime::now())
     {
@@ -493,10 +517,10 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
 fn origin_verdict(ended: &Ended) -> Option<bool> {
     match ended {
         Ended::PassKnown => None,
-        Ended::Stream(_, response) => Some(!response.status().is_server_error()),
+        Ended::Stream(_, answer) => Some(!answer.response.status().is_server_error()),
         Ended::Outcome(FillOutcome::Stored { .. } | FillOutcome::Pass { .. }) => Some(true),
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
-            (*detail == "stale-if-error").then_some(false)
+            (*detail == Detail::StaleIfError).then_some(false)
         }
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {
             Some(!response.status.is_server_error())
@@ -573,7 +597,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             return Ended::Outcome(FillOutcome::Stale {
                 entry: Arc::clone(stale),
                 fwd_status: Some(status.as_u16()),
-                detail: "stale-if-error",
+                detail: Detail::StaleIfError,
             });
         }
         if status == StatusCode::NOT_MODIFIED {
@@ -753,29 +777,29 @@ fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
         return FillOutcome::Stale {
             entry: stale,
             fwd_status: None,
-            detail: "stale-if-error",
+            detail: Detail::StaleIfError,
         };
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.authority, error = %e, "upstream failed");
     FillOutcome::Shared {
-        response: Arc::new(SharedResponse::corral_error(e.status(), e.detail())),
+        response: Arc::new(SharedResponse::corral_error(
+            e.status(),
+            Detail::Upstream(e.detail()),
+        )),
         fwd: fill.fwd,
-        detail: Some(e.detail()),
+        detail: Some(Detail::Upstream(e.detail())),
     }
 }
 
-fn pass_response(
-    mut parts: response::Parts,
-    body: Body,
-    fwd: Forward,
-    reason: PassReason,
-) -> Response<Body> {
-    let mut st = corral_core::CacheStatus::forward(fwd)
+fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassReason) -> Answer {
+    let st = corral_core::CacheStatus::forward(fwd)
         .with_fwd_status(parts.status.as_u16())
-        .with_detail(reason.as_str());
-    st.stored = false;
-    respond::decorate(&mut parts.headers, &st, http::Version::HTTP_11);
-    Response::from_parts(parts, body)
+        .with_detail(Detail::Pass(reason));
+    Answer::new(
+        Response::from_parts(parts, body),
+        &st,
+        http::Version::HTTP_11,
+    )
 }
 
 enum Buffered {

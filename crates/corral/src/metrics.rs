@@ -193,8 +193,8 @@ pub fn connection_closed(reason: &'static str) {
 
 /// A stale answer: revalidate (SWR), error (SIE), timeout (lock timeout),
 /// backoff (the origin is being left alone), fill-limit.
-pub fn stale(reason: &'static str) {
-    counter!("corral_stale_answers_total", "reason" => reason).increment(1);
+pub fn stale(why: corral_core::Detail) {
+    counter!("corral_stale_answers_total", "reason" => why.stale_reason()).increment(1);
 }
 
 /// The exposition text: the recorded metrics, point-in-time gauges and the

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use corral_core::{CacheStatus, Forward, PrimaryKey, UriKey};
+use corral_core::{CacheStatus, Detail, Forward, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, LOCATION, RANGE};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
@@ -18,7 +18,7 @@ use crate::app::App;
 use crate::cache_path;
 use crate::metrics;
 use crate::request::upstream_request;
-use crate::respond;
+use crate::respond::{self, Answer};
 use crate::routes::Route;
 use crate::upstream::{DeadlineBody, sanitize_response};
 use corral_core::head::{RequestBody, RequestHead};
@@ -32,9 +32,15 @@ pub async fn handle(
     let method = req.method().clone();
     // Copied only for the access line, and only when one is written.
     let path = access_log::enabled().then(|| req.uri().path().to_owned());
-    let (route, res) = route_request(app, peer, req).await;
+    let (
+        route,
+        Answer {
+            response: res,
+            label,
+        },
+    ) = route_request(app, peer, req).await;
     let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
-    let cache = cache_result(&res);
+    let cache = label.as_str();
     match &route {
         Some(r) => r.requests.count(&method, cache),
         None => metrics::unrouted(&method, cache),
@@ -61,37 +67,11 @@ pub async fn handle(
     res
 }
 
-/// The `cache` label of a finished answer, read from its Cache-Status.
-fn cache_result(res: &Response<Body>) -> &'static str {
-    let Some(st) = res
-        .headers()
-        .get(&respond::CACHE_STATUS)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return "error";
-    };
-    if st.contains("; hit") {
-        "hit"
-    } else if res.status().is_server_error() {
-        // An outage shows on error-rate dashboards, shared or not.
-        "error"
-    } else if st.contains("collapsed") {
-        "collapsed"
-    } else if st.contains("fwd=stale") && !st.contains("fwd-status=") || st.contains("detail=stale")
-    {
-        "stale"
-    } else if st.contains("fwd=bypass") || st.contains("fwd=request") || !st.contains("stored") {
-        "pass"
-    } else {
-        "miss"
-    }
-}
-
 async fn route_request(
     app: Arc<App>,
     peer: SocketAddr,
     req: Request<Body>,
-) -> (Option<Arc<Route>>, Response<Body>) {
+) -> (Option<Arc<Route>>, Answer) {
     let (mut parts, body) = req.into_parts();
     if head_size(&parts) > app.max_header_size {
         return (
@@ -99,7 +79,7 @@ async fn route_request(
             respond::error(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 Forward::Bypass,
-                "request-head-too-large",
+                Detail::RequestHeadTooLarge,
                 None,
             ),
         );
@@ -112,7 +92,7 @@ async fn route_request(
             respond::error(
                 StatusCode::NOT_IMPLEMENTED,
                 Forward::Bypass,
-                "upgrade-unsupported",
+                Detail::UpgradeUnsupported,
                 None,
             ),
         );
@@ -122,9 +102,13 @@ async fn route_request(
         Err(bad) => {
             // The stream may be out of step with the client after a head
             // like this: answer, then close.
-            let mut res =
-                respond::error(StatusCode::BAD_REQUEST, Forward::Bypass, bad.detail(), None);
-            res.headers_mut().insert(
+            let mut res = respond::error(
+                StatusCode::BAD_REQUEST,
+                Forward::Bypass,
+                Detail::BadRequest(bad),
+                None,
+            );
+            res.response.headers_mut().insert(
                 http::header::CONNECTION,
                 http::HeaderValue::from_static("close"),
             );
@@ -136,7 +120,12 @@ async fn route_request(
     let Some(route) = app.routes().find(&head.host, &head.path).cloned() else {
         return (
             None,
-            respond::error(StatusCode::NOT_FOUND, Forward::Bypass, "no-route", None),
+            respond::error(
+                StatusCode::NOT_FOUND,
+                Forward::Bypass,
+                Detail::NoRoute,
+                None,
+            ),
         );
     };
     if head.is_cacheable_method()
@@ -156,9 +145,9 @@ async fn route_request(
     };
     let detail = (route.cache_enabled && head.is_cacheable_method()).then(|| {
         if head.body == RequestBody::None {
-            "range"
+            Detail::Range
         } else {
-            "request-body"
+            Detail::RequestBody
         }
     });
     let res = forward_uncached(&app, &route, &head, body, fwd, detail).await;
@@ -196,8 +185,8 @@ async fn forward_uncached(
     head: &RequestHead,
     body: Body,
     fwd: Forward,
-    detail: Option<&'static str>,
-) -> Response<Body> {
+    detail: Option<Detail>,
+) -> Answer {
     let deadline = Instant::now() + route.upstream.total;
     let bodyless = head.body == RequestBody::None;
     let body = if bodyless { Body::empty() } else { body };
@@ -211,30 +200,34 @@ async fn forward_uncached(
         head.body,
     ) {
         Ok(r) => r,
-        Err(e) => return respond::error(StatusCode::BAD_REQUEST, fwd, e.detail(), None),
+        Err(e) => {
+            return respond::error(
+                StatusCode::BAD_REQUEST,
+                fwd,
+                Detail::Upstream(e.detail()),
+                None,
+            );
+        }
     };
     let res = match route.upstream.send(req, bodyless, deadline).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
-            return respond::error(e.status(), fwd, e.detail(), None);
+            return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
         }
     };
     let (mut parts, body) = res.into_parts();
     if let Err(e) = sanitize_response(&mut parts) {
         tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
-        return respond::error(e.status(), fwd, e.detail(), None);
+        return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
     }
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
         invalidate(app, route, head, &parts.headers).await;
     }
     let mut st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
     st.detail = detail;
-    respond::decorate(&mut parts.headers, &st, head.version);
-    Response::from_parts(
-        parts,
-        Body::new(DeadlineBody::new(body, deadline, route.upstream.total)),
-    )
+    let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
+    Answer::new(Response::from_parts(parts, body), &st, head.version)
 }
 
 /// Retires the URI here and, with Redis, on every instance. Redis trouble

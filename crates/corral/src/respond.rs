@@ -1,12 +1,13 @@
 //! Building answers: from a stored entry (with `Age`, conditional 304s and
 //! HEAD), from a shared error, and corral's own error pages. Every answer
-//! gets `Via` and exactly one `Cache-Status`.
+//! gets `Via` and exactly one `Cache-Status`, and travels as an [`Answer`]
+//! with its typed label, so nothing reads the outcome back from the header.
 
 use std::time::SystemTime;
 
 use axum::body::Body;
 use bytes::Bytes;
-use corral_core::{CacheStatus, Forward, StoredResponse};
+use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
 use http::header::{AGE, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_MATCH, VIA};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
@@ -15,10 +16,33 @@ use crate::request::via_value;
 
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
-/// Adds the headers every answer carries.
-pub fn decorate(headers: &mut HeaderMap, status: &CacheStatus, version: Version) {
-    headers.append(VIA, via_value(version));
-    headers.insert(CACHE_STATUS.clone(), status.to_header_value());
+/// A response on its way to the client, with what the cache did for it.
+pub struct Answer {
+    pub response: Response<Body>,
+    /// The metric label and access-log `cache` field, from the same
+    /// [`CacheStatus`] as the header.
+    pub label: CacheLabel,
+}
+
+impl Answer {
+    /// `response` with the headers every answer carries: `Via` and
+    /// `status` as its `Cache-Status`.
+    pub fn new(mut response: Response<Body>, status: &CacheStatus, version: Version) -> Answer {
+        let headers = response.headers_mut();
+        headers.append(VIA, via_value(version));
+        headers.insert(CACHE_STATUS.clone(), status.to_header_value());
+        let label = status.label(response.status());
+        Answer { response, label }
+    }
+
+    /// The same answer without its body (for HEAD).
+    pub fn without_body(self) -> Answer {
+        let (parts, _) = self.response.into_parts();
+        Answer {
+            response: Response::from_parts(parts, Body::empty()),
+            label: self.label,
+        }
+    }
 }
 
 /// An answer from a stored entry.
@@ -28,10 +52,9 @@ pub fn from_entry(
     now: SystemTime,
     head: bool,
     request: &HeaderMap,
-) -> Response<Body> {
+) -> Answer {
     let mut headers = entry.headers.clone();
     headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
-    decorate(&mut headers, status, Version::HTTP_11);
     let not_modified =
         entry.status == StatusCode::OK && etag_matches(request, entry.headers.get(ETAG));
     let (code, body) = if not_modified {
@@ -45,7 +68,7 @@ pub fn from_entry(
     let mut res = Response::new(body);
     *res.status_mut() = code;
     *res.headers_mut() = headers;
-    res
+    Answer::new(res, status, Version::HTTP_11)
 }
 
 /// RFC 9110 §13.1.2: weak comparison of If-None-Match against the entry's ETag.
@@ -65,19 +88,13 @@ fn etag_matches(request: &HeaderMap, etag: Option<&HeaderValue>) -> bool {
 
 /// A shared (error) answer; the leader alone (`own`) also gets the
 /// per-caller headers its own request produced.
-fn from_shared(
-    shared: &SharedResponse,
-    status: &CacheStatus,
-    head: bool,
-    own: bool,
-) -> Response<Body> {
+fn from_shared(shared: &SharedResponse, status: &CacheStatus, head: bool, own: bool) -> Answer {
     let mut headers = shared.headers.clone();
     if own {
         for (name, value) in &shared.own_headers {
             headers.append(name, value.clone());
         }
     }
-    decorate(&mut headers, status, Version::HTTP_11);
     let body = if head {
         Body::empty()
     } else {
@@ -86,7 +103,7 @@ fn from_shared(
     let mut res = Response::new(body);
     *res.status_mut() = shared.status;
     *res.headers_mut() = headers;
-    res
+    Answer::new(res, status, Version::HTTP_11)
 }
 
 /// The answer for a finished fill; `collapsed` for followers.
@@ -96,7 +113,7 @@ pub fn from_outcome(
     now: SystemTime,
     head: bool,
     request: &HeaderMap,
-) -> Response<Body> {
+) -> Answer {
     match outcome {
         FillOutcome::Stored {
             entry, fwd: None, ..
@@ -105,12 +122,12 @@ pub fn from_outcome(
             // within stale-while-revalidate it is a stale answer, and the
             // fill that read it starts the refresh.
             let st = if entry.state(now) == corral_core::EntryState::StaleWhileRevalidate {
-                crate::metrics::stale("revalidate");
+                crate::metrics::stale(Detail::StaleWhileRevalidate);
                 CacheStatus::forward(Forward::Stale)
                     .with_ttl(entry.ttl_secs(now))
-                    .with_detail("stale-while-revalidate")
+                    .with_detail(Detail::StaleWhileRevalidate)
             } else {
-                CacheStatus::hit(entry.ttl_secs(now)).with_detail("l2")
+                CacheStatus::hit(entry.ttl_secs(now)).with_detail(Detail::L2)
             };
             from_entry(entry, &st, now, head, request)
         }
@@ -141,48 +158,44 @@ pub fn from_outcome(
             fwd_status,
             detail,
         } => {
-            crate::metrics::stale(match *detail {
-                "lock-timeout" => "timeout",
-                "stale-if-error" => "error",
-                other => other,
-            });
+            crate::metrics::stale(*detail);
             let mut st = CacheStatus::forward(Forward::Stale)
-                .with_detail(detail)
+                .with_detail(*detail)
                 .with_ttl(entry.ttl_secs(now));
             st.fwd_status = *fwd_status;
             st.collapsed = collapsed;
             from_entry(entry, &st, now, head, request)
         }
-        FillOutcome::Pass { .. } => {
-            error(StatusCode::BAD_GATEWAY, Forward::Miss, "fill-passed", None)
-        }
+        FillOutcome::Pass { .. } => error(
+            StatusCode::BAD_GATEWAY,
+            Forward::Miss,
+            Detail::FillPassed,
+            None,
+        ),
     }
 }
 
 /// corral's own short error answer.
-pub fn error(
-    code: StatusCode,
-    fwd: Forward,
-    detail: &'static str,
-    fwd_status: Option<u16>,
-) -> Response<Body> {
+pub fn error(code: StatusCode, fwd: Forward, detail: Detail, fwd_status: Option<u16>) -> Answer {
     let mut st = CacheStatus::forward(fwd).with_detail(detail);
     st.fwd_status = fwd_status;
     let mut res = Response::new(Body::from(error_body(code, detail)));
     *res.status_mut() = code;
-    let h = res.headers_mut();
-    h.insert(
+    res.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    decorate(h, &st, Version::HTTP_11);
-    res
+    Answer::new(res, &st, Version::HTTP_11)
 }
 
 /// The short text body of corral's own errors.
-pub fn error_body(code: StatusCode, detail: &str) -> Bytes {
+pub fn error_body(code: StatusCode, detail: Detail) -> Bytes {
     let reason = code.canonical_reason().unwrap_or("error");
-    Bytes::from(format!("{} {reason} ({detail})\n", code.as_u16()))
+    Bytes::from(format!(
+        "{} {reason} ({})\n",
+        code.as_u16(),
+        detail.as_str()
+    ))
 }
 
 #[cfg(test)]

@@ -13,11 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use corral_core::{EntryState, StoredResponse, VariantKey};
-use http::StatusCode;
 use tokio::time::Instant;
 
-use crate::config::OnTimeout;
-use crate::fill::{Ended, FillOutcome, FillRequest, SharedResponse, fetch_and_store};
+use crate::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
 use crate::l2::{Keys, L2, Probe};
 use crate::lease;
 use crate::metrics;
@@ -357,23 +355,8 @@ async fn local_then_share(
 
 async fn lock_timeout(fill: &FillRequest) -> Ended {
     metrics::lease("timed_out");
-    match fill.route.on_timeout {
-        OnTimeout::Fetch => fetch_and_store(fill).await,
-        OnTimeout::Stale => match fill.stale() {
-            Some(entry) => Ended::Outcome(FillOutcome::Stale {
-                entry,
-                fwd_status: None,
-                detail: "lock-timeout",
-            }),
-            None => fetch_and_store(fill).await,
-        },
-        OnTimeout::Error => Ended::Outcome(FillOutcome::Shared {
-            response: Arc::new(SharedResponse::corral_error(
-                StatusCode::GATEWAY_TIMEOUT,
-                "lock-timeout",
-            )),
-            fwd: fill.fwd,
-            detail: Some("lock-timeout"),
-        }),
+    match crate::fill::on_lock_timeout(fill) {
+        Some(outcome) => Ended::Outcome(outcome),
+        None => fetch_and_store(fill).await,
     }
 }
