@@ -16,16 +16,34 @@ pub fn workspace_root() -> PathBuf {
 /// `$CARGO_TARGET_DIR/debug/corral`; then `<workspace>/target/debug/corral`.
 /// Panics with the build command when none exists.
 pub fn corral_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("CORRAL_BIN") {
+    built_bin("corral", "CORRAL_BIN", "cargo build -p corral")
+}
+
+/// Locates bench's `demo-origin` binary (what `scripts/demo` runs), built by
+/// `cargo build -p corral-bench --bin demo-origin`: `DEMO_ORIGIN_BIN`, then
+/// the places [`corral_bin`] looks. Panics with the build command when none
+/// exists.
+pub fn demo_origin_bin() -> PathBuf {
+    built_bin(
+        "demo-origin",
+        "DEMO_ORIGIN_BIN",
+        "cargo build -p corral-bench --bin demo-origin",
+    )
+}
+
+/// The binary `name` of this workspace: `env` when set, else the first of
+/// the candidates [`corral_bin`] lists. `build` is the command that makes it.
+fn built_bin(name: &str, env: &str, build: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env) {
         let bin = PathBuf::from(bin);
         assert!(
             bin.is_file(),
-            "CORRAL_BIN={} is not a file; run `cargo build -p corral`",
+            "{env}={} is not a file; run `{build}`",
             bin.display()
         );
         return bin;
     }
-    let name = format!("corral{}", std::env::consts::EXE_SUFFIX);
+    let name = format!("{name}{}", std::env::consts::EXE_SUFFIX);
     let mut candidates = Vec::new();
     if let Ok(exe) = std::env::current_exe()
         && let Some(profile_dir) = exe.parent().and_then(|deps| deps.parent())
@@ -48,8 +66,7 @@ pub fn corral_bin() -> PathBuf {
         }
     }
     panic!(
-        "the corral binary was not found (looked at {candidates:?}); \
-         run `cargo build -p corral` before `cargo test -p corral-tests`, \
-         or point CORRAL_BIN at it"
+        "the {name} binary was not found (looked at {candidates:?}); \
+         run `{build}` before `cargo test -p corral-tests`, or point {env} at it"
     );
 }
