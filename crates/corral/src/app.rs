@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use corral_core::{Budget, Digest, Flights, L1, L1Config};
+use corral_core::{Budget, Flights, L1, L1Config};
 
 use crate::config::Config;
 use crate::fill::FillOutcome;
 use crate::l2::L2;
+use crate::protocol::ClusterNotice;
 use crate::routes::RouteTable;
 
 /// The running proxy's state.
@@ -37,26 +38,12 @@ impl App {
             None => None,
             Some(rc) => {
                 let l1 = Arc::clone(&l1);
-                let on_invalidate = Box::new(move |hex: &str| {
-                    if hex == crate::subscriber::ALL {
-                        return l1.invalidate_all();
-                    }
-                    if hex.starts_with("ban\t") {
-                        match crate::purge::decode_ban(hex) {
-                            Some(b) => l1.bans.add(b),
-                            None => tracing::warn!("ignoring a malformed ban notice"),
-                        }
-                        return;
-                    }
-                    match Digest::from_hex(hex) {
-                        Some(d) => l1.invalidate_uri_digest(d),
-                        None => tracing::warn!(
-                            payload = hex,
-                            "ignoring a malformed invalidation notice"
-                        ),
-                    }
+                let on_notice = Box::new(move |notice: ClusterNotice| match notice {
+                    ClusterNotice::All => l1.invalidate_all(),
+                    ClusterNotice::Ban(ban) => l1.bans.add(ban),
+                    ClusterNotice::Invalidate(uri) => l1.invalidate_uri_digest(uri),
                 });
-                Some(L2::start(rc, on_invalidate)?)
+                Some(L2::start(rc, on_notice)?)
             }
         };
         Ok(App {

@@ -1,93 +1,21 @@
 //! L2: the cache every instance shares, in Redis (or Valkey). Entries are
 //! versioned binary envelopes with a Redis TTL of freshness plus the largest
-//! stale window. Every key of one URI shares the Redis Cluster hash tag
-//! `{primary digest}`, so the entry, lease, pass marker and generation stay
-//! on one shard and one round trip reads them all. A corrupt value is a
-//! miss, never a client error.
+//! stale window. The key layout, scripts and notices are in `protocol.rs`.
+//! A corrupt value is a miss, never a client error.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use corral_core::{Digest, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
 use http::header::HeaderName;
-use redis::Script;
 
 use crate::config::RedisConfig;
+use crate::protocol::{
+    ClusterNotice, FillNotice, INVALIDATE, Keys, Layout, RECORD_TTL, STORE, millis,
+};
 use crate::redis_link::{L2Error, RedisLink, arg};
-use crate::subscriber::{Notice, NoticeWatch, Subscriber};
-
-/// Stores an entry only if no invalidation happened since its fetch began.
-static STORE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local g = tonumber(redis.call('get', KEYS[2]) or '0')
-if g ~= tonumber(ARGV[2]) then return 0 end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
-redis.call('sadd', KEYS[4], ARGV[5])
-redis.call('pexpire', KEYS[4], ARGV[6])
-return 1
-",
-    )
-});
-
-/// Retires every variant of a URI: bump the generation (so fills under way
-/// cannot store), delete the entries.
-static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('incr', KEYS[1])
-redis.call('pexpire', KEYS[1], ARGV[2])
-local vs = redis.call('smembers', KEYS[2])
-for _, v in ipairs(vs) do redis.call('del', ARGV[1] .. v) end
-redis.call('del', KEYS[2])
-return #vs
-",
-    )
-});
-
-/// How long generation and variant-set records live.
-const RECORD_TTL: Duration = Duration::from_secs(8 * 86400);
-
-/// The Redis keys of one variant.
-pub struct Keys {
-    tag: String,
-    variant: String,
-    /// The pass marker's suffix: empty for anonymous callers, the pass
-    /// scope for an identified one (see `PrimaryKey::pass_scope`).
-    pass_scope: String,
-}
-
-impl Keys {
-    pub fn entry(&self) -> String {
-        format!("{}:e:{}", self.tag, self.variant)
-    }
-    pub fn lease(&self) -> String {
-        format!("{}:lease:{}", self.tag, self.variant)
-    }
-    pub fn fill_channel(&self) -> String {
-        format!("{}:fill:{}", self.tag, self.variant)
-    }
-    fn vary(&self) -> String {
-        format!("{}:vary", self.tag)
-    }
-    fn generation(&self) -> String {
-        format!("{}:gen", self.tag)
-    }
-    fn pass(&self) -> String {
-        format!("{}:pass{}", self.tag, self.pass_scope)
-    }
-    /// Same scope as the pass marker: a caller's failures back off that
-    /// caller's fetches only.
-    fn backoff(&self) -> String {
-        format!("{}:backoff{}", self.tag, self.pass_scope)
-    }
-    fn variants(&self) -> String {
-        format!("{}:variants", self.tag)
-    }
-}
+use crate::subscriber::{NoticeWatch, Subscriber};
 
 /// What one read of a variant's keys found.
 pub struct Probe {
@@ -106,7 +34,7 @@ pub struct Probe {
 pub struct L2 {
     pub link: Arc<RedisLink>,
     pub subscriber: Arc<Subscriber>,
-    prefix: String,
+    layout: Layout,
     pub max_object_size: u64,
     pub lease_ttl: Duration,
     /// Values that failed to decode (corrupt or another version).
@@ -114,24 +42,25 @@ pub struct L2 {
 }
 
 impl L2 {
-    /// Connects in the background; `on_invalidate` receives the hex URI
-    /// digest of every invalidation, from any instance.
+    /// Connects in the background; `on_notice` receives every
+    /// [`ClusterNotice`], from any instance.
     pub fn start(
         config: &RedisConfig,
-        on_invalidate: Box<dyn Fn(&str) + Send + Sync>,
+        on_notice: Box<dyn Fn(ClusterNotice) + Send + Sync>,
     ) -> Result<Arc<Self>, redis::RedisError> {
         let link = RedisLink::new(config)?;
         link.start();
+        let layout = Layout::new(&config.key_prefix);
         let subscriber = Subscriber::start(
             Arc::clone(&link),
-            format!("{}invalidate", config.key_prefix),
-            format!("{}bans", config.key_prefix),
-            on_invalidate,
+            layout.invalidate_channel(),
+            layout.bans_key(),
+            on_notice,
         );
         Ok(Arc::new(L2 {
             link,
             subscriber,
-            prefix: config.key_prefix.clone(),
+            layout,
             max_object_size: config.l2_max_object_size,
             lease_ttl: config.lease_ttl,
             corrupt: AtomicU64::new(0),
@@ -145,14 +74,7 @@ impl L2 {
         variant: Digest,
         identity: Option<&corral_core::Identity>,
     ) -> Keys {
-        Keys {
-            tag: format!("{}{{{}}}", self.prefix, primary.digest().to_hex()),
-            variant: variant.to_hex(),
-            pass_scope: match identity {
-                None => String::new(),
-                Some(id) => format!(":{}", primary.pass_scope(Some(id)).to_hex()),
-            },
-        }
+        self.layout.keys(primary, variant, identity)
     }
 
     /// Reads entry, Vary record, pass marker, lease, generation and back-off
@@ -253,7 +175,7 @@ impl L2 {
                     arg(generation),
                     arg(millis(ttl)),
                     arg(&vary),
-                    arg(&keys.variant),
+                    arg(keys.variant()),
                     arg(millis(RECORD_TTL)),
                 ],
             )
@@ -276,9 +198,9 @@ impl L2 {
     }
 
     /// Announces how a fill ended to the waiters on other instances.
-    pub async fn publish(&self, keys: &Keys, notice: Notice) -> Result<(), L2Error> {
+    pub async fn publish(&self, keys: &Keys, notice: FillNotice) -> Result<(), L2Error> {
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(keys.fill_channel()).arg(notice.as_str());
+        cmd.arg(keys.fill_channel()).arg(notice.encode());
         self.link.query::<()>(&cmd).await
     }
 
@@ -289,7 +211,7 @@ impl L2 {
 
     /// Records a ban (for instances that connect later) and broadcasts it.
     pub async fn publish_ban(&self, ban: &corral_core::Ban) -> Result<(), L2Error> {
-        let wire = crate::purge::encode_ban(ban);
+        let wire = ClusterNotice::Ban(ban.clone()).encode();
         let mut pipe = redis::cmd("HSET");
         pipe.arg(self.bans_key()).arg(&wire).arg(1);
         self.link.query::<()>(&pipe).await?;
@@ -297,19 +219,19 @@ impl L2 {
         exp.arg(self.bans_key()).arg(millis(RECORD_TTL));
         self.link.query::<()>(&exp).await?;
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(format!("{}invalidate", self.prefix)).arg(wire);
+        cmd.arg(self.layout.invalidate_channel()).arg(wire);
         self.link.query::<()>(&cmd).await
     }
 
     fn bans_key(&self) -> String {
-        format!("{}bans", self.prefix)
+        self.layout.bans_key()
     }
 
     /// Deletes every stored variant of `primary` and tells every instance to
     /// drop `uri` from its L1.
     pub async fn invalidate(&self, primary: &PrimaryKey, uri: &UriKey) -> Result<(), L2Error> {
         let keys = self.keys(primary, Digest([0; 32]), None);
-        let entry_prefix = format!("{}:e:", keys.tag);
+        let entry_prefix = keys.entry_prefix();
         let _: i64 = self
             .link
             .script(
@@ -319,14 +241,10 @@ impl L2 {
             )
             .await?;
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(format!("{}invalidate", self.prefix))
-            .arg(uri.digest().to_hex());
+        cmd.arg(self.layout.invalidate_channel())
+            .arg(ClusterNotice::Invalidate(uri.digest()).encode());
         self.link.query::<()>(&cmd).await
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// `-` for no Vary, `*` for Vary: *, else the names joined by commas.

@@ -5,24 +5,10 @@
 //! fetch runs. A dead leader stops extending, and its lease expires.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
+use crate::protocol::{LEASE_EXTEND, LEASE_RELEASE, millis};
 use crate::redis_link::{L2Error, RedisLink, arg};
-
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-    )
-});
-
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-    )
-});
 
 /// A held lease. Dropping it without `release` releases it in the background.
 pub struct Lease {
@@ -31,10 +17,6 @@ pub struct Lease {
     token: String,
     ttl: Duration,
     released: bool,
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// Tries to take the lease at `key`; `Ok(None)` when another holds it.
@@ -79,7 +61,7 @@ impl Lease {
             loop {
                 tokio::time::sleep(every).await;
                 match link
-                    .script::<i64>(&EXTEND, &[&key], &[arg(&token), arg(millis(ttl))])
+                    .script::<i64>(&LEASE_EXTEND, &[&key], &[arg(&token), arg(millis(ttl))])
                     .await
                 {
                     Ok(1) => {}
@@ -98,7 +80,7 @@ impl Lease {
 }
 
 async fn release(link: &RedisLink, key: &str, token: &str) -> Result<bool, L2Error> {
-    let n: i64 = link.script(&RELEASE, &[key], &[arg(token)]).await?;
+    let n: i64 = link.script(&LEASE_RELEASE, &[key], &[arg(token)]).await?;
     Ok(n == 1)
 }
 

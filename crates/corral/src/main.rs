@@ -15,6 +15,7 @@ mod l2;
 mod lease;
 mod log_sink;
 mod metrics;
+mod protocol;
 mod proxy;
 mod purge;
 mod redis_link;

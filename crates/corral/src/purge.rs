@@ -6,7 +6,7 @@
 //! prefix / tag / soft purges become bans stored in Redis and broadcast.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -176,57 +176,9 @@ async fn ban(app: &Arc<App>, target: BanTarget, soft: bool) {
 }
 
 /// The wire form of a ban: `ban\t<soft 0|1>\t<unix ms>\t<p|t|u>\t<value>`.
-pub fn encode_ban(b: &Ban) -> String {
-    let (kind, value) = match &b.target {
-        BanTarget::Prefix(v) => ("p", v),
-        BanTarget::Tag(v) => ("t", v),
-        BanTarget::Uri(v) => ("u", v),
-    };
-    let ms = b.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    format!("ban\t{}\t{ms}\t{kind}\t{value}", u8::from(b.soft))
-}
-
-pub fn decode_ban(s: &str) -> Option<Ban> {
-    let mut parts = s.splitn(5, '\t');
-    if parts.next()? != "ban" {
-        return None;
-    }
-    let soft = match parts.next()? {
-        "1" => true,
-        "0" => false,
-        _ => return None,
-    };
-    let ms: u64 = parts.next()?.parse().ok()?;
-    let kind = parts.next()?;
-    let value = parts.next()?.to_owned();
-    let target = match kind {
-        "p" => BanTarget::Prefix(value),
-        "t" => BanTarget::Tag(value),
-        "u" => BanTarget::Uri(value),
-        _ => return None,
-    };
-    Some(Ban {
-        target,
-        at: UNIX_EPOCH.checked_add(Duration::from_millis(ms))?,
-        soft,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bans_round_trip_on_the_wire() {
-        let b = Ban {
-            target: BanTarget::Prefix("h/v1/".into()),
-            at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
-            soft: true,
-        };
-        assert_eq!(decode_ban(&encode_ban(&b)), Some(b));
-        assert_eq!(decode_ban("ban\t2\t1\tp\tx"), None);
-        assert_eq!(decode_ban("0123abcd"), None);
-    }
 
     #[test]
     fn prefixes_normalize_like_keys() {

@@ -16,10 +16,11 @@ use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
 use crate::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
-use crate::l2::{Keys, L2, Probe};
+use crate::l2::{L2, Probe};
 use crate::lease;
 use crate::metrics;
-use crate::subscriber::Notice;
+use crate::protocol::FillNotice;
+use crate::protocol::Keys;
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_millis(250);
@@ -115,7 +116,7 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
                     // back-off is in Redis: read it (and any stale copy)
                     // so that this instance leaves the origin alone too,
                     // rather than every waiting instance asking it again.
-                    Some(Notice::Failed) => {
+                    Some(FillNotice::Failed) => {
                         let _ = read(fill, l2, &keys).await;
                         return fetch_and_store(fill).await;
                     }
@@ -288,18 +289,18 @@ async fn publish_result(
     fetched: Fetched,
     generation: u64,
     had_backoff: bool,
-) -> Notice {
+) -> FillNotice {
     if had_backoff && !matches!(fetched, Fetched::Failed) {
         let _ = l2.clear_backoff(keys).await;
     }
     match fetched {
         Fetched::Stored(entry) => {
             store(l2, fill, keys, &entry, generation).await;
-            Notice::Stored
+            FillNotice::Stored
         }
         Fetched::Pass => {
             let _ = l2.mark_pass(keys, fill.route.policy.hit_for_pass).await;
-            Notice::Pass
+            FillNotice::Pass
         }
         Fetched::Failed => {
             // Before the notice: the waiting instances read it on Failed.
@@ -309,7 +310,7 @@ async fn publish_result(
                     .set_backoff(keys, &backoff, fill.route.backoff.memory())
                     .await;
             }
-            Notice::Failed
+            FillNotice::Failed
         }
     }
 }
@@ -348,7 +349,7 @@ async fn local_then_share(
     if let Ended::Outcome(FillOutcome::Stored { entry, .. }) = &ended {
         let entry = Arc::clone(entry);
         store(l2, fill, keys, &entry, generation).await;
-        let _ = l2.publish(keys, Notice::Stored).await;
+        let _ = l2.publish(keys, FillNotice::Stored).await;
     }
     ended
 }

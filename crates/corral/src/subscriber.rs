@@ -12,47 +12,15 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::broadcast;
 
+use crate::protocol::{ClusterNotice, FillNotice};
 use crate::redis_link::RedisLink;
 
-/// What a leader announces when its fill ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Notice {
-    /// The entry is in L2.
-    Stored,
-    /// Uncacheable: fetch alone.
-    Pass,
-    /// The fill failed; the lease is free again.
-    Failed,
-}
-
-impl Notice {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Notice::Stored => "stored",
-            Notice::Pass => "pass",
-            Notice::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "stored" => Some(Notice::Stored),
-            "pass" => Some(Notice::Pass),
-            "failed" => Some(Notice::Failed),
-            _ => None,
-        }
-    }
-}
-
 struct Channel {
-    tx: broadcast::Sender<Notice>,
+    tx: broadcast::Sender<FillNotice>,
     watchers: usize,
 }
 
-type OnInvalidate = Box<dyn Fn(&str) + Send + Sync>;
-
-/// What `on_invalidate` receives when every entry must go.
-pub const ALL: &str = "*";
+type OnNotice = Box<dyn Fn(ClusterNotice) + Send + Sync>;
 
 /// The shared subscriber and its local registry of waiters.
 pub struct Subscriber {
@@ -60,7 +28,7 @@ pub struct Subscriber {
     invalidate_channel: String,
     /// The hash of bans (purges) in force, replayed on every (re)connect.
     bans_key: String,
-    on_invalidate: OnInvalidate,
+    on_notice: OnNotice,
     channels: Mutex<HashMap<String, Channel>>,
     sink: Mutex<Option<PubSubSink>>,
 }
@@ -70,19 +38,29 @@ impl Subscriber {
         link: Arc<RedisLink>,
         invalidate_channel: String,
         bans_key: String,
-        on_invalidate: OnInvalidate,
+        on_notice: OnNotice,
     ) -> Arc<Self> {
         let sub = Arc::new(Subscriber {
             link,
             invalidate_channel,
             bans_key,
-            on_invalidate,
+            on_notice,
             channels: Mutex::new(HashMap::new()),
             sink: Mutex::new(None),
         });
         let s = Arc::clone(&sub);
         tokio::spawn(async move { s.run().await });
         sub
+    }
+
+    /// Decodes one payload of the invalidation channel (or the bans hash)
+    /// and hands it on; a payload corral does not write is logged, not
+    /// applied.
+    fn deliver(&self, payload: &str) {
+        match ClusterNotice::decode(payload) {
+            Some(notice) => (self.on_notice)(notice),
+            None => tracing::warn!(payload, "ignoring a malformed cluster notice"),
+        }
     }
 
     async fn run(self: Arc<Self>) {
@@ -133,7 +111,7 @@ impl Subscriber {
                 tracing::warn!(
                     "resubscribed after a disconnect: dropping L1, invalidations may have been missed"
                 );
-                (self.on_invalidate)(ALL);
+                (self.on_notice)(ClusterNotice::All);
             }
             was_connected = true;
             // Bans issued while this instance was away (or before it
@@ -144,7 +122,7 @@ impl Subscriber {
                 .await
             {
                 for b in bans {
-                    (self.on_invalidate)(&b);
+                    self.deliver(&b);
                 }
             }
             while let Some(msg) = stream.next().await {
@@ -153,11 +131,11 @@ impl Subscriber {
                     continue;
                 };
                 if channel == self.invalidate_channel {
-                    tracing::debug!(uri = %payload, "invalidation notice");
-                    (self.on_invalidate)(&payload);
+                    tracing::debug!(payload = %payload, "invalidation notice");
+                    self.deliver(&payload);
                     continue;
                 }
-                if let Some(notice) = Notice::parse(&payload) {
+                if let Some(notice) = FillNotice::decode(&payload) {
                     let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Some(c) = map.get(&channel) {
                         let _ = c.tx.send(notice);
@@ -232,14 +210,14 @@ impl Subscriber {
 
 /// One waiter's interest in a fill channel.
 pub struct NoticeWatch {
-    rx: broadcast::Receiver<Notice>,
+    rx: broadcast::Receiver<FillNotice>,
     channel: String,
     owner: Arc<Subscriber>,
 }
 
 impl NoticeWatch {
     /// The next notice; `None` if the registry went away.
-    pub async fn next(&mut self) -> Option<Notice> {
+    pub async fn next(&mut self) -> Option<FillNotice> {
         loop {
             match self.rx.recv().await {
                 Ok(n) => return Some(n),

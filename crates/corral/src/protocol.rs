@@ -1,0 +1,332 @@
+//! The cluster's Redis wire format, in one place: the key layout of a URI,
+//! the Lua scripts, the fill notices sent on a variant's channel and the
+//! cluster notices sent on the invalidation channel. Nothing else names a
+//! Redis key or builds a payload, so a change to the format is a change to
+//! this file and its tests.
+//!
+//! Every key of one URI shares the Redis Cluster hash tag
+//! `{primary digest}`, so entry, lease, pass marker, generation and back-off
+//! stay on one shard and one round trip reads them all.
+
+use std::sync::LazyLock;
+use std::time::{Duration, UNIX_EPOCH};
+
+use corral_core::{Ban, BanTarget, Digest, Identity, PrimaryKey};
+use redis::Script;
+
+/// How long generation, variant-set and ban records live.
+pub const RECORD_TTL: Duration = Duration::from_secs(8 * 86400);
+
+/// A duration as Redis's `PX` takes it: whole milliseconds, at least 1.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The names under one `key_prefix`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    prefix: String,
+}
+
+impl Layout {
+    pub fn new(prefix: &str) -> Self {
+        Layout {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The channel every [`ClusterNotice`] is published on.
+    pub fn invalidate_channel(&self) -> String {
+        format!("{}invalidate", self.prefix)
+    }
+
+    /// The hash of bans in force, replayed by an instance that (re)connects.
+    pub fn bans_key(&self) -> String {
+        format!("{}bans", self.prefix)
+    }
+
+    /// The keys of one variant of `primary`, for the caller `identity`.
+    pub fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
+        Keys {
+            tag: format!("{}{{{}}}", self.prefix, primary.digest().to_hex()),
+            variant: variant.to_hex(),
+            pass_scope: match identity {
+                None => String::new(),
+                Some(id) => format!(":{}", primary.pass_scope(Some(id)).to_hex()),
+            },
+        }
+    }
+}
+
+/// The Redis keys of one variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    tag: String,
+    variant: String,
+    /// The pass marker's suffix: empty for anonymous callers, the pass
+    /// scope for an identified one (see `PrimaryKey::pass_scope`).
+    pass_scope: String,
+}
+
+impl Keys {
+    pub fn entry(&self) -> String {
+        format!("{}:e:{}", self.tag, self.variant)
+    }
+    /// The variant's name in the URI's variant set.
+    pub fn variant(&self) -> &str {
+        &self.variant
+    }
+    /// What every entry key of this URI starts with (for [`INVALIDATE`]).
+    pub fn entry_prefix(&self) -> String {
+        format!("{}:e:", self.tag)
+    }
+    pub fn lease(&self) -> String {
+        format!("{}:lease:{}", self.tag, self.variant)
+    }
+    /// Where the leader of this variant announces its [`FillNotice`].
+    pub fn fill_channel(&self) -> String {
+        format!("{}:fill:{}", self.tag, self.variant)
+    }
+    pub fn vary(&self) -> String {
+        format!("{}:vary", self.tag)
+    }
+    pub fn generation(&self) -> String {
+        format!("{}:gen", self.tag)
+    }
+    pub fn pass(&self) -> String {
+        format!("{}:pass{}", self.tag, self.pass_scope)
+    }
+    /// Same scope as the pass marker: a caller's failures back off that
+    /// caller's fetches only.
+    pub fn backoff(&self) -> String {
+        format!("{}:backoff{}", self.tag, self.pass_scope)
+    }
+    pub fn variants(&self) -> String {
+        format!("{}:variants", self.tag)
+    }
+}
+
+/// Stores an entry only if no invalidation happened since its fetch began.
+/// KEYS: entry, generation, vary record, variant set. ARGV: envelope,
+/// generation read, entry PX, vary record, variant, record PX.
+pub static STORE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local g = tonumber(redis.call('get', KEYS[2]) or '0')
+if g ~= tonumber(ARGV[2]) then return 0 end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
+redis.call('sadd', KEYS[4], ARGV[5])
+redis.call('pexpire', KEYS[4], ARGV[6])
+return 1
+",
+    )
+});
+
+/// Retires every variant of a URI: bump the generation (so fills under way
+/// cannot store), delete the entries. KEYS: generation, variant set. ARGV:
+/// entry prefix, record PX.
+pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('incr', KEYS[1])
+redis.call('pexpire', KEYS[1], ARGV[2])
+local vs = redis.call('smembers', KEYS[2])
+for _, v in ipairs(vs) do redis.call('del', ARGV[1] .. v) end
+redis.call('del', KEYS[2])
+return #vs
+",
+    )
+});
+
+/// Compare-and-delete of a lease: never a plain DEL, so a leader whose
+/// lease expired cannot delete its successor's.
+pub static LEASE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    )
+});
+
+/// Compare-and-pexpire of a lease, for the watchdog of a slow fetch.
+pub static LEASE_EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
+    )
+});
+
+/// What a leader announces on its variant's channel when its fill ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillNotice {
+    /// The entry is in L2.
+    Stored,
+    /// Uncacheable: fetch alone.
+    Pass,
+    /// The fill failed; the lease is free again (and the key's back-off,
+    /// if any, is recorded).
+    Failed,
+}
+
+impl FillNotice {
+    pub fn encode(self) -> &'static str {
+        match self {
+            FillNotice::Stored => "stored",
+            FillNotice::Pass => "pass",
+            FillNotice::Failed => "failed",
+        }
+    }
+
+    pub fn decode(s: &str) -> Option<Self> {
+        match s {
+            "stored" => Some(FillNotice::Stored),
+            "pass" => Some(FillNotice::Pass),
+            "failed" => Some(FillNotice::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// What every instance must drop, sent on the invalidation channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterNotice {
+    /// Every stored variant of the URI with this digest (an unsafe method
+    /// answered 2xx/3xx, or a purge of one URI).
+    Invalidate(Digest),
+    /// A purge by prefix, tag or URI, hard or soft.
+    Ban(Ban),
+    /// Everything held in memory. Also what an instance applies to itself
+    /// after a disconnect, when notices may have been missed.
+    All,
+}
+
+impl ClusterNotice {
+    /// The payload: `*`, the URI digest in hex, or
+    /// `ban\t<soft 0|1>\t<unix ms>\t<p|t|u>\t<value>`.
+    pub fn encode(&self) -> String {
+        match self {
+            ClusterNotice::All => "*".to_owned(),
+            ClusterNotice::Invalidate(d) => d.to_hex(),
+            ClusterNotice::Ban(b) => {
+                let (kind, value) = match &b.target {
+                    BanTarget::Prefix(v) => ("p", v),
+                    BanTarget::Tag(v) => ("t", v),
+                    BanTarget::Uri(v) => ("u", v),
+                };
+                let ms = b.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+                format!("ban\t{}\t{ms}\t{kind}\t{value}", u8::from(b.soft))
+            }
+        }
+    }
+
+    /// `None` for anything [`encode`](Self::encode) does not write.
+    pub fn decode(s: &str) -> Option<Self> {
+        if s == "*" {
+            return Some(ClusterNotice::All);
+        }
+        if let Some(ban) = s.strip_prefix("ban\t") {
+            return decode_ban(ban).map(ClusterNotice::Ban);
+        }
+        Digest::from_hex(s).map(ClusterNotice::Invalidate)
+    }
+}
+
+fn decode_ban(s: &str) -> Option<Ban> {
+    let mut parts = s.splitn(4, '\t');
+    let soft = match parts.next()? {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
+    let ms: u64 = parts.next()?.parse().ok()?;
+    let kind = parts.next()?;
+    let value = parts.next()?.to_owned();
+    let target = match kind {
+        "p" => BanTarget::Prefix(value),
+        "t" => BanTarget::Tag(value),
+        "u" => BanTarget::Uri(value),
+        _ => return None,
+    };
+    Some(Ban {
+        target,
+        at: UNIX_EPOCH.checked_add(Duration::from_millis(ms))?,
+        soft,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{QueryFilter, UriKey};
+
+    #[test]
+    fn cluster_notices_round_trip_and_garbage_is_refused() {
+        let notices = [
+            ClusterNotice::All,
+            ClusterNotice::Invalidate(Digest([7; 32])),
+            ClusterNotice::Ban(Ban {
+                target: BanTarget::Prefix("h/v1/".into()),
+                at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+                soft: true,
+            }),
+            ClusterNotice::Ban(Ban {
+                target: BanTarget::Tag("a\tb".into()),
+                at: UNIX_EPOCH,
+                soft: false,
+            }),
+            ClusterNotice::Ban(Ban {
+                target: BanTarget::Uri("h/x?y".into()),
+                at: UNIX_EPOCH + Duration::from_millis(1),
+                soft: false,
+            }),
+        ];
+        for n in notices {
+            assert_eq!(ClusterNotice::decode(&n.encode()), Some(n.clone()), "{n:?}");
+        }
+        for bad in [
+            "",
+            "**",
+            "0123abcd",
+            "ban\t2\t1\tp\tx",
+            "ban\t1\tx\tp\tx",
+            "ban\t1\t1\tq\tx",
+            "ban\t1\t1\tp",
+        ] {
+            assert_eq!(ClusterNotice::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fill_notices_round_trip() {
+        for n in [FillNotice::Stored, FillNotice::Pass, FillNotice::Failed] {
+            assert_eq!(FillNotice::decode(n.encode()), Some(n));
+        }
+        assert_eq!(FillNotice::decode("Stored"), None);
+    }
+
+    #[test]
+    fn every_key_of_a_uri_shares_one_hash_tag_and_the_prefix() {
+        let layout = Layout::new("app1:");
+        let primary = PrimaryKey::new(
+            "api",
+            UriKey::new("h", "/x", None, &QueryFilter::new::<&str>(&[])),
+        );
+        let keys = layout.keys(&primary, Digest([1; 32]), None);
+        let tag = format!("app1:{{{}}}", primary.digest().to_hex());
+        for k in [
+            keys.entry(),
+            keys.lease(),
+            keys.fill_channel(),
+            keys.vary(),
+            keys.generation(),
+            keys.pass(),
+            keys.backoff(),
+            keys.variants(),
+        ] {
+            assert!(k.starts_with(&tag), "{k}");
+        }
+        assert!(keys.entry().starts_with(&keys.entry_prefix()));
+        assert_eq!(layout.invalidate_channel(), "app1:invalidate");
+        assert_eq!(layout.bans_key(), "app1:bans");
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+    }
+}
