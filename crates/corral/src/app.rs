@@ -6,10 +6,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use corral_core::{Budget, Flights, L1, L1Config};
 
+use crate::cache::fill::FillOutcome;
+use crate::cluster::l2::L2;
+use crate::cluster::protocol::ClusterNotice;
 use crate::config::Config;
-use crate::fill::FillOutcome;
-use crate::l2::L2;
-use crate::protocol::ClusterNotice;
 use crate::routes::RouteTable;
 
 /// The running proxy's state.

@@ -2,32 +2,18 @@
 //! `corral serve --config FILE` runs it; `corral check --config FILE`
 //! validates a configuration and exits.
 
-mod access_log;
-mod admin;
 mod app;
-mod breaker;
-mod cache_path;
-mod client_stream;
+mod cache;
+mod cluster;
 mod config;
-mod connection;
-mod fill;
-mod l2;
-mod lease;
-mod log_sink;
-mod metrics;
-mod protocol;
-mod proxy;
-mod purge;
-mod redis_link;
-mod reload;
-mod request;
-mod respond;
+mod http;
+mod ops;
 mod routes;
-mod server;
-mod shared_flight;
-mod subscriber;
-mod upstream;
+mod telemetry;
 
+use crate::http::server;
+use crate::ops::{admin, purge, reload};
+use crate::telemetry::{access_log, log_sink, metrics};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;

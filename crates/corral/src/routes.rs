@@ -10,7 +10,7 @@ use http::header::HeaderName;
 use http::uri::{Authority, Scheme};
 
 use crate::config::{Config, OnTimeout, RouteConfig};
-use crate::upstream::Upstream;
+use crate::http::upstream::Upstream;
 
 /// One route, ready to serve.
 pub struct Route {
@@ -33,7 +33,7 @@ pub struct Route {
     /// Stops fills to an origin that fails most of them.
     pub circuit: corral_core::Circuit,
     pub upstream: Upstream,
-    pub requests: crate::metrics::RequestCounters,
+    pub requests: crate::telemetry::metrics::RequestCounters,
 }
 
 impl Route {
@@ -87,7 +87,7 @@ impl Route {
                 open_for: rc.circuit.open_for,
             }),
             upstream: Upstream::new(&rc.name, &rc.timeouts),
-            requests: crate::metrics::RequestCounters::new(&rc.name),
+            requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
         }
     }
 

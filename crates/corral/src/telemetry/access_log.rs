@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::log_sink::LogSink;
+use crate::telemetry::log_sink::LogSink;
 
 /// The sink access lines go to; unset (tracing then formats them) with
 /// `--log-format pretty` or without a sink.

@@ -15,12 +15,12 @@ use std::time::{Duration, SystemTime};
 use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
-use crate::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
-use crate::l2::{L2, Probe};
-use crate::lease;
-use crate::metrics;
-use crate::protocol::FillNotice;
-use crate::protocol::Keys;
+use crate::cache::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
+use crate::cluster::l2::{L2, Probe};
+use crate::cluster::lease;
+use crate::cluster::protocol::FillNotice;
+use crate::cluster::protocol::Keys;
+use crate::telemetry::metrics;
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_millis(250);
@@ -177,7 +177,7 @@ pub async fn fill_alone(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
 async fn first_read(
     fill: &FillRequest,
     l2: &L2,
-) -> Result<(Keys, Probe), crate::redis_link::L2Error> {
+) -> Result<(Keys, Probe), crate::cluster::redis_link::L2Error> {
     let app = &fill.app;
     let keys = l2.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
     let mut probe = read(fill, l2, &keys).await?;
@@ -210,7 +210,7 @@ async fn read(
     fill: &FillRequest,
     l2: &L2,
     keys: &Keys,
-) -> Result<Probe, crate::redis_link::L2Error> {
+) -> Result<Probe, crate::cluster::redis_link::L2Error> {
     let app = &fill.app;
     let mut probe = l2.probe(keys, app.l1.generation_stamp()).await?;
     probe.entry = probe.entry.take().and_then(|e| {
@@ -356,7 +356,7 @@ async fn local_then_share(
 
 async fn lock_timeout(fill: &FillRequest) -> Ended {
     metrics::lease("timed_out");
-    match crate::fill::on_lock_timeout(fill) {
+    match crate::cache::fill::on_lock_timeout(fill) {
         Some(outcome) => Ended::Outcome(outcome),
         None => fetch_and_store(fill).await,
     }

@@ -13,8 +13,8 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version};
 use http_body::Body as _;
 
+use crate::http::upstream::UpstreamError;
 use crate::routes::Route;
-use crate::upstream::UpstreamError;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -211,7 +211,8 @@ pub fn render(handle: &PrometheusHandle, app: &App) -> String {
             .set(if route.circuit.is_open() { 1.0 } else { 0.0 });
     }
     gauge!("corral_sealed_bodies").set(corral_core::sealed::live() as f64);
-    counter!("corral_log_lines_dropped_total").absolute(crate::log_sink::dropped_total());
+    counter!("corral_log_lines_dropped_total")
+        .absolute(crate::telemetry::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(app.flights.len() as f64);
     if let Some(l2) = &app.l2 {
         let (state, opened) = l2.link.breaker_state();

@@ -11,8 +11,8 @@ use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
 use http::header::{AGE, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_MATCH, VIA};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
-use crate::fill::{FillOutcome, SharedResponse};
-use crate::request::via_value;
+use crate::cache::fill::{FillOutcome, SharedResponse};
+use crate::http::request::via_value;
 
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
@@ -122,7 +122,7 @@ pub fn from_outcome(
             // within stale-while-revalidate it is a stale answer, and the
             // fill that read it starts the refresh.
             let st = if entry.state(now) == corral_core::EntryState::StaleWhileRevalidate {
-                crate::metrics::stale(Detail::StaleWhileRevalidate);
+                crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
                 CacheStatus::forward(Forward::Stale)
                     .with_ttl(entry.ttl_secs(now))
                     .with_detail(Detail::StaleWhileRevalidate)
@@ -158,7 +158,7 @@ pub fn from_outcome(
             fwd_status,
             detail,
         } => {
-            crate::metrics::stale(*detail);
+            crate::telemetry::metrics::stale(*detail);
             let mut st = CacheStatus::forward(Forward::Stale)
                 .with_detail(*detail)
                 .with_ttl(entry.ttl_secs(now));

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocol::{LEASE_EXTEND, LEASE_RELEASE, millis};
-use crate::redis_link::{L2Error, RedisLink, arg};
+use crate::cluster::protocol::{LEASE_EXTEND, LEASE_RELEASE, millis};
+use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 
 /// A held lease. Dropping it without `release` releases it in the background.
 pub struct Lease {

@@ -33,7 +33,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/lb-health", get(lb_health))
         .route("/metrics", get(metrics))
-        .route("/purge", axum::routing::post(crate::purge::handle))
+        .route("/purge", axum::routing::post(crate::ops::purge::handle))
         .with_state(state)
 }
 
@@ -64,7 +64,7 @@ async fn lb_health(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::metrics::render(&s.metrics, &s.app),
+        crate::telemetry::metrics::render(&s.metrics, &s.app),
     )
 }
 
@@ -80,14 +80,14 @@ pub async fn serve(
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let limits = crate::connection::Limits {
+    let limits = crate::http::connection::Limits {
         header_read_timeout: server.header_read_timeout,
         idle_timeout: server.idle_timeout,
         send_timeout: server.send_timeout,
         max_connections: ADMIN_CONNECTIONS,
     };
-    let builder = crate::connection::builder(&limits, 16 * 1024, 64 * 1024);
-    crate::connection::serve(
+    let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
+    crate::http::connection::serve(
         "admin",
         listener,
         router(state),

@@ -12,8 +12,8 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::broadcast;
 
-use crate::protocol::{ClusterNotice, FillNotice};
-use crate::redis_link::RedisLink;
+use crate::cluster::protocol::{ClusterNotice, FillNotice};
+use crate::cluster::redis_link::RedisLink;
 
 struct Channel {
     tx: broadcast::Sender<FillNotice>,

@@ -15,8 +15,8 @@ use http::{Method, StatusCode};
 use tokio::sync::oneshot;
 
 use crate::app::App;
-use crate::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
-use crate::respond::{self, Answer};
+use crate::cache::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
+use crate::cache::respond::{self, Answer};
 use crate::routes::Route;
 use corral_core::head::RequestHead;
 
@@ -97,7 +97,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
                     return respond::from_entry(entry, &st, now, head, &ctx.headers);
                 }
                 EntryState::StaleWhileRevalidate if backoff.is_none() => {
-                    crate::metrics::stale(Detail::StaleWhileRevalidate);
+                    crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
                     refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
@@ -109,8 +109,8 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
                 {
                     // The origin failed for this key moments ago: leave it
                     // alone until the back-off ends; the stale copy answers.
-                    crate::metrics::stale(Detail::Backoff);
-                    crate::metrics::origin_skipped(&route.name, "backoff");
+                    crate::telemetry::metrics::stale(Detail::Backoff);
+                    crate::telemetry::metrics::origin_skipped(&route.name, "backoff");
                     let st = CacheStatus::forward(Forward::Stale)
                         .with_ttl(entry.ttl_secs(now))
                         .with_detail(Detail::Backoff);

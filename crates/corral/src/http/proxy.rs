@@ -13,14 +13,14 @@ use http::header::{CONTENT_LOCATION, LOCATION, RANGE};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 
-use crate::access_log::{self, AccessLine};
 use crate::app::App;
-use crate::cache_path;
-use crate::metrics;
-use crate::request::upstream_request;
-use crate::respond::{self, Answer};
+use crate::cache::cache_path;
+use crate::cache::respond::{self, Answer};
+use crate::http::request::upstream_request;
+use crate::http::upstream::{DeadlineBody, sanitize_response};
 use crate::routes::Route;
-use crate::upstream::{DeadlineBody, sanitize_response};
+use crate::telemetry::access_log::{self, AccessLine};
+use crate::telemetry::metrics;
 use corral_core::head::{RequestBody, RequestHead};
 
 pub async fn handle(
@@ -97,7 +97,8 @@ async fn route_request(
             ),
         );
     }
-    let head = match RequestHead::parse(&mut parts, peer.ip(), crate::request::body_of(&body)) {
+    let head = match RequestHead::parse(&mut parts, peer.ip(), crate::http::request::body_of(&body))
+    {
         Ok(h) => h,
         Err(bad) => {
             // The stream may be out of step with the client after a head

@@ -163,7 +163,7 @@ impl Upstream {
             Ok(Ok(res)) => Some(res.status().as_u16()),
             _ => None,
         };
-        crate::metrics::origin_fetch(&self.route, status, started.elapsed());
+        crate::telemetry::metrics::origin_fetch(&self.route, status, started.elapsed());
         match r {
             Err(_) if head_deadline == deadline => Err(UpstreamError::TotalTimeout(self.total)),
             Err(_) => Err(UpstreamError::HeaderTimeout(self.response_headers)),

@@ -10,9 +10,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, Script};
 
-use crate::breaker::Breaker;
+use crate::cluster::breaker::Breaker;
 use crate::config::RedisConfig;
-use crate::metrics;
+use crate::telemetry::metrics;
 
 /// Why a Redis operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ impl RedisLink {
     /// Whether the breaker is open now, and how often it opened.
     pub fn breaker_state(&self) -> (bool, u64) {
         (
-            self.breaker.state() == crate::breaker::BreakerState::Open,
+            self.breaker.state() == crate::cluster::breaker::BreakerState::Open,
             self.breaker.opened_count(),
         )
     }

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 
 use crate::app::App;
 use crate::config::ServerConfig;
-use crate::connection::{self, Limits};
-use crate::proxy;
+use crate::http::connection::{self, Limits};
+use crate::http::proxy;
 
 /// hyper's one buffer bound covers both the request head it reads and the
 /// response it writes; at the configured header limit (16 KiB by default)

@@ -24,11 +24,11 @@ const MSG_MORE: libc::c_int = 0;
 #[derive(Debug)]
 pub struct ClientStream {
     tcp: TcpStream,
-    activity: Arc<crate::connection::Activity>,
+    activity: Arc<crate::http::connection::Activity>,
 }
 
 impl ClientStream {
-    pub fn new(tcp: TcpStream, activity: Arc<crate::connection::Activity>) -> Self {
+    pub fn new(tcp: TcpStream, activity: Arc<crate::http::connection::Activity>) -> Self {
         ClientStream { tcp, activity }
     }
 

@@ -10,12 +10,12 @@ use std::time::{Duration, SystemTime};
 use corral_core::{Digest, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
 use http::header::HeaderName;
 
-use crate::config::RedisConfig;
-use crate::protocol::{
+use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, Layout, RECORD_TTL, STORE, millis,
 };
-use crate::redis_link::{L2Error, RedisLink, arg};
-use crate::subscriber::{NoticeWatch, Subscriber};
+use crate::cluster::redis_link::{L2Error, RedisLink, arg};
+use crate::cluster::subscriber::{NoticeWatch, Subscriber};
+use crate::config::RedisConfig;
 
 /// What one read of a variant's keys found.
 pub struct Probe {
@@ -100,7 +100,7 @@ impl L2 {
             Ok(e) => Some(e),
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::l2("corrupt");
+                crate::telemetry::metrics::l2("corrupt");
                 tracing::warn!(key = %keys.entry(), error = %err, "unreadable L2 entry treated as a miss");
                 None
             }

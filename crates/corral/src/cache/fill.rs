@@ -27,12 +27,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::app::App;
+use crate::cache::respond::{self, Answer};
+use crate::cache::shared_flight;
 use crate::config::OnTimeout;
-use crate::request::upstream_request;
-use crate::respond::{self, Answer};
+use crate::http::request::upstream_request;
+use crate::http::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
 use crate::routes::Route;
-use crate::shared_flight;
-use crate::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
 use corral_core::head::{RequestBody, RequestHead};
 
 /// Response headers that belong to the caller who asked and never to
@@ -230,12 +230,12 @@ pub async fn run(
     let slots = tokio::select! {
         s = take_slots(&fill) => s,
         () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
-            crate::metrics::fill_cancelled(&fill.route.name);
+            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
             return;
         }
     };
     let Some(_slots) = slots else {
-        crate::metrics::fill_refused(&fill.route.name);
+        crate::telemetry::metrics::fill_refused(&fill.route.name);
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
         finish(&fill, permit, leader, fill_limit(&fill));
         return;
@@ -244,7 +244,7 @@ pub async fn run(
     let first = tokio::select! {
         r = fetch(&fill, coalesced) => r,
         () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
-            crate::metrics::fill_cancelled(&fill.route.name);
+            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
             return;
         }
     };
@@ -255,7 +255,7 @@ pub async fn run(
             // leader instead of after it.
             fill.mark_pass();
             if let Some(p) = permit.take() {
-                crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+                crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
                 p.complete(FillOutcome::Pass {
                     reason: PassReason::HitForPass,
                 });
@@ -269,7 +269,7 @@ pub async fn run(
         Ended::PassKnown => return,
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
-                crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+                crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
                 p.complete(FillOutcome::Pass { reason });
             }
             if let Some(tx) = leader {
@@ -298,7 +298,7 @@ pub async fn run(
     };
     finish(&fill, permit, leader, outcome);
     if let Some(entry) = refresh {
-        crate::cache_path::refresh_in_background(
+        crate::cache::cache_path::refresh_in_background(
             &fill.app,
             fill.variant.digest,
             fill.refreshing(entry),
@@ -326,7 +326,7 @@ fn finish(
     outcome: FillOutcome,
 ) {
     if let Some(p) = permit {
-        crate::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+        crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
         p.complete(outcome.clone());
     }
     if let Some(tx) = leader {
@@ -489,7 +489,7 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
         Skipped::Backoff(d) => (Detail::Backoff, d),
         Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
-    crate::metrics::origin_skipped(&fill.route.name, detail.as_str());
+    crate::telemetry::metrics::origin_skipped(&fill.route.name, detail.as_str());
     if let Some(stale) = fill.stale()
         && stale.usable_on_error(SystemTime::now())
     {

@@ -33,7 +33,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::client_stream::ClientStream;
+use crate::http::client_stream::ClientStream;
 
 /// Abandoned requests a connection may have before its abandon rate counts.
 const ABANDON_FLOOR: usize = 64;
@@ -338,7 +338,7 @@ async fn watch_over(
         }
         let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
         if blocked != u64::MAX && now >= activity.at(blocked) + limits.send_timeout {
-            crate::metrics::connection_closed("send-timeout");
+            crate::telemetry::metrics::connection_closed("send-timeout");
             tracing::debug!("closing a connection whose client read nothing for send_timeout");
             return;
         }
@@ -360,7 +360,7 @@ async fn watch_over(
                 None
             };
             if let Some(reason) = reason {
-                crate::metrics::connection_closed(reason);
+                crate::telemetry::metrics::connection_closed(reason);
                 conn.as_mut().graceful_shutdown();
                 closing = Some(now + CLOSE_GRACE);
             }

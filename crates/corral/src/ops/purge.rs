@@ -14,8 +14,8 @@ use axum::response::IntoResponse;
 use corral_core::{Ban, BanTarget, UriKey};
 use serde::Deserialize;
 
-use crate::admin::AdminState;
 use crate::app::App;
+use crate::ops::admin::AdminState;
 
 #[derive(Debug, Deserialize)]
 pub struct PurgeQuery {
@@ -155,7 +155,7 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     if soft {
         ban(app, BanTarget::Uri(readable.clone()), true).await;
     } else {
-        crate::proxy::invalidate_everywhere(app, &route.name, key).await;
+        crate::http::proxy::invalidate_everywhere(app, &route.name, key).await;
     }
     Ok(readable)
 }

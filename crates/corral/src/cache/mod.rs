@@ -1,0 +1,9 @@
+//! The miss path: lookup, fresh / stale answers, the local flight
+//! (`cache_path`), the fill that fetches and stores (`fill`), the shared
+//! tier's lease and L2 use (`shared_flight`, through `cluster`), and the
+//! answers built from what was found (`respond`).
+
+pub mod cache_path;
+pub mod fill;
+pub mod respond;
+pub mod shared_flight;

@@ -1,0 +1,11 @@
+//! What instances share through Redis: the connection and its breaker
+//! (`redis_link`, `breaker`), the wire format (`protocol`), the shared
+//! store (`l2`), the cross-instance lease (`lease`) and the pub/sub
+//! subscriber (`subscriber`). Knows nothing of HTTP answers.
+
+pub mod breaker;
+pub mod l2;
+pub mod lease;
+pub mod protocol;
+pub mod redis_link;
+pub mod subscriber;
