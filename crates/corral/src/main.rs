@@ -8,6 +8,7 @@ mod cluster;
 mod config;
 mod http;
 mod ops;
+mod origin;
 mod routes;
 mod telemetry;
 

@@ -10,7 +10,7 @@ use http::header::HeaderName;
 use http::uri::{Authority, Scheme};
 
 use crate::config::{Config, OnTimeout, RouteConfig};
-use crate::http::upstream::Upstream;
+use crate::origin::upstream::Upstream;
 
 /// One route, ready to serve.
 pub struct Route {

@@ -30,8 +30,8 @@ use crate::app::App;
 use crate::cache::respond::{self, Answer};
 use crate::cache::shared_flight;
 use crate::config::OnTimeout;
-use crate::http::request::upstream_request;
-use crate::http::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
+use crate::origin::request::upstream_request;
+use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
 use crate::routes::Route;
 use corral_core::head::{RequestBody, RequestHead};
 

@@ -12,7 +12,7 @@ use http::header::{AGE, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
 use crate::cache::fill::{FillOutcome, SharedResponse};
-use crate::http::request::via_value;
+use crate::origin::request::via_value;
 
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::cache::cache_path;
 use crate::cache::respond::{self, Answer};
-use crate::http::request::upstream_request;
-use crate::http::upstream::{DeadlineBody, sanitize_response};
+use crate::origin::request::upstream_request;
+use crate::origin::upstream::{DeadlineBody, sanitize_response};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
 use crate::telemetry::metrics;
@@ -97,8 +97,11 @@ async fn route_request(
             ),
         );
     }
-    let head = match RequestHead::parse(&mut parts, peer.ip(), crate::http::request::body_of(&body))
-    {
+    let head = match RequestHead::parse(
+        &mut parts,
+        peer.ip(),
+        crate::origin::request::body_of(&body),
+    ) {
         Ok(h) => h,
         Err(bad) => {
             // The stream may be out of step with the client after a head

@@ -13,7 +13,7 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version};
 use http_body::Body as _;
 
-use crate::http::upstream::UpstreamError;
+use crate::origin::upstream::UpstreamError;
 use crate::routes::Route;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
