@@ -61,7 +61,7 @@ impl RedisLink {
     pub fn start(self: &Arc<Self>) {
         let link = Arc::clone(self);
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut retry = Reconnect::new();
             loop {
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(link.connect_timeout))
@@ -87,8 +87,7 @@ impl RedisLink {
                     }
                     Err(_) => tracing::warn!("connecting to Redis timed out; serving without it"),
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
+                retry.wait().await;
             }
         });
     }
@@ -192,4 +191,30 @@ impl RedisLink {
 /// One script argument, encoded as Redis expects.
 pub fn arg(v: impl std::fmt::Display) -> Vec<u8> {
     v.to_string().into_bytes()
+}
+
+/// The pause between attempts to reach Redis (the command connection and
+/// the subscriber alike): 100 ms, doubling to 500 ms, back to 100 ms after
+/// a success.
+pub struct Reconnect {
+    next: Duration,
+}
+
+impl Reconnect {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_millis(500);
+
+    pub fn new() -> Self {
+        Reconnect { next: Self::FIRST }
+    }
+
+    /// Sleeps the current pause and lengthens the next one.
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(Self::MAX);
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }

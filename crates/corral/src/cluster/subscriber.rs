@@ -6,14 +6,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::broadcast;
 
 use crate::cluster::protocol::{ClusterNotice, FillNotice};
-use crate::cluster::redis_link::RedisLink;
+use crate::cluster::redis_link::{Reconnect, RedisLink};
 
 struct Channel {
     tx: broadcast::Sender<FillNotice>,
@@ -64,7 +63,7 @@ impl Subscriber {
     }
 
     async fn run(self: Arc<Self>) {
-        let mut backoff = Duration::from_millis(100);
+        let mut retry = Reconnect::new();
         let mut was_connected = false;
         loop {
             let connected = tokio::time::timeout(
@@ -75,12 +74,11 @@ impl Subscriber {
             let pubsub = match connected {
                 Ok(Ok(p)) => p,
                 _ => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    retry.wait().await;
                     continue;
                 }
             };
-            backoff = Duration::from_millis(100);
+            retry.reset();
             let (mut sink, mut stream) = pubsub.split();
             let mut names: Vec<String> = self
                 .channels
@@ -94,7 +92,7 @@ impl Subscriber {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "Redis subscribe failed; reconnecting");
-                    tokio::time::sleep(backoff).await;
+                    retry.wait().await;
                     continue;
                 }
                 Err(_) => {

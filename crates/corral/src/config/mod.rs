@@ -238,26 +238,29 @@ pub struct RouteCacheConfig {
 }
 
 impl Default for RouteCacheConfig {
+    /// The policy's defaults (one source: `RoutePolicy::default`), plus
+    /// what only the configuration has.
     fn default() -> Self {
+        let p = corral_core::RoutePolicy::default();
         Self {
             enabled: true,
-            default_ttl: None,
-            heuristic_freshness: false,
+            default_ttl: p.default_ttl,
+            heuristic_freshness: p.heuristic_freshness,
             stale_while_revalidate: StaleWindow {
-                default: Duration::ZERO,
-                max: Duration::from_secs(3600),
+                default: p.swr_default,
+                max: p.swr_max,
             },
             stale_if_error: StaleWindow {
-                default: Duration::ZERO,
-                max: Duration::from_secs(24 * 3600),
+                default: p.sie_default,
+                max: p.sie_max,
             },
-            ttl_jitter: 0,
-            early_refresh_beta: 1.0,
+            ttl_jitter: p.ttl_jitter_percent,
+            early_refresh_beta: p.early_refresh_beta,
             ignore_query: Vec::new(),
             identity_headers: vec!["authorization".to_owned()],
             identity_cookies: Vec::new(),
-            store_set_cookie: false,
-            hit_for_pass: Duration::from_secs(10),
+            store_set_cookie: p.store_set_cookie,
+            hit_for_pass: p.hit_for_pass,
         }
     }
 }

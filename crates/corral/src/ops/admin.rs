@@ -37,6 +37,22 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
+/// `/readyz`'s body, fields in this order.
+#[derive(serde::Serialize)]
+struct Ready<'a> {
+    ready: bool,
+    draining: bool,
+    routes: usize,
+    redis: &'a str,
+}
+
+/// One JSON object and a newline: the admin endpoints' bodies.
+pub fn json_line(value: &impl serde::Serialize) -> String {
+    let mut s = serde_json::to_string(value).unwrap_or_else(|_| "{}".to_owned());
+    s.push('\n');
+    s
+}
+
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let redis = s.app.l2.as_ref().map_or("off", |l2| l2.link.status());
     let draining = s.draining.load(Ordering::Acquire);
@@ -45,11 +61,12 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     } else {
         StatusCode::OK
     };
-    let body = format!(
-        "{{\"ready\":{},\"draining\":{draining},\"routes\":{},\"redis\":\"{redis}\"}}\n",
-        !draining,
-        s.app.routes().len()
-    );
+    let body = json_line(&Ready {
+        ready: !draining,
+        draining,
+        routes: s.app.routes().len(),
+        redis,
+    });
     (status, [(header::CONTENT_TYPE, "application/json")], body)
 }
 

@@ -15,7 +15,7 @@ use corral_core::{Ban, BanTarget, UriKey};
 use serde::Deserialize;
 
 use crate::app::App;
-use crate::ops::admin::AdminState;
+use crate::ops::admin::{AdminState, json_line};
 
 #[derive(Debug, Deserialize)]
 pub struct PurgeQuery {
@@ -74,14 +74,27 @@ pub async fn handle(
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/json")],
-                format!(
-                    "{{\"purged\":\"{}\",\"mode\":\"{mode}\",\"scope\":\"{scope}\"}}\n",
-                    what.replace('\\', "\\\\").replace('"', "\\\"")
-                ),
+                json_line(&Purged {
+                    purged: &what,
+                    mode,
+                    scope,
+                }),
             )
         }
         Err(why) => reply(StatusCode::BAD_REQUEST, why),
     }
+}
+
+#[derive(serde::Serialize)]
+struct Purged<'a> {
+    purged: &'a str,
+    mode: &'a str,
+    scope: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct Refused<'a> {
+    error: &'a str,
 }
 
 fn reply(
@@ -91,7 +104,7 @@ fn reply(
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        format!("{{\"error\":\"{message}\"}}\n"),
+        json_line(&Refused { error: message }),
     )
 }
 
