@@ -167,8 +167,9 @@ impl StoredResponse {
     /// header table, every header name and value, the body, the Vary values,
     /// the URI label) and what the store spends to keep it.
     pub fn weight(&self) -> u32 {
-        // A sealed body occupies whole pages.
-        let body = if crate::sealed::is_sealed(&self.body) {
+        // A body this large may be kept in a sealed memory file by the
+        // server, which occupies whole pages; counted so either way.
+        let body = if self.body.len() >= PAGE_BACKED_BODY {
             self.body.len().div_ceil(4096) * 4096
         } else {
             heap_bytes(self.body.len())
@@ -211,6 +212,10 @@ impl StoredResponse {
         }
     }
 }
+
+/// Bodies at least this long may be kept page-backed (the server's sealed
+/// memory files) rather than on the heap, and are weighed in whole pages.
+pub const PAGE_BACKED_BODY: usize = 16 * 1024;
 
 /// What the store spends per entry beyond the entry itself: its map slot,
 /// access and write order nodes, the expiry timer node, the key and the

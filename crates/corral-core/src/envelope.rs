@@ -188,7 +188,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
     crate::policy::sanitize_age(&mut headers);
     let body_len = r.u32_len("body")?;
     let body = r.take(body_len, "body")?;
-    let body = crate::sealed::seal(body).unwrap_or_else(|| Bytes::copy_from_slice(body));
+    let body = Bytes::copy_from_slice(body);
     if !r.rest.is_empty() {
         return Err(EnvelopeError::TrailingBytes(r.rest.len()));
     }

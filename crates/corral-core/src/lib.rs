@@ -16,7 +16,6 @@ pub mod hop_by_hop;
 pub mod identity;
 pub mod key;
 pub mod policy;
-pub mod sealed;
 pub mod store;
 pub mod vary;
 pub mod xfetch;

@@ -932,7 +932,7 @@ fn headers() -> impl Strategy<Value = HeaderMap> {
 fn body() -> impl Strategy<Value = Bytes> {
     prop_oneof![
         20 => prop::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from),
-        // Long enough to be kept in a sealed memory file when decoded.
+        // Long enough to be weighed in pages (and sealed by the server).
         1 => (16_380usize..16_400, any::<u8>())
             .prop_map(|(n, seed)| Bytes::from((0..n).map(|i| (i as u8) ^ seed).collect::<Vec<u8>>())),
     ]

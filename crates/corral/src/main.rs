@@ -10,6 +10,7 @@ mod http;
 mod ops;
 mod origin;
 mod routes;
+mod sealed;
 mod telemetry;
 
 use crate::http::server;
@@ -91,12 +92,12 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 /// client connections, each of which may need one upstream connection too.
 /// Returns the client connection limit (`server.max_connections` when set).
 fn budget_descriptors(configured: Option<usize>) -> usize {
-    let limit = corral_core::sealed::raise_open_file_limit();
+    let limit = crate::sealed::raise_open_file_limit();
     let sealed = match limit {
         Some(limit) => usize::try_from(limit / 4).unwrap_or(usize::MAX),
-        None => corral_core::sealed::DEFAULT_MAX_LIVE,
+        None => crate::sealed::DEFAULT_MAX_LIVE,
     };
-    corral_core::sealed::set_max_live(sealed);
+    crate::sealed::set_max_live(sealed);
     let fitting = limit.map(|l| {
         usize::try_from((l - l / 4).saturating_sub(RESERVED_DESCRIPTORS) / 2)
             .unwrap_or(usize::MAX)

@@ -636,7 +636,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
                     StoredResponse::new(
                         status,
                         parts.headers,
-                        corral_core::sealed::seal_or_keep(bytes),
+                        crate::sealed::seal_or_keep(bytes),
                         &freshness,
                         response_time,
                         started.elapsed(),

@@ -97,7 +97,12 @@ impl L2 {
         );
         let (entry, vary, pass, lease, generation, backoff): Row = self.link.query(&cmd).await?;
         let entry = entry.and_then(|bytes| match envelope::decode(&bytes, generation_stamp) {
-            Ok(e) => Some(e),
+            Ok(mut e) => {
+                // A large body is answered with sendfile from a sealed
+                // memory file, as when it was filled here.
+                e.body = crate::sealed::seal_or_keep(std::mem::take(&mut e.body));
+                Some(e)
+            }
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
                 crate::telemetry::metrics::l2("corrupt");

@@ -59,7 +59,7 @@ impl ClientStream {
             // The caller found `data` sealed and holds it, so it stays
             // sealed; were it not, failing the connection beats sending
             // something else.
-            corral_core::sealed::send(self.tcp.as_fd(), data)
+            crate::sealed::send(self.tcp.as_fd(), data)
                 .unwrap_or_else(|| Err(io::Error::other("body no longer sealed")))
         })
     }
@@ -105,7 +105,7 @@ impl AsyncWrite for ClientStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let poll = if corral_core::sealed::is_sealed(buf) {
+        let poll = if crate::sealed::is_sealed(buf) {
             this.poll_send_sealed(cx, buf)
         } else {
             Pin::new(&mut this.tcp).poll_write(cx, buf)
@@ -119,7 +119,7 @@ impl AsyncWrite for ClientStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let poll = match bufs.iter().position(|b| corral_core::sealed::is_sealed(b)) {
+        let poll = match bufs.iter().position(|b| crate::sealed::is_sealed(b)) {
             // Nothing sealed: one writev, as before.
             None => Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs),
             // A sealed body first: sendfile it. The caller comes back for

@@ -210,7 +210,7 @@ pub fn render(handle: &PrometheusHandle, app: &App) -> String {
         gauge!("corral_origin_circuit_open", "route" => route.name.clone())
             .set(if route.circuit.is_open() { 1.0 } else { 0.0 });
     }
-    gauge!("corral_sealed_bodies").set(corral_core::sealed::live() as f64);
+    gauge!("corral_sealed_bodies").set(crate::sealed::live() as f64);
     counter!("corral_log_lines_dropped_total")
         .absolute(crate::telemetry::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(app.flights.len() as f64);
