@@ -52,18 +52,16 @@ fn l1_hit(c: &mut Criterion) {
         sie: Duration::ZERO,
         sharing: Sharing::Everyone,
     };
-    let entry = StoredResponse::new(
+    let entry = StoredResponse::builder(
         StatusCode::OK,
         HeaderMap::new(),
         Bytes::from(vec![b'x'; 1024]),
         &fresh,
         SystemTime::now(),
-        Duration::from_millis(5),
-        Vary::None,
-        vec![],
-        l1.generation_stamp(),
-        false,
-    );
+    )
+    .fetch_duration(Duration::from_millis(5))
+    .generation(l1.generation_stamp())
+    .build();
     l1.insert(&key, &uri, Arc::new(entry));
     c.bench_function("l1/hit-1KiB", |b| {
         b.iter(|| {

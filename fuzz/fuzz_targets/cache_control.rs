@@ -129,19 +129,18 @@ fn stored(parts: &http::response::Parts, freshness: &corral_core::Freshness, now
     let mut headers = parts.headers.clone();
     sanitize_age(&mut headers);
     let vary = Vary::parse(&headers);
-    let entry = StoredResponse::new(
+    let entry = StoredResponse::builder(
         parts.status,
         headers,
         Bytes::from_static(b"body"),
         freshness,
         now,
-        Duration::from_millis(3),
-        vary.clone(),
-        vary.values(&HeaderMap::new()),
-        1,
-        false,
-    );
-    assert!(entry.headers.get(SET_COOKIE).is_none());
+    )
+    .fetch_duration(Duration::from_millis(3))
+    .vary(vary.clone(), vary.values(&HeaderMap::new()))
+    .generation(1)
+    .build();
+    assert!(entry.headers().get(SET_COOKIE).is_none());
     for later in [0, 1, 59, 3600, 86400 * 400] {
         let t = now + Duration::from_secs(later);
         let _ = entry.state(t);
@@ -152,6 +151,6 @@ fn stored(parts: &http::response::Parts, freshness: &corral_core::Freshness, now
     }
     let _ = entry.weight();
     let back = envelope::decode(&envelope::encode(&entry), 2).expect("a stored entry round-trips");
-    assert_eq!(back.headers, entry.headers);
-    assert_eq!(back.initial_age, entry.initial_age);
+    assert_eq!(back.headers(), entry.headers());
+    assert_eq!(back.initial_age(), entry.initial_age());
 }

@@ -141,18 +141,15 @@ mod tests {
             sie: Duration::ZERO,
             sharing: crate::Sharing::Everyone,
         };
-        StoredResponse::new(
+        StoredResponse::builder(
             StatusCode::OK,
             h,
             Bytes::new(),
             &fr,
             SystemTime::now() - Duration::from_secs(1),
-            Duration::ZERO,
-            crate::Vary::None,
-            vec![],
-            0,
-            false,
         )
+        .vary(crate::Vary::None, vec![])
+        .build()
         .with_uri(uri)
     }
 

@@ -38,68 +38,119 @@ pub enum EntryState {
 /// One stored response.
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// End-to-end headers as received (hop-by-hop already removed).
-    pub headers: HeaderMap,
-    pub body: Bytes,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
     /// The origin's `Age` when the response arrived (RFC 9111 §4.2.3).
-    pub initial_age: Duration,
-    pub response_time: SystemTime,
-    pub fresh_until: SystemTime,
-    pub swr: Duration,
-    pub sie: Duration,
+    pub(crate) initial_age: Duration,
+    pub(crate) response_time: SystemTime,
+    pub(crate) fresh_until: SystemTime,
+    pub(crate) swr: Duration,
+    pub(crate) sie: Duration,
     /// How long the origin took: the XFetch delta.
-    pub fetch_duration: Duration,
-    pub vary: Vary,
+    pub(crate) fetch_duration: Duration,
+    pub(crate) vary: Vary,
     /// The normalized values of the Vary headers of the request that
     /// produced this response.
-    pub vary_values: Vec<String>,
+    pub(crate) vary_values: Vec<String>,
     /// The L1 invalidation stamp read when the fetch started.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Keyed to one caller's credentials.
-    pub private: bool,
+    pub(crate) private: bool,
     /// RFC 9111 §3.5: which identified callers besides the one who asked
     /// may be served this entry.
-    pub sharing: Sharing,
+    pub(crate) sharing: Sharing,
     /// The readable URI key (`host/path?query`), for prefix purges. Not
     /// part of the L2 envelope: whoever reads an entry knows its URI.
-    pub uri: Arc<str>,
+    pub(crate) uri: Arc<str>,
 }
 
 impl StoredResponse {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    /// A stored response from what the origin sent and how fresh it is;
+    /// the rest (fetch time, Vary, generation, privacy) is set on the
+    /// builder and defaults to none.
+    pub fn builder(
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
         freshness: &Freshness,
         response_time: SystemTime,
-        fetch_duration: Duration,
-        vary: Vary,
-        vary_values: Vec<String>,
-        generation: u64,
-        private: bool,
-    ) -> Self {
-        // A stored copy never hands one caller's cookie to another.
-        let mut headers = compact(&headers, &[SET_COOKIE, TRANSFER_ENCODING]);
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        StoredResponse {
+    ) -> StoredResponseBuilder {
+        StoredResponseBuilder {
             status,
-            initial_age: initial_age(&headers),
             headers,
             body,
+            freshness: freshness.clone(),
             response_time,
-            fresh_until: later(response_time, freshness.ttl),
-            swr: freshness.swr,
-            sie: freshness.sie,
-            fetch_duration,
-            vary,
-            vary_values,
-            generation,
-            private,
-            sharing: freshness.sharing,
-            uri: Arc::from(""),
+            fetch_duration: Duration::ZERO,
+            vary: Vary::None,
+            vary_values: Vec::new(),
+            generation: 0,
+            private: false,
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+    /// End-to-end headers as received (hop-by-hop already removed).
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+    /// The same entry with its body replaced by `f(body)` (the same bytes
+    /// kept elsewhere, e.g. in sealed memory).
+    pub fn map_body(mut self, f: impl FnOnce(Bytes) -> Bytes) -> Self {
+        self.body = f(std::mem::take(&mut self.body));
+        self
+    }
+    /// The origin's `Age` when the response arrived (RFC 9111 §4.2.3).
+    pub fn initial_age(&self) -> Duration {
+        self.initial_age
+    }
+    pub fn response_time(&self) -> SystemTime {
+        self.response_time
+    }
+    pub fn fresh_until(&self) -> SystemTime {
+        self.fresh_until
+    }
+    pub fn swr(&self) -> Duration {
+        self.swr
+    }
+    pub fn sie(&self) -> Duration {
+        self.sie
+    }
+    /// How long the origin took: the XFetch delta.
+    pub fn fetch_duration(&self) -> Duration {
+        self.fetch_duration
+    }
+    pub fn vary(&self) -> &Vary {
+        &self.vary
+    }
+    /// The normalized values of the Vary headers of the request that
+    /// produced this response.
+    pub fn vary_values(&self) -> &[String] {
+        &self.vary_values
+    }
+    /// The L1 invalidation stamp read when the fetch started.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// Keyed to one caller's credentials.
+    pub fn private(&self) -> bool {
+        self.private
+    }
+    /// RFC 9111 §3.5: which identified callers besides the one who asked
+    /// may be served this entry.
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
+    }
+    /// The readable URI key (`host/path?query`), for prefix purges.
+    pub fn uri(&self) -> &str {
+        &self.uri
     }
 
     /// The same entry, labelled with its URI key.
@@ -213,6 +264,65 @@ impl StoredResponse {
     }
 }
 
+/// Builds a [`StoredResponse`]; see [`StoredResponse::builder`].
+#[derive(Debug)]
+pub struct StoredResponseBuilder {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    freshness: Freshness,
+    response_time: SystemTime,
+    fetch_duration: Duration,
+    vary: Vary,
+    vary_values: Vec<String>,
+    generation: u64,
+    private: bool,
+}
+
+impl StoredResponseBuilder {
+    pub fn fetch_duration(mut self, d: Duration) -> Self {
+        self.fetch_duration = d;
+        self
+    }
+    /// The response's Vary and the request's values for it.
+    pub fn vary(mut self, vary: Vary, values: Vec<String>) -> Self {
+        self.vary = vary;
+        self.vary_values = values;
+        self
+    }
+    pub fn generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+    pub fn private(mut self, private: bool) -> Self {
+        self.private = private;
+        self
+    }
+
+    pub fn build(self) -> StoredResponse {
+        // A stored copy never hands one caller's cookie to another.
+        let mut headers = compact(&self.headers, &[SET_COOKIE, TRANSFER_ENCODING]);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(self.body.len()));
+        StoredResponse {
+            status: self.status,
+            initial_age: initial_age(&headers),
+            headers,
+            body: self.body,
+            response_time: self.response_time,
+            fresh_until: later(self.response_time, self.freshness.ttl),
+            swr: self.freshness.swr,
+            sie: self.freshness.sie,
+            fetch_duration: self.fetch_duration,
+            vary: self.vary,
+            vary_values: self.vary_values,
+            generation: self.generation,
+            private: self.private,
+            sharing: self.freshness.sharing,
+            uri: Arc::from(""),
+        }
+    }
+}
+
 /// Bodies at least this long may be kept page-backed (the server's sealed
 /// memory files) rather than on the heap, and are weighed in whole pages.
 pub const PAGE_BACKED_BODY: usize = 16 * 1024;
@@ -309,18 +419,9 @@ mod tests {
         h.insert("etag", HeaderValue::from_static("\"v1\""));
         h.insert("x-a", HeaderValue::from_static("1"));
         h.insert("set-cookie", HeaderValue::from_static("s=1"));
-        StoredResponse::new(
-            StatusCode::OK,
-            h,
-            Bytes::from_static(b"hello"),
-            &fr,
-            now,
-            Duration::from_millis(10),
-            Vary::None,
-            vec![],
-            0,
-            false,
-        )
+        StoredResponse::builder(StatusCode::OK, h, Bytes::from_static(b"hello"), &fr, now)
+            .fetch_duration(Duration::from_millis(10))
+            .build()
     }
 
     #[test]

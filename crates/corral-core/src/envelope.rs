@@ -206,18 +206,12 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
         sie,
         sharing,
     };
-    let mut entry = StoredResponse::new(
-        status,
-        headers,
-        body,
-        &freshness,
-        response_time,
-        fetch_duration,
-        vary,
-        vary_values,
-        generation,
-        flags & FLAG_PRIVATE != 0,
-    );
+    let mut entry = StoredResponse::builder(status, headers, body, &freshness, response_time)
+        .fetch_duration(fetch_duration)
+        .vary(vary, vary_values)
+        .generation(generation)
+        .private(flags & FLAG_PRIVATE != 0)
+        .build();
     entry.fresh_until = fresh_until;
     Ok(entry)
 }
@@ -384,18 +378,12 @@ mod tests {
             sie: Duration::from_millis(86_400_250),
             sharing: Sharing::Authorization,
         };
-        StoredResponse::new(
-            status,
-            headers,
-            body,
-            &freshness,
-            response_time(),
-            Duration::from_micros(12_345),
-            vary,
-            vary_values,
-            7,
-            true,
-        )
+        StoredResponse::builder(status, headers, body, &freshness, response_time())
+            .fetch_duration(Duration::from_micros(12_345))
+            .vary(vary, vary_values)
+            .generation(7)
+            .private(true)
+            .build()
     }
 
     fn varied() -> StoredResponse {

@@ -386,18 +386,18 @@ mod tests {
             sie: Duration::ZERO,
             sharing: Sharing::Everyone,
         };
-        Arc::new(StoredResponse::new(
-            StatusCode::OK,
-            HeaderMap::new(),
-            Bytes::from_static(body),
-            &fr,
-            SystemTime::now(),
-            Duration::from_millis(1),
-            Vary::None,
-            vec![],
-            generation,
-            false,
-        ))
+        Arc::new(
+            StoredResponse::builder(
+                StatusCode::OK,
+                HeaderMap::new(),
+                Bytes::from_static(body),
+                &fr,
+                SystemTime::now(),
+            )
+            .fetch_duration(Duration::from_millis(1))
+            .generation(generation)
+            .build(),
+        )
     }
 
     fn keys(path: &str) -> (UriKey, VariantKey) {

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use corral_core::{
-    Freshness, L1, L1Config, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey, Vary,
+    Freshness, L1, L1Config, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey,
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -46,18 +46,16 @@ fn entry(i: usize, buffer: &Bytes) -> StoredResponse {
         sie: Duration::ZERO,
         sharing: Sharing::Everyone,
     };
-    StoredResponse::new(
+    StoredResponse::builder(
         StatusCode::OK,
         h,
         Bytes::from(format!("{{\"id\":{i}}}")),
         &fresh,
         SystemTime::now(),
-        Duration::from_millis(3),
-        Vary::None,
-        vec![],
-        1,
-        false,
     )
+    .fetch_duration(Duration::from_millis(3))
+    .generation(1)
+    .build()
     .with_uri(&format!("api.example.com/v1/items/{i}"))
 }
 

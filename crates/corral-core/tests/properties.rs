@@ -968,6 +968,15 @@ fn time() -> impl Strategy<Value = (SystemTime, SystemTime)> {
     ]
 }
 
+/// What a time reads as in the envelope: whole milliseconds, nothing
+/// before the epoch (as `time()` pairs them).
+fn at_envelope_precision(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => UNIX_EPOCH + Duration::from_millis(d.as_millis() as u64),
+        Err(_) => UNIX_EPOCH,
+    }
+}
+
 /// A duration and what it reads as at `unit` precision (a whole number of
 /// nanoseconds that divides a second).
 fn duration(unit: Duration) -> impl Strategy<Value = (Duration, Duration)> {
@@ -997,7 +1006,8 @@ fn entry() -> impl Strategy<Value = (StoredResponse, Expected)> {
         ),
         (
             time(),
-            time(),
+            // Freshness lifetimes up to the longest a builder keeps.
+            0u64..7_000 * 86_400 * 1_000_000_000,
             duration(Duration::from_millis(1)),
             duration(Duration::from_millis(1)),
             duration(Duration::from_micros(1)),
@@ -1007,32 +1017,33 @@ fn entry() -> impl Strategy<Value = (StoredResponse, Expected)> {
         .prop_map(
             |(
                 (status, mut headers, body, (vary, vary_values), private, sharing),
-                (rt, fu, swr, sie, fetch, generation),
+                (rt, ttl_ns, swr, sie, fetch, generation),
             )| {
+                let ttl = Duration::from_nanos(ttl_ns);
+                let fresh_until = rt.0 + ttl;
                 // As upstream.rs does with every origin response.
                 sanitize_age(&mut headers);
                 let freshness = Freshness {
-                    ttl: Duration::ZERO,
+                    ttl,
                     swr: swr.0,
                     sie: sie.0,
                     sharing,
                 };
-                let mut e = StoredResponse::new(
+                let e = StoredResponse::builder(
                     StatusCode::from_u16(status).expect("status"),
                     headers,
                     body,
                     &freshness,
                     rt.0,
-                    fetch.0,
-                    vary,
-                    vary_values,
-                    generation,
-                    private,
-                );
-                e.fresh_until = fu.0;
+                )
+                .fetch_duration(fetch.0)
+                .vary(vary, vary_values)
+                .generation(generation)
+                .private(private)
+                .build();
                 let expected = Expected {
                     response_time: rt.1,
-                    fresh_until: fu.1,
+                    fresh_until: at_envelope_precision(fresh_until),
                     swr: swr.1,
                     sie: sie.1,
                     fetch_duration: fetch.1,
@@ -1053,20 +1064,20 @@ proptest! {
         let bytes = envelope::encode(&e);
         prop_assert!(!bytes.is_empty());
         let d = envelope::decode(&bytes, generation).expect("an encoded entry decodes");
-        prop_assert_eq!(d.status, e.status);
-        prop_assert_eq!(&d.headers, &e.headers);
-        prop_assert_eq!(&d.body, &e.body);
-        prop_assert_eq!(&d.vary, &e.vary);
-        prop_assert_eq!(&d.vary_values, &e.vary_values);
-        prop_assert_eq!(d.private, e.private);
-        prop_assert_eq!(d.sharing, e.sharing);
-        prop_assert_eq!(d.initial_age, e.initial_age);
-        prop_assert_eq!(d.response_time, want.response_time);
-        prop_assert_eq!(d.fresh_until, want.fresh_until);
-        prop_assert_eq!(d.swr, want.swr);
-        prop_assert_eq!(d.sie, want.sie);
-        prop_assert_eq!(d.fetch_duration, want.fetch_duration);
-        prop_assert_eq!(d.generation, generation);
+        prop_assert_eq!(d.status(), e.status());
+        prop_assert_eq!(&d.headers(), &e.headers());
+        prop_assert_eq!(&d.body(), &e.body());
+        prop_assert_eq!(&d.vary(), &e.vary());
+        prop_assert_eq!(&d.vary_values(), &e.vary_values());
+        prop_assert_eq!(d.private(), e.private());
+        prop_assert_eq!(d.sharing(), e.sharing());
+        prop_assert_eq!(d.initial_age(), e.initial_age());
+        prop_assert_eq!(d.response_time(), want.response_time);
+        prop_assert_eq!(d.fresh_until(), want.fresh_until);
+        prop_assert_eq!(d.swr(), want.swr);
+        prop_assert_eq!(d.sie(), want.sie);
+        prop_assert_eq!(d.fetch_duration(), want.fetch_duration);
+        prop_assert_eq!(d.generation(), generation);
         // And the encoding is stable: a decoded entry encodes to the same bytes.
         prop_assert_eq!(envelope::encode(&d), bytes);
     }

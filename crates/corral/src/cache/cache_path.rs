@@ -82,8 +82,8 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
                     if backoff.is_none()
                         && xfetch::roll(
                             now,
-                            entry.fresh_until,
-                            entry.fetch_duration,
+                            entry.fresh_until(),
+                            entry.fetch_duration(),
                             route.policy.early_refresh_beta,
                         )
                     {
@@ -190,7 +190,7 @@ fn lookup(
     let e = app.l1.get(shared_key, primary.uri())?;
     // An identified caller only gets what the origin marked shareable
     // with callers like it (RFC 9111 §3.5).
-    if !e.sharing.admits(identity) || !e.matches_vary(&ctx.headers) {
+    if !e.sharing().admits(identity) || !e.matches_vary(&ctx.headers) {
         return None;
     }
     Some(e)

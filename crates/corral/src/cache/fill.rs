@@ -161,12 +161,12 @@ impl FillRequest {
     /// Where `entry` is stored: keyed to the caller when it is private to
     /// them, under the Vary values it was produced for.
     pub fn entry_key(&self, entry: &StoredResponse) -> VariantKey {
-        let identity = if entry.private {
+        let identity = if entry.private() {
             self.identity.as_ref()
         } else {
             None
         };
-        self.primary.variant(identity, &entry.vary_values)
+        self.primary.variant(identity, entry.vary_values())
     }
 
     /// A background refresh of `entry` for the same caller and key.
@@ -194,7 +194,7 @@ impl FillRequest {
     pub fn offer_stale(&self, entry: Arc<StoredResponse>) {
         let newer = self
             .stale()
-            .is_none_or(|held| entry.response_time > held.response_time);
+            .is_none_or(|held| entry.response_time() > held.response_time());
         if newer {
             self.stale.store(Some(entry));
         }
@@ -558,10 +558,10 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
         headers.remove(h);
     }
     if let Some(stale) = stale {
-        if let Some(etag) = stale.headers.get(ETAG) {
+        if let Some(etag) = stale.headers().get(ETAG) {
             headers.insert(IF_NONE_MATCH, etag.clone());
         }
-        if let Some(lm) = stale.headers.get(LAST_MODIFIED) {
+        if let Some(lm) = stale.headers().get(LAST_MODIFIED) {
             headers.insert(IF_MODIFIED_SINCE, lm.clone());
         }
     }
@@ -633,18 +633,18 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
                 let vary_values = vary.values(&head.headers);
                 let private = freshness.sharing.keeps_private(fill.identity.as_ref());
                 let entry = Arc::new(
-                    StoredResponse::new(
+                    StoredResponse::builder(
                         status,
                         parts.headers,
                         crate::sealed::seal_or_keep(bytes),
                         &freshness,
                         response_time,
-                        started.elapsed(),
-                        vary.clone(),
-                        vary_values,
-                        stamp,
-                        private,
                     )
+                    .fetch_duration(started.elapsed())
+                    .vary(vary.clone(), vary_values)
+                    .generation(stamp)
+                    .private(private)
+                    .build()
                     .with_uri(fill.primary.uri().readable()),
                 );
                 let key = fill.entry_key(&entry);
@@ -728,9 +728,9 @@ fn revalidated(
     response_time: SystemTime,
     stamp: u64,
 ) -> Ended {
-    let merged = merge_not_modified(&stale.headers, &not_modified.headers);
+    let merged = merge_not_modified(stale.headers(), &not_modified.headers);
     let mut merged_parts = not_modified.clone();
-    merged_parts.status = stale.status;
+    merged_parts.status = stale.status();
     merged_parts.headers = merged;
     let route = &fill.route;
     match route
@@ -762,7 +762,7 @@ fn revalidated(
             fill.mark_pass();
             let mut parts = merged_parts;
             parts.headers.remove(CONTENT_LENGTH);
-            let body = Body::from(stale.body.clone());
+            let body = Body::from(stale.body().clone());
             Ended::Stream(reason, pass_response(parts, body, Forward::Stale, reason))
         }
     }

@@ -53,17 +53,17 @@ pub fn from_entry(
     head: bool,
     request: &HeaderMap,
 ) -> Answer {
-    let mut headers = entry.headers.clone();
+    let mut headers = entry.headers().clone();
     headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
     let not_modified =
-        entry.status == StatusCode::OK && etag_matches(request, entry.headers.get(ETAG));
+        entry.status() == StatusCode::OK && etag_matches(request, entry.headers().get(ETAG));
     let (code, body) = if not_modified {
         headers.remove(CONTENT_LENGTH);
         (StatusCode::NOT_MODIFIED, Body::empty())
     } else if head {
-        (entry.status, Body::empty())
+        (entry.status(), Body::empty())
     } else {
-        (entry.status, Body::from(entry.body.clone()))
+        (entry.status(), Body::from(entry.body().clone()))
     };
     let mut res = Response::new(body);
     *res.status_mut() = code;

@@ -250,7 +250,7 @@ fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
         ) && e.matches_vary(&fill.head.headers)
             && fill
                 .stale()
-                .is_none_or(|old| e.response_time > old.response_time)
+                .is_none_or(|old| e.response_time() > old.response_time())
     })
 }
 
@@ -261,7 +261,7 @@ fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     }
     let entry = Arc::new(probe.entry.take()?);
     let key: VariantKey = fill.entry_key(&entry);
-    fill.app.l1.learn_vary(&fill.primary, &entry.vary);
+    fill.app.l1.learn_vary(&fill.primary, entry.vary());
     fill.app
         .l1
         .insert(&key, fill.primary.uri(), Arc::clone(&entry));

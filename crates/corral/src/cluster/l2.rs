@@ -97,12 +97,9 @@ impl L2 {
         );
         let (entry, vary, pass, lease, generation, backoff): Row = self.link.query(&cmd).await?;
         let entry = entry.and_then(|bytes| match envelope::decode(&bytes, generation_stamp) {
-            Ok(mut e) => {
-                // A large body is answered with sendfile from a sealed
-                // memory file, as when it was filled here.
-                e.body = crate::sealed::seal_or_keep(std::mem::take(&mut e.body));
-                Some(e)
-            }
+            // A large body is answered with sendfile from a sealed memory
+            // file, as when it was filled here.
+            Ok(e) => Some(e.map_body(crate::sealed::seal_or_keep)),
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
                 crate::telemetry::metrics::l2("corrupt");
@@ -152,7 +149,7 @@ impl L2 {
         entry: &StoredResponse,
         generation: u64,
     ) -> Result<bool, L2Error> {
-        if entry.body.len() as u64 > self.max_object_size {
+        if entry.body().len() as u64 > self.max_object_size {
             return Ok(false);
         }
         let ttl = entry.residency(SystemTime::now());
@@ -164,7 +161,7 @@ impl L2 {
             // Too big for the envelope's fields: L1 only.
             return Ok(false);
         }
-        let vary = vary_record(&entry.vary);
+        let vary = vary_record(entry.vary());
         let stored: i64 = self
             .link
             .script(
