@@ -15,6 +15,7 @@ pub mod head;
 pub mod hop_by_hop;
 pub mod identity;
 pub mod key;
+pub mod miss;
 pub mod policy;
 pub mod store;
 pub mod vary;

@@ -2,7 +2,8 @@
 //! serve it stale while one background refresh runs, or join the key's
 //! flight: lead it (spawn the fill and wait for it) or follow it (wait for
 //! the leader's outcome, at most the route's lock timeout, then do what the
-//! route says).
+//! route says). The decisions are corral-core's `miss::Miss`; this module
+//! measures what they need and carries them out.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -19,10 +20,7 @@ use crate::cache::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
 use crate::cache::respond::{self, Answer};
 use crate::routes::Route;
 use corral_core::head::RequestHead;
-
-/// How many times a follower whose Vary values did not match the leader's
-/// answer looks again before fetching alone.
-const VARY_RETRIES: usize = 2;
+use corral_core::miss::{Found, Lookup, Miss, Next, WaitEnd};
 
 pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer {
     let head = ctx.method == Method::HEAD;
@@ -39,7 +37,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
     let identity = route.identity.identify(&ctx.headers);
     let pass_scope = primary.pass_scope(identity.as_ref());
 
-    let mut attempt = 0;
+    let mut miss = Miss::new();
     loop {
         let now = SystemTime::now();
         // While the origin is failing for this key, nothing here asks it.
@@ -76,100 +74,104 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
             committed: Default::default(),
         };
 
-        if let Some(entry) = &found {
-            match entry.state(now) {
-                EntryState::Fresh => {
-                    if backoff.is_none()
-                        && xfetch::roll(
-                            now,
-                            entry.fresh_until(),
-                            entry.fetch_duration(),
-                            route.policy.early_refresh_beta,
-                        )
-                    {
+        let seen = found.as_ref().map(|entry| {
+            let state = entry.state(now);
+            Found {
+                state,
+                early_refresh: state == EntryState::Fresh
+                    && xfetch::roll(
+                        now,
+                        entry.fresh_until(),
+                        entry.fetch_duration(),
+                        route.policy.early_refresh_beta,
+                    ),
+            }
+        });
+        let lookup = miss.lookup(seen, backoff.is_some(), route.coalesce, || {
+            app.l1.is_pass(&pass_scope)
+        });
+        let coalesce = match (lookup, &found) {
+            (Lookup::Fetch { coalesce }, _) => coalesce,
+            // Only a copy in hand answers without a fetch.
+            (_, None) => route.coalesce,
+            (answer, Some(entry)) => {
+                let st = match answer {
+                    Lookup::Hit { refresh } => {
+                        if refresh {
+                            refresh_in_background(
+                                &app,
+                                flight_key,
+                                fill_request(Some(Arc::clone(entry))),
+                            );
+                        }
+                        CacheStatus::hit(entry.ttl_secs(now))
+                    }
+                    Lookup::StaleWhileRevalidate => {
+                        crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
                         refresh_in_background(
                             &app,
                             flight_key,
                             fill_request(Some(Arc::clone(entry))),
                         );
-                    }
-                    let st = CacheStatus::hit(entry.ttl_secs(now));
-                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
-                }
-                EntryState::StaleWhileRevalidate if backoff.is_none() => {
-                    crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
-                    refresh_in_background(&app, flight_key, fill_request(Some(Arc::clone(entry))));
-                    let st = CacheStatus::forward(Forward::Stale)
-                        .with_ttl(entry.ttl_secs(now))
-                        .with_detail(Detail::StaleWhileRevalidate);
-                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
-                }
-                EntryState::StaleWhileRevalidate | EntryState::StaleIfError
-                    if backoff.is_some() =>
-                {
-                    // The origin failed for this key moments ago: leave it
-                    // alone until the back-off ends; the stale copy answers.
-                    crate::telemetry::metrics::stale(Detail::Backoff);
-                    crate::telemetry::metrics::origin_skipped(&route.name, "backoff");
-                    let st = CacheStatus::forward(Forward::Stale)
-                        .with_ttl(entry.ttl_secs(now))
-                        .with_detail(Detail::Backoff);
-                    return respond::from_entry(entry, &st, now, head, &ctx.headers);
-                }
-                EntryState::StaleWhileRevalidate
-                | EntryState::StaleIfError
-                | EntryState::Expired => {}
-            }
-        }
-
-        if !route.coalesce || app.l1.is_pass(&pass_scope) {
-            return lead(fill_request(found), None, head).await;
-        }
-        match app.flights.join(flight_key) {
-            Role::Leader(permit) => return lead(fill_request(found), Some(permit), head).await,
-            Role::Follower(waiter) => match waiter.wait(route.lock_timeout).await {
-                WaitResult::Done(outcome) => match &outcome {
-                    FillOutcome::Stored { entry, .. } if !entry.matches_vary(&ctx.headers) => {
-                        if attempt < VARY_RETRIES {
-                            // The leader's answer is another variant: look
-                            // again with the Vary set it taught us.
-                            attempt += 1;
-                            continue;
-                        }
-                        return lead(fill_request(found), None, head).await;
-                    }
-                    FillOutcome::Shared { response, .. }
-                        if !response.matches_vary(&ctx.headers) =>
-                    {
-                        // An error for another variant: not this caller's.
-                        return lead(fill_request(found), None, head).await;
-                    }
-                    FillOutcome::Pass { reason } => {
-                        tracing::debug!(route = %route.name, key = %primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
-                        return lead(fill_request(found), None, head).await;
+                        CacheStatus::forward(Forward::Stale)
+                            .with_ttl(entry.ttl_secs(now))
+                            .with_detail(Detail::StaleWhileRevalidate)
                     }
                     _ => {
-                        return respond::from_outcome(
-                            &outcome,
-                            true,
-                            SystemTime::now(),
-                            head,
-                            &ctx.headers,
-                        );
+                        // The origin failed for this key moments ago: leave
+                        // it alone until the back-off ends.
+                        crate::telemetry::metrics::stale(Detail::Backoff);
+                        crate::telemetry::metrics::origin_skipped(&route.name, "backoff");
+                        CacheStatus::forward(Forward::Stale)
+                            .with_ttl(entry.ttl_secs(now))
+                            .with_detail(Detail::Backoff)
                     }
-                },
-                WaitResult::Dangling => {
-                    // The leader went away without an answer: try to lead.
-                    attempt += 1;
-                    if attempt > VARY_RETRIES + 2 {
-                        return lead(fill_request(found), None, head).await;
+                };
+                return respond::from_entry(entry, &st, now, head, &ctx.headers);
+            }
+        };
+        if !coalesce {
+            return lead(fill_request(found), None, head).await;
+        }
+        let waiter = match app.flights.join(flight_key) {
+            Role::Leader(permit) => return lead(fill_request(found), Some(permit), head).await,
+            Role::Follower(waiter) => waiter,
+        };
+        let (end, outcome) = match waiter.wait(route.lock_timeout).await {
+            WaitResult::Done(outcome) => {
+                let end = match &outcome {
+                    FillOutcome::Stored { entry, .. } => WaitEnd::Stored {
+                        fits: entry.matches_vary(&ctx.headers),
+                    },
+                    FillOutcome::Shared { response, .. } => WaitEnd::Shared {
+                        fits: response.matches_vary(&ctx.headers),
+                    },
+                    FillOutcome::Stale { .. } => WaitEnd::Shared { fits: true },
+                    FillOutcome::Pass { reason } => {
+                        tracing::debug!(route = %route.name, key = %primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
+                        WaitEnd::Pass
                     }
-                    continue;
-                }
-                WaitResult::TimedOut => {
-                    return on_lock_timeout(fill_request(found), head).await;
-                }
-            },
+                };
+                (end, Some(outcome))
+            }
+            WaitResult::Dangling => (WaitEnd::Dangling, None),
+            WaitResult::TimedOut => (WaitEnd::TimedOut, None),
+        };
+        match (miss.waited(end), outcome) {
+            (Next::Answer, Some(outcome)) => {
+                return respond::from_outcome(
+                    &outcome,
+                    true,
+                    SystemTime::now(),
+                    head,
+                    &ctx.headers,
+                );
+            }
+            (Next::LookAgain, _) => continue,
+            (Next::OnLockTimeout, _) => return on_lock_timeout(fill_request(found), head).await,
+            (Next::FetchAlone | Next::Answer, _) => {
+                return lead(fill_request(found), None, head).await;
+            }
         }
     }
 }
