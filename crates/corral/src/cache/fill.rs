@@ -6,7 +6,7 @@
 //! (stale-if-error) or "pass" (uncacheable: every waiter fetches alone).
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
@@ -379,24 +379,34 @@ pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
 /// What waiters get when no fill slot came in time: the stale copy if it
 /// may still be served, else a 503 for every one of them.
 fn fill_limit(fill: &FillRequest) -> FillOutcome {
-    if let Some(stale) = fill.stale()
-        && stale.usable_on_error(SystemTime::now())
-    {
-        return FillOutcome::Stale {
-            entry: stale,
-            fwd_status: None,
-            detail: Detail::FillLimit,
-        };
-    }
-    let mut response =
-        SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, Detail::FillLimit);
-    response
-        .headers
-        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+    stale_on_error(fill, Detail::FillLimit)
+        .unwrap_or_else(|| unavailable(fill, Detail::FillLimit, Duration::from_secs(1)))
+}
+
+/// The stale copy in hand, labelled `detail`, if stale-if-error still
+/// allows serving it.
+fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
+    let entry = fill
+        .stale()
+        .filter(|s| s.usable_on_error(SystemTime::now()))?;
+    Some(FillOutcome::Stale {
+        entry,
+        fwd_status: None,
+        detail,
+    })
+}
+
+/// corral's own 503 for every caller, saying when to come back.
+fn unavailable(fill: &FillRequest, detail: Detail, retry_after: Duration) -> FillOutcome {
+    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
+    response.headers.insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64),
+    );
     FillOutcome::Shared {
         response: Arc::new(response),
         fwd: fill.fwd,
-        detail: Some(Detail::FillLimit),
+        detail: Some(detail),
     }
 }
 
@@ -490,25 +500,7 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
         Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
     crate::telemetry::metrics::origin_skipped(&fill.route.name, detail.as_str());
-    if let Some(stale) = fill.stale()
-        && stale.usable_on_error(SystemTime::now())
-    {
-        return FillOutcome::Stale {
-            entry: stale,
-            fwd_status: None,
-            detail,
-        };
-    }
-    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
-    response.headers.insert(
-        http::header::RETRY_AFTER,
-        http::HeaderValue::from(retry.as_secs_f64().ceil().max(1.0) as u64),
-    );
-    FillOutcome::Shared {
-        response: Arc::new(response),
-        fwd: fill.fwd,
-        detail: Some(detail),
-    }
+    stale_on_error(fill, detail).unwrap_or_else(|| unavailable(fill, detail, retry))
 }
 
 /// Whether a fetch reached a healthy origin (`Some(true)`), a failing one
@@ -771,14 +763,8 @@ fn revalidated(
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
-    if let Some(stale) = fill.stale()
-        && stale.usable_on_error(SystemTime::now())
-    {
-        return FillOutcome::Stale {
-            entry: stale,
-            fwd_status: None,
-            detail: Detail::StaleIfError,
-        };
+    if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
+        return stale;
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.authority, error = %e, "upstream failed");
     FillOutcome::Shared {
