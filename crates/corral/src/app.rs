@@ -1,14 +1,18 @@
 //! What every request handler shares: the route table, L1, the flights and,
-//! when Redis is configured, L2.
+//! when Redis is configured, L2; and the three seams the miss path runs
+//! through (the clock, the origin, the shared tier), which unit tests
+//! replace.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use corral_core::{Budget, Flights, L1, L1Config};
+use corral_core::{Budget, Clock, Flights, L1, L1Config, SystemClock};
 
-use crate::cache::fill::FillOutcome;
+use crate::cache::fetch::UpstreamOrigin;
+use crate::cache::fill::{FillOutcome, Origin};
 use crate::cluster::l2::L2;
 use crate::cluster::protocol::ClusterNotice;
+use crate::cluster::tier::SharedTier;
 use crate::config::Config;
 use crate::routes::RouteTable;
 
@@ -18,7 +22,14 @@ pub struct App {
     routes: ArcSwap<RouteTable>,
     pub l1: Arc<L1>,
     pub flights: Flights<FillOutcome>,
+    /// Redis, for the operations surface (purge, readiness, metrics).
     pub l2: Option<Arc<L2>>,
+    /// Redis as the miss path reaches it.
+    pub tier: Option<Arc<dyn SharedTier>>,
+    /// Where fills fetch from.
+    pub origin: Arc<dyn Origin>,
+    /// Where freshness, back-off and stale windows read "now".
+    pub clock: Arc<dyn Clock>,
     /// What fills may buffer at once (`cache.fill_memory`).
     pub fill_memory: Arc<Budget>,
     /// Fills under way in this instance (`cache.max_fills`).
@@ -34,7 +45,7 @@ impl App {
         let l1 = Arc::new(L1::new(&L1Config {
             memory: config.cache.memory,
         }));
-        let l2 = match &config.redis {
+        let l2: Option<Arc<L2>> = match &config.redis {
             None => None,
             Some(rc) => {
                 let l1 = Arc::clone(&l1);
@@ -46,11 +57,15 @@ impl App {
                 Some(L2::start(rc, on_notice)?)
             }
         };
+        let tier = l2.clone().map(|l2| l2 as Arc<dyn SharedTier>);
         Ok(App {
             routes: ArcSwap::from_pointee(RouteTable::new(config)),
             l1,
             flights: Flights::new(),
             l2,
+            tier,
+            origin: Arc::new(UpstreamOrigin),
+            clock: Arc::new(SystemClock),
             fill_memory: Budget::new(config.cache.fill_memory),
             fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
@@ -59,6 +74,26 @@ impl App {
 }
 
 impl App {
+    /// The state with other seams: unit tests drive the miss path against
+    /// a scripted origin, an in-memory shared tier and a paused clock.
+    #[cfg(test)]
+    pub fn with_seams(
+        config: &Config,
+        origin: Arc<dyn Origin>,
+        tier: Option<Arc<dyn SharedTier>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let mut app = App::new(&Config {
+            redis: None,
+            ..config.clone()
+        })
+        .expect("no Redis to connect to");
+        app.origin = origin;
+        app.tier = tier;
+        app.clock = clock;
+        app
+    }
+
     /// The route table in force now.
     pub fn routes(&self) -> Arc<RouteTable> {
         self.routes.load_full()

@@ -6,7 +6,6 @@
 //! measures what they need and carries them out.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use corral_core::{
     CacheStatus, Detail, Digest, EntryState, Forward, PrimaryKey, Role, StoredResponse, UriKey,
@@ -39,7 +38,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
 
     let mut miss = Miss::new();
     loop {
-        let now = SystemTime::now();
+        let now = app.clock.now();
         // While the origin is failing for this key, nothing here asks it.
         let backoff = app.l1.active_backoff(&pass_scope, now);
         let vary = app.l1.learned_vary(&primary);
@@ -159,13 +158,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
         };
         match (miss.waited(end), outcome) {
             (Next::Answer, Some(outcome)) => {
-                return respond::from_outcome(
-                    &outcome,
-                    true,
-                    SystemTime::now(),
-                    head,
-                    &ctx.headers,
-                );
+                return respond::from_outcome(&outcome, true, app.clock.now(), head, &ctx.headers);
             }
             (Next::LookAgain, _) => continue,
             (Next::OnLockTimeout, _) => return on_lock_timeout(fill_request(found), head).await,
@@ -212,11 +205,12 @@ async fn lead(
     head: bool,
 ) -> Answer {
     let request_headers = fill.head.headers.clone();
+    let fill_clock = Arc::clone(&fill.app.clock);
     let (tx, rx) = oneshot::channel();
     tokio::spawn(fill::run(fill, permit, Some(tx)));
     match rx.await {
         Ok(LeaderOutcome::Outcome(o)) => {
-            respond::from_outcome(&o, false, SystemTime::now(), head, &request_headers)
+            respond::from_outcome(&o, false, fill_clock.now(), head, &request_headers)
         }
         Ok(LeaderOutcome::Stream(answer)) if head => answer.without_body(),
         Ok(LeaderOutcome::Stream(answer)) => answer,
@@ -232,9 +226,13 @@ async fn lead(
 /// The route's `on_timeout` for a follower that waited its lock timeout.
 async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
     match fill::on_lock_timeout(&fill) {
-        Some(outcome) => {
-            respond::from_outcome(&outcome, false, SystemTime::now(), head, &fill.head.headers)
-        }
+        Some(outcome) => respond::from_outcome(
+            &outcome,
+            false,
+            fill.app.clock.now(),
+            head,
+            &fill.head.headers,
+        ),
         None => lead(fill, None, head).await,
     }
 }

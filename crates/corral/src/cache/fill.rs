@@ -6,23 +6,18 @@
 //! (stale-if-error) or "pass" (uncacheable: every waiter fetches alone).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use corral_core::flight::Permit;
+use corral_core::head::RequestHead;
 use corral_core::{
-    Admission, Budget, Decision, Detail, Digest, EntryState, Forward, Identity, PassReason,
-    PrimaryKey, StoredResponse, VariantKey, Vary, merge_not_modified,
+    Admission, Detail, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
+    StoredResponse, VariantKey, Vary,
 };
-use futures_util::StreamExt;
-use http::header::{CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE};
-use http::header::{
-    IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
-};
-use http::{HeaderMap, Method, Response, StatusCode, response};
-use http_body_util::{BodyDataStream, BodyExt};
-use hyper::body::Incoming;
+use futures_util::future::BoxFuture;
+use http::header::{HeaderName, SET_COOKIE};
+use http::{HeaderMap, StatusCode, response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -30,10 +25,8 @@ use crate::app::App;
 use crate::cache::respond::{self, Answer};
 use crate::cache::shared_flight;
 use crate::config::OnTimeout;
-use crate::origin::request::upstream_request;
-use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
+use crate::origin::upstream::UpstreamError;
 use crate::routes::Route;
-use corral_core::head::{RequestBody, RequestHead};
 
 /// Response headers that belong to the caller who asked and never to
 /// anyone a shared answer reaches.
@@ -80,7 +73,11 @@ impl SharedResponse {
     /// An origin's answer to share with the waiters of a flight, split into
     /// what everyone may see and what only the leader may; `None` when it
     /// cannot be shared at all (Vary: *).
-    fn from_origin(parts: response::Parts, body: Bytes, request: &HeaderMap) -> Option<Self> {
+    pub(crate) fn from_origin(
+        parts: response::Parts,
+        body: Bytes,
+        request: &HeaderMap,
+    ) -> Option<Self> {
         let vary = Vary::parse(&parts.headers);
         if vary == Vary::Star {
             return None;
@@ -206,7 +203,7 @@ impl FillRequest {
     }
 
     /// Marks this caller's view of the URI uncacheable for a while.
-    fn mark_pass(&self) {
+    pub(crate) fn mark_pass(&self) {
         self.app
             .l1
             .mark_pass(self.pass_scope(), self.route.policy.hit_for_pass);
@@ -291,7 +288,7 @@ pub async fn run(
     let refresh = match &outcome {
         FillOutcome::Stored {
             entry, fwd: None, ..
-        } if entry.state(SystemTime::now()) == EntryState::StaleWhileRevalidate => {
+        } if entry.state(fill.app.clock.now()) == EntryState::StaleWhileRevalidate => {
             Some(Arc::clone(entry))
         }
         _ => None,
@@ -311,9 +308,9 @@ pub async fn run(
 /// fill uses L2 as a cache only, so that a request that chose not to
 /// coalesce (or could not) is not coalesced across instances either.
 async fn fetch(fill: &FillRequest, coalesced: bool) -> Ended {
-    match &fill.app.l2 {
-        Some(l2) if coalesced => shared_flight::fill(fill, l2).await,
-        Some(l2) => shared_flight::fill_alone(fill, l2).await,
+    match &fill.app.tier {
+        Some(tier) if coalesced => shared_flight::fill(fill, tier.as_ref()).await,
+        Some(tier) => shared_flight::fill_alone(fill, tier.as_ref()).await,
         None => fetch_and_store(fill).await,
     }
 }
@@ -388,7 +385,7 @@ fn fill_limit(fill: &FillRequest) -> FillOutcome {
 fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
     let entry = fill
         .stale()
-        .filter(|s| s.usable_on_error(SystemTime::now()))?;
+        .filter(|s| s.usable_on_error(fill.app.clock.now()))?;
     Some(FillOutcome::Stale {
         entry,
         fwd_status: None,
@@ -442,11 +439,20 @@ async fn abandoned(
     }
 }
 
-pub(crate) enum Ended {
+/// What a fetch came to, before the flight hands it out.
+pub enum Ended {
     Outcome(FillOutcome),
     /// The shared pass marker is set: nothing to coalesce across instances.
     PassKnown,
     Stream(PassReason, Answer),
+}
+
+/// The origin as a fill sees it: one exchange for `fill`, whose answer is
+/// stored in L1 when it may be. The server's is
+/// [`UpstreamOrigin`](crate::cache::fetch::UpstreamOrigin); unit tests use
+/// a scripted one.
+pub trait Origin: Send + Sync {
+    fn fetch<'a>(&'a self, fill: &'a FillRequest) -> BoxFuture<'a, Ended>;
 }
 
 /// Fetches from the origin and stores in L1: the whole fill when there is
@@ -456,7 +462,7 @@ pub(crate) enum Ended {
 /// the stale copy or an error without a request, and every fetch's result
 /// feeds both.
 pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
-    let now = SystemTime::now();
+    let now = fill.app.clock.now();
     if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
         return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
     }
@@ -467,7 +473,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             Skipped::CircuitOpen(fill.route.circuit.retry_after()),
         ));
     }
-    let ended = fetch_origin(fill).await;
+    let ended = fill.app.origin.fetch(fill).await;
     if let Some(ok) = origin_verdict(&ended) {
         fill.route.circuit.record(ok);
         let scope = fill.pass_scope();
@@ -475,7 +481,8 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             fill.app.l1.clear_backoff(&scope);
         } else {
             let policy = fill.route.backoff;
-            let backoff = policy.after_failure(fill.app.l1.last_backoff(&scope), SystemTime::now());
+            let backoff =
+                policy.after_failure(fill.app.l1.last_backoff(&scope), fill.app.clock.now());
             tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
             fill.app.l1.set_backoff(scope, backoff, policy.memory());
         }
@@ -520,249 +527,9 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
     }
 }
 
-/// The fetch itself.
-async fn fetch_origin(fill: &FillRequest) -> Ended {
-    let stale = fill.stale();
-    let stale = stale.as_ref();
-    let FillRequest {
-        app,
-        route,
-        head,
-        fwd,
-        ..
-    } = fill;
-    let fwd = *fwd;
-    let stamp = app.l1.generation_stamp();
-    let started = Instant::now();
-    let deadline = started + route.upstream.total;
-
-    // The fill asks for the whole representation: the client's own
-    // conditionals and ranges are answered by corral from the entry.
-    let mut headers = head.headers.clone();
-    for h in [
-        IF_NONE_MATCH,
-        IF_MODIFIED_SINCE,
-        IF_MATCH,
-        IF_UNMODIFIED_SINCE,
-        IF_RANGE,
-        RANGE,
-    ] {
-        headers.remove(h);
-    }
-    if let Some(stale) = stale {
-        if let Some(etag) = stale.headers().get(ETAG) {
-            headers.insert(IF_NONE_MATCH, etag.clone());
-        }
-        if let Some(lm) = stale.headers().get(LAST_MODIFIED) {
-            headers.insert(IF_MODIFIED_SINCE, lm.clone());
-        }
-    }
-    // The target is the key's: what is stored is exactly what was asked for.
-    let target = fill.primary.uri().target();
-    let req = match upstream_request(
-        route,
-        head,
-        Method::GET,
-        target,
-        headers,
-        Body::empty(),
-        RequestBody::None,
-    ) {
-        Ok(r) => r,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    let uri = req.uri().clone();
-    let res = match route.upstream.send(req, true, deadline).await {
-        Ok(r) => r,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    let response_time = SystemTime::now();
-    let (mut parts, body) = res.into_parts();
-    let framing = match sanitize_response(&mut parts) {
-        Ok(f) => f,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    let status = parts.status;
-
-    if let Some(stale) = stale {
-        if status.is_server_error() && stale.usable_on_error(response_time) {
-            return Ended::Outcome(FillOutcome::Stale {
-                entry: Arc::clone(stale),
-                fwd_status: Some(status.as_u16()),
-                detail: Detail::StaleIfError,
-            });
-        }
-        if status == StatusCode::NOT_MODIFIED {
-            return revalidated(fill, stale, &uri, &parts, response_time, stamp);
-        }
-    }
-
-    let read_body = |body, declared| {
-        buffer(
-            body,
-            declared,
-            route.policy.max_object_size,
-            &app.fill_memory,
-            deadline,
-            route.upstream.total,
-        )
-    };
-    let declared = declared_length(&parts.headers);
-    let decision = match framing {
-        Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
-        Framing::Plain => route
-            .policy
-            .evaluate(&Method::GET, &uri, &parts, response_time),
-    };
-    if matches!(decision, Decision::Store { .. }) {
-        fill.committed
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-    match decision {
-        Decision::Store { freshness } => match read_body(body, declared).await {
-            Buffered::Full(bytes) => {
-                let vary = Vary::parse(&parts.headers);
-                let vary_values = vary.values(&head.headers);
-                let private = freshness.sharing.keeps_private(fill.identity.as_ref());
-                let entry = Arc::new(
-                    StoredResponse::builder(
-                        status,
-                        parts.headers,
-                        crate::sealed::seal_or_keep(bytes),
-                        &freshness,
-                        response_time,
-                    )
-                    .fetch_duration(started.elapsed())
-                    .vary(vary.clone(), vary_values)
-                    .generation(stamp)
-                    .private(private)
-                    .build()
-                    .with_uri(fill.primary.uri().readable()),
-                );
-                let key = fill.entry_key(&entry);
-                app.l1.learn_vary(&fill.primary, &vary);
-                app.l1.clear_pass(&fill.pass_scope());
-                app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
-                Ended::Outcome(FillOutcome::Stored {
-                    entry,
-                    fwd: Some(fwd),
-                    fwd_status: Some(status.as_u16()),
-                })
-            }
-            Buffered::Over(reason, rest) => {
-                if reason == PassReason::TooLarge {
-                    fill.mark_pass();
-                }
-                Ended::Stream(reason, pass_response(parts, rest, fwd, reason))
-            }
-            Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
-        },
-        Decision::Pass(reason) if status.is_server_error() && shareable_error(reason) => {
-            // An error every waiter shares (without the leader's cookies),
-            // not a reason to stop coalescing: the next request tries the
-            // origin again. A `private` error is the caller's own: waiters
-            // fetch alone.
-            match read_body(body, declared).await {
-                Buffered::Full(bytes) => {
-                    let own = parts.clone();
-                    match SharedResponse::from_origin(parts, bytes.clone(), &head.headers) {
-                        Some(response) => Ended::Outcome(FillOutcome::Shared {
-                            response: Arc::new(response),
-                            fwd,
-                            detail: None,
-                        }),
-                        None => Ended::Stream(
-                            reason,
-                            pass_response(own, Body::from(bytes), fwd, reason),
-                        ),
-                    }
-                }
-                Buffered::Over(over, rest) => {
-                    Ended::Stream(over, pass_response(parts, rest, fwd, over))
-                }
-                Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
-            }
-        }
-        Decision::Pass(reason) => {
-            if reason != PassReason::ConflictingFraming {
-                fill.mark_pass();
-            }
-            let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
-            Ended::Stream(reason, pass_response(parts, body, fwd, reason))
-        }
-    }
-}
-
-/// True when an error answer with this pass reason may be fanned out to a
-/// flight's waiters: not one the origin made `private` (the caller's own),
-/// not one framed ambiguously.
-fn shareable_error(reason: PassReason) -> bool {
-    !matches!(
-        reason,
-        PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar
-    )
-}
-
-/// The Content-Length the origin declared, if any.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-}
-
-/// A 304 refreshed the stale entry: store the refreshed copy.
-fn revalidated(
-    fill: &FillRequest,
-    stale: &Arc<StoredResponse>,
-    uri: &http::Uri,
-    not_modified: &response::Parts,
-    response_time: SystemTime,
-    stamp: u64,
-) -> Ended {
-    let merged = merge_not_modified(stale.headers(), &not_modified.headers);
-    let mut merged_parts = not_modified.clone();
-    merged_parts.status = stale.status();
-    merged_parts.headers = merged;
-    let route = &fill.route;
-    match route
-        .policy
-        .evaluate(&Method::GET, uri, &merged_parts, response_time)
-    {
-        Decision::Store { freshness } => {
-            let entry = Arc::new(stale.revalidated(
-                &merged_parts.headers,
-                &freshness,
-                response_time,
-                stamp,
-            ));
-            let key = fill.entry_key(&entry);
-            fill.app
-                .l1
-                .insert(&key, fill.primary.uri(), Arc::clone(&entry));
-            Ended::Outcome(FillOutcome::Stored {
-                entry,
-                fwd: Some(Forward::Stale),
-                fwd_status: Some(StatusCode::NOT_MODIFIED.as_u16()),
-            })
-        }
-        Decision::Pass(reason) => {
-            // The body is still right for this request, but the origin no
-            // longer lets it be stored or shared.
-            let key = fill.entry_key(stale);
-            fill.app.l1.remove(&key);
-            fill.mark_pass();
-            let mut parts = merged_parts;
-            parts.headers.remove(CONTENT_LENGTH);
-            let body = Body::from(stale.body().clone());
-            Ended::Stream(reason, pass_response(parts, body, Forward::Stale, reason))
-        }
-    }
-}
-
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
-fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
+pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
     if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
         return stale;
     }
@@ -774,89 +541,5 @@ fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
         )),
         fwd: fill.fwd,
         detail: Some(Detail::Upstream(e.detail())),
-    }
-}
-
-fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassReason) -> Answer {
-    let st = corral_core::CacheStatus::forward(fwd)
-        .with_fwd_status(parts.status.as_u16())
-        .with_detail(Detail::Pass(reason));
-    Answer::new(
-        Response::from_parts(parts, body),
-        &st,
-        http::Version::HTTP_11,
-    )
-}
-
-enum Buffered {
-    Full(Bytes),
-    /// Not buffered whole (over the size limit, or over the fill memory
-    /// budget): what was read, followed by the rest, as one body.
-    Over(PassReason, Body),
-    Failed(UpstreamError),
-}
-
-/// Reads a body into memory, up to `limit` bytes, what `budget` grants and
-/// the deadline. `declared` (the origin's Content-Length) sizes the buffer
-/// once, so a stored body holds no spare capacity.
-async fn buffer(
-    mut body: Incoming,
-    declared: Option<u64>,
-    limit: u64,
-    budget: &Arc<Budget>,
-    deadline: Instant,
-    total: std::time::Duration,
-) -> Buffered {
-    let mut hold = budget.hold();
-    let initial = declared.unwrap_or(0).min(limit).min(1 << 20);
-    let mut buf = BytesMut::new();
-    if initial > 0 {
-        if !hold.grow(initial) {
-            return Buffered::Over(
-                PassReason::FillMemory,
-                Body::new(DeadlineBody::new(body, deadline, total)),
-            );
-        }
-        buf.reserve(usize::try_from(initial).unwrap_or(0));
-    }
-    loop {
-        match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Buffered::Failed(UpstreamError::TotalTimeout(total)),
-            Ok(None) => {
-                // A buffer that grew in steps holds up to twice its bytes:
-                // keep an exact copy instead.
-                let bytes = if buf.capacity() - buf.len() > buf.len() / 8 + 64 {
-                    Bytes::copy_from_slice(&buf)
-                } else {
-                    buf.freeze()
-                };
-                return Buffered::Full(bytes);
-            }
-            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
-            Ok(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers are not stored
-                };
-                let after = (buf.len() + data.len()) as u64;
-                let over = if after > limit {
-                    Some(PassReason::TooLarge)
-                } else if after > hold.held() && !hold.grow(after - hold.held()) {
-                    Some(PassReason::FillMemory)
-                } else {
-                    None
-                };
-                buf.extend_from_slice(&data);
-                if let Some(reason) = over {
-                    let head = futures_util::stream::once(std::future::ready(Ok::<
-                        Bytes,
-                        Box<dyn std::error::Error + Send + Sync>,
-                    >(
-                        buf.freeze()
-                    )));
-                    let rest = BodyDataStream::new(DeadlineBody::new(body, deadline, total));
-                    return Buffered::Over(reason, Body::from_stream(head.chain(rest)));
-                }
-            }
-        }
     }
 }

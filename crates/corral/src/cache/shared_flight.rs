@@ -1,4 +1,6 @@
-//! The second coalescing tier: one leader per key across every instance.
+//! The second coalescing tier: one leader per key across every instance,
+//! as a state machine over the [`SharedTier`] seam (Read → Acquire →
+//! lead, or → Follow → Read again; every exit named).
 //! Only a local flight's leader (or background refresh) enters it through
 //! [`fill`], so each instance sends at most one request per key to Redis;
 //! a fill that does not coalesce uses L2 as a cache through [`fill_alone`]
@@ -10,127 +12,222 @@
 //! trouble falls back to fetching locally: Redis never fails a request.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
-use crate::cluster::l2::{L2, Probe};
-use crate::cluster::lease;
-use crate::cluster::protocol::FillNotice;
-use crate::cluster::protocol::Keys;
+use crate::cluster::protocol::{FillNotice, Keys};
+use crate::cluster::redis_link::L2Error;
+use crate::cluster::tier::{HeldLease, Probe, SharedTier};
 use crate::telemetry::metrics;
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_millis(250);
 
+/// Where a shared flight stands between two round trips.
+enum State {
+    /// L2 was read: serve what it holds, pass, leave a failing origin
+    /// alone, or go for the lease. `waited`: another fill held the lease
+    /// before, so taking it now is a takeover.
+    Read { probe: Probe, waited: bool },
+    /// Nothing to serve: take the lease (or learn that someone has it).
+    Acquire {
+        generation: u64,
+        had_backoff: bool,
+        waited: bool,
+    },
+    /// Another fill holds the lease: wait for its notice.
+    Follow,
+}
+
+/// What a read of L2 leads to.
+enum Judged {
+    /// L2's entry answers (stored into L1).
+    Serve(Ended),
+    /// The key is hit-for-pass across the cluster.
+    Pass,
+    /// The origin is in back-off for this key: no lease, no request; the
+    /// fill's gate answers stale or an error.
+    Backoff,
+    /// Nothing usable: someone has to fetch.
+    Fetch,
+}
+
+/// How a wait on another instance's fill ended.
+enum Followed {
+    /// It ended (an entry, a pass marker, or a free lease): read again.
+    Read(Probe),
+    /// `lock_timeout` passed with nothing to serve.
+    LockTimeout,
+    /// Its fetch failed; the back-off it recorded was read.
+    Failed,
+    /// Redis stopped answering.
+    Unavailable(L2Error),
+}
+
 /// A local flight's leader (or a background refresh) fills through the
 /// shared tier: L2, then the lease.
-pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
-    let app = &fill.app;
+pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
     let deadline = Instant::now() + fill.route.lock_timeout;
-    let (keys, mut probe) = match first_read(fill, l2).await {
+    let (keys, probe) = match first_read(fill, tier).await {
         Ok(read) => read,
-        Err(e) => return local(fill, &e.to_string()).await,
+        Err(e) => return local(fill, &e).await,
     };
-    let mut backoff = POLL_FIRST;
-    let mut waited = false;
+    let mut poll = POLL_FIRST;
+    let mut state = State::Read {
+        probe,
+        waited: false,
+    };
     loop {
-        if let Some(hit) = usable(fill, &mut probe) {
-            return hit;
-        }
-        if probe.pass {
-            return Ended::PassKnown;
-        }
-        // The origin is failing for this key (this instance or another saw
-        // it): no lease, no fetch; the gate answers stale or an error.
-        if app
-            .l1
-            .active_backoff(&fill.pass_scope(), SystemTime::now())
-            .is_some()
-        {
-            return fetch_and_store(fill).await;
-        }
-        let had_backoff = probe.backoff.is_some();
-        let generation = probe.generation;
-        match lease::acquire(&l2.link, keys.lease(), l2.lease_ttl).await {
-            // A slow Redis may still have granted the lease: fetch here,
-            // and still try to share the answer, so that waiters elsewhere
-            // do not wait out a lease nobody will release.
-            Err(e) => return local_then_share(fill, l2, &keys, generation, &e.to_string()).await,
-            Ok(Some(lease)) => {
-                metrics::lease(if waited { "taken_over" } else { "acquired" });
-                // Other instances now wait on this fill.
-                fill.committed
-                    .store(true, std::sync::atomic::Ordering::Release);
-                // Double-check: the previous leader may have stored it just
-                // before releasing.
-                if let Ok(mut again) = read(fill, l2, &keys).await
-                    && let Some(hit) = usable(fill, &mut again)
-                {
-                    let _ = lease.release().await;
-                    return hit;
-                }
-                let watchdog = lease.watchdog();
-                let ended = fetch_and_store(fill).await;
-                let result = match &ended {
-                    Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
-                        Fetched::Stored(Arc::clone(entry))
-                    }
-                    Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
-                    Ended::Outcome(_) => Fetched::Failed,
-                };
-                let notice = publish_result(fill, l2, &keys, result, generation, had_backoff).await;
-                drop(watchdog);
-                if let Ok(false) = lease.release().await {
-                    tracing::warn!(lease = %keys.lease(), "the lease had passed to another leader before release");
-                }
-                let _ = l2.publish(&keys, notice).await;
-                return ended;
-            }
-            Ok(None) => {
-                metrics::lease("lost");
-                waited = true;
-            }
-        }
-        // Someone else leads: wait for its notice, polling as a safety net.
-        let mut watch = l2.watch(&keys).await;
-        loop {
-            probe = match read(fill, l2, &keys).await {
-                Ok(p) => p,
-                Err(e) => return local(fill, &e.to_string()).await,
-            };
-            if probe.pass || !probe.lease_held || can_serve(fill, &probe) {
-                break; // served, passed, or the lease is free to take over
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return lock_timeout(fill).await;
-            }
-            let jitter = Duration::from_millis(rand::random::<u64>() % 10);
-            let wait = (backoff + jitter).min(deadline - now);
-            tokio::select! {
-                n = watch.next() => match n {
-                    // The leader's fetch failed and stored nothing. Its
-                    // back-off is in Redis: read it (and any stale copy)
-                    // so that this instance leaves the origin alone too,
-                    // rather than every waiting instance asking it again.
-                    Some(FillNotice::Failed) => {
-                        let _ = read(fill, l2, &keys).await;
-                        return fetch_and_store(fill).await;
-                    }
-                    Some(_) => {}
-                    None => tokio::time::sleep(wait).await,
+        state = match state {
+            State::Read { mut probe, waited } => match judge(fill, &mut probe) {
+                Judged::Serve(hit) => return hit,
+                Judged::Pass => return Ended::PassKnown,
+                Judged::Backoff => return fetch_and_store(fill).await,
+                Judged::Fetch => State::Acquire {
+                    generation: probe.generation,
+                    had_backoff: probe.backoff.is_some(),
+                    waited,
                 },
-                _ = tokio::time::sleep(wait) => {
-                    backoff = (backoff * 2).min(POLL_MAX);
+            },
+            State::Acquire {
+                generation,
+                had_backoff,
+                waited,
+            } => match tier.acquire(&keys).await {
+                // A slow Redis may still have granted the lease: fetch
+                // here, and still try to share the answer, so that waiters
+                // elsewhere do not wait out a lease nobody will release.
+                Err(e) => return local_then_share(fill, tier, &keys, generation, &e).await,
+                Ok(Some(lease)) => {
+                    metrics::lease(if waited { "taken_over" } else { "acquired" });
+                    return lead(fill, tier, &keys, lease, generation, had_backoff).await;
                 }
+                Ok(None) => {
+                    metrics::lease("lost");
+                    State::Follow
+                }
+            },
+            State::Follow => match follow(fill, tier, &keys, deadline, &mut poll).await {
+                Followed::Read(probe) => State::Read {
+                    probe,
+                    waited: true,
+                },
+                Followed::LockTimeout => return lock_timeout(fill).await,
+                Followed::Failed => return fetch_and_store(fill).await,
+                Followed::Unavailable(e) => return local(fill, &e).await,
+            },
+        };
+    }
+}
+
+fn judge(fill: &FillRequest, probe: &mut Probe) -> Judged {
+    if let Some(hit) = usable(fill, probe) {
+        return Judged::Serve(hit);
+    }
+    if probe.pass {
+        return Judged::Pass;
+    }
+    // The origin is failing for this key (this instance or another saw
+    // it): the gate answers without a request.
+    let now = fill.app.clock.now();
+    if fill
+        .app
+        .l1
+        .active_backoff(&fill.pass_scope(), now)
+        .is_some()
+    {
+        return Judged::Backoff;
+    }
+    Judged::Fetch
+}
+
+/// The lease is this fill's: every other instance waits on it.
+async fn lead(
+    fill: &FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+    lease: Box<dyn HeldLease>,
+    generation: u64,
+    had_backoff: bool,
+) -> Ended {
+    fill.committed
+        .store(true, std::sync::atomic::Ordering::Release);
+    // Double-check: the previous leader may have stored it just before
+    // releasing.
+    if let Ok(mut again) = read(fill, tier, keys).await
+        && let Some(hit) = usable(fill, &mut again)
+    {
+        let _ = lease.release().await;
+        return hit;
+    }
+    let keep_alive = lease.keep_alive();
+    let ended = fetch_and_store(fill).await;
+    let notice = publish_result(
+        fill,
+        tier,
+        keys,
+        Fetched::of(&ended),
+        generation,
+        had_backoff,
+    )
+    .await;
+    drop(keep_alive);
+    let name = lease.name().to_owned();
+    if let Ok(false) = lease.release().await {
+        tracing::warn!(lease = %name, "the lease had passed to another leader before release");
+    }
+    let _ = tier.publish(keys, notice).await;
+    ended
+}
+
+/// Waits for the lease holder's notice, polling L2 with backoff and
+/// jitter as a safety net (a notice can be lost; a holder can die).
+async fn follow(
+    fill: &FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+    deadline: Instant,
+    poll: &mut Duration,
+) -> Followed {
+    // Subscribed before the read, so no notice falls between the two.
+    let mut notices = tier.watch(keys).await;
+    loop {
+        let probe = match read(fill, tier, keys).await {
+            Ok(p) => p,
+            Err(e) => return Followed::Unavailable(e),
+        };
+        if probe.pass || !probe.lease_held || can_serve(fill, &probe) {
+            // Served, passed, or the lease is free to take over.
+            if Instant::now() >= deadline && !can_serve(fill, &probe) {
+                return Followed::LockTimeout;
             }
+            return Followed::Read(probe);
         }
-        drop(watch);
-        if Instant::now() >= deadline && !can_serve(fill, &probe) {
-            return lock_timeout(fill).await;
+        let now = Instant::now();
+        if now >= deadline {
+            return Followed::LockTimeout;
+        }
+        let jitter = Duration::from_millis(rand::random::<u64>() % 10);
+        let wait = (*poll + jitter).min(deadline - now);
+        tokio::select! {
+            n = notices.next() => match n {
+                // The leader's fetch failed and stored nothing. Its
+                // back-off is in Redis: read it (and any stale copy) so
+                // that this instance leaves the origin alone too, rather
+                // than every waiting instance asking it again.
+                Some(FillNotice::Failed) => {
+                    let _ = read(fill, tier, keys).await;
+                    return Followed::Failed;
+                }
+                Some(_) => {}
+                None => tokio::time::sleep(wait).await,
+            },
+            () = tokio::time::sleep(wait) => {
+                *poll = (*poll * 2).min(POLL_MAX);
+            }
         }
     }
 }
@@ -140,10 +237,10 @@ pub async fn fill(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
 /// own): L2 is a cache for it like L1, so it reads L2 and writes what it
 /// fetched there, but it takes no lease and waits for nobody, so each such
 /// request reaches the origin on its own, as it would without Redis.
-pub async fn fill_alone(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
-    let (keys, mut probe) = match first_read(fill, l2).await {
+pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
+    let (keys, mut probe) = match first_read(fill, tier).await {
         Ok(read) => read,
-        Err(e) => return local(fill, &e.to_string()).await,
+        Err(e) => return local(fill, &e).await,
     };
     if let Some(hit) = usable(fill, &mut probe) {
         return hit;
@@ -152,18 +249,13 @@ pub async fn fill_alone(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
         return Ended::PassKnown;
     }
     let ended = fetch_and_store(fill).await;
-    let result = match &ended {
-        Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
-        Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
-        Ended::Outcome(_) => Fetched::Failed,
-    };
     // Nobody waits on this fill's lease: the record is written (entry,
     // hit-for-pass or back-off), no notice is sent.
     publish_result(
         fill,
-        l2,
+        tier,
         &keys,
-        result,
+        Fetched::of(&ended),
         probe.generation,
         probe.backoff.is_some(),
     )
@@ -174,13 +266,10 @@ pub async fn fill_alone(fill: &FillRequest, l2: &Arc<L2>) -> Ended {
 /// The first read of a fill: the variant's keys and what L2 holds for them.
 /// Another instance may know this URI's Vary set already: it is used, so
 /// that the right variant is read (and the right lease taken).
-async fn first_read(
-    fill: &FillRequest,
-    l2: &L2,
-) -> Result<(Keys, Probe), crate::cluster::redis_link::L2Error> {
+async fn first_read(fill: &FillRequest, tier: &dyn SharedTier) -> Result<(Keys, Probe), L2Error> {
     let app = &fill.app;
-    let keys = l2.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
-    let mut probe = read(fill, l2, &keys).await?;
+    let keys = tier.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
+    let mut probe = read(fill, tier, &keys).await?;
     let mut keys = keys;
     if let Some(vary) = &probe.vary
         && *vary != app.l1.learned_vary(&fill.primary)
@@ -189,8 +278,8 @@ async fn first_read(
         let values = vary.values(&fill.head.headers);
         let variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
-            keys = l2.keys(&fill.primary, variant.digest, fill.identity.as_ref());
-            probe = read(fill, l2, &keys).await?;
+            keys = tier.keys(&fill.primary, variant.digest, fill.identity.as_ref());
+            probe = read(fill, tier, &keys).await?;
         }
     }
     metrics::l2(if can_serve(fill, &probe) {
@@ -206,18 +295,14 @@ async fn first_read(
 /// recorded is adopted here, and an entry too old to serve fresh but still
 /// good for stale-if-error is kept as the fill's fallback, so an instance
 /// with no copy of its own serves Redis's when the origin fails.
-async fn read(
-    fill: &FillRequest,
-    l2: &L2,
-    keys: &Keys,
-) -> Result<Probe, crate::cluster::redis_link::L2Error> {
+async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<Probe, L2Error> {
     let app = &fill.app;
-    let mut probe = l2.probe(keys, app.l1.generation_stamp()).await?;
+    let mut probe = tier.probe(keys, app.l1.generation_stamp()).await?;
     probe.entry = probe.entry.take().and_then(|e| {
         let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
         app.l1.apply_bans(e).map(Arc::unwrap_or_clone)
     });
-    let now = SystemTime::now();
+    let now = app.clock.now();
     let scope = fill.pass_scope();
     if let Some(theirs) = probe.backoff.filter(|b| b.active(now))
         && app
@@ -245,7 +330,7 @@ async fn read(
 fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
     probe.entry.as_ref().is_some_and(|e| {
         matches!(
-            e.state(SystemTime::now()),
+            e.state(fill.app.clock.now()),
             EntryState::Fresh | EntryState::StaleWhileRevalidate
         ) && e.matches_vary(&fill.head.headers)
             && fill
@@ -272,7 +357,6 @@ fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     }))
 }
 
-/// Writes L2 for what the fill got, and names the notice to send.
 /// What the leader's fetch came to, as L2 records it.
 enum Fetched {
     Stored(Arc<StoredResponse>),
@@ -280,34 +364,45 @@ enum Fetched {
     Failed,
 }
 
+impl Fetched {
+    fn of(ended: &Ended) -> Self {
+        match ended {
+            Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
+            Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
+            Ended::Outcome(_) => Fetched::Failed,
+        }
+    }
+}
+
+/// Writes L2 for what the fill got, and names the notice to send.
 /// `had_backoff`: the key was in back-off when read, so a success clears it
 /// for every instance.
 async fn publish_result(
     fill: &FillRequest,
-    l2: &L2,
+    tier: &dyn SharedTier,
     keys: &Keys,
     fetched: Fetched,
     generation: u64,
     had_backoff: bool,
 ) -> FillNotice {
     if had_backoff && !matches!(fetched, Fetched::Failed) {
-        let _ = l2.clear_backoff(keys).await;
+        let _ = tier.clear_backoff(keys).await;
     }
     match fetched {
         Fetched::Stored(entry) => {
-            store(l2, fill, keys, &entry, generation).await;
+            store(tier, fill, keys, &entry, generation).await;
             FillNotice::Stored
         }
         Fetched::Pass => {
-            let _ = l2.mark_pass(keys, fill.route.policy.hit_for_pass).await;
+            let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
             FillNotice::Pass
         }
         Fetched::Failed => {
             // Before the notice: the waiting instances read it on Failed.
-            let now = SystemTime::now();
+            let now = fill.app.clock.now();
             if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
-                let _ = l2
-                    .set_backoff(keys, &backoff, fill.route.backoff.memory())
+                let _ = tier
+                    .set_backoff(keys, &backoff, fill.route.backoff.memory(), now)
                     .await;
             }
             FillNotice::Failed
@@ -315,41 +410,52 @@ async fn publish_result(
     }
 }
 
-async fn store(l2: &L2, fill: &FillRequest, keys: &Keys, entry: &StoredResponse, generation: u64) {
+async fn store(
+    tier: &dyn SharedTier,
+    fill: &FillRequest,
+    keys: &Keys,
+    entry: &StoredResponse,
+    generation: u64,
+) {
     // The entry may be stored under another variant than the flight's
     // (a shareable answer to an authenticated request, a new Vary).
     let stored_key = fill.entry_key(entry);
     let target = if stored_key.digest == fill.variant.digest {
         None
     } else {
-        Some(l2.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
+        Some(tier.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
     };
-    if let Err(e) = l2
-        .store(target.as_ref().unwrap_or(keys), entry, generation)
+    if let Err(e) = tier
+        .store(
+            target.as_ref().unwrap_or(keys),
+            entry,
+            generation,
+            fill.app.clock.now(),
+        )
         .await
     {
         tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
     }
 }
 
-async fn local(fill: &FillRequest, why: &str) -> Ended {
-    tracing::debug!(key = %fill.primary.loggable(), reason = why, "Redis unavailable: coalescing locally");
+async fn local(fill: &FillRequest, why: &L2Error) -> Ended {
+    tracing::debug!(key = %fill.primary.loggable(), reason = %why, "Redis unavailable: coalescing locally");
     fetch_and_store(fill).await
 }
 
 /// `local`, then a best-effort L2 write and notice.
 async fn local_then_share(
     fill: &FillRequest,
-    l2: &L2,
+    tier: &dyn SharedTier,
     keys: &Keys,
     generation: u64,
-    why: &str,
+    why: &L2Error,
 ) -> Ended {
     let ended = local(fill, why).await;
     if let Ended::Outcome(FillOutcome::Stored { entry, .. }) = &ended {
         let entry = Arc::clone(entry);
-        store(l2, fill, keys, &entry, generation).await;
-        let _ = l2.publish(keys, FillNotice::Stored).await;
+        store(tier, fill, keys, &entry, generation).await;
+        let _ = tier.publish(keys, FillNotice::Stored).await;
     }
     ended
 }

@@ -7,28 +7,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use corral_core::{Digest, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
+use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
+use futures_util::future::BoxFuture;
 use http::header::HeaderName;
 
+use crate::cluster::lease;
 use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, Layout, RECORD_TTL, STORE, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
+use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
 use crate::config::RedisConfig;
-
-/// What one read of a variant's keys found.
-pub struct Probe {
-    pub entry: Option<StoredResponse>,
-    /// The Vary set another instance learned for this URI.
-    pub vary: Option<Vary>,
-    pub pass: bool,
-    pub lease_held: bool,
-    /// The URI's invalidation generation when read.
-    pub generation: u64,
-    /// The key's back-off, as the instance that last failed recorded it.
-    pub backoff: Option<corral_core::Backoff>,
-}
 
 /// The shared store.
 pub struct L2 {
@@ -124,8 +114,9 @@ impl L2 {
         keys: &Keys,
         backoff: &corral_core::Backoff,
         keep: Duration,
+        now: SystemTime,
     ) -> Result<(), L2Error> {
-        let ttl = backoff.remaining(SystemTime::now()) + keep;
+        let ttl = backoff.remaining(now) + keep;
         let mut cmd = redis::cmd("SET");
         cmd.arg(keys.backoff())
             .arg(backoff.encode())
@@ -148,11 +139,12 @@ impl L2 {
         keys: &Keys,
         entry: &StoredResponse,
         generation: u64,
+        now: SystemTime,
     ) -> Result<bool, L2Error> {
         if entry.body().len() as u64 > self.max_object_size {
             return Ok(false);
         }
-        let ttl = entry.residency(SystemTime::now());
+        let ttl = entry.residency(now);
         if ttl.is_zero() {
             return Ok(false);
         }
@@ -250,6 +242,62 @@ impl L2 {
 }
 
 /// `-` for no Vary, `*` for Vary: *, else the names joined by commas.
+impl SharedTier for L2 {
+    fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
+        L2::keys(self, primary, variant, identity)
+    }
+    fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
+        Box::pin(L2::probe(self, keys, stamp))
+    }
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
+        Box::pin(async move {
+            let lease = lease::acquire(&self.link, keys.lease(), self.lease_ttl).await?;
+            Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
+        })
+    }
+    fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>> {
+        Box::pin(async move { Box::new(L2::watch(self, keys).await) as Box<dyn Notices> })
+    }
+    fn store<'a>(
+        &'a self,
+        keys: &'a Keys,
+        entry: &'a StoredResponse,
+        generation: u64,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, L2Error>> {
+        Box::pin(L2::store(self, keys, entry, generation, now))
+    }
+    fn mark_pass<'a>(
+        &'a self,
+        keys: &'a Keys,
+        duration: Duration,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::mark_pass(self, keys, duration))
+    }
+    fn set_backoff<'a>(
+        &'a self,
+        keys: &'a Keys,
+        backoff: &'a Backoff,
+        keep: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::set_backoff(self, keys, backoff, keep, now))
+    }
+    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::clear_backoff(self, keys))
+    }
+    fn publish<'a>(
+        &'a self,
+        keys: &'a Keys,
+        notice: FillNotice,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::publish(self, keys, notice))
+    }
+}
+
 fn vary_record(v: &Vary) -> String {
     match v {
         Vary::None => "-".to_owned(),

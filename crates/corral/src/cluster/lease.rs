@@ -107,3 +107,15 @@ impl Drop for Watchdog {
         self.0.abort();
     }
 }
+
+impl crate::cluster::tier::HeldLease for Lease {
+    fn keep_alive(&self) -> Box<dyn Send> {
+        Box::new(self.watchdog())
+    }
+    fn release(self: Box<Self>) -> futures_util::future::BoxFuture<'static, Result<bool, L2Error>> {
+        Box::pin(Lease::release(*self))
+    }
+    fn name(&self) -> &str {
+        &self.key
+    }
+}

@@ -1,7 +1,8 @@
 //! What instances share through Redis: the connection and its breaker
 //! (`redis_link`, `breaker`), the wire format (`protocol`), the shared
 //! store (`l2`), the cross-instance lease (`lease`) and the pub/sub
-//! subscriber (`subscriber`). Knows nothing of HTTP answers.
+//! subscriber (`subscriber`), and the seam the cache path reaches all of
+//! it through (`tier`). Knows nothing of HTTP answers.
 
 pub mod breaker;
 pub mod l2;
@@ -9,3 +10,4 @@ pub mod lease;
 pub mod protocol;
 pub mod redis_link;
 pub mod subscriber;
+pub mod tier;

@@ -231,3 +231,9 @@ impl Drop for NoticeWatch {
         self.owner.unwatch(&self.channel);
     }
 }
+
+impl crate::cluster::tier::Notices for NoticeWatch {
+    fn next(&mut self) -> futures_util::future::BoxFuture<'_, Option<FillNotice>> {
+        Box::pin(NoticeWatch::next(self))
+    }
+}

@@ -6,7 +6,6 @@
 //! prefix / tag / soft purges become bans stored in Redis and broadcast.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -177,7 +176,7 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
 async fn ban(app: &Arc<App>, target: BanTarget, soft: bool) {
     let ban = Ban {
         target,
-        at: SystemTime::now(),
+        at: app.clock.now(),
         soft,
     };
     app.l1.bans.add(ban.clone());

@@ -1,0 +1,97 @@
+//! The shared tier as the cache sees it: the seam between the miss path
+//! (`cache/`) and Redis. The cache holds an `Arc<dyn SharedTier>` and never
+//! names [`L2`](crate::cluster::l2::L2), so the lease protocol it runs can
+//! be driven by an in-memory tier in unit tests, and the import runs one
+//! way: cache → cluster.
+
+use std::time::{Duration, SystemTime};
+
+use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, Vary};
+use futures_util::future::BoxFuture;
+
+use crate::cluster::protocol::{FillNotice, Keys};
+use crate::cluster::redis_link::L2Error;
+
+/// What one round trip read about a variant.
+pub struct Probe {
+    /// The stored entry, decoded (a corrupt one reads as `None`).
+    pub entry: Option<StoredResponse>,
+    /// The URI's Vary set, as the last fill recorded it.
+    pub vary: Option<Vary>,
+    /// The key is hit-for-pass for this caller's scope.
+    pub pass: bool,
+    /// Another fill holds the variant's lease.
+    pub lease_held: bool,
+    /// The URI's generation (bumped by invalidation).
+    pub generation: u64,
+    /// The origin's back-off for this key, as some instance recorded it.
+    pub backoff: Option<Backoff>,
+}
+
+/// A held lease: the one fill, across every instance, that fetches a
+/// variant.
+pub trait HeldLease: Send {
+    /// Keeps the lease alive while the fetch runs; dropping the guard
+    /// stops extending it.
+    fn keep_alive(&self) -> Box<dyn Send>;
+    /// Gives the lease up; `Ok(false)` when it had passed to another
+    /// holder already.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<bool, L2Error>>;
+    /// The lease's name, for logs.
+    fn name(&self) -> &str;
+}
+
+/// One waiter's subscription to a variant's fill notices.
+pub trait Notices: Send {
+    /// The next notice; `None` once no more can come (the subscriber is
+    /// gone): the waiter polls instead.
+    fn next(&mut self) -> BoxFuture<'_, Option<FillNotice>>;
+}
+
+/// Redis as the cache path uses it. Every call may fail; the cache path
+/// treats a failure as "Redis is not there" and serves locally.
+pub trait SharedTier: Send + Sync {
+    /// The records of one variant.
+    fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys;
+    /// Reads every record of a variant in one round trip.
+    fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>>;
+    /// Takes the variant's lease if nobody holds it.
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>>;
+    /// Subscribes to the variant's fill notices (before re-reading, so
+    /// that no notice falls between the read and the wait).
+    fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>>;
+    /// Writes an entry under the generation it was fetched in; `Ok(false)`
+    /// when it was not written (too large, expired, or invalidated since).
+    fn store<'a>(
+        &'a self,
+        keys: &'a Keys,
+        entry: &'a StoredResponse,
+        generation: u64,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, L2Error>>;
+    /// Marks the key hit-for-pass for `duration`.
+    fn mark_pass<'a>(
+        &'a self,
+        keys: &'a Keys,
+        duration: Duration,
+    ) -> BoxFuture<'a, Result<(), L2Error>>;
+    /// Records the origin's back-off for every instance, kept `keep` past
+    /// its end.
+    fn set_backoff<'a>(
+        &'a self,
+        keys: &'a Keys,
+        backoff: &'a Backoff,
+        keep: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<(), L2Error>>;
+    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>>;
+    /// Announces how a fill ended to the variant's waiters.
+    fn publish<'a>(
+        &'a self,
+        keys: &'a Keys,
+        notice: FillNotice,
+    ) -> BoxFuture<'a, Result<(), L2Error>>;
+}
