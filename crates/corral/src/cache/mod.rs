@@ -9,3 +9,6 @@ pub mod fetch;
 pub mod fill;
 pub mod respond;
 pub mod shared_flight;
+
+#[cfg(test)]
+mod tests;

@@ -31,7 +31,7 @@ enum State {
     /// L2 was read: serve what it holds, pass, leave a failing origin
     /// alone, or go for the lease. `waited`: another fill held the lease
     /// before, so taking it now is a takeover.
-    Read { probe: Probe, waited: bool },
+    Read { probe: Box<Probe>, waited: bool },
     /// Nothing to serve: take the lease (or learn that someone has it).
     Acquire {
         generation: u64,
@@ -58,7 +58,7 @@ enum Judged {
 /// How a wait on another instance's fill ended.
 enum Followed {
     /// It ended (an entry, a pass marker, or a free lease): read again.
-    Read(Probe),
+    Read(Box<Probe>),
     /// `lock_timeout` passed with nothing to serve.
     LockTimeout,
     /// Its fetch failed; the back-off it recorded was read.
@@ -77,7 +77,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
     };
     let mut poll = POLL_FIRST;
     let mut state = State::Read {
-        probe,
+        probe: Box::new(probe),
         waited: false,
     };
     loop {
@@ -204,7 +204,7 @@ async fn follow(
             if Instant::now() >= deadline && !can_serve(fill, &probe) {
                 return Followed::LockTimeout;
             }
-            return Followed::Read(probe);
+            return Followed::Read(Box::new(probe));
         }
         let now = Instant::now();
         if now >= deadline {

@@ -1,0 +1,1127 @@
+//! The miss path's state machine driven through its three seams: a
+//! scripted origin, an in-memory shared tier and a paused clock. No socket,
+//! no Redis, no sleep: tokio's paused time jumps to the next timer, so a
+//! 5 s lock timeout or a lease that expires after 2 s takes no real time,
+//! and every transition (the ones only real failures reach end to end
+//! included) is asserted by what the origin and the tier saw.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use corral_core::head::{RequestBody, RequestHead};
+use corral_core::{
+    Backoff, Clock, Decision, Digest, Identity, PausedClock, PrimaryKey, StoredResponse, UriKey,
+    Vary,
+};
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::app::App;
+use crate::cache::cache_path;
+use crate::cache::fill::{Ended, FillOutcome, FillRequest, Origin, SharedResponse, failed};
+use crate::cache::respond::{Answer, CACHE_STATUS};
+use crate::cluster::protocol::{FillNotice, Keys, Layout};
+use crate::cluster::redis_link::L2Error;
+use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
+use crate::origin::upstream::UpstreamError;
+
+// ---------------------------------------------------------------------
+// The origin: answers from a script, counts what reached it.
+
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    /// 200 with this Cache-Control and body.
+    Ok(&'static str, &'static str),
+    /// 503 with this Cache-Control.
+    Unavailable(&'static str),
+    /// Connection refused.
+    Unreachable,
+}
+
+struct ScriptedOrigin {
+    script: Mutex<VecDeque<Reply>>,
+    /// What every request gets once the script has run out.
+    then: Reply,
+    /// How long each exchange takes (paused time).
+    takes: Duration,
+    hits: AtomicUsize,
+}
+
+impl ScriptedOrigin {
+    fn new(then: Reply, takes: Duration) -> Arc<Self> {
+        Self::scripted(&[], then, takes)
+    }
+
+    fn scripted(first: &[Reply], then: Reply, takes: Duration) -> Arc<Self> {
+        Arc::new(ScriptedOrigin {
+            script: Mutex::new(first.iter().copied().collect()),
+            then,
+            takes,
+            hits: AtomicUsize::new(0),
+        })
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// The exchange, kept as the real one keeps it: a storable answer is
+    /// stored in L1 under the fill's key; a 5xx is shared with every
+    /// waiter (or replaced by the stale copy stale-if-error allows); a
+    /// refused connection is the shared failure.
+    async fn exchange(&self, fill: &FillRequest) -> Ended {
+        self.hits.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.takes).await;
+        let reply = self
+            .script
+            .lock()
+            .expect("not poisoned")
+            .pop_front()
+            .unwrap_or(self.then);
+        let (status, cache_control, body) = match reply {
+            Reply::Ok(cc, body) => (StatusCode::OK, cc, body),
+            Reply::Unavailable(cc) => (StatusCode::SERVICE_UNAVAILABLE, cc, "down"),
+            Reply::Unreachable => {
+                return Ended::Outcome(failed(
+                    fill,
+                    &UpstreamError::Connect("connection refused".into()),
+                ));
+            }
+        };
+        let now = fill.app.clock.now();
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static(cache_control),
+        );
+        let (parts, ()) = response.into_parts();
+        let uri: http::Uri = format!("http://{}{}", fill.head.host, fill.primary.uri().target())
+            .parse()
+            .expect("unit-test setup");
+        if status.is_server_error()
+            && let Some(stale) = fill.stale().filter(|s| s.usable_on_error(now))
+        {
+            return Ended::Outcome(FillOutcome::Stale {
+                entry: stale,
+                fwd_status: Some(status.as_u16()),
+                detail: corral_core::Detail::StaleIfError,
+            });
+        }
+        match fill.route.policy.evaluate(&Method::GET, &uri, &parts, now) {
+            Decision::Store { freshness } => {
+                let entry = Arc::new(
+                    StoredResponse::builder(
+                        status,
+                        parts.headers,
+                        Bytes::from_static(body.as_bytes()),
+                        &freshness,
+                        now,
+                    )
+                    .build()
+                    .with_uri(fill.primary.uri().readable()),
+                );
+                let key = fill.entry_key(&entry);
+                fill.app
+                    .l1
+                    .insert(&key, fill.primary.uri(), Arc::clone(&entry));
+                Ended::Outcome(FillOutcome::Stored {
+                    entry,
+                    fwd: Some(fill.fwd),
+                    fwd_status: Some(status.as_u16()),
+                })
+            }
+            Decision::Pass(_) if status.is_server_error() => {
+                let response = SharedResponse::from_origin(
+                    parts,
+                    Bytes::from_static(b"down"),
+                    &HeaderMap::new(),
+                )
+                .expect("no Vary: *");
+                Ended::Outcome(FillOutcome::Shared {
+                    response: Arc::new(response),
+                    fwd: fill.fwd,
+                    detail: None,
+                })
+            }
+            Decision::Pass(reason) => {
+                fill.mark_pass();
+                let status = corral_core::CacheStatus::forward(fill.fwd)
+                    .with_detail(corral_core::Detail::Pass(reason));
+                let response = Response::from_parts(parts, axum::body::Body::from(body));
+                Ended::Stream(
+                    reason,
+                    Answer::new(response, &status, http::Version::HTTP_11),
+                )
+            }
+        }
+    }
+}
+
+impl Origin for ScriptedOrigin {
+    fn fetch<'a>(&'a self, fill: &'a FillRequest) -> BoxFuture<'a, Ended> {
+        Box::pin(self.exchange(fill))
+    }
+}
+
+// ---------------------------------------------------------------------
+// The shared tier: Redis's records of each variant, in memory.
+
+struct Lease {
+    token: u64,
+    until: Instant,
+}
+
+#[derive(Default)]
+struct Records {
+    entries: HashMap<String, StoredResponse>,
+    passes: HashSet<String>,
+    leases: HashMap<String, Lease>,
+    backoffs: HashMap<String, Backoff>,
+    generation: u64,
+    published: Vec<FillNotice>,
+    stores: usize,
+}
+
+struct Tier {
+    layout: Layout,
+    records: Mutex<Records>,
+    notices: broadcast::Sender<FillNotice>,
+    /// Every call fails, as when Redis is unreachable.
+    down: AtomicBool,
+    /// Only taking the lease fails (a slow SET NX).
+    acquire_fails: AtomicBool,
+    /// Written into the entry key when the lease is granted: the previous
+    /// leader's store landing between this fill's read and its lease.
+    lands_on_acquire: Mutex<Option<StoredResponse>>,
+    probes: AtomicUsize,
+    acquired: AtomicUsize,
+    tokens: AtomicU64,
+}
+
+#[derive(Clone)]
+struct FakeTier(Arc<Tier>);
+
+impl FakeTier {
+    fn new() -> Self {
+        FakeTier(Arc::new(Tier {
+            layout: Layout::new("t"),
+            records: Mutex::new(Records::default()),
+            notices: broadcast::channel(16).0,
+            down: AtomicBool::new(false),
+            acquire_fails: AtomicBool::new(false),
+            lands_on_acquire: Mutex::new(None),
+            probes: AtomicUsize::new(0),
+            acquired: AtomicUsize::new(0),
+            tokens: AtomicU64::new(1),
+        }))
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, Records> {
+        self.0.records.lock().expect("not poisoned")
+    }
+
+    fn failing(&self) -> Result<(), L2Error> {
+        if self.0.down.load(Ordering::SeqCst) {
+            Err(L2Error::NotConnected)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn published(&self) -> Vec<FillNotice> {
+        self.records().published.clone()
+    }
+
+    /// Another instance takes the variant's lease for `ttl`.
+    fn other_leads(&self, keys: &Keys, ttl: Duration) {
+        self.records().leases.insert(
+            keys.lease(),
+            Lease {
+                token: 0,
+                until: Instant::now() + ttl,
+            },
+        );
+    }
+
+    /// That instance's fill ends: its record, its release, its notice.
+    fn other_ends(&self, keys: &Keys, entry: Option<StoredResponse>, notice: Option<FillNotice>) {
+        let mut r = self.records();
+        if let Some(e) = entry {
+            r.entries.insert(keys.entry(), e);
+        }
+        r.leases.remove(&keys.lease());
+        drop(r);
+        if let Some(n) = notice {
+            let _ = self.0.notices.send(n);
+        }
+    }
+}
+
+struct FakeLease {
+    tier: FakeTier,
+    key: String,
+    token: u64,
+}
+
+impl HeldLease for FakeLease {
+    fn keep_alive(&self) -> Box<dyn Send> {
+        if let Some(l) = self.tier.records().leases.get_mut(&self.key) {
+            l.until = Instant::now() + Duration::from_secs(3600);
+        }
+        Box::new(())
+    }
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<bool, L2Error>> {
+        Box::pin(async move {
+            self.tier.failing()?;
+            let mut r = self.tier.records();
+            let mine = r
+                .leases
+                .get(&self.key)
+                .is_some_and(|l| l.token == self.token);
+            if mine {
+                r.leases.remove(&self.key);
+            }
+            Ok(mine)
+        })
+    }
+    fn name(&self) -> &str {
+        &self.key
+    }
+}
+
+struct FakeNotices(broadcast::Receiver<FillNotice>);
+
+impl Notices for FakeNotices {
+    fn next(&mut self) -> BoxFuture<'_, Option<FillNotice>> {
+        Box::pin(async move {
+            loop {
+                match self.0.recv().await {
+                    Ok(n) => return Some(n),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+}
+
+impl SharedTier for FakeTier {
+    fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
+        self.0.layout.keys(primary, variant, identity)
+    }
+    fn probe<'a>(&'a self, keys: &'a Keys, _stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
+        Box::pin(async move {
+            self.0.probes.fetch_add(1, Ordering::SeqCst);
+            self.failing()?;
+            let r = self.records();
+            Ok(Probe {
+                entry: r.entries.get(&keys.entry()).cloned(),
+                vary: None,
+                pass: r.passes.contains(&keys.pass()),
+                lease_held: r
+                    .leases
+                    .get(&keys.lease())
+                    .is_some_and(|l| l.until > Instant::now()),
+                generation: r.generation,
+                backoff: r.backoffs.get(&keys.backoff()).copied(),
+            })
+        })
+    }
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            if self.0.acquire_fails.load(Ordering::SeqCst) {
+                return Err(L2Error::Timeout(Duration::from_millis(250)));
+            }
+            let mut r = self.records();
+            if r.leases
+                .get(&keys.lease())
+                .is_some_and(|l| l.until > Instant::now())
+            {
+                return Ok(None);
+            }
+            let token = self.0.tokens.fetch_add(1, Ordering::SeqCst);
+            r.leases.insert(
+                keys.lease(),
+                Lease {
+                    token,
+                    until: Instant::now() + Duration::from_secs(30),
+                },
+            );
+            if let Some(e) = self.0.lands_on_acquire.lock().expect("not poisoned").take() {
+                r.entries.insert(keys.entry(), e);
+            }
+            self.0.acquired.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(Box::new(FakeLease {
+                tier: self.clone(),
+                key: keys.lease(),
+                token,
+            }) as Box<dyn HeldLease>))
+        })
+    }
+    fn watch<'a>(&'a self, _keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>> {
+        Box::pin(
+            async move { Box::new(FakeNotices(self.0.notices.subscribe())) as Box<dyn Notices> },
+        )
+    }
+    fn store<'a>(
+        &'a self,
+        keys: &'a Keys,
+        entry: &'a StoredResponse,
+        generation: u64,
+        _now: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            let mut r = self.records();
+            if r.generation != generation {
+                return Ok(false);
+            }
+            r.entries.insert(keys.entry(), entry.clone());
+            r.stores += 1;
+            Ok(true)
+        })
+    }
+    fn mark_pass<'a>(
+        &'a self,
+        keys: &'a Keys,
+        _duration: Duration,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            self.records().passes.insert(keys.pass());
+            Ok(())
+        })
+    }
+    fn set_backoff<'a>(
+        &'a self,
+        keys: &'a Keys,
+        backoff: &'a Backoff,
+        _keep: Duration,
+        _now: SystemTime,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            self.records().backoffs.insert(keys.backoff(), *backoff);
+            Ok(())
+        })
+    }
+    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            self.records().backoffs.remove(&keys.backoff());
+            Ok(())
+        })
+    }
+    fn publish<'a>(
+        &'a self,
+        _keys: &'a Keys,
+        notice: FillNotice,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            self.records().published.push(notice);
+            let _ = self.0.notices.send(notice);
+            Ok(())
+        })
+    }
+}
+
+// ---------------------------------------------------------------------
+// The harness: an App with those seams, requests, answers.
+
+struct Harness {
+    app: Arc<App>,
+    origin: Arc<ScriptedOrigin>,
+    tier: Option<FakeTier>,
+    clock: PausedClock,
+}
+
+/// `route` is YAML added under the one route (indented four spaces).
+fn harness(origin: Arc<ScriptedOrigin>, tier: Option<FakeTier>, route: &str) -> Harness {
+    let text = format!(
+        "\
+listen: 127.0.0.1:8080
+admin: 127.0.0.1:9080
+cache:
+  memory: 64MiB
+routes:
+  - name: api
+    upstream: http://127.0.0.1:9
+{route}"
+    );
+    let config = crate::config::parse("unit.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+    let clock = PausedClock::new();
+    let app = App::with_seams(
+        &config,
+        Arc::clone(&origin) as Arc<dyn Origin>,
+        tier.clone().map(|t| Arc::new(t) as Arc<dyn SharedTier>),
+        Arc::new(clock),
+    );
+    Harness {
+        app: Arc::new(app),
+        origin,
+        tier,
+        clock,
+    }
+}
+
+struct Got {
+    status: StatusCode,
+    cache_status: String,
+    body: Bytes,
+}
+
+impl Harness {
+    fn head(&self, path: &str) -> RequestHead {
+        let (mut parts, ()) = Request::get(path)
+            .header("host", "api.test")
+            .body(())
+            .expect("unit-test setup")
+            .into_parts();
+        RequestHead::parse(&mut parts, [127, 0, 0, 1].into(), RequestBody::None)
+            .expect("unit-test setup")
+    }
+
+    async fn get(&self, path: &str) -> Got {
+        let route = Arc::clone(
+            self.app
+                .routes()
+                .find("api.test", path)
+                .expect("unit-test setup"),
+        );
+        let answer = cache_path::serve(Arc::clone(&self.app), route, self.head(path)).await;
+        let (parts, body) = answer.response.into_parts();
+        Got {
+            status: parts.status,
+            cache_status: parts
+                .headers
+                .get(&CACHE_STATUS)
+                .map(|v| v.to_str().expect("unit-test setup").to_owned())
+                .unwrap_or_default(),
+            body: body.collect().await.expect("unit-test setup").to_bytes(),
+        }
+    }
+
+    /// `n` concurrent GETs of `path`.
+    async fn stampede(&self, path: &str, n: usize) -> Vec<Got> {
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let h = self.clone_handle();
+            let path = path.to_owned();
+            tasks.push(tokio::spawn(async move { h.get(&path).await }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("unit-test setup"));
+        }
+        out
+    }
+
+    fn clone_handle(&self) -> Harness {
+        Harness {
+            app: Arc::clone(&self.app),
+            origin: Arc::clone(&self.origin),
+            tier: self.tier.clone(),
+            clock: self.clock,
+        }
+    }
+
+    /// The shared tier's keys of `path`'s one variant (no Vary, anonymous).
+    fn keys(&self, path: &str) -> Keys {
+        let route = self
+            .app
+            .routes()
+            .find("api.test", path)
+            .expect("unit-test setup")
+            .clone();
+        let uri = UriKey::new("api.test", path, None, &route.query_filter);
+        let primary = PrimaryKey::new(&route.name, uri);
+        let variant = primary.variant(None, &Vary::None.values(&HeaderMap::new()));
+        self.tier
+            .as_ref()
+            .expect("unit-test setup")
+            .keys(&primary, variant.digest, None)
+    }
+
+    /// An entry as another instance would have stored it, `age` old.
+    fn entry(
+        &self,
+        cache_control: &'static str,
+        body: &'static str,
+        age: Duration,
+    ) -> StoredResponse {
+        let mut response = Response::new(());
+        response.headers_mut().insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static(cache_control),
+        );
+        let (parts, ()) = response.into_parts();
+        let at = self.clock.now() - age;
+        let route = self
+            .app
+            .routes()
+            .find("api.test", "/")
+            .expect("unit-test setup")
+            .clone();
+        let uri: http::Uri = "http://api.test/".parse().expect("unit-test setup");
+        let Decision::Store { freshness } = route.policy.evaluate(&Method::GET, &uri, &parts, at)
+        else {
+            panic!("{cache_control} is not storable");
+        };
+        StoredResponse::builder(
+            StatusCode::OK,
+            parts.headers,
+            Bytes::from_static(body.as_bytes()),
+            &freshness,
+            at,
+        )
+        .build()
+    }
+}
+
+const SLOW: Duration = Duration::from_millis(200);
+const NO_EARLY_REFRESH: &str = "    cache: { early_refresh_beta: 0 }\n";
+
+fn tier(h: &Harness) -> &FakeTier {
+    h.tier.as_ref().expect("unit-test setup")
+}
+
+// ---------------------------------------------------------------------
+// The local flight: lookup → lead or follow → answer.
+
+#[tokio::test(start_paused = true)]
+async fn a_stampede_on_a_cold_key_reaches_the_origin_once() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), SLOW),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let answers = h.stampede("/a", 50).await;
+    assert_eq!(h.origin.hits(), 1);
+    for a in &answers {
+        assert_eq!((a.status, &a.body[..]), (StatusCode::OK, &b"one"[..]));
+    }
+    // One leader stored it; every follower answered from the flight.
+    let count = |label: &str| {
+        answers
+            .iter()
+            .filter(|a| a.cache_status.split("; ").any(|p| p == label))
+            .count()
+    };
+    assert_eq!((count("stored"), count("collapsed")), (1, 49));
+    // Then a plain hit.
+    let hit = h.get("/a").await;
+    assert!(hit.cache_status.contains("; hit"), "{}", hit.cache_status);
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalescing_off_sends_every_caller_to_the_origin() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), SLOW),
+        None,
+        "    coalesce: { enabled: false }\n",
+    );
+    h.stampede("/a", 10).await;
+    assert_eq!(h.origin.hits(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalescing_off_with_a_shared_tier_takes_no_lease() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), SLOW),
+        Some(FakeTier::new()),
+        "    coalesce: { enabled: false }\n",
+    );
+    h.stampede("/a", 10).await;
+    assert_eq!(h.origin.hits(), 10);
+    assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 0);
+    // Each still writes L2 (a cache for it), and nobody is notified.
+    assert_eq!(tier(&h).records().stores, 10);
+    assert_eq!(tier(&h).published(), vec![]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_past_lock_timeout_does_what_on_timeout_says() {
+    // The leader's exchange takes 10 s; followers wait 1 s.
+    for (on_timeout, status, hits) in [
+        ("error", StatusCode::GATEWAY_TIMEOUT, 1),
+        ("fetch", StatusCode::OK, 2),
+    ] {
+        let h = harness(
+            ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(10)),
+            None,
+            &format!("    coalesce: {{ lock_timeout: 1s, on_timeout: {on_timeout} }}\n"),
+        );
+        let leader = {
+            let h = h.clone_handle();
+            tokio::spawn(async move { h.get("/a").await })
+        };
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        let follower = h.get("/a").await;
+        assert_eq!(follower.status, status, "on_timeout: {on_timeout}");
+        if on_timeout == "error" {
+            assert!(
+                follower.cache_status.contains("detail=lock-timeout"),
+                "{}",
+                follower.cache_status
+            );
+            assert_eq!(started.elapsed(), Duration::from_secs(1));
+        }
+        assert_eq!(
+            leader.await.expect("unit-test setup").status,
+            StatusCode::OK
+        );
+        assert_eq!(h.origin.hits(), hits, "on_timeout: {on_timeout}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_while_revalidate_answers_at_once_and_refreshes_once() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-while-revalidate=60", "v1")],
+            Reply::Ok("max-age=1, stale-while-revalidate=60", "v2"),
+            SLOW,
+        ),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    assert_eq!(h.get("/a").await.body, "v1");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let answers = h.stampede("/a", 20).await;
+    for a in &answers {
+        assert_eq!(a.body, "v1");
+        assert!(
+            a.cache_status.contains("detail=stale-while-revalidate"),
+            "{}",
+            a.cache_status
+        );
+    }
+    // One background refresh, finished in paused time.
+    tokio::time::sleep(SLOW * 2).await;
+    assert_eq!(h.origin.hits(), 2);
+    assert_eq!(h.get("/a").await.body, "v2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=600", "v1")],
+            Reply::Unreachable,
+            SLOW,
+        ),
+        None,
+        &format!("{NO_EARLY_REFRESH}    backoff: {{ min: 10s, max: 60s }}\n"),
+    );
+    h.get("/a").await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The refresh fails: stale-if-error answers, and the key backs off.
+    let first = h.get("/a").await;
+    assert_eq!(first.body, "v1");
+    assert!(
+        first.cache_status.contains("detail=stale-if-error"),
+        "{}",
+        first.cache_status
+    );
+    assert_eq!(h.origin.hits(), 2);
+    // For the back-off's 10 s, a stampede gets the stale copy and the
+    // origin gets nothing.
+    let answers = h.stampede("/a", 30).await;
+    for a in &answers {
+        assert_eq!(a.body, "v1");
+        assert!(
+            a.cache_status.contains("detail=backoff"),
+            "{}",
+            a.cache_status
+        );
+    }
+    assert_eq!(h.origin.hits(), 2);
+    // After it, one request tries again.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    h.stampede("/a", 10).await;
+    assert_eq!(h.origin.hits(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fill_with_no_slot_in_lock_timeout_answers_503_without_fetching() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(10)),
+        None,
+        "    coalesce: { max_fills: 1, lock_timeout: 1s }\n",
+    );
+    let first = {
+        let h = h.clone_handle();
+        tokio::spawn(async move { h.get("/a").await })
+    };
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let second = h.get("/b").await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        second.cache_status.contains("detail=fill-limit"),
+        "{}",
+        second.cache_status
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(first.await.expect("unit-test setup").body, "slow");
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fill_nobody_waits_for_any_more_is_cancelled() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(30)),
+        None,
+        "",
+    );
+    let leader = {
+        let h = h.clone_handle();
+        tokio::spawn(async move { h.get("/a").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!((h.origin.hits(), h.app.flights.len()), (1, 1));
+    // Its only client goes away: after the grace second, the fill (and
+    // its flight) end instead of fetching 30 s for nobody.
+    leader.abort();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.app.flights.len(), 0);
+    // Nothing was stored: long after, the next caller fetches again.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(h.get("/a").await.body, "slow");
+    assert_eq!(h.origin.hits(), 2);
+}
+
+// ---------------------------------------------------------------------
+// The shared tier: L2, the lease, other instances.
+
+#[tokio::test(start_paused = true)]
+async fn the_leader_takes_the_lease_fetches_records_and_announces() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    h.stampede("/a", 10).await;
+    assert_eq!(h.origin.hits(), 1);
+    let t = tier(&h);
+    // One instance, one request to Redis's lease per key.
+    assert_eq!(t.0.acquired.load(Ordering::SeqCst), 1);
+    assert_eq!(t.records().stores, 1);
+    assert!(t.records().leases.is_empty(), "the lease is released");
+    assert_eq!(t.published(), vec![FillNotice::Stored]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_in_l2_answers_without_a_lease_or_a_fetch() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "origin"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let entry = h.entry("max-age=60", "from-l2", Duration::from_secs(5));
+    tier(&h).records().entries.insert(keys.entry(), entry);
+    let got = h.get("/a").await;
+    assert_eq!(got.body, "from-l2");
+    assert_eq!(h.origin.hits(), 0);
+    assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 0);
+    // Now in L1: the next request does not read Redis.
+    let probes = tier(&h).0.probes.load(Ordering::SeqCst);
+    assert!(h.get("/a").await.cache_status.contains("; hit"));
+    assert_eq!(tier(&h).0.probes.load(Ordering::SeqCst), probes);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_stored_just_before_the_lease_is_served_by_the_double_check() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "origin"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let entry = h.entry("max-age=60", "previous-leader", Duration::ZERO);
+    *tier(&h).0.lands_on_acquire.lock().expect("not poisoned") = Some(entry);
+    assert_eq!(h.get("/a").await.body, "previous-leader");
+    assert_eq!(h.origin.hits(), 0);
+    assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 1);
+    assert!(tier(&h).records().leases.is_empty(), "released unused");
+    assert_eq!(tier(&h).published(), vec![]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_marker_in_l2_releases_the_waiters_to_fetch_alongside() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("private", "mine"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    tier(&h).records().passes.insert(keys.pass());
+    let started = Instant::now();
+    let answers = h.stampede("/a", 5).await;
+    // Nobody waited for anybody: all five fetched at once.
+    assert_eq!(h.origin.hits(), 5);
+    assert_eq!(started.elapsed(), SLOW);
+    assert!(answers.iter().all(|a| a.body == "mine"));
+    assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_uncacheable_answer_marks_the_key_pass_and_announces_it() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("no-store", "fresh-each-time"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let got = h.get("/a").await;
+    assert_eq!(got.body, "fresh-each-time");
+    assert!(
+        got.cache_status.contains("detail=no-store"),
+        "{}",
+        got.cache_status
+    );
+    let keys = h.keys("/a");
+    assert!(tier(&h).records().passes.contains(&keys.pass()));
+    assert_eq!(tier(&h).published(), vec![FillNotice::Pass]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_fetch_records_the_back_off_for_every_instance() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unreachable, SLOW),
+        Some(FakeTier::new()),
+        "    backoff: { min: 10s, max: 60s }\n",
+    );
+    let got = h.get("/a").await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY);
+    let keys = h.keys("/a");
+    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = recorded.expect("back-off written to L2");
+    assert!(recorded.active(h.clock.now()));
+    assert_eq!(tier(&h).published(), vec![FillNotice::Failed]);
+    assert!(tier(&h).records().leases.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_serves_what_the_other_instance_announces() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    t.other_leads(&keys, Duration::from_secs(30));
+    let entry = h.entry("max-age=60", "there", Duration::ZERO);
+    let other = {
+        let (t, keys) = (t.clone(), keys.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            t.other_ends(&keys, Some(entry), Some(FillNotice::Stored));
+        })
+    };
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    other.await.expect("unit-test setup");
+    assert!(answers.iter().all(|a| a.body == "there"));
+    assert_eq!(h.origin.hits(), 0);
+    // Woken by the notice, not by the poll's next tick.
+    assert_eq!(started.elapsed(), Duration::from_millis(700));
+    // One follower per instance reads Redis, polling with back-off: 25,
+    // 50, 100, 200 ms… not a read per caller per tick.
+    let probes = t.0.probes.load(Ordering::SeqCst);
+    assert!(probes <= 8, "{probes} probes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_notice_is_covered_by_polling() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    t.other_leads(&keys, Duration::from_secs(30));
+    let entry = h.entry("max-age=60", "there", Duration::ZERO);
+    let (t2, k2) = (t.clone(), keys.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        t2.other_ends(&k2, Some(entry), None);
+    });
+    let started = Instant::now();
+    assert_eq!(h.get("/a").await.body, "there");
+    assert_eq!(h.origin.hits(), 0);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400)
+            && waited < Duration::from_millis(400) + Duration::from_millis(260),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_holders_lease_is_taken_over_when_it_expires() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    // The holder died: its lease runs out in 2 s and nothing is announced.
+    tier(&h).other_leads(&keys, Duration::from_secs(2));
+    let started = Instant::now();
+    let got = h.get("/a").await;
+    assert_eq!(got.body, "here");
+    assert_eq!(h.origin.hits(), 1);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 1);
+    assert_eq!(tier(&h).published(), vec![FillNotice::Stored]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    t.other_leads(&keys, Duration::from_secs(30));
+    let policy = h
+        .app
+        .routes()
+        .find("api.test", "/a")
+        .expect("unit-test setup")
+        .backoff;
+    let backoff = policy.after_failure(None, h.clock.now());
+    let (t2, k2) = (t.clone(), keys.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        t2.records().backoffs.insert(k2.backoff(), backoff);
+        t2.other_ends(&k2, None, Some(FillNotice::Failed));
+    });
+    let answers = h.stampede("/a", 20).await;
+    // No stale copy anywhere: every caller gets the 503 of a key in
+    // back-off, and the failing origin gets nothing from this instance.
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            a.cache_status.contains("detail=backoff"),
+            "{}",
+            a.cache_status
+        );
+    }
+    assert_eq!(h.origin.hits(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_copy_in_l2_answers_when_the_origin_fails() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unavailable("no-store"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    // Expired 50 s ago, inside its stale-if-error window.
+    let entry = h.entry(
+        "max-age=10, stale-if-error=600",
+        "old",
+        Duration::from_secs(60),
+    );
+    tier(&h).records().entries.insert(keys.entry(), entry);
+    let got = h.get("/a").await;
+    assert_eq!(h.origin.hits(), 1);
+    assert_eq!(got.body, "old");
+    assert!(
+        got.cache_status.contains("detail=stale-if-error"),
+        "{}",
+        got.cache_status
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_times_out_on_a_lease_nobody_ends() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 3s, on_timeout: error }}\n"),
+    );
+    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600));
+    let started = Instant::now();
+    let got = h.get("/a").await;
+    assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        got.cache_status.contains("detail=lock-timeout"),
+        "{}",
+        got.cache_status
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert_eq!(h.origin.hits(), 0);
+    // Polling backs off to 250 ms: about 16 reads in 3 s, not 120.
+    let probes = tier(&h).0.probes.load(Ordering::SeqCst);
+    assert!((10..=20).contains(&probes), "{probes} probes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_down_coalesces_locally() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    tier(&h).0.down.store(true, Ordering::SeqCst);
+    let answers = h.stampede("/a", 10).await;
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn redis_lost_while_following_fetches_locally() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let t = tier(&h).clone();
+    t.other_leads(&h.keys("/a"), Duration::from_secs(3600));
+    let t2 = t.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        t2.0.down.store(true, Ordering::SeqCst);
+    });
+    let got = h.get("/a").await;
+    assert_eq!(got.body, "here");
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_that_could_not_be_confirmed_still_shares_the_answer() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    tier(&h).0.acquire_fails.store(true, Ordering::SeqCst);
+    assert_eq!(h.get("/a").await.body, "here");
+    assert_eq!(h.origin.hits(), 1);
+    // Stored and announced, so that waiters on a lease this fill may hold
+    // after all do not wait it out.
+    assert_eq!(tier(&h).records().stores, 1);
+    assert_eq!(tier(&h).published(), vec![FillNotice::Stored]);
+}
