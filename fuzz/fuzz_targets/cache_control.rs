@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use corral_core::envelope;
-use corral_core::policy::sanitize_age;
+use corral_core::sanitize_age;
 use corral_core::{CacheControl, Decision, RoutePolicy, Sharing, StoredResponse, Vary};
 use http::header::{
     AGE, CACHE_CONTROL, CONTENT_LENGTH, DATE, EXPIRES, HeaderName, LAST_MODIFIED, SET_COOKIE, VARY,
@@ -147,7 +147,7 @@ fn stored(parts: &http::response::Parts, freshness: &corral_core::Freshness, now
         let _ = entry.usable_on_error(t);
         let _ = entry.ttl_secs(t);
         let _ = entry.age_secs(t);
-        assert!(entry.residency(t) <= corral_core::entry::MAX_RESIDENCY);
+        assert!(entry.residency(t) <= corral_core::MAX_RESIDENCY);
     }
     let _ = entry.weight();
     let back = envelope::decode(&envelope::encode(&entry), 2).expect("a stored entry round-trips");

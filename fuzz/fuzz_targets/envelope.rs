@@ -5,7 +5,7 @@
 //! encode to the same bytes the second time (the encoding is stable).
 #![no_main]
 
-use corral_core::entry::StoredResponse;
+use corral_core::StoredResponse;
 use corral_core::envelope;
 use libfuzzer_sys::fuzz_target;
 

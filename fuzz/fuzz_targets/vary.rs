@@ -11,7 +11,7 @@
 #![no_main]
 
 use corral_core::Vary;
-use corral_core::vary::normalized_value;
+use corral_core::normalized_value;
 use http::header::{ACCEPT_ENCODING, HeaderName, VARY};
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;

@@ -1,25 +1,31 @@
 //! corral's cache logic: keys, variance, freshness, stored entries, the L1
 //! store and in-process request coalescing. Nothing in here serves HTTP or
 //! opens a socket, so every piece is unit-testable on its own.
+//!
+//! Each item has one path: the data and semantics modules are private and
+//! their API is re-exported here (`corral_core::StoredResponse`); the
+//! modules that are namespaces of free functions or of one step of the
+//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `xfetch`) are public
+//! and not re-exported.
 
-pub mod backoff;
-pub mod ban;
-pub mod budget;
-pub mod cache_control;
-pub mod cache_status;
-pub mod circuit;
-pub mod clock;
-pub mod entry;
+mod backoff;
+mod ban;
+mod budget;
+mod cache_control;
+mod cache_status;
+mod circuit;
+mod clock;
+mod entry;
 pub mod envelope;
-pub mod flight;
+mod flight;
 pub mod head;
 pub mod hop_by_hop;
-pub mod identity;
-pub mod key;
+mod identity;
+mod key;
 pub mod miss;
-pub mod policy;
-pub mod store;
-pub mod vary;
+mod policy;
+mod store;
+mod vary;
 pub mod xfetch;
 
 pub use backoff::{Backoff, BackoffPolicy};
@@ -29,10 +35,12 @@ pub use cache_control::CacheControl;
 pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward};
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use clock::{Clock, PausedClock, SystemClock};
-pub use entry::{EntryState, StoredResponse, merge_not_modified};
-pub use flight::{FlightEnd, Flights, Role, WaitResult};
+pub use entry::{
+    EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, compact, merge_not_modified,
+};
+pub use flight::{FlightEnd, Flights, Permit, Role, WaitResult};
 pub use identity::{Identity, IdentityRules};
 pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
-pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
+pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing, sanitize_age};
 pub use store::{L1, L1Config};
-pub use vary::Vary;
+pub use vary::{Vary, normalized_value};

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use corral_core::envelope;
 use corral_core::head::{RequestBody, RequestHead};
-use corral_core::policy::sanitize_age;
-use corral_core::vary::normalized_value;
+use corral_core::normalized_value;
+use corral_core::sanitize_age;
 use corral_core::{
     Freshness, Identity, IdentityRules, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey,
     Vary,

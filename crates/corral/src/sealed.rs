@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 /// Bodies shorter than this stay on the heap: below it the copy is cheaper
 /// than a second system call and a page-rounded file.
-pub const MIN_SEALED_LEN: usize = corral_core::entry::PAGE_BACKED_BODY;
+pub const MIN_SEALED_LEN: usize = corral_core::PAGE_BACKED_BODY;
 
 /// Each sealed body holds one open file descriptor. Unless told otherwise
 /// ([`set_max_live`]), at most this many exist at once; past the cap new

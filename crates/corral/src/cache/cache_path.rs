@@ -201,7 +201,7 @@ pub(crate) fn refresh_in_background(app: &App, flight_key: Digest, fill: FillReq
 /// Runs the fill in its own task and waits for it.
 async fn lead(
     fill: FillRequest,
-    permit: Option<corral_core::flight::Permit<FillOutcome>>,
+    permit: Option<corral_core::Permit<FillOutcome>>,
     head: bool,
 ) -> Answer {
     let request_headers = fill.head.headers.clone();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral_core::flight::Permit;
+use corral_core::Permit;
 use corral_core::head::RequestHead;
 use corral_core::{
     Admission, Detail, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
@@ -90,7 +90,7 @@ impl SharedResponse {
         }
         Some(SharedResponse {
             status: parts.status,
-            headers: corral_core::entry::compact(&parts.headers, &PER_CALLER),
+            headers: corral_core::compact(&parts.headers, &PER_CALLER),
             body,
             upstream_status: Some(parts.status.as_u16()),
             own_headers,
