@@ -416,6 +416,19 @@ impl SharedTier for FakeTier {
             Ok(())
         })
     }
+    fn invalidate<'a>(
+        &'a self,
+        _primary: &'a PrimaryKey,
+        _uri: &'a UriKey,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            let mut r = self.records();
+            r.generation += 1;
+            r.entries.clear();
+            Ok(())
+        })
+    }
     fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(async move {
             self.failing()?;
@@ -1124,4 +1137,32 @@ async fn a_lease_that_could_not_be_confirmed_still_shares_the_answer() {
     // after all do not wait it out.
     assert_eq!(tier(&h).records().stores, 1);
     assert_eq!(tier(&h).published(), vec![FillNotice::Stored]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_retires_the_uri_here_and_on_every_instance() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=600", "page"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    h.get("/a").await;
+    h.get("/b").await;
+    assert_eq!(h.origin.hits(), 2);
+    let route = Arc::clone(h.app.routes().find("api.test", "/a").expect("route"));
+    let mut post = h.head("/a");
+    post.method = Method::POST;
+    let mut response = HeaderMap::new();
+    response.insert(http::header::LOCATION, HeaderValue::from_static("/b"));
+    response.insert(
+        http::header::CONTENT_LOCATION,
+        HeaderValue::from_static("http://elsewhere.test/a"),
+    );
+    crate::cache::invalidate::after_write(&h.app, &route, &post, &response).await;
+    // The target and its same-origin Location: two cluster invalidations
+    // (another site's URI is left alone), and both are fetched again.
+    assert_eq!(tier(&h).records().generation, 2);
+    h.get("/a").await;
+    h.get("/b").await;
+    assert_eq!(h.origin.hits(), 4);
 }

@@ -289,6 +289,13 @@ impl SharedTier for L2 {
     fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::clear_backoff(self, keys))
     }
+    fn invalidate<'a>(
+        &'a self,
+        primary: &'a PrimaryKey,
+        uri: &'a UriKey,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::invalidate(self, primary, uri))
+    }
     fn publish<'a>(
         &'a self,
         keys: &'a Keys,

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, Vary};
+use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
 use futures_util::future::BoxFuture;
 
 use crate::cluster::protocol::{FillNotice, Keys};
@@ -88,6 +88,14 @@ pub trait SharedTier: Send + Sync {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
     fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>>;
+    /// Retires every variant of a URI on every instance: its generation
+    /// moves on (so no fill under way stores the old answer) and the
+    /// instances are told.
+    fn invalidate<'a>(
+        &'a self,
+        primary: &'a PrimaryKey,
+        uri: &'a UriKey,
+    ) -> BoxFuture<'a, Result<(), L2Error>>;
     /// Announces how a fill ended to the variant's waiters.
     fn publish<'a>(
         &'a self,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use corral_core::{CacheStatus, Detail, Forward, PrimaryKey, UriKey};
-use http::header::{CONTENT_LOCATION, LOCATION, RANGE};
-use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use corral_core::{CacheStatus, Detail, Forward};
+use http::header::RANGE;
+use http::{HeaderMap, Request, Response, StatusCode};
 use tokio::time::Instant;
 
 use crate::app::App;
@@ -226,57 +226,10 @@ async fn forward_uncached(
         return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
     }
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
-        invalidate(app, route, head, &parts.headers).await;
+        crate::cache::invalidate::after_write(app, route, head, &parts.headers).await;
     }
     let mut st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
     st.detail = detail;
     let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
     Answer::new(Response::from_parts(parts, body), &st, head.version)
-}
-
-/// Retires the URI here and, with Redis, on every instance. Redis trouble
-/// is logged, not answered: the client's write already succeeded.
-pub(crate) async fn invalidate_everywhere(app: &App, route_name: &str, uri: UriKey) {
-    app.l1.invalidate_uri(&uri);
-    if let Some(l2) = &app.l2 {
-        let primary = PrimaryKey::new(route_name, uri.clone());
-        let result = l2.invalidate(&primary, &uri).await;
-        tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
-        if let Err(e) = result {
-            tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
-        }
-    }
-}
-
-async fn invalidate(app: &App, route: &Route, ctx: &RequestHead, response: &HeaderMap) {
-    let uri = UriKey::new(
-        &ctx.host,
-        &ctx.path,
-        ctx.query.as_deref(),
-        &route.query_filter,
-    );
-    invalidate_everywhere(app, &route.name, uri).await;
-    for name in [LOCATION, CONTENT_LOCATION] {
-        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
-            continue;
-        };
-        let Ok(uri) = target.parse::<Uri>() else {
-            continue;
-        };
-        // Only the same origin: a response must not evict another site's
-        // entries (RFC 9111 §4.4).
-        let same_origin = uri.authority().is_none_or(|a| {
-            corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
-                == Some(ctx.host.as_str())
-        });
-        if !same_origin || !uri.path().starts_with('/') {
-            continue;
-        }
-        let routes = app.routes();
-        let target = routes
-            .find(&ctx.host, uri.path())
-            .map_or(route, |r| r.as_ref());
-        let key = UriKey::new(&ctx.host, uri.path(), uri.query(), &target.query_filter);
-        invalidate_everywhere(app, &target.name, key).await;
-    }
 }

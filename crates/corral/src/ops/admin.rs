@@ -81,8 +81,31 @@ async fn lb_health(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::telemetry::metrics::render(&s.metrics, &s.app),
+        crate::telemetry::metrics::render(&s.metrics, &gauges(&s.app)),
     )
+}
+
+/// The point-in-time state the metrics export.
+fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
+    app.l1.sync();
+    crate::telemetry::metrics::Gauges {
+        l1_entries: app.l1.entry_count(),
+        l1_bytes: app.l1.weighted_size(),
+        l1_side_bytes: app.l1.side_weighted_size(),
+        fill_buffer_bytes: app.fill_memory.used(),
+        backoff_keys: app.l1.backoff_keys(),
+        circuits: app
+            .routes()
+            .iter()
+            .map(|r| (r.name.clone(), r.circuit.is_open()))
+            .collect(),
+        sealed_bodies: crate::sealed::live(),
+        flights: app.flights.len(),
+        redis: app.l2.as_ref().map(|l2| {
+            let (open, opened) = l2.link.breaker_state();
+            (open, opened, l2.link.is_connected())
+        }),
+    }
 }
 
 /// Connections the admin listener serves at once: scrapers, health checks

@@ -167,7 +167,7 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     if soft {
         ban(app, BanTarget::Uri(readable.clone()), true).await;
     } else {
-        crate::http::proxy::invalidate_everywhere(app, &route.name, key).await;
+        crate::cache::invalidate::everywhere(app, &route.name, key).await;
     }
     Ok(readable)
 }

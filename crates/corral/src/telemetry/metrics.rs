@@ -9,8 +9,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::app::App;
-
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// How many of the most-waited-on keys are exported.
@@ -197,28 +195,45 @@ pub fn stale(why: corral_core::Detail) {
     counter!("corral_stale_answers_total", "reason" => why.stale_reason()).increment(1);
 }
 
-/// The exposition text: the recorded metrics, point-in-time gauges and the
-/// top stampeding keys.
-pub fn render(handle: &PrometheusHandle, app: &App) -> String {
-    app.l1.sync();
-    gauge!("corral_l1_entries").set(app.l1.entry_count() as f64);
-    gauge!("corral_l1_bytes").set(app.l1.weighted_size() as f64);
-    gauge!("corral_l1_side_bytes").set(app.l1.side_weighted_size() as f64);
-    gauge!("corral_fill_buffer_bytes").set(app.fill_memory.used() as f64);
-    gauge!("corral_origin_backoff_keys").set(app.l1.backoff_keys() as f64);
-    for route in app.routes().iter() {
-        gauge!("corral_origin_circuit_open", "route" => route.name.clone())
-            .set(if route.circuit.is_open() { 1.0 } else { 0.0 });
+/// Point-in-time state, sampled by whoever renders (the admin listener),
+/// so that telemetry reads no other layer.
+pub struct Gauges {
+    pub l1_entries: u64,
+    pub l1_bytes: u64,
+    pub l1_side_bytes: u64,
+    pub fill_buffer_bytes: u64,
+    pub backoff_keys: usize,
+    /// Each route's name and whether its origin circuit is open.
+    pub circuits: Vec<(String, bool)>,
+    pub sealed_bodies: usize,
+    pub flights: usize,
+    /// With Redis: breaker open, times it opened, connected.
+    pub redis: Option<(bool, u64, bool)>,
+}
+
+/// The exposition text: the recorded metrics, the gauges and the top
+/// stampeding keys.
+pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
+    gauge!("corral_l1_entries").set(g.l1_entries as f64);
+    gauge!("corral_l1_bytes").set(g.l1_bytes as f64);
+    gauge!("corral_l1_side_bytes").set(g.l1_side_bytes as f64);
+    gauge!("corral_fill_buffer_bytes").set(g.fill_buffer_bytes as f64);
+    gauge!("corral_origin_backoff_keys").set(g.backoff_keys as f64);
+    for (route, open) in &g.circuits {
+        gauge!("corral_origin_circuit_open", "route" => route.clone()).set(if *open {
+            1.0
+        } else {
+            0.0
+        });
     }
-    gauge!("corral_sealed_bodies").set(crate::sealed::live() as f64);
+    gauge!("corral_sealed_bodies").set(g.sealed_bodies as f64);
     counter!("corral_log_lines_dropped_total")
         .absolute(crate::telemetry::log_sink::dropped_total());
-    gauge!("corral_flights_in_progress").set(app.flights.len() as f64);
-    if let Some(l2) = &app.l2 {
-        let (state, opened) = l2.link.breaker_state();
+    gauge!("corral_flights_in_progress").set(g.flights as f64);
+    if let Some((state, opened, connected)) = g.redis {
         gauge!("corral_redis_breaker_open").set(if state { 1.0 } else { 0.0 });
         gauge!("corral_redis_breaker_opened").set(opened as f64);
-        gauge!("corral_redis_connected").set(if l2.link.is_connected() { 1.0 } else { 0.0 });
+        gauge!("corral_redis_connected").set(if connected { 1.0 } else { 0.0 });
     }
     handle.run_upkeep();
     let mut out = handle.render();

@@ -1,0 +1,60 @@
+//! Invalidation: what a write through corral (RFC 9111 §4.4) and a purge
+//! retire, here and, through the shared tier, on every instance.
+
+use corral_core::head::RequestHead;
+use corral_core::{PrimaryKey, UriKey};
+use http::header::{CONTENT_LOCATION, LOCATION};
+use http::{HeaderMap, Uri};
+
+use crate::app::App;
+use crate::routes::Route;
+
+/// Retires the URI here and, with Redis, on every instance. Redis trouble
+/// is logged, not answered: the client's write already succeeded.
+pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
+    app.l1.invalidate_uri(&uri);
+    if let Some(tier) = &app.tier {
+        let primary = PrimaryKey::new(route_name, uri.clone());
+        let result = tier.invalidate(&primary, &uri).await;
+        tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
+        if let Err(e) = result {
+            tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
+        }
+    }
+}
+
+/// A write (an unsafe method answered 2xx or 3xx) retires the target URI
+/// and the same-origin URIs its Location and Content-Location name
+/// (RFC 9111 §4.4).
+pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: &HeaderMap) {
+    let uri = UriKey::new(
+        &ctx.host,
+        &ctx.path,
+        ctx.query.as_deref(),
+        &route.query_filter,
+    );
+    everywhere(app, &route.name, uri).await;
+    for name in [LOCATION, CONTENT_LOCATION] {
+        let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(uri) = target.parse::<Uri>() else {
+            continue;
+        };
+        // Only the same origin: a response must not evict another site's
+        // entries (RFC 9111 §4.4).
+        let same_origin = uri.authority().is_none_or(|a| {
+            corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
+                == Some(ctx.host.as_str())
+        });
+        if !same_origin || !uri.path().starts_with('/') {
+            continue;
+        }
+        let routes = app.routes();
+        let target = routes
+            .find(&ctx.host, uri.path())
+            .map_or(route, |r| r.as_ref());
+        let key = UriKey::new(&ctx.host, uri.path(), uri.query(), &target.query_filter);
+        everywhere(app, &target.name, key).await;
+    }
+}
