@@ -12,7 +12,7 @@
 
 use corral_core::Vary;
 use corral_core::normalized_value;
-use http::header::{ACCEPT_ENCODING, HeaderName, VARY};
+use http::header::{ACCEPT_ENCODING, ACCEPT_LANGUAGE, HeaderName, VARY};
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 
@@ -69,10 +69,12 @@ fuzz_target!(|data: &[u8]| {
         let na = single(&probe, a);
         assert_ne!(na, absent, "absent reads as {a:?}");
         let ea = single(&ACCEPT_ENCODING, a);
-        // Coding order carries no meaning.
+        // Coding (and language range) order carries no meaning.
         let mut reversed: Vec<&[u8]> = a.split(|&b| b == b',').collect();
         reversed.reverse();
         assert_eq!(ea, single(&ACCEPT_ENCODING, &reversed.join(&b',')));
+        let la = single(&ACCEPT_LANGUAGE, a);
+        assert_eq!(la, single(&ACCEPT_LANGUAGE, &reversed.join(&b',')));
         for b in &singles {
             let nb = single(&probe, b);
             assert_eq!(
@@ -90,6 +92,9 @@ fuzz_target!(|data: &[u8]| {
                 String::from_utf8_lossy(a),
                 String::from_utf8_lossy(b)
             );
+            // Language ranges are read like codings.
+            let lb = single(&ACCEPT_LANGUAGE, b);
+            assert_eq!(la == lb, ea == eb);
         }
     }
 });

@@ -374,9 +374,8 @@ pub fn compact(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
 fn initial_age(headers: &HeaderMap) -> Duration {
     headers
         .get(AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, |s| Duration::from_secs(s.min(1 << 31)))
+        .and_then(crate::rfc9111::first_age)
+        .map_or(Duration::ZERO, Duration::from_secs)
 }
 
 /// `t + d`, saturating far in the future instead of overflowing: the

@@ -185,7 +185,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
     }
 
     let mut headers = r.headers()?;
-    crate::policy::sanitize_age(&mut headers);
+    crate::rfc9111::sanitize_age(&mut headers);
     let body_len = r.u32_len("body")?;
     let body = r.take(body_len, "body")?;
     let body = Bytes::copy_from_slice(body);

@@ -5,7 +5,7 @@
 //! Each item has one path: the data and semantics modules are private and
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
-//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `xfetch`) are public
+//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `rfc9111`, `xfetch`) are public
 //! and not re-exported.
 
 mod backoff;
@@ -24,6 +24,7 @@ mod identity;
 mod key;
 pub mod miss;
 mod policy;
+pub mod rfc9111;
 mod store;
 mod vary;
 pub mod xfetch;
@@ -41,6 +42,6 @@ pub use entry::{
 pub use flight::{FlightEnd, Flights, Permit, Role, WaitResult};
 pub use identity::{Identity, IdentityRules};
 pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
-pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing, sanitize_age};
+pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
 pub use store::{L1, L1Config};
 pub use vary::{Vary, normalized_value};

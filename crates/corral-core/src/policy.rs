@@ -13,6 +13,7 @@ use rand::Rng;
 
 use crate::cache_control::CacheControl;
 use crate::identity::Identity;
+use crate::rfc9111;
 use crate::vary::Vary;
 
 /// A route's cache policy, as configured.
@@ -198,11 +199,16 @@ impl RoutePolicy {
         *req_for_policy.method_mut() = method.clone();
         *req_for_policy.uri_mut() = uri.clone();
         let req_for_policy: request::Parts = req_for_policy.into_parts().0;
-        // http-cache-semantics adds Age seconds to a Duration without a
-        // bound: a hostile or broken Age must not overflow it.
-        sanitize_age(&mut res_for_policy);
+        // What the crate reads wrongly is normalised first (directive
+        // case, Age lists, the three date formats, unknown statuses): see
+        // rfc9111.rs.
+        let res_for_policy = rfc9111::for_the_crate(&res_for_policy);
+        let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
+        let Some(status) = rfc9111::status_for_the_crate(res.status, explicit || cc.public) else {
+            return Decision::Pass(PassReason::NotStorable);
+        };
         let res_parts = {
-            let mut b = http::Response::builder().status(res.status);
+            let mut b = http::Response::builder().status(status);
             if let Some(h) = b.headers_mut() {
                 *h = res_for_policy;
             }
@@ -223,7 +229,10 @@ impl RoutePolicy {
         }
 
         let mut ttl = policy.time_to_live(response_time).min(MAX_TTL);
-        let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
+        if !explicit {
+            // Only a heuristic (Last-Modified) gave this lifetime.
+            ttl = ttl.min(rfc9111::HEURISTIC_MAX);
+        }
         if let Some(default) = self.default_ttl
             && ttl.is_zero()
             && !explicit
@@ -243,7 +252,11 @@ impl RoutePolicy {
                 window(cc.stale_if_error, self.sie_default, self.sie_max),
             )
         };
-        if ttl.is_zero() && swr.is_zero() && sie.is_zero() {
+        // §5.2.2.4: a `no-cache` response may be stored, and is then
+        // revalidated before every reuse; worth it only with a validator
+        // to make the revalidation conditional.
+        let revalidate_each_time = cc.no_cache && has_validator(&res.headers);
+        if ttl.is_zero() && swr.is_zero() && sie.is_zero() && !revalidate_each_time {
             return Decision::Pass(PassReason::NoFreshness);
         }
         Decision::Store {
@@ -266,30 +279,12 @@ impl RoutePolicy {
     }
 }
 
+fn has_validator(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(http::header::ETAG) || headers.contains_key(http::header::LAST_MODIFIED)
+}
+
 /// No freshness lifetime is taken beyond this, whatever max-age says.
 const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86400);
-
-/// RFC 9111 §5.1: an Age that does not parse is ignored, one that overflows
-/// is read as 2^31 seconds.
-pub fn sanitize_age(headers: &mut http::HeaderMap) {
-    let Some(v) = headers.get(http::header::AGE) else {
-        return;
-    };
-    let parsed = v
-        .to_str()
-        .ok()
-        .map(str::trim)
-        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
-    match parsed {
-        None => {
-            headers.remove(http::header::AGE);
-        }
-        Some(digits) => {
-            let secs = digits.parse::<u64>().unwrap_or(u64::MAX).min(1 << 31);
-            headers.insert(http::header::AGE, http::HeaderValue::from(secs));
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -308,6 +303,176 @@ mod tests {
     fn decide(p: &RoutePolicy, h: &[(&str, &str)]) -> Decision {
         let uri = http::Uri::from_static("http://h/p");
         p.evaluate(&http::Method::GET, &uri, &res(h), SystemTime::now())
+    }
+
+    fn decide_status(p: &RoutePolicy, status: u16, h: &[(&str, &str)]) -> Decision {
+        let mut parts = res(h);
+        parts.status = http::StatusCode::from_u16(status).expect("status");
+        let uri = http::Uri::from_static("http://h/p");
+        p.evaluate(&http::Method::GET, &uri, &parts, SystemTime::now())
+    }
+
+    fn ttl(d: Decision) -> Option<Duration> {
+        match d {
+            Decision::Store { freshness } => Some(freshness.ttl),
+            Decision::Pass(_) => None,
+        }
+    }
+
+    #[test]
+    fn any_final_status_with_explicit_freshness_is_stored() {
+        let p = RoutePolicy::default();
+        for status in [299, 400, 403, 499, 500, 502, 503, 599] {
+            assert_eq!(
+                ttl(decide_status(
+                    &p,
+                    status,
+                    &[("cache-control", "max-age=60")]
+                )),
+                Some(Duration::from_secs(60)),
+                "{status}"
+            );
+        }
+        // Without freshness, an error is not stored, and neither is a
+        // status that only a heuristic could make fresh.
+        for status in [299, 400, 500, 503] {
+            assert!(ttl(decide_status(&p, status, &[])).is_none(), "{status}");
+        }
+        // Never from a fill: partial content and interim answers.
+        assert!(ttl(decide_status(&p, 206, &[("cache-control", "max-age=60")])).is_none());
+    }
+
+    #[test]
+    fn directive_names_match_in_any_case() {
+        let p = RoutePolicy::default();
+        assert_eq!(
+            ttl(decide(&p, &[("cache-control", "MaX-aGe=60")])),
+            Some(Duration::from_secs(60))
+        );
+        assert!(matches!(
+            decide(&p, &[("cache-control", "No-StOrE, max-age=60")]),
+            Decision::Pass(PassReason::NoStore)
+        ));
+        assert_eq!(
+            ttl(decide(&p, &[("cache-control", "S-MAXAGE=30, max-age=60")])),
+            Some(Duration::from_secs(30))
+        );
+    }
+
+    #[test]
+    fn age_lists_count_their_first_member() {
+        let p = RoutePolicy::default();
+        assert_eq!(
+            ttl(decide(
+                &p,
+                &[("cache-control", "max-age=7300"), ("age", "7200, 0")]
+            )),
+            Some(Duration::from_secs(100))
+        );
+    }
+
+    #[test]
+    fn expires_in_every_date_format_and_invalid_ones_are_past() {
+        let p = RoutePolicy::default();
+        let now = SystemTime::now();
+        let later = now + Duration::from_secs(3600);
+        let imf = httpdate::fmt_http_date(later);
+        let date = httpdate::fmt_http_date(now);
+        // The same instant as RFC 850 and asctime.
+        let t = crate::rfc9111::parse_http_date(&imf).expect("imf");
+        assert_eq!(Some(t), crate::rfc9111::parse_http_date(&imf));
+        let long_day = |d: &str| match d {
+            "Mon" => "Monday",
+            "Tue" => "Tuesday",
+            "Wed" => "Wednesday",
+            "Thu" => "Thursday",
+            "Fri" => "Friday",
+            "Sat" => "Saturday",
+            _ => "Sunday",
+        };
+        let (day, rest) = imf.split_once(", ").expect("imf");
+        let (dd, rest) = rest.split_once(' ').expect("day");
+        let (mon, rest) = rest.split_once(' ').expect("month");
+        let (yyyy, rest) = rest.split_once(' ').expect("year");
+        let hms = rest.trim_end_matches(" GMT");
+        let rfc850 = format!("{}, {dd}-{mon}-{} {hms} GMT", long_day(day), &yyyy[2..]);
+        let d: u32 = dd.parse().expect("dd");
+        let asctime = format!("{day} {mon} {d:>2} {hms} {yyyy}");
+        for expires in [&imf, &rfc850, &asctime] {
+            let got = ttl(decide(&p, &[("expires", expires), ("date", &date)]));
+            assert!(
+                got.is_some_and(|t| t > Duration::from_secs(3590)),
+                "{expires}: {got:?}"
+            );
+        }
+        // Two spaces where the grammar has one: invalid, so already
+        // expired (and with no other freshness, not stored).
+        let spaced = imf.replacen(' ', "  ", 1);
+        assert!(ttl(decide(&p, &[("expires", &spaced), ("date", &date)])).is_none());
+    }
+
+    #[test]
+    fn no_cache_with_a_validator_is_stored_to_be_revalidated() {
+        let p = RoutePolicy {
+            swr_default: Duration::from_secs(30),
+            sie_default: Duration::from_secs(30),
+            ..Default::default()
+        };
+        let Decision::Store { freshness } = decide(
+            &p,
+            &[
+                ("cache-control", "no-cache, max-age=600"),
+                ("etag", "\"v1\""),
+            ],
+        ) else {
+            panic!("expected store");
+        };
+        // Stale at once, and never served stale: every reuse revalidates.
+        assert_eq!(
+            (freshness.ttl, freshness.swr, freshness.sie),
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO)
+        );
+        assert!(matches!(
+            decide(&p, &[("cache-control", "no-cache")]),
+            Decision::Pass(PassReason::NoFreshness)
+        ));
+    }
+
+    #[test]
+    fn heuristic_freshness_is_a_tenth_of_the_last_modified_age_capped() {
+        let p = RoutePolicy {
+            heuristic_freshness: true,
+            ..Default::default()
+        };
+        let now = SystemTime::now();
+        let date = httpdate::fmt_http_date(now);
+        let lm = httpdate::fmt_http_date(now - Duration::from_secs(10_000));
+        assert_eq!(
+            ttl(decide(&p, &[("date", &date), ("last-modified", &lm)])),
+            Some(Duration::from_secs(1000))
+        );
+        let years = httpdate::fmt_http_date(now - Duration::from_secs(3 * 365 * 86400));
+        assert_eq!(
+            ttl(decide(&p, &[("date", &date), ("last-modified", &years)])),
+            Some(crate::rfc9111::HEURISTIC_MAX)
+        );
+        // Only for the statuses RFC 9110 names heuristically cacheable.
+        assert!(
+            ttl(decide_status(
+                &p,
+                302,
+                &[("date", &date), ("last-modified", &lm)]
+            ))
+            .is_none()
+        );
+        // Off by default.
+        assert!(
+            ttl(decide(
+                &RoutePolicy::default(),
+                &[("date", &date), ("last-modified", &lm)]
+            ))
+            .is_none()
+        );
     }
 
     #[test]
@@ -458,7 +623,7 @@ mod tests {
         assert_eq!(freshness.ttl, MAX_TTL);
         let mut h = http::HeaderMap::new();
         h.insert(http::header::AGE, http::HeaderValue::from_static("abc"));
-        sanitize_age(&mut h);
+        crate::rfc9111::sanitize_age(&mut h);
         assert!(h.get(http::header::AGE).is_none());
     }
 

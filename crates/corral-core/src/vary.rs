@@ -3,7 +3,7 @@
 //! (`gzip, br` and `br,gzip`). `Vary: *` can never be served from cache.
 
 use http::HeaderMap;
-use http::header::{ACCEPT_ENCODING, HeaderName, VARY};
+use http::header::{ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, HeaderName, VARY};
 
 /// What a response's Vary field says.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -75,11 +75,20 @@ pub fn normalized_value(name: &HeaderName, headers: &HeaderMap) -> String {
         })
         .filter(|t| !t.is_empty())
         .collect();
-    if name == ACCEPT_ENCODING {
-        // Coding names are case-insensitive and their order carries no
-        // meaning (weights do, and stay attached to their token).
+    if name == ACCEPT_ENCODING || name == ACCEPT_LANGUAGE || name == ACCEPT {
+        // Codings, language ranges and media ranges are case-insensitive,
+        // and the order of a list of them carries no meaning (weights do,
+        // and stay attached to their member). A media range's parameters
+        // may be case-sensitive: only the range itself is lowercased.
         for t in &mut tokens {
-            *t = t.to_ascii_lowercase();
+            *t = if name == ACCEPT {
+                match t.split_once(';') {
+                    Some((range, params)) => format!("{};{params}", range.to_ascii_lowercase()),
+                    None => t.to_ascii_lowercase(),
+                }
+            } else {
+                t.to_ascii_lowercase()
+            };
         }
         tokens.sort_unstable();
         tokens.dedup();
@@ -192,6 +201,32 @@ mod tests {
         assert_ne!(
             normalized_value(&n, &headers(&[])),
             normalized_value(&n, &headers(&[("accept-language", "")]))
+        );
+    }
+
+    #[test]
+    fn language_and_media_ranges_differing_in_case_or_order_are_one_variant() {
+        let one = |name: &HeaderName, v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static(v));
+            normalized_value(name, &h)
+        };
+        assert_eq!(
+            one(&ACCEPT_LANGUAGE, "en-US, fr;q=0.5"),
+            one(&ACCEPT_LANGUAGE, "FR;q=0.5,EN-us")
+        );
+        assert_ne!(
+            one(&ACCEPT_LANGUAGE, "en-US, fr;q=0.5"),
+            one(&ACCEPT_LANGUAGE, "en-US, fr;q=0.6")
+        );
+        assert_eq!(
+            one(&ACCEPT, "Text/HTML, application/json;q=0.9"),
+            one(&ACCEPT, "application/JSON;q=0.9, text/html")
+        );
+        // Parameter values keep their case.
+        assert_ne!(
+            one(&ACCEPT, "text/html;level=A"),
+            one(&ACCEPT, "text/html;level=a")
         );
     }
 }

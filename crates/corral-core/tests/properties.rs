@@ -16,7 +16,7 @@ use bytes::Bytes;
 use corral_core::envelope;
 use corral_core::head::{RequestBody, RequestHead};
 use corral_core::normalized_value;
-use corral_core::sanitize_age;
+use corral_core::rfc9111::sanitize_age;
 use corral_core::{
     Freshness, Identity, IdentityRules, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey,
     Vary,
@@ -734,6 +734,30 @@ proptest! {
 /// bytes: comma-separated tokens, each trimmed of spaces and tabs, with
 /// runs of them collapsed to one space and dropped next to `;` and `=`;
 /// empty tokens dropped.
+/// What a value means for a Vary comparison under `name`: Accept-Language
+/// members are case-insensitive, Accept's media ranges (not their
+/// parameters) too, and neither list's order counts.
+fn list_meaning(name: &HeaderName, v: &[u8]) -> Vec<Vec<u8>> {
+    let mut tokens = vary_meaning(v);
+    let lower_until = |t: &mut Vec<u8>, end: usize| t[..end].make_ascii_lowercase();
+    if name == http::header::ACCEPT_LANGUAGE {
+        for t in &mut tokens {
+            let n = t.len();
+            lower_until(t, n);
+        }
+    } else if name == http::header::ACCEPT {
+        for t in &mut tokens {
+            let n = t.iter().position(|&b| b == b';').unwrap_or(t.len());
+            lower_until(t, n);
+        }
+    } else {
+        return tokens;
+    }
+    tokens.sort();
+    tokens.dedup();
+    tokens
+}
+
 fn vary_meaning(v: &[u8]) -> Vec<Vec<u8>> {
     v.split(|&b| b == b',')
         .map(|token| {
@@ -825,9 +849,10 @@ fn normalized(name: &HeaderName, v: &[u8]) -> String {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
-    /// Two single-value headers (not Accept-Encoding) share a variant
-    /// exactly when their values mean the same once whitespace is
-    /// normalized: obs-text bytes, `%` and lookalike escapes stay apart.
+    /// Two single-value headers share a variant exactly when their values
+    /// mean the same once whitespace is normalized (and, for the lists
+    /// whose members are case-insensitive and unordered, case and order):
+    /// obs-text bytes, `%` and lookalike escapes stay apart.
     #[test]
     fn different_values_never_share_a_variant(
         (a, b) in vary_pair(),
@@ -835,7 +860,7 @@ proptest! {
     ) {
         let name = HeaderName::from_static(name);
         let (na, nb) = (normalized(&name, &a), normalized(&name, &b));
-        let same = vary_meaning(&a) == vary_meaning(&b);
+        let same = list_meaning(&name, &a) == list_meaning(&name, &b);
         prop_assert_eq!(
             na == nb,
             same,
@@ -1104,5 +1129,162 @@ proptest! {
         let _ = envelope::decode(&valid, 0);
         valid.truncate(cut % (valid.len() + 1));
         let _ = envelope::decode(&valid, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RFC 9111 parsers corral owns (rfc9111.rs): HTTP-date, Age, directive names
+// ---------------------------------------------------------------------------
+
+const DAY_NAMES: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+const LONG_DAY_NAMES: [&str; 7] = [
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+];
+const MONTH_NAMES: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// A whole second between 1970 and 9999, with its civil fields.
+fn civil_second() -> impl Strategy<Value = (u64, u64, u64, u64, u64, u64, u64)> {
+    (0u64..253_402_300_800).prop_map(|secs| {
+        let days = secs / 86400;
+        let rem = secs % 86400;
+        // civil_from_days
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        (
+            secs,
+            year,
+            month,
+            day,
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60,
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// Every instant reads back from all three formats as the same
+    /// instant, and the IMF-fixdate corral writes is httpdate's.
+    #[test]
+    fn http_dates_round_trip_in_all_three_formats(
+        (secs, year, month, day, h, m, s) in civil_second()
+    ) {
+        use corral_core::rfc9111::parse_http_date;
+        let t = UNIX_EPOCH + Duration::from_secs(secs);
+        let wd = usize::try_from((secs / 86400) % 7).expect("weekday");
+        let mon = MONTH_NAMES[usize::try_from(month - 1).expect("month")];
+        let imf = format!("{}, {day:02} {mon} {year:04} {h:02}:{m:02}:{s:02} GMT", DAY_NAMES[wd]);
+        prop_assert_eq!(&imf, &httpdate::fmt_http_date(t));
+        prop_assert_eq!(parse_http_date(&imf), Some(t));
+        let asctime = format!("{} {mon} {day:>2} {h:02}:{m:02}:{s:02} {year:04}", DAY_NAMES[wd]);
+        prop_assert_eq!(parse_http_date(&asctime), Some(t));
+        // A two-digit year is the one at most 50 years ahead of now.
+        let rfc850 = format!(
+            "{}, {day:02}-{mon}-{:02} {h:02}:{m:02}:{s:02} GMT",
+            LONG_DAY_NAMES[wd],
+            year % 100
+        );
+        let read = httpdate::fmt_http_date(parse_http_date(&rfc850).expect("rfc850 parses"));
+        // The same day of the year and time; the year has the same two
+        // digits and is the latest not more than 50 years ahead.
+        prop_assert_eq!(&read[5..11], &imf[5..11]);
+        prop_assert_eq!(&read[16..], &imf[16..]);
+        let read_year: u64 = read[12..16].parse().expect("year");
+        let now_year: u64 = httpdate::fmt_http_date(SystemTime::now())[12..16].parse().expect("year");
+        prop_assert_eq!(read_year % 100, year % 100);
+        prop_assert!(read_year <= now_year + 50 && read_year + 100 > now_year + 50, "{}", read);
+    }
+
+    /// Whitespace the grammar does not have makes a date invalid.
+    #[test]
+    fn http_dates_with_extra_whitespace_are_invalid(
+        (secs, ..) in civil_second(),
+        at in 0usize..29,
+        ws in select(&[" ", "\t", "  "][..]),
+    ) {
+        let imf = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
+        let mut spaced = imf.clone();
+        spaced.insert_str(at.min(imf.len()), ws);
+        prop_assert_eq!(corral_core::rfc9111::parse_http_date(&spaced), None, "{}", spaced);
+    }
+
+    /// No input makes the date parser panic, and what it accepts it reads
+    /// again from corral's own rendering.
+    #[test]
+    fn http_date_parser_never_panics(text in "\\PC{0,40}") {
+        if let Some(t) = corral_core::rfc9111::parse_http_date(&text) {
+            prop_assert_eq!(
+                corral_core::rfc9111::parse_http_date(&httpdate::fmt_http_date(t)),
+                Some(t)
+            );
+        }
+    }
+
+    /// Age is its first member, whatever follows; junk is ignored.
+    #[test]
+    fn age_reads_its_first_member(
+        first in any::<u64>(),
+        rest in prop::collection::vec(any::<u32>(), 0..3),
+        ows in select(&["", " ", "\t", "  "][..]),
+        junk in header_bytes(12),
+    ) {
+        use corral_core::rfc9111::first_age;
+        let mut text = format!("{ows}{first}{ows}");
+        for r in &rest {
+            text.push_str(&format!(",{ows}{r}"));
+        }
+        prop_assert_eq!(first_age(&value(text.as_bytes())), Some(first.min(1 << 31)));
+        // Anything: never a panic, and a value only for digits first.
+        let read = first_age(&value(&junk));
+        if let Some(n) = read {
+            prop_assert!(n <= 1 << 31);
+        }
+    }
+
+    /// Directive names match in any case; arguments are kept as sent.
+    #[test]
+    fn directive_names_match_in_any_case(
+        max_age in 0u64..1_000_000,
+        flips in prop::collection::vec(any::<bool>(), 32),
+    ) {
+        let odd_case = |s: &str| -> String {
+            s.chars()
+                .zip(flips.iter().cycle())
+                .map(|(c, &up)| if up { c.to_ascii_uppercase() } else { c })
+                .collect()
+        };
+        let text = format!(
+            "{}={max_age}, {}, {}=\"Set-Cookie\"",
+            odd_case("max-age"),
+            odd_case("public"),
+            odd_case("no-cache")
+        );
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CACHE_CONTROL, value(text.as_bytes()));
+        let cc = corral_core::CacheControl::parse(&h);
+        prop_assert_eq!(cc.max_age, Some(max_age));
+        prop_assert!(cc.public && cc.no_cache);
+        let lowered = corral_core::rfc9111::lowercase_names(&text);
+        prop_assert_eq!(
+            lowered,
+            format!("max-age={max_age}, public, no-cache=\"Set-Cookie\"")
+        );
     }
 }

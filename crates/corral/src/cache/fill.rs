@@ -517,7 +517,11 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
     match ended {
         Ended::PassKnown => None,
         Ended::Stream(_, answer) => Some(!answer.response.status().is_server_error()),
-        Ended::Outcome(FillOutcome::Stored { .. } | FillOutcome::Pass { .. }) => Some(true),
+        // A 5xx the origin made cacheable is still a failing origin.
+        Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
+            Some(!entry.status().is_server_error())
+        }
+        Ended::Outcome(FillOutcome::Pass { .. }) => Some(true),
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
             (*detail == Detail::StaleIfError).then_some(false)
         }

@@ -8,7 +8,10 @@ use std::time::SystemTime;
 use axum::body::Body;
 use bytes::Bytes;
 use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
-use http::header::{AGE, CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_MATCH, VIA};
+use http::header::{
+    AGE, CONTENT_LENGTH, CONTENT_TYPE, DATE, ETAG, HeaderName, IF_MODIFIED_SINCE, IF_NONE_MATCH,
+    LAST_MODIFIED, VIA,
+};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
 use crate::cache::fill::{FillOutcome, SharedResponse};
@@ -55,8 +58,7 @@ pub fn from_entry(
 ) -> Answer {
     let mut headers = entry.headers().clone();
     headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
-    let not_modified =
-        entry.status() == StatusCode::OK && etag_matches(request, entry.headers().get(ETAG));
+    let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request);
     let (code, body) = if not_modified {
         headers.remove(CONTENT_LENGTH);
         (StatusCode::NOT_MODIFIED, Body::empty())
@@ -69,6 +71,33 @@ pub fn from_entry(
     *res.status_mut() = code;
     *res.headers_mut() = headers;
     Answer::new(res, status, Version::HTTP_11)
+}
+
+/// RFC 9110 §13.2.2 for a stored 200: If-None-Match when the request has
+/// it, else If-Modified-Since against the entry's Last-Modified (or, per
+/// RFC 9111 §4.3.2, its Date, or when it was received).
+fn not_modified(entry: &StoredResponse, request: &HeaderMap) -> bool {
+    if request.contains_key(IF_NONE_MATCH) {
+        return etag_matches(request, entry.headers().get(ETAG));
+    }
+    let Some(since) = request
+        .get(IF_MODIFIED_SINCE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(corral_core::rfc9111::parse_http_date)
+    else {
+        return false;
+    };
+    let modified = [LAST_MODIFIED, DATE]
+        .iter()
+        .find_map(|h| {
+            entry
+                .headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .and_then(corral_core::rfc9111::parse_http_date)
+        })
+        .unwrap_or_else(|| entry.response_time());
+    modified <= since
 }
 
 /// RFC 9110 §13.1.2: weak comparison of If-None-Match against the entry's ETag.

@@ -92,7 +92,7 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
         Framing::Plain
     };
     corral_core::hop_by_hop::strip(&mut parts.headers);
-    corral_core::sanitize_age(&mut parts.headers);
+    corral_core::rfc9111::sanitize_age(&mut parts.headers);
     Ok(framing)
 }
 
