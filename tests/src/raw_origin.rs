@@ -80,7 +80,10 @@ pub fn response(status: u16, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
 }
 
 impl RawOrigin {
-    /// Serves on 127.0.0.1:0, answering each request with `script(request)`.
+    /// Serves on 127.0.0.1:0, answering each request with `script(request)`;
+    /// an empty answer closes the connection instead, and one whose head
+    /// says `connection: close` closes it after being written (so a body
+    /// shorter than its Content-Length is cut off).
     pub async fn start(script: impl Fn(&RawRequest) -> Vec<u8> + Send + Sync + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -249,13 +252,22 @@ async fn serve(
             request.body = buf.drain(..len).collect();
         }
         let answer = script(&request);
+        let head_end = answer
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or(answer.len());
+        let says_close = String::from_utf8_lossy(&answer[..head_end])
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close");
         {
             let mut r = lock(&record);
             r.requests.push(request);
             let n = r.requests.len();
             arrivals.send_replace(n);
         }
-        if stream.write_all(&answer).await.is_err() {
+        // An empty answer closes the connection without one; an answer
+        // that says `connection: close` closes it once written.
+        if answer.is_empty() || stream.write_all(&answer).await.is_err() || says_close {
             return;
         }
     }

@@ -1,0 +1,447 @@
+//! HTTP caching by the RFCs (RFC 9111, RFC 9110's dates and conditionals,
+//! RFC 9213's CDN-Cache-Control): one scenario per rule, each asserting what
+//! reached the origin and what the client got, over a real corral and a
+//! raw origin that answers exactly the bytes written here. Sleeps only let
+//! a one-second lifetime run out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use corral_tests::raw_origin::response;
+use corral_tests::{Client, Config, Proxy, RawOrigin, RawRequest};
+
+/// An HTTP-date `offset` seconds from now.
+fn date(offset: i64) -> String {
+    let now = SystemTime::now();
+    let t = if offset >= 0 {
+        now + Duration::from_secs(offset.unsigned_abs())
+    } else {
+        now - Duration::from_secs(offset.unsigned_abs())
+    };
+    httpdate::fmt_http_date(t)
+}
+
+/// `Sun, 06 Nov 1994 08:49:37 GMT` → `Sunday, 06-Nov-94 08:49:37 GMT`.
+fn rfc850(imf: &str) -> String {
+    let (day, rest) = imf.split_once(", ").expect("IMF-fixdate");
+    let long = match day {
+        "Mon" => "Monday",
+        "Tue" => "Tuesday",
+        "Wed" => "Wednesday",
+        "Thu" => "Thursday",
+        "Fri" => "Friday",
+        "Sat" => "Saturday",
+        _ => "Sunday",
+    };
+    let parts: Vec<&str> = rest.split(' ').collect();
+    format!(
+        "{long}, {}-{}-{} {} GMT",
+        parts[0],
+        parts[1],
+        &parts[2][2..],
+        parts[3]
+    )
+}
+
+/// `Sun, 06 Nov 1994 08:49:37 GMT` → `Sun Nov  6 08:49:37 1994`.
+fn asctime(imf: &str) -> String {
+    let (day, rest) = imf.split_once(", ").expect("IMF-fixdate");
+    let parts: Vec<&str> = rest.split(' ').collect();
+    let d: u32 = parts[0].parse().expect("day");
+    format!("{day} {} {d:>2} {} {}", parts[1], parts[3], parts[2])
+}
+
+/// Just past a `max-age=1`.
+const PAST_ONE_SECOND: Duration = Duration::from_millis(1200);
+
+async fn proxy_for(origin: &RawOrigin) -> corral_tests::RunningProxy {
+    Proxy::new(Config::single(origin.url())).start().await
+}
+
+/// How many requests for `target` reached the origin.
+fn hits(origin: &RawOrigin, target: &str) -> usize {
+    origin
+        .requests()
+        .iter()
+        .filter(|r| r.target() == target)
+        .count()
+}
+
+/// An origin answering each target with the headers `headers(target)`
+/// returns (status first), body `body-of-<target>`.
+async fn origin_with(
+    f: impl Fn(&RawRequest) -> (u16, Vec<(String, String)>) + Send + Sync + 'static,
+) -> RawOrigin {
+    RawOrigin::start(move |r| {
+        let (status, headers) = f(r);
+        if status == 0 {
+            return Vec::new();
+        }
+        let pairs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        response(status, &pairs, &format!("body-of-{}", r.target()))
+    })
+    .await
+}
+
+fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Age (§5.1), Expires and HTTP-date (§5.3, RFC 9110 §5.6.7), directive case
+// (§5.2)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_age_list_counts_its_first_member() {
+    // Already 7200 s old for a 3600 s lifetime: stale on arrival, so
+    // never a hit.
+    let origin = origin_with(|_| {
+        (
+            200,
+            h(&[("cache-control", "max-age=3600"), ("age", "7200, 0")]),
+        )
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for _ in 0..2 {
+        let a = client.get(&proxy.url("/age")).await;
+        assert_eq!(a.status, 200);
+        assert!(!a.cache_status().is_hit(), "{}", a.cache_status());
+    }
+    assert_eq!(hits(&origin, "/age"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expires_is_read_in_all_three_date_formats() {
+    let origin = origin_with(|r| {
+        let later = date(3600);
+        let expires = match r.target() {
+            "/imf" => later,
+            "/rfc850" => rfc850(&later),
+            _ => asctime(&later),
+        };
+        (200, h(&[("date", &date(0)), ("expires", &expires)]))
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for target in ["/imf", "/rfc850", "/asctime"] {
+        client.get(&proxy.url(target)).await;
+        let again = client.get(&proxy.url(target)).await;
+        assert!(
+            again.cache_status().is_hit(),
+            "{target}: {}",
+            again.cache_status()
+        );
+        assert_eq!(hits(&origin, target), 1, "{target}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expires_with_extra_spaces_is_invalid_so_already_expired() {
+    let origin = origin_with(|_| {
+        let spaced = date(3600).replacen(' ', "  ", 2);
+        (200, h(&[("date", &date(0)), ("expires", &spaced)]))
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for _ in 0..2 {
+        client.get(&proxy.url("/spaced")).await;
+    }
+    assert_eq!(hits(&origin, "/spaced"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directive_names_match_in_any_case() {
+    let origin = origin_with(|r| match r.target() {
+        "/max-age" => (200, h(&[("cache-control", "MaX-aGe=3600")])),
+        _ => (
+            200,
+            h(&[
+                ("cache-control", "No-CaChE, max-age=3600"),
+                ("etag", "\"v1\""),
+            ]),
+        ),
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client.get(&proxy.url("/max-age")).await;
+    assert!(
+        client
+            .get(&proxy.url("/max-age"))
+            .await
+            .cache_status()
+            .is_hit()
+    );
+    assert_eq!(hits(&origin, "/max-age"), 1);
+    // `No-CaChE` is no-cache: the second use goes to the origin.
+    client.get(&proxy.url("/no-cache")).await;
+    client.get(&proxy.url("/no-cache")).await;
+    assert_eq!(hits(&origin, "/no-cache"), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Which statuses are stored (§3)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_final_status_with_explicit_freshness_is_stored() {
+    let origin = origin_with(|r| {
+        let status: u16 = r.target()[1..4].parse().expect("status in the path");
+        if r.target().ends_with("/fresh") {
+            (status, h(&[("cache-control", "max-age=3600")]))
+        } else {
+            (status, Vec::new())
+        }
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for status in [299, 400, 499, 503] {
+        let target = format!("/{status}/fresh");
+        let first = client.get(&proxy.url(&target)).await;
+        assert_eq!(first.status.as_u16(), status);
+        let again = client.get(&proxy.url(&target)).await;
+        assert_eq!(again.status.as_u16(), status);
+        assert_eq!(again.text(), format!("body-of-{target}"));
+        assert!(
+            again.cache_status().is_hit(),
+            "{target}: {}",
+            again.cache_status()
+        );
+        assert_eq!(hits(&origin, &target), 1, "{target}");
+    }
+    // A 5xx without freshness is not stored (the next request is left to
+    // the key's back-off instead: nothing is served from a stored 500).
+    let first = client.get(&proxy.url("/500/none")).await;
+    assert_eq!(first.status, 500);
+    let again = client.get(&proxy.url("/500/none")).await;
+    assert!(!again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_ne!(again.text(), "body-of-/500/none");
+}
+
+// ---------------------------------------------------------------------------
+// no-cache (§5.2.2.4) and conditional requests (RFC 9110 §13)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_cache_response_is_stored_and_revalidated_before_every_reuse() {
+    let origin = origin_with(|r| {
+        if r.header("if-none-match") == Some("\"v1\"") {
+            (304, h(&[("cache-control", "no-cache"), ("etag", "\"v1\"")]))
+        } else {
+            (200, h(&[("cache-control", "no-cache"), ("etag", "\"v1\"")]))
+        }
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for _ in 0..3 {
+        let a = client.get(&proxy.url("/nc")).await;
+        assert_eq!(
+            (a.status.as_u16(), a.text()),
+            (200, "body-of-/nc".to_owned())
+        );
+    }
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 3, "every reuse is revalidated");
+    assert_eq!(seen[0].header("if-none-match"), None);
+    // The stored copy makes each revalidation conditional.
+    assert_eq!(seen[1].header("if-none-match"), Some("\"v1\""));
+    assert_eq!(seen[2].header("if-none-match"), Some("\"v1\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn if_modified_since_is_answered_from_a_fresh_entry() {
+    let modified = date(-3600);
+    let origin = {
+        let modified = modified.clone();
+        origin_with(move |_| {
+            (
+                200,
+                h(&[
+                    ("cache-control", "max-age=3600"),
+                    ("last-modified", &modified),
+                ]),
+            )
+        })
+        .await
+    };
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client.get(&proxy.url("/ims")).await;
+    let same = client
+        .get_with(&proxy.url("/ims"), &[("if-modified-since", &modified)])
+        .await;
+    assert_eq!(same.status, 304);
+    assert!(same.body.is_empty());
+    let older = client
+        .get_with(&proxy.url("/ims"), &[("if-modified-since", &date(-7200))])
+        .await;
+    assert_eq!(older.status, 200);
+    // If-None-Match takes precedence over If-Modified-Since.
+    let both = client
+        .get_with(
+            &proxy.url("/ims"),
+            &[
+                ("if-modified-since", &modified),
+                ("if-none-match", "\"other\""),
+            ],
+        )
+        .await;
+    assert_eq!(both.status, 200);
+    assert_eq!(hits(&origin, "/ims"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conditional_request_revalidated_with_a_304_gets_a_304() {
+    let modified = date(-3600);
+    let origin = {
+        let modified = modified.clone();
+        origin_with(move |r| {
+            let headers = h(&[("cache-control", "max-age=1"), ("last-modified", &modified)]);
+            if r.header("if-modified-since").is_some() {
+                (304, headers)
+            } else {
+                (200, headers)
+            }
+        })
+        .await
+    };
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client.get(&proxy.url("/reval")).await;
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let a = client
+        .get_with(&proxy.url("/reval"), &[("if-modified-since", &modified)])
+        .await;
+    assert_eq!(a.status, 304, "{}", a.cache_status());
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].header("if-modified-since"), Some(modified.as_str()));
+}
+
+// ---------------------------------------------------------------------------
+// Serving stale when the origin fails (§4.2.4, RFC 5861)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_closes_without_an_answer_is_an_error_stale_if_error_covers() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let origin = {
+        let served = Arc::clone(&served);
+        origin_with(move |_| {
+            if served.fetch_add(1, Ordering::SeqCst) == 0 {
+                (200, h(&[("cache-control", "max-age=1, stale-if-error=60")]))
+            } else {
+                (0, Vec::new()) // close the connection, no answer
+            }
+        })
+        .await
+    };
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client.get(&proxy.url("/close")).await;
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let a = client.get(&proxy.url("/close")).await;
+    assert_eq!(
+        (a.status.as_u16(), a.text()),
+        (200, "body-of-/close".to_owned())
+    );
+    assert_eq!(
+        a.cache_status().detail(),
+        Some("stale-if-error"),
+        "{}",
+        a.cache_status()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Vary (§4.1)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_language_values_differing_in_case_or_order_select_one_variant() {
+    let origin = origin_with(|_| {
+        (
+            200,
+            h(&[
+                ("cache-control", "max-age=3600"),
+                ("vary", "Accept-Language"),
+            ]),
+        )
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client
+        .get_with(
+            &proxy.url("/lang"),
+            &[("accept-language", "en-US, fr;q=0.5")],
+        )
+        .await;
+    let other_case = client
+        .get_with(
+            &proxy.url("/lang"),
+            &[("accept-language", "FR;q=0.5, en-us")],
+        )
+        .await;
+    assert!(
+        other_case.cache_status().is_hit(),
+        "{}",
+        other_case.cache_status()
+    );
+    let other_language = client
+        .get_with(&proxy.url("/lang"), &[("accept-language", "de")])
+        .await;
+    assert!(!other_language.cache_status().is_hit());
+    assert_eq!(hits(&origin, "/lang"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_closes_mid_body_is_an_error_stale_if_error_covers() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let origin = {
+        let served = Arc::clone(&served);
+        RawOrigin::start(move |r| {
+            if served.fetch_add(1, Ordering::SeqCst) == 0 {
+                response(
+                    200,
+                    &[("cache-control", "max-age=1, stale-if-error=60")],
+                    &format!("body-of-{}", r.target()),
+                )
+            } else {
+                // Promises 100 bytes, sends 5, closes.
+                b"HTTP/1.1 200 OK\r\ncache-control: max-age=1\r\ncontent-length: 100\r\nconnection: close\r\n\r\nhello"
+                    .to_vec()
+            }
+        })
+        .await
+    };
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    client.get(&proxy.url("/cut")).await;
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let a = client.get(&proxy.url("/cut")).await;
+    assert_eq!(
+        (a.status.as_u16(), a.text()),
+        (200, "body-of-/cut".to_owned())
+    );
+    assert_eq!(
+        a.cache_status().detail(),
+        Some("stale-if-error"),
+        "{}",
+        a.cache_status()
+    );
+}
