@@ -445,3 +445,98 @@ async fn an_origin_that_closes_mid_body_is_an_error_stale_if_error_covers() {
         a.cache_status()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Range requests (RFC 9110 §14) from the stored complete response
+// ---------------------------------------------------------------------------
+
+/// 26 bytes: `abcdefghijklmnopqrstuvwxyz`.
+const ALPHABET: &str = "abcdefghijklmnopqrstuvwxyz";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_requests_are_answered_from_the_stored_response() {
+    let origin = RawOrigin::start(|_| {
+        response(
+            200,
+            &[("cache-control", "max-age=3600"), ("etag", "\"v1\"")],
+            ALPHABET,
+        )
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    let url = proxy.url("/file");
+    // A cold key: the fill fetches the whole representation; the client
+    // gets its range.
+    let first = client.get_with(&url, &[("range", "bytes=0-3")]).await;
+    assert_eq!(first.status, 206);
+    assert_eq!(first.text(), "abcd");
+    assert_eq!(first.header("content-range"), Some("bytes 0-3/26"));
+    assert_eq!(first.header("content-length"), Some("4"));
+    for (range, status, body, content_range) in [
+        ("bytes=23-", 206, "xyz", Some("bytes 23-25/26")),
+        ("bytes=-2", 206, "yz", Some("bytes 24-25/26")),
+        ("bytes=20-100", 206, "uvwxyz", Some("bytes 20-25/26")),
+        ("bytes=26-", 416, "", Some("bytes */26")),
+        // Several ranges, or another unit: the whole response.
+        ("bytes=0-1,3-4", 200, ALPHABET, None),
+        ("lines=1-2", 200, ALPHABET, None),
+    ] {
+        let a = client.get_with(&url, &[("range", range)]).await;
+        assert_eq!(a.status.as_u16(), status, "{range}");
+        assert_eq!(a.text(), body, "{range}");
+        assert_eq!(a.header("content-range"), content_range, "{range}");
+        assert!(a.cache_status().is_hit(), "{range}: {}", a.cache_status());
+    }
+    // If-Range: the range only while the validator still matches.
+    let same = client
+        .get_with(&url, &[("range", "bytes=0-0"), ("if-range", "\"v1\"")])
+        .await;
+    assert_eq!((same.status.as_u16(), same.text()), (206, "a".to_owned()));
+    let changed = client
+        .get_with(&url, &[("range", "bytes=0-0"), ("if-range", "\"v0\"")])
+        .await;
+    assert_eq!(
+        (changed.status.as_u16(), changed.text()),
+        (200, ALPHABET.to_owned())
+    );
+    // One request reached the origin, for the whole representation.
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("range"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_too_large_to_store_resumes_at_the_origin() {
+    let body = "x".repeat(4096);
+    let origin = {
+        let body = body.clone();
+        RawOrigin::start(move |r| match r.header("range") {
+            Some("bytes=4000-") => {
+                let mut out = format!(
+                    "HTTP/1.1 206 Partial Content\r\ncontent-range: bytes 4000-4095/4096\r\ncontent-length: 96\r\n\r\n"
+                )
+                .into_bytes();
+                out.extend_from_slice(&body.as_bytes()[4000..]);
+                out
+            }
+            _ => response(200, &[("cache-control", "max-age=3600")], &body),
+        })
+        .await
+    };
+    let proxy = Proxy::new(Config::single(origin.url()).cache("max_object_size", "1KiB"))
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/big");
+    let whole = client.get(&url).await;
+    assert_eq!((whole.status.as_u16(), whole.body.len()), (200, 4096));
+    // Known too large: the range goes to the origin as asked.
+    let rest = client.get_with(&url, &[("range", "bytes=4000-")]).await;
+    assert_eq!(rest.status, 206);
+    assert_eq!(rest.body.len(), 96);
+    assert_eq!(rest.header("content-range"), Some("bytes 4000-4095/4096"));
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].header("range"), Some("bytes=4000-"));
+}

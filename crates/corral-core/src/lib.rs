@@ -5,7 +5,7 @@
 //! Each item has one path: the data and semantics modules are private and
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
-//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `rfc9111`, `xfetch`) are public
+//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `range`, `rfc9111`, `xfetch`) are public
 //! and not re-exported.
 
 mod backoff;
@@ -24,6 +24,7 @@ mod identity;
 mod key;
 pub mod miss;
 mod policy;
+pub mod range;
 pub mod rfc9111;
 mod store;
 mod vary;

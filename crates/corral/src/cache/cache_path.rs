@@ -21,6 +21,20 @@ use crate::routes::Route;
 use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss, Next, WaitEnd};
 
+/// True when this caller's view of the URI is hit-for-pass: the last
+/// answer could not be stored.
+pub fn passes(app: &App, route: &Route, ctx: &RequestHead) -> bool {
+    let uri = UriKey::new(
+        &ctx.host,
+        &ctx.path,
+        ctx.query.as_deref(),
+        &route.query_filter,
+    );
+    let primary = PrimaryKey::new(&route.name, uri);
+    let identity = route.identity.identify(&ctx.headers);
+    app.l1.is_pass(&primary.pass_scope(identity.as_ref()))
+}
+
 pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);

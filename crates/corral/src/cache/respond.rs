@@ -7,10 +7,11 @@ use std::time::SystemTime;
 
 use axum::body::Body;
 use bytes::Bytes;
+use corral_core::range;
 use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
 use http::header::{
-    AGE, CONTENT_LENGTH, CONTENT_TYPE, DATE, ETAG, HeaderName, IF_MODIFIED_SINCE, IF_NONE_MATCH,
-    LAST_MODIFIED, VIA,
+    ACCEPT_RANGES, AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, HeaderName,
+    IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE, VIA,
 };
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
@@ -64,6 +65,10 @@ pub fn from_entry(
         (StatusCode::NOT_MODIFIED, Body::empty())
     } else if head {
         (entry.status(), Body::empty())
+    } else if entry.status() == StatusCode::OK {
+        // A complete response answers a Range request itself (RFC 9110
+        // §14): the fill always fetched the whole representation.
+        ranged(entry, request, &mut headers)
     } else {
         (entry.status(), Body::from(entry.body().clone()))
     };
@@ -71,6 +76,53 @@ pub fn from_entry(
     *res.status_mut() = code;
     *res.headers_mut() = headers;
     Answer::new(res, status, Version::HTTP_11)
+}
+
+/// The answer to a GET for a stored 200: the part a Range selects (206),
+/// a 416, or the whole body; `headers` gets the framing to match.
+fn ranged(
+    entry: &StoredResponse,
+    request: &HeaderMap,
+    headers: &mut HeaderMap,
+) -> (StatusCode, Body) {
+    let body = entry.body();
+    let len = body.len() as u64;
+    let validators = range::Validators {
+        etag: entry.headers().get(ETAG),
+        last_modified: entry.headers().get(LAST_MODIFIED),
+        date: entry.headers().get(DATE),
+    };
+    headers
+        .entry(ACCEPT_RANGES)
+        .or_insert(HeaderValue::from_static("bytes"));
+    match range::select(request.get(RANGE), request.get(IF_RANGE), len, validators) {
+        range::Selected::Full => (StatusCode::OK, Body::from(body.clone())),
+        range::Selected::Part { first, last } => {
+            headers.remove(CONTENT_LENGTH);
+            headers.insert(
+                CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes {first}-{last}/{len}"))
+                    .unwrap_or(HeaderValue::from_static("bytes */0")),
+            );
+            let (from, to) = (
+                usize::try_from(first).unwrap_or(usize::MAX),
+                usize::try_from(last).unwrap_or(usize::MAX),
+            );
+            (
+                StatusCode::PARTIAL_CONTENT,
+                Body::from(body.slice(from..=to)),
+            )
+        }
+        range::Selected::Unsatisfiable => {
+            headers.remove(CONTENT_LENGTH);
+            headers.insert(
+                CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{len}"))
+                    .unwrap_or(HeaderValue::from_static("bytes */0")),
+            );
+            (StatusCode::RANGE_NOT_SATISFIABLE, Body::empty())
+        }
+    }
 }
 
 /// RFC 9110 §13.2.2 for a stored 200: If-None-Match when the request has

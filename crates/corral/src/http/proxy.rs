@@ -132,10 +132,13 @@ async fn route_request(
             ),
         );
     };
+    // A Range request goes through the cache (answered from the whole
+    // stored response), unless the key is known uncacheable: then the
+    // origin answers the range itself, so a large download can resume.
     if head.is_cacheable_method()
         && route.cache_enabled
         && head.body == RequestBody::None
-        && !head.headers.contains_key(RANGE)
+        && !(head.headers.contains_key(RANGE) && cache_path::passes(&app, &route, &head))
     {
         let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head).await;
         return (Some(route), res);
