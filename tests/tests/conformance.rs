@@ -513,10 +513,7 @@ async fn a_download_too_large_to_store_resumes_at_the_origin() {
         let body = body.clone();
         RawOrigin::start(move |r| match r.header("range") {
             Some("bytes=4000-") => {
-                let mut out = format!(
-                    "HTTP/1.1 206 Partial Content\r\ncontent-range: bytes 4000-4095/4096\r\ncontent-length: 96\r\n\r\n"
-                )
-                .into_bytes();
+                let mut out = b"HTTP/1.1 206 Partial Content\r\ncontent-range: bytes 4000-4095/4096\r\ncontent-length: 96\r\n\r\n".to_vec();
                 out.extend_from_slice(&body.as_bytes()[4000..]);
                 out
             }
