@@ -537,3 +537,80 @@ async fn a_download_too_large_to_store_resumes_at_the_origin() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].header("range"), Some("bytes=4000-"));
 }
+
+// ---------------------------------------------------------------------------
+// Targeted cache control (RFC 9213)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdn_cache_control_overrides_cache_control_for_corral_only() {
+    let origin = origin_with(|r| match r.target() {
+        // Downstream must not store it; corral may, for an hour.
+        "/cdn" => (
+            200,
+            h(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "max-age=3600"),
+            ]),
+        ),
+        // Cache-Control would let corral store it; the targeted field
+        // says no.
+        "/cdn-no" => (
+            200,
+            h(&[
+                ("cache-control", "max-age=3600"),
+                ("cdn-cache-control", "no-store"),
+            ]),
+        ),
+        // An invalid targeted field (uppercase key) is ignored.
+        _ => (
+            200,
+            h(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "MAX-AGE=3600"),
+            ]),
+        ),
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    for target in ["/cdn", "/cdn-no", "/cdn-bad"] {
+        client.get(&proxy.url(target)).await;
+        let again = client.get(&proxy.url(target)).await;
+        // Both fields reach the client: CDN-Cache-Control is for every
+        // CDN on the way.
+        assert!(again.header("cache-control").is_some(), "{target}");
+        assert!(again.header("cdn-cache-control").is_some(), "{target}");
+    }
+    assert_eq!(hits(&origin, "/cdn"), 1);
+    assert_eq!(hits(&origin, "/cdn-no"), 2);
+    assert_eq!(hits(&origin, "/cdn-bad"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_that_targets_corral_alone_wins_and_is_not_passed_on() {
+    let origin = origin_with(|_| {
+        (
+            200,
+            h(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "no-store"),
+                ("corral-cache-control", "max-age=3600"),
+            ]),
+        )
+    })
+    .await;
+    let config = Config::new().route(corral_tests::Route::new("api", origin.url()).cache(
+        "targeted_fields",
+        "[Corral-Cache-Control, CDN-Cache-Control]",
+    ));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    client.get(&proxy.url("/own")).await;
+    let again = client.get(&proxy.url("/own")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(again.header("corral-cache-control"), None);
+    assert_eq!(again.header("cache-control"), Some("no-store"));
+    assert_eq!(again.header("cdn-cache-control"), Some("no-store"));
+    assert_eq!(hits(&origin, "/own"), 1);
+}

@@ -80,6 +80,60 @@ impl CacheControl {
     }
 }
 
+/// RFC 9213: the value of the first of `fields` (a route's targeted
+/// fields, in priority order) that the response carries with a valid,
+/// non-empty value. A targeted field is a Structured Fields Dictionary:
+/// lowercase keys, each bare or with an integer, token or string value.
+/// `None` when none qualifies: Cache-Control (and Expires) apply.
+pub fn targeted(headers: &HeaderMap, fields: &[http::HeaderName]) -> Option<String> {
+    fields.iter().find_map(|name| {
+        let mut lines = headers.get_all(name).iter().peekable();
+        lines.peek()?;
+        let text = lines
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<_>>>()?
+            .join(", ");
+        valid_dictionary(&text).then_some(text)
+    })
+}
+
+fn valid_dictionary(text: &str) -> bool {
+    let members: Vec<&str> = split_directives(text).collect();
+    if members.is_empty() {
+        return false;
+    }
+    members.iter().all(|m| {
+        let (key, value) = match m.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (*m, None),
+        };
+        let key_ok = key
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'*')
+            && key.bytes().all(|b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || matches!(b, b'_' | b'-' | b'.' | b'*')
+            });
+        let value_ok = value.is_none_or(|v| {
+            let digits = v.strip_prefix('-').unwrap_or(v);
+            let integer = !digits.is_empty()
+                && digits.len() <= 15
+                && digits.bytes().all(|b| b.is_ascii_digit());
+            let string = v.len() >= 2 && v.starts_with('"') && v.ends_with('"');
+            let token = v
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*')
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+            integer || string || token || v == "?0" || v == "?1"
+        });
+        key_ok && value_ok
+    })
+}
+
 fn set_first(slot: &mut Option<u64>, value: u64) {
     if slot.is_none() {
         *slot = Some(value);
@@ -147,5 +201,36 @@ mod tests {
         let c = CacheControl::parse(&h);
         assert_eq!(c.max_age, Some(5));
         assert!(c.must_revalidate && c.forbids_stale() && c.shareable_when_authenticated());
+    }
+
+    #[test]
+    fn the_first_valid_targeted_field_wins() {
+        let cdn = http::HeaderName::from_static("cdn-cache-control");
+        let own = http::HeaderName::from_static("corral-cache-control");
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
+        h.insert(
+            &cdn,
+            http::HeaderValue::from_static("max-age=60, stale-if-error=\"x, y\""),
+        );
+        assert_eq!(
+            targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+            Some("max-age=60, stale-if-error=\"x, y\"")
+        );
+        h.insert(&own, http::HeaderValue::from_static("max-age=5"));
+        assert_eq!(
+            targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+            Some("max-age=5")
+        );
+        // Invalid (uppercase key, empty, stray syntax): the next one.
+        for bad in ["MAX-AGE=5", "", " , ", "max-age=5 6", "=5", "max-age=--5"] {
+            h.insert(&own, http::HeaderValue::from_static(bad));
+            assert_eq!(
+                targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+                Some("max-age=60, stale-if-error=\"x, y\""),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(targeted(&HeaderMap::new(), &[own, cdn]), None);
     }
 }

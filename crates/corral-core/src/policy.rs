@@ -37,6 +37,10 @@ pub struct RoutePolicy {
     pub max_object_size: u64,
     /// How long an uncacheable key is remembered as "pass".
     pub hit_for_pass: Duration,
+    /// RFC 9213 targeted fields, in priority order: the first one a
+    /// response carries (validly) replaces its Cache-Control and Expires
+    /// for corral's decisions.
+    pub targeted: Vec<http::HeaderName>,
 }
 
 impl Default for RoutePolicy {
@@ -53,6 +57,7 @@ impl Default for RoutePolicy {
             store_set_cookie: false,
             max_object_size: 8 << 20,
             hit_for_pass: Duration::from_secs(10),
+            targeted: vec![http::HeaderName::from_static("cdn-cache-control")],
         }
     }
 }
@@ -169,6 +174,21 @@ impl RoutePolicy {
         res: &response::Parts,
         response_time: SystemTime,
     ) -> Decision {
+        // RFC 9213: a targeted field replaces Cache-Control and Expires.
+        let targeted;
+        let res = match crate::cache_control::targeted(&res.headers, &self.targeted) {
+            None => res,
+            Some(value) => {
+                let mut parts = res.clone();
+                parts.headers.remove(http::header::CACHE_CONTROL);
+                parts.headers.remove(EXPIRES);
+                if let Ok(v) = http::HeaderValue::from_str(&value) {
+                    parts.headers.insert(http::header::CACHE_CONTROL, v);
+                }
+                targeted = parts;
+                &targeted
+            }
+        };
         let cc = CacheControl::parse(&res.headers);
         if cc.no_store {
             return Decision::Pass(PassReason::NoStore);

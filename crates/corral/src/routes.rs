@@ -12,6 +12,8 @@ use http::uri::{Authority, Scheme};
 use crate::config::{Config, OnTimeout, RouteConfig};
 use crate::origin::upstream::Upstream;
 
+const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+
 /// One route, ready to serve.
 pub struct Route {
     pub name: String,
@@ -37,6 +39,18 @@ pub struct Route {
 }
 
 impl Route {
+    /// Removes the targeted fields that address corral alone (RFC 9213):
+    /// every configured one but CDN-Cache-Control, which addresses every
+    /// CDN on the way and is passed on. Cache-Control always stays, for
+    /// the caches downstream.
+    pub fn strip_own_fields(&self, headers: &mut http::HeaderMap) {
+        for name in &self.policy.targeted {
+            if name != CDN_CACHE_CONTROL {
+                headers.remove(name);
+            }
+        }
+    }
+
     fn from_config(rc: &RouteConfig, max_object_size: u64) -> Self {
         let c = &rc.cache;
         let policy = RoutePolicy {
@@ -51,6 +65,11 @@ impl Route {
             store_set_cookie: c.store_set_cookie,
             max_object_size,
             hit_for_pass: c.hit_for_pass,
+            targeted: c
+                .targeted_fields
+                .iter()
+                .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                .collect(),
         };
         let identity_headers = c
             .identity_headers

@@ -235,6 +235,8 @@ pub struct RouteCacheConfig {
     pub store_set_cookie: bool,
     /// How long a key found uncacheable is passed straight to the upstream; 0 disables.
     pub hit_for_pass: Duration,
+    /// RFC 9213 targeted fields (lowercased), in priority order.
+    pub targeted_fields: Vec<String>,
 }
 
 impl Default for RouteCacheConfig {
@@ -261,6 +263,7 @@ impl Default for RouteCacheConfig {
             identity_cookies: Vec::new(),
             store_set_cookie: p.store_set_cookie,
             hit_for_pass: p.hit_for_pass,
+            targeted_fields: p.targeted.iter().map(|h| h.as_str().to_owned()).collect(),
         }
     }
 }
@@ -368,6 +371,10 @@ routes:
         assert_eq!(route.path_prefix, "/");
         assert_eq!(route.upstream, "http://127.0.0.1:3000/");
         assert_eq!(route.cache.ignore_query, ["utm_*", "fbclid"]);
+        assert_eq!(
+            route.cache.targeted_fields,
+            ["corral-cache-control", "cdn-cache-control"]
+        );
         assert_eq!(route.coalesce.on_timeout, OnTimeout::Fetch);
         assert!(config.redis.is_none(), "the example runs without Redis");
     }
@@ -432,6 +439,7 @@ routes:
         assert!(cache.identity_cookies.is_empty());
         assert!(!cache.store_set_cookie);
         assert_eq!(cache.hit_for_pass, Duration::from_secs(10));
+        assert_eq!(cache.targeted_fields, ["cdn-cache-control"]);
 
         let coalesce = &route.coalesce;
         assert!(coalesce.enabled);
@@ -757,6 +765,22 @@ routes:
 
         let error = refused("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9080\nroutes: []\n");
         assert_at(&error, 1, 1, "cache");
+    }
+
+    #[test]
+    fn targeted_fields_are_header_names_other_than_cache_control() {
+        let error = refused(&route_with(
+            "    cache: { targeted_fields: [CDN-Cache-Control, Cache-Control] }\n",
+        ));
+        let message = assert_at(&error, 8, 51, "routes[0].cache.targeted_fields[1]");
+        assert!(
+            message.contains("Cache-Control is what a targeted field overrides"),
+            "{message}"
+        );
+        let error = refused(&route_with(
+            "    cache: { targeted_fields: [\"bad name\"] }\n",
+        ));
+        assert_at(&error, 8, 32, "routes[0].cache.targeted_fields[0]");
     }
 
     #[test]

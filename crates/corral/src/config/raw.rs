@@ -106,6 +106,7 @@ pub struct RawRouteCache {
     pub identity: Option<RawIdentity>,
     pub store_set_cookie: Option<bool>,
     pub hit_for_pass: Option<Text>,
+    pub targeted_fields: Option<Vec<Text>>,
 }
 
 #[derive(Debug, Deserialize)]

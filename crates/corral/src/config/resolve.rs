@@ -626,6 +626,14 @@ impl Resolver<'_> {
             &format!("{prefix}.hit_for_pass"),
             defaults.hit_for_pass,
         )?;
+        let targeted_fields = match &raw.targeted_fields {
+            Some(entries) => self.list(
+                entries,
+                &format!("{prefix}.targeted_fields"),
+                targeted_field,
+            )?,
+            None => defaults.targeted_fields.clone(),
+        };
 
         Ok(RouteCacheConfig {
             enabled: raw.enabled.unwrap_or(defaults.enabled),
@@ -642,6 +650,7 @@ impl Resolver<'_> {
             identity_cookies,
             store_set_cookie: raw.store_set_cookie.unwrap_or(defaults.store_set_cookie),
             hit_for_pass: hit_for_pass.value,
+            targeted_fields,
         })
     }
 
@@ -1113,6 +1122,18 @@ fn identity_header(text: &str) -> Result<String, String> {
     http::HeaderName::from_bytes(text.as_bytes())
         .map(|name| name.as_str().to_owned())
         .map_err(|_| format!("`{text}` is not a valid header name"))
+}
+
+fn targeted_field(text: &str) -> Result<String, String> {
+    let name = http::HeaderName::from_bytes(text.as_bytes())
+        .map_err(|_| format!("`{text}` is not a valid header name"))?;
+    if name == http::header::CACHE_CONTROL {
+        return Err(
+            "Cache-Control is what a targeted field overrides; list fields such as CDN-Cache-Control"
+                .to_owned(),
+        );
+    }
+    Ok(name.as_str().to_owned())
 }
 
 fn identity_cookie(text: &str) -> Result<String, String> {

@@ -35,10 +35,13 @@ pub async fn handle(
     let (
         route,
         Answer {
-            response: res,
+            response: mut res,
             label,
         },
     ) = route_request(app, peer, req).await;
+    if let Some(r) = &route {
+        r.strip_own_fields(res.headers_mut());
+    }
     let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
     let cache = label.as_str();
     match &route {
