@@ -614,3 +614,100 @@ async fn a_field_that_targets_corral_alone_wins_and_is_not_passed_on() {
     assert_eq!(again.header("cdn-cache-control"), Some("no-store"));
     assert_eq!(hits(&origin, "/own"), 1);
 }
+
+// ---------------------------------------------------------------------------
+// HTTP Cache Groups (RFC 9875)
+// ---------------------------------------------------------------------------
+
+/// GETs are cacheable and grouped by their first path segment; a POST to
+/// /edit answers 200 naming `invalidate` in Cache-Group-Invalidation; a GET
+/// to /sneaky names "articles" too (and must be ignored: a safe method).
+async fn grouped_origin() -> RawOrigin {
+    RawOrigin::start(|r| {
+        let target = r.target().to_owned();
+        if r.method() == "POST" {
+            return response(
+                200,
+                &[("cache-group-invalidation", "\"articles\", \"unused\"")],
+                "edited",
+            );
+        }
+        let group = if target.starts_with("/articles/") {
+            "\"articles\", \"all\""
+        } else {
+            "\"others\""
+        };
+        let mut headers = vec![("cache-control", "max-age=3600"), ("cache-groups", group)];
+        if target == "/sneaky" {
+            headers.push(("cache-group-invalidation", "\"articles\""));
+        }
+        response(200, &headers, &format!("body-of-{target}"))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_group_invalidation_on_a_write_retires_the_group() {
+    let origin = grouped_origin().await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    let paths = ["/articles/1", "/articles/2", "/others/1"];
+    for p in paths {
+        client.get(&proxy.url(p)).await;
+    }
+    // A safe method's Cache-Group-Invalidation is ignored.
+    client.get(&proxy.url("/sneaky")).await;
+    for p in paths {
+        assert!(
+            client.get(&proxy.url(p)).await.cache_status().is_hit(),
+            "{p}"
+        );
+    }
+    let edited = client
+        .send(http::Method::POST, &proxy.url("/edit"), &[], None)
+        .await;
+    assert_eq!(edited.status, 200);
+    for p in paths {
+        client.get(&proxy.url(p)).await;
+    }
+    assert_eq!(hits(&origin, "/articles/1"), 2);
+    assert_eq!(hits(&origin, "/articles/2"), 2);
+    assert_eq!(hits(&origin, "/others/1"), 1, "another group is kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_group_invalidation_reaches_every_instance() {
+    let redis = corral_tests::Redis::start().await;
+    let origin = grouped_origin().await;
+    let proxies = Proxy::new(Config::single(origin.url()).redis(&redis.url()))
+        .instances(2)
+        .start_all()
+        .await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+    client.get(&a.url("/articles/1")).await;
+    assert!(
+        client
+            .get(&b.url("/articles/1"))
+            .await
+            .cache_status()
+            .is_hit()
+    );
+    client
+        .send(http::Method::POST, &a.url("/edit"), &[], None)
+        .await;
+    let (client, b) = (&client, b);
+    corral_tests::eventually(
+        corral_tests::DEADLINE,
+        "B fetches the invalidated group again",
+        move || async move {
+            !client
+                .get(&b.url("/articles/1"))
+                .await
+                .cache_status()
+                .is_hit()
+        },
+    )
+    .await;
+    assert_eq!(hits(&origin, "/articles/1"), 2);
+}

@@ -26,6 +26,9 @@ pub enum BanTarget {
     Tag(String),
     /// Exactly this URI key.
     Uri(String),
+    /// RFC 9875: entries of this host (the key's host, so the same origin
+    /// as the route serves it) whose `Cache-Groups` lists this group.
+    Group { host: String, group: String },
 }
 
 impl BanTarget {
@@ -44,6 +47,114 @@ impl BanTarget {
                 };
                 listed(&SURROGATE_KEY, ' ') || listed(&CACHE_TAG, ',')
             }
+            BanTarget::Group { host, group } => {
+                e.uri.split('/').next() == Some(host.as_str())
+                    && string_list(&e.headers, &CACHE_GROUPS)
+                        .iter()
+                        .any(|g| g == group)
+            }
+        }
+    }
+}
+
+static CACHE_GROUPS: HeaderName = HeaderName::from_static("cache-groups");
+
+/// The most groups read from one field (RFC 9875 asks for at least 32).
+pub const MAX_GROUPS: usize = 128;
+/// The longest group name read (RFC 9875 asks for at least 32 characters).
+pub const MAX_GROUP_LEN: usize = 256;
+
+/// An RFC 8941 List of Strings (`Cache-Groups`, `Cache-Group-Invalidation`):
+/// its string members, at most [`MAX_GROUPS`] of at most
+/// [`MAX_GROUP_LEN`] characters. Members of other types (and their
+/// parameters) are skipped; a field that is not a valid List reads as
+/// empty, as RFC 8941 has a parser fail the whole field.
+pub fn string_list(headers: &http::HeaderMap, name: &HeaderName) -> Vec<String> {
+    let mut text = String::new();
+    for v in headers.get_all(name) {
+        let Ok(v) = v.to_str() else {
+            return Vec::new();
+        };
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(v);
+    }
+    parse_string_list(&text).unwrap_or_default()
+}
+
+fn parse_string_list(text: &str) -> Option<Vec<String>> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut out = Vec::new();
+    let skip_ows = |i: &mut usize| {
+        while *i < b.len() && (b[*i] == b' ' || b[*i] == b'\t') {
+            *i += 1;
+        }
+    };
+    skip_ows(&mut i);
+    if i == b.len() {
+        return Some(out);
+    }
+    loop {
+        // One member: a String, or a bare item of another type (skipped).
+        if b[i] == b'"' {
+            i += 1;
+            let mut s = String::new();
+            loop {
+                match *b.get(i)? {
+                    b'\\' => {
+                        let next = *b.get(i + 1)?;
+                        if next != b'"' && next != b'\\' {
+                            return None;
+                        }
+                        s.push(char::from(next));
+                        i += 2;
+                    }
+                    b'"' => {
+                        i += 1;
+                        break;
+                    }
+                    c if (0x20..0x7f).contains(&c) => {
+                        s.push(char::from(c));
+                        i += 1;
+                    }
+                    _ => return None,
+                }
+            }
+            if out.len() < MAX_GROUPS && s.len() <= MAX_GROUP_LEN {
+                out.push(s);
+            }
+        } else {
+            let start = i;
+            while i < b.len() && !matches!(b[i], b',' | b' ' | b'\t' | b';' | b'"') {
+                i += 1;
+            }
+            if i == start {
+                return None;
+            }
+        }
+        // Parameters: `;key[=value]`, skipped.
+        while i < b.len() && b[i] == b';' {
+            i += 1;
+            while i < b.len() && !matches!(b[i], b',' | b';') {
+                if b[i] == b'"' {
+                    return None;
+                }
+                i += 1;
+            }
+        }
+        skip_ows(&mut i);
+        if i == b.len() {
+            return Some(out);
+        }
+        if b[i] != b',' {
+            return None;
+        }
+        i += 1;
+        skip_ows(&mut i);
+        if i == b.len() {
+            return None; // a trailing comma
         }
     }
 }
@@ -188,5 +299,30 @@ mod tests {
         });
         assert_eq!(list.verdict(&e), Verdict::StaleFrom(at));
         assert_eq!(list.verdict(&entry("h/ab", None)), Verdict::Keep);
+    }
+
+    #[test]
+    fn cache_groups_are_a_list_of_strings() {
+        let list = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("cache-groups", http::HeaderValue::from_static(v));
+            string_list(&h, &CACHE_GROUPS)
+        };
+        assert_eq!(list(r#""scripts", "styles""#), ["scripts", "styles"]);
+        assert_eq!(list(r#""a\"b";p=1, tok, "c\\d""#), ["a\"b", "c\\d"]);
+        assert_eq!(list(""), Vec::<String>::new());
+        for bad in [r#""open"#, r#""a","#, r#""a" "b""#, r#""\x""#, ","] {
+            assert_eq!(list(bad), Vec::<String>::new(), "{bad}");
+        }
+        let many: String = (0..200)
+            .map(|i| format!("\"g{i}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "cache-groups",
+            http::HeaderValue::from_str(&many).expect("value"),
+        );
+        assert_eq!(string_list(&h, &CACHE_GROUPS).len(), MAX_GROUPS);
     }
 }

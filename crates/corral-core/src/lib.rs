@@ -31,7 +31,7 @@ mod vary;
 pub mod xfetch;
 
 pub use backoff::{Backoff, BackoffPolicy};
-pub use ban::{Ban, BanList, BanTarget, Verdict};
+pub use ban::{Ban, BanList, BanTarget, Verdict, string_list};
 pub use budget::{Budget, Hold};
 pub use cache_control::CacheControl;
 pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward};

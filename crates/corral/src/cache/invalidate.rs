@@ -1,12 +1,16 @@
-//! Invalidation: what a write through corral (RFC 9111 §4.4) and a purge
-//! retire, here and, through the shared tier, on every instance.
+//! Invalidation: what a write through corral (RFC 9111 §4.4, and the
+//! groups RFC 9875's Cache-Group-Invalidation names) and a purge retire,
+//! here and, through the shared tier, on every instance.
 
 use corral_core::head::RequestHead;
-use corral_core::{PrimaryKey, UriKey};
+use corral_core::{Ban, BanTarget, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Uri};
 
 use crate::app::App;
+
+static CACHE_GROUP_INVALIDATION: http::HeaderName =
+    http::HeaderName::from_static("cache-group-invalidation");
 use crate::routes::Route;
 
 /// Retires the URI here and, with Redis, on every instance. Redis trouble
@@ -23,10 +27,33 @@ pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
     }
 }
 
-/// A write (an unsafe method answered 2xx or 3xx) retires the target URI
-/// and the same-origin URIs its Location and Content-Location name
-/// (RFC 9111 §4.4).
+/// Adds a ban here and, with Redis, records and broadcasts it.
+pub async fn ban(app: &App, target: BanTarget, soft: bool) {
+    let ban = Ban {
+        target,
+        at: app.clock.now(),
+        soft,
+    };
+    app.l1.bans.add(ban.clone());
+    if let Some(tier) = &app.tier
+        && let Err(e) = tier.publish_ban(&ban).await
+    {
+        tracing::warn!(error = %e, "the purge could not reach the other instances; they keep their copies until expiry");
+    }
+}
+
+/// A write (an unsafe method answered 2xx or 3xx) retires the target URI,
+/// the same-origin URIs its Location and Content-Location name (RFC 9111
+/// §4.4), and the same-origin responses of every group its
+/// Cache-Group-Invalidation lists (RFC 9875).
 pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: &HeaderMap) {
+    for group in corral_core::string_list(response, &CACHE_GROUP_INVALIDATION) {
+        let target = BanTarget::Group {
+            host: ctx.host.clone(),
+            group,
+        };
+        ban(app, target, false).await;
+    }
     let uri = UriKey::new(
         &ctx.host,
         &ctx.path,

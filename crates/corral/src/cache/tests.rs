@@ -429,6 +429,9 @@ impl SharedTier for FakeTier {
             Ok(())
         })
     }
+    fn publish_ban<'a>(&'a self, _ban: &'a corral_core::Ban) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async move { self.failing() })
+    }
     fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(async move {
             self.failing()?;

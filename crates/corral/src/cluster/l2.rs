@@ -296,6 +296,9 @@ impl SharedTier for L2 {
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::invalidate(self, primary, uri))
     }
+    fn publish_ban<'a>(&'a self, ban: &'a corral_core::Ban) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::publish_ban(self, ban))
+    }
     fn publish<'a>(
         &'a self,
         keys: &'a Keys,

@@ -200,16 +200,22 @@ pub enum ClusterNotice {
 
 impl ClusterNotice {
     /// The payload: `*`, the URI digest in hex, or
-    /// `ban\t<soft 0|1>\t<unix ms>\t<p|t|u>\t<value>`.
+    /// `ban\t<soft 0|1>\t<unix ms>\t<p|t|u|g>\t<value>` (a group's value
+    /// is `host\tgroup`).
     pub fn encode(&self) -> String {
         match self {
             ClusterNotice::All => "*".to_owned(),
             ClusterNotice::Invalidate(d) => d.to_hex(),
             ClusterNotice::Ban(b) => {
+                let group;
                 let (kind, value) = match &b.target {
                     BanTarget::Prefix(v) => ("p", v),
                     BanTarget::Tag(v) => ("t", v),
                     BanTarget::Uri(v) => ("u", v),
+                    BanTarget::Group { host, group: g } => {
+                        group = format!("{host}\t{g}");
+                        ("g", &group)
+                    }
                 };
                 let ms = b.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
                 format!("ban\t{}\t{ms}\t{kind}\t{value}", u8::from(b.soft))
@@ -243,6 +249,13 @@ fn decode_ban(s: &str) -> Option<Ban> {
         "p" => BanTarget::Prefix(value),
         "t" => BanTarget::Tag(value),
         "u" => BanTarget::Uri(value),
+        "g" => {
+            let (host, group) = value.split_once('\t')?;
+            BanTarget::Group {
+                host: host.to_owned(),
+                group: group.to_owned(),
+            }
+        }
         _ => return None,
     };
     Some(Ban {
@@ -277,6 +290,14 @@ mod tests {
                 at: UNIX_EPOCH + Duration::from_millis(1),
                 soft: false,
             }),
+            ClusterNotice::Ban(Ban {
+                target: BanTarget::Group {
+                    host: "h".into(),
+                    group: "a\tb, c".into(),
+                },
+                at: UNIX_EPOCH + Duration::from_millis(2),
+                soft: false,
+            }),
         ];
         for n in notices {
             assert_eq!(ClusterNotice::decode(&n.encode()), Some(n.clone()), "{n:?}");
@@ -289,6 +310,7 @@ mod tests {
             "ban\t1\tx\tp\tx",
             "ban\t1\t1\tq\tx",
             "ban\t1\t1\tp",
+            "ban\t1\t1\tg\tno-tab",
         ] {
             assert_eq!(ClusterNotice::decode(bad), None, "{bad:?}");
         }

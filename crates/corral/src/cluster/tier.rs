@@ -6,7 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
+use corral_core::{Backoff, Ban, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
 use futures_util::future::BoxFuture;
 
 use crate::cluster::protocol::{FillNotice, Keys};
@@ -96,6 +96,9 @@ pub trait SharedTier: Send + Sync {
         primary: &'a PrimaryKey,
         uri: &'a UriKey,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
+    /// Records a ban for every instance (those connected later read it
+    /// too) and broadcasts it.
+    fn publish_ban<'a>(&'a self, ban: &'a Ban) -> BoxFuture<'a, Result<(), L2Error>>;
     /// Announces how a fill ended to the variant's waiters.
     fn publish<'a>(
         &'a self,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
-use corral_core::{Ban, BanTarget, UriKey};
+use corral_core::{BanTarget, UriKey};
 use serde::Deserialize;
 
 use crate::app::App;
@@ -56,13 +56,13 @@ pub async fn handle(
         (Some(url), None, None) => purge_url(app, url, q.soft).await,
         (None, Some(prefix), None) => match uri_prefix(prefix) {
             Some(p) => {
-                ban(app, BanTarget::Prefix(p.clone()), q.soft).await;
+                crate::cache::invalidate::ban(app, BanTarget::Prefix(p.clone()), q.soft).await;
                 Ok(p)
             }
             None => Err("prefix must be a URL (http://host/path) or host/path"),
         },
         (None, None, Some(tag)) if !tag.trim().is_empty() && !tag.contains(['\t', '\n']) => {
-            ban(app, BanTarget::Tag(tag.trim().to_owned()), q.soft).await;
+            crate::cache::invalidate::ban(app, BanTarget::Tag(tag.trim().to_owned()), q.soft).await;
             Ok(tag.trim().to_owned())
         }
         _ => Err("give exactly one of url, prefix or tag"),
@@ -165,29 +165,13 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     let key = UriKey::new(&host, uri.path(), uri.query(), &route.query_filter);
     let readable = key.readable().to_owned();
     if soft {
-        ban(app, BanTarget::Uri(readable.clone()), true).await;
+        crate::cache::invalidate::ban(app, BanTarget::Uri(readable.clone()), true).await;
     } else {
         crate::cache::invalidate::everywhere(app, &route.name, key).await;
     }
     Ok(readable)
 }
 
-/// Adds a ban here and, with Redis, records and broadcasts it.
-async fn ban(app: &Arc<App>, target: BanTarget, soft: bool) {
-    let ban = Ban {
-        target,
-        at: app.clock.now(),
-        soft,
-    };
-    app.l1.bans.add(ban.clone());
-    if let Some(l2) = &app.l2
-        && let Err(e) = l2.publish_ban(&ban).await
-    {
-        tracing::warn!(error = %e, "the purge could not reach the other instances; they keep their copies until expiry");
-    }
-}
-
-/// The wire form of a ban: `ban\t<soft 0|1>\t<unix ms>\t<p|t|u>\t<value>`.
 #[cfg(test)]
 mod tests {
     use super::*;
