@@ -282,3 +282,75 @@ async fn with_coalescing_disabled_every_request_of_a_cold_burst_reaches_the_orig
     }
     assert_eq!(origin.hits("/cold"), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_wait_list_turns_the_rest_away_with_a_503() {
+    let origin = Origin::new()
+        .route(
+            "/warm",
+            Reply::ok("warm").header("cache-control", "no-store"),
+        )
+        .route(
+            "/cold",
+            Reply::ok("one")
+                .header("cache-control", "max-age=60")
+                .delay(ms(1500)),
+        )
+        .start()
+        .await;
+    // Warming 200 connections is itself a stampede: on its own route.
+    let config = Config::new()
+        .route(Route::new("warm", origin.url()).path_prefix("/warm"))
+        .route(Route::new("api", origin.url()).coalesce("max_waiters", "50"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    client.warm(200, &proxy.url("/warm")).await;
+    let answers = client.burst(200, &proxy.url("/cold"), &[]).await;
+    assert_eq!(origin.hits("/cold"), 1);
+    let full: Vec<&Answer> = answers.iter().filter(|a| a.status == 503).collect();
+    let served = answers
+        .iter()
+        .filter(|a| a.status == 200 && a.text() == "one")
+        .count();
+    // One leader and at most 50 waiters were served; every other caller
+    // was turned away (a caller arriving after the answer is a hit).
+    assert_eq!(full.len() + served, 200, "{:#?}", tally(&answers));
+    assert!(full.len() >= 100, "{:#?}", tally(&answers));
+    for a in &full {
+        assert_eq!(a.cache_status().detail(), Some("wait-list-full"));
+        assert_eq!(a.header("retry-after"), Some("1"));
+    }
+    let scrape = corral_tests::lifecycle::scrape(&proxy).await;
+    assert_eq!(
+        scrape.value("corral_wait_list_full_total", &[("route", "api")]),
+        Some(full.len() as f64)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_age_hands_a_stuck_key_to_one_waiter_not_to_all() {
+    let origin = Origin::new()
+        .route(
+            "/warm",
+            Reply::ok("warm").header("cache-control", "no-store"),
+        )
+        .route(
+            "/slow",
+            Reply::ok("slow")
+                .header("cache-control", "max-age=60")
+                .delay(ms(3000)),
+        )
+        .start()
+        .await;
+    let config = Config::new().route(
+        Route::new("api", origin.url())
+            .coalesce("lock_timeout", "10s")
+            .coalesce("lock_age", "1s"),
+    );
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    client.warm(100, &proxy.url("/warm")).await;
+    let answers = client.burst(100, &proxy.url("/slow"), &[]).await;
+    assert_every_answer(&answers, 200, "slow");
+    assert_eq!(origin.hits("/slow"), 2, "the leader, then one waiter");
+}

@@ -56,6 +56,8 @@ pub enum Detail {
     LockTimeout,
     /// No fill slot came free in time (`max_fills`).
     FillLimit,
+    /// The key's flight already had `max_waiters` callers waiting.
+    WaitListFull,
     /// The fill ended without an answer for this caller.
     FillFailed,
     /// A waiter was handed a pass it could not use.
@@ -89,6 +91,7 @@ impl Detail {
             Detail::CircuitOpen => "circuit-open",
             Detail::LockTimeout => "lock-timeout",
             Detail::FillLimit => "fill-limit",
+            Detail::WaitListFull => "wait-list-full",
             Detail::FillFailed => "fill-failed",
             Detail::FillPassed => "fill-passed",
             Detail::L2 => "l2",

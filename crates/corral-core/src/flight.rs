@@ -5,6 +5,14 @@
 //! `Dangling`, so nobody hangs (the model: pingora-cache's lock.rs).
 //! The registry lock is a plain mutex held only for map edits, never across
 //! an await.
+//!
+//! Two bounds: a flight takes at most `max_waiters` followers (the next
+//! caller is told the list is full, so a stampede never grows memory
+//! without limit), and a flight whose leader has held the key for
+//! `lock_age` without an answer is retired: its followers wake, the first
+//! of them to join again leads a new flight and the others follow that one
+//! (Pingora's age timeout). A flight that replaced a retired one is not
+//! retired again, so a slow origin sees two requests, not one per period.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,11 +29,16 @@ pub enum FlightEnd<T> {
     Done(T),
     /// The leader went away without an outcome.
     Dangling,
+    /// The leader held the key past `lock_age`: a new flight may start.
+    Retired,
 }
 
 struct Slot<T> {
     tx: watch::Sender<Option<FlightEnd<T>>>,
     followers: AtomicUsize,
+    started: tokio::time::Instant,
+    /// False for a flight that replaced a retired one.
+    ages: bool,
 }
 
 type Registry<T> = Arc<Mutex<HashMap<Digest, Arc<Slot<T>>>>>;
@@ -47,6 +60,26 @@ impl<T> Default for Flights<T> {
 pub enum Role<T> {
     Leader(Permit<T>),
     Follower(Waiter<T>),
+    /// The flight already has `max_waiters` followers waiting.
+    Full,
+}
+
+/// How a caller joins.
+#[derive(Debug, Clone, Copy)]
+pub struct Join {
+    /// Followers a flight takes before the next caller gets [`Role::Full`].
+    pub max_waiters: usize,
+    /// The caller was woken by a retired flight: a flight it starts is
+    /// not retired again.
+    pub after_retirement: bool,
+}
+
+impl Join {
+    /// No bound, a first join.
+    pub const UNBOUNDED: Join = Join {
+        max_waiters: usize::MAX,
+        after_retirement: false,
+    };
 }
 
 /// What a follower's wait came to.
@@ -57,6 +90,8 @@ pub enum WaitResult<T> {
     Dangling,
     /// The lock timeout passed first.
     TimedOut,
+    /// The flight was retired (`lock_age`): join again.
+    Retired,
 }
 
 impl<T: Clone + Send + Sync + 'static> Flights<T> {
@@ -65,18 +100,26 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
     }
 
     /// Leads the flight for `key`, or follows the one under way.
-    pub fn join(&self, key: Digest) -> Role<T> {
+    pub fn join(&self, key: Digest, how: Join) -> Role<T> {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = map.get(&key) {
+            if slot.tx.receiver_count() >= how.max_waiters {
+                return Role::Full;
+            }
             slot.followers.fetch_add(1, Ordering::Relaxed);
             return Role::Follower(Waiter {
                 rx: slot.tx.subscribe(),
+                key,
+                slot: Arc::clone(slot),
+                map: Arc::clone(&self.map),
             });
         }
         let (tx, _) = watch::channel(None);
         let slot = Arc::new(Slot {
             tx,
             followers: AtomicUsize::new(0),
+            started: tokio::time::Instant::now(),
+            ages: !how.after_retirement,
         });
         map.insert(key, Arc::clone(&slot));
         Role::Leader(Permit {
@@ -154,20 +197,64 @@ impl<T> Drop for Permit<T> {
 /// A follower's handle on a flight.
 pub struct Waiter<T> {
     rx: watch::Receiver<Option<FlightEnd<T>>>,
+    key: Digest,
+    slot: Arc<Slot<T>>,
+    map: Registry<T>,
 }
 
 impl<T: Clone> Waiter<T> {
-    /// Waits for the outcome, at most `timeout`.
-    pub async fn wait(mut self, timeout: Duration) -> WaitResult<T> {
-        let got = tokio::time::timeout(timeout, self.rx.wait_for(Option::is_some)).await;
+    /// Waits for the outcome, at most `timeout`; with `lock_age`, the
+    /// flight is retired once its leader has held it that long.
+    pub async fn wait(mut self, timeout: Duration, lock_age: Option<Duration>) -> WaitResult<T> {
+        let timed_out = tokio::time::Instant::now() + timeout;
+        let retire_at = lock_age
+            .filter(|_| self.slot.ages)
+            .map(|age| self.slot.started + age)
+            .filter(|at| *at < timed_out);
+        let got = tokio::time::timeout_at(
+            retire_at.unwrap_or(timed_out),
+            self.rx.wait_for(Option::is_some),
+        )
+        .await
+        .map(|r| {
+            r.map(|v| match &*v {
+                Some(FlightEnd::Done(t)) => WaitResult::Done(t.clone()),
+                Some(FlightEnd::Retired) => WaitResult::Retired,
+                _ => WaitResult::Dangling,
+            })
+        });
         match got {
+            Err(_) if retire_at.is_some() => {
+                self.retire();
+                WaitResult::Retired
+            }
             Err(_) => WaitResult::TimedOut,
             Ok(Err(_)) => WaitResult::Dangling,
-            Ok(Ok(v)) => match &*v {
-                Some(FlightEnd::Done(t)) => WaitResult::Done(t.clone()),
-                _ => WaitResult::Dangling,
-            },
+            Ok(Ok(result)) => result,
         }
+    }
+
+    /// Takes the flight out of the registry (if it is still the key's) and
+    /// wakes its followers with `Retired`; the leader runs on and ends it
+    /// for nobody.
+    fn retire(&self) {
+        {
+            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+            if map
+                .get(&self.key)
+                .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+            {
+                map.remove(&self.key);
+            }
+        }
+        self.slot.tx.send_if_modified(|end| {
+            if end.is_none() {
+                *end = Some(FlightEnd::Retired);
+                true
+            } else {
+                false
+            }
+        });
     }
 }
 
@@ -182,43 +269,43 @@ mod tests {
     #[tokio::test]
     async fn one_leader_many_followers_all_see_the_outcome_once() {
         let f: Arc<Flights<u32>> = Arc::new(Flights::new());
-        let Role::Leader(permit) = f.join(key(1)) else {
+        let Role::Leader(permit) = f.join(key(1), Join::UNBOUNDED) else {
             panic!("first must lead")
         };
         let mut waits = Vec::new();
         for _ in 0..100 {
-            let Role::Follower(w) = f.join(key(1)) else {
+            let Role::Follower(w) = f.join(key(1), Join::UNBOUNDED) else {
                 panic!("others must follow")
             };
-            waits.push(tokio::spawn(w.wait(Duration::from_secs(5))));
+            waits.push(tokio::spawn(w.wait(Duration::from_secs(5), None)));
         }
         assert_eq!(permit.followers(), 100);
-        assert!(matches!(f.join(key(2)), Role::Leader(_)));
+        assert!(matches!(f.join(key(2), Join::UNBOUNDED), Role::Leader(_)));
         permit.complete(7);
         for w in waits {
             assert!(matches!(w.await.expect("join"), WaitResult::Done(7)));
         }
         assert!(f.is_empty());
-        assert!(matches!(f.join(key(1)), Role::Leader(_)));
+        assert!(matches!(f.join(key(1), Join::UNBOUNDED), Role::Leader(_)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn followers_that_stop_waiting_are_no_longer_counted() {
         let f: Flights<u32> = Flights::new();
-        let Role::Leader(permit) = f.join(key(4)) else {
+        let Role::Leader(permit) = f.join(key(4), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(a) = f.join(key(4)) else {
+        let Role::Follower(a) = f.join(key(4), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(b) = f.join(key(4)) else {
+        let Role::Follower(b) = f.join(key(4), Join::UNBOUNDED) else {
             panic!()
         };
         assert_eq!(permit.waiting(), 2);
         drop(a);
         assert_eq!(permit.waiting(), 1);
         assert!(matches!(
-            b.wait(Duration::from_millis(10)).await,
+            b.wait(Duration::from_millis(10), None).await,
             WaitResult::TimedOut
         ));
         assert_eq!(permit.waiting(), 0);
@@ -228,13 +315,13 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_leader_wakes_followers_as_dangling() {
         let f: Flights<u32> = Flights::new();
-        let Role::Leader(permit) = f.join(key(1)) else {
+        let Role::Leader(permit) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(w) = f.join(key(1)) else {
+        let Role::Follower(w) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
-        let h = tokio::spawn(w.wait(Duration::from_secs(5)));
+        let h = tokio::spawn(w.wait(Duration::from_secs(5), None));
         drop(permit);
         assert!(matches!(h.await.expect("join"), WaitResult::Dangling));
         assert!(f.is_empty());
@@ -243,10 +330,10 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_leader_task_cannot_leave_waiters_hanging() {
         let f: Flights<u32> = Flights::new();
-        let Role::Leader(permit) = f.join(key(3)) else {
+        let Role::Leader(permit) = f.join(key(3), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(w) = f.join(key(3)) else {
+        let Role::Follower(w) = f.join(key(3), Join::UNBOUNDED) else {
             panic!()
         };
         let leader = tokio::spawn(async move {
@@ -255,7 +342,7 @@ mod tests {
         });
         assert!(leader.await.is_err());
         assert!(matches!(
-            w.wait(Duration::from_secs(5)).await,
+            w.wait(Duration::from_secs(5), None).await,
             WaitResult::Dangling
         ));
     }
@@ -263,14 +350,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn followers_give_up_after_the_lock_timeout() {
         let f: Flights<u32> = Flights::new();
-        let Role::Leader(_permit) = f.join(key(1)) else {
+        let Role::Leader(_permit) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(w) = f.join(key(1)) else {
+        let Role::Follower(w) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
         assert!(matches!(
-            w.wait(Duration::from_millis(50)).await,
+            w.wait(Duration::from_millis(50), None).await,
             WaitResult::TimedOut
         ));
     }
@@ -278,16 +365,82 @@ mod tests {
     #[tokio::test]
     async fn a_follower_joining_after_completion_still_sees_it() {
         let f: Flights<u32> = Flights::new();
-        let Role::Leader(permit) = f.join(key(1)) else {
+        let Role::Leader(permit) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
-        let Role::Follower(w) = f.join(key(1)) else {
+        let Role::Follower(w) = f.join(key(1), Join::UNBOUNDED) else {
             panic!()
         };
         permit.complete(9);
         assert!(matches!(
-            w.wait(Duration::from_secs(1)).await,
+            w.wait(Duration::from_secs(1), None).await,
             WaitResult::Done(9)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_wait_list_turns_callers_away() {
+        let f: Flights<u32> = Flights::new();
+        let bounded = Join {
+            max_waiters: 3,
+            after_retirement: false,
+        };
+        let Role::Leader(permit) = f.join(key(1), bounded) else {
+            panic!("first must lead")
+        };
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
+            let Role::Follower(w) = f.join(key(1), bounded) else {
+                panic!("room for three")
+            };
+            waiters.push(w);
+        }
+        assert!(matches!(f.join(key(1), bounded), Role::Full));
+        // A waiter that leaves makes room again.
+        drop(waiters.pop());
+        assert!(matches!(f.join(key(1), bounded), Role::Follower(_)));
+        permit.complete(1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flight_held_past_lock_age_is_retired_once() {
+        let f: Arc<Flights<u32>> = Arc::new(Flights::new());
+        let Role::Leader(first) = f.join(key(1), Join::UNBOUNDED) else {
+            panic!("first must lead")
+        };
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            let Role::Follower(w) = f.join(key(1), Join::UNBOUNDED) else {
+                panic!("others follow")
+            };
+            waits.push(tokio::spawn(
+                w.wait(Duration::from_secs(30), Some(Duration::from_secs(1))),
+            ));
+        }
+        let started = tokio::time::Instant::now();
+        for w in waits {
+            assert!(matches!(w.await.expect("join"), WaitResult::Retired));
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        // The key is free: the first to join again leads, the others
+        // follow, and that flight is not retired again.
+        let again = Join {
+            max_waiters: usize::MAX,
+            after_retirement: true,
+        };
+        let Role::Leader(second) = f.join(key(1), again) else {
+            panic!("a new flight")
+        };
+        let Role::Follower(w) = f.join(key(1), again) else {
+            panic!("follows the new flight")
+        };
+        let h = tokio::spawn(w.wait(Duration::from_secs(30), Some(Duration::from_secs(1))));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        second.complete(2);
+        assert!(matches!(h.await.expect("join"), WaitResult::Done(2)));
+        // The first leader ends its retired flight for nobody, and does
+        // not disturb the key.
+        first.complete(1);
+        assert!(f.is_empty());
     }
 }

@@ -46,6 +46,8 @@ pub enum WaitEnd {
     Pass,
     /// The leader went away without an answer.
     Dangling,
+    /// The leader held the key past `lock_age`: the flight was retired.
+    Retired,
     /// `lock_timeout` passed.
     TimedOut,
 }
@@ -67,11 +69,18 @@ pub enum Next {
 #[derive(Debug, Default)]
 pub struct Miss {
     attempt: usize,
+    retired: bool,
 }
 
 impl Miss {
     pub fn new() -> Self {
         Miss::default()
+    }
+
+    /// True once a flight this request waited on was retired: a flight it
+    /// starts now is not retired again.
+    pub fn after_retirement(&self) -> bool {
+        self.retired
     }
 
     /// What a lookup leads to: `found` is the usable copy, if any; `pass`
@@ -119,6 +128,16 @@ impl Miss {
             }
             // An error for another variant is not this caller's.
             WaitEnd::Shared { fits: false } | WaitEnd::Pass => Next::FetchAlone,
+            WaitEnd::Retired => {
+                // Join again: one of the waiters leads the next flight.
+                self.retired = true;
+                self.attempt += 1;
+                if self.attempt > VARY_RETRIES + 2 {
+                    Next::FetchAlone
+                } else {
+                    Next::LookAgain
+                }
+            }
             WaitEnd::Dangling => {
                 self.attempt += 1;
                 if self.attempt > VARY_RETRIES + 2 {
@@ -213,5 +232,11 @@ mod tests {
             assert_eq!(m.waited(WaitEnd::Dangling), Next::LookAgain);
         }
         assert_eq!(m.waited(WaitEnd::Dangling), Next::FetchAlone);
+        // A retired flight: join again, and what is joined then is not
+        // retired again.
+        let mut m = Miss::new();
+        assert!(!m.after_retirement());
+        assert_eq!(m.waited(WaitEnd::Retired), Next::LookAgain);
+        assert!(m.after_retirement());
     }
 }

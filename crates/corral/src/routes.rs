@@ -28,6 +28,10 @@ pub struct Route {
     pub coalesce: bool,
     pub lock_timeout: Duration,
     pub on_timeout: OnTimeout,
+    /// Callers one flight holds waiting (`coalesce.max_waiters`).
+    pub max_waiters: usize,
+    /// `coalesce.lock_age`.
+    pub lock_age: Option<Duration>,
     /// Fills under way on this route (`coalesce.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// How long a key whose origin failed is left alone.
@@ -96,6 +100,8 @@ impl Route {
             coalesce: rc.coalesce.enabled,
             lock_timeout: rc.coalesce.lock_timeout,
             on_timeout: rc.coalesce.on_timeout,
+            max_waiters: rc.coalesce.max_waiters,
+            lock_age: rc.coalesce.lock_age,
             fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
             backoff: rc.backoff,
             circuit: corral_core::Circuit::new(corral_core::CircuitSettings {

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use corral_core::{
-    CacheStatus, Detail, Digest, EntryState, Forward, PrimaryKey, Role, StoredResponse, UriKey,
-    VariantKey, Vary, WaitResult, xfetch,
+    CacheStatus, Detail, Digest, EntryState, Forward, Join, PrimaryKey, Role, StoredResponse,
+    UriKey, VariantKey, Vary, WaitResult, xfetch,
 };
 use http::{Method, StatusCode};
 use tokio::sync::oneshot;
@@ -146,11 +146,19 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
         if !coalesce {
             return lead(fill_request(found), None, head).await;
         }
-        let waiter = match app.flights.join(flight_key) {
+        let join = Join {
+            max_waiters: route.max_waiters,
+            after_retirement: miss.after_retirement(),
+        };
+        let waiter = match app.flights.join(flight_key, join) {
             Role::Leader(permit) => return lead(fill_request(found), Some(permit), head).await,
             Role::Follower(waiter) => waiter,
+            Role::Full => {
+                let outcome = fill::wait_list_full(&fill_request(found));
+                return respond::from_outcome(&outcome, true, app.clock.now(), head, &ctx.headers);
+            }
         };
-        let (end, outcome) = match waiter.wait(route.lock_timeout).await {
+        let (end, outcome) = match waiter.wait(route.lock_timeout, route.lock_age).await {
             WaitResult::Done(outcome) => {
                 let end = match &outcome {
                     FillOutcome::Stored { entry, .. } => WaitEnd::Stored {
@@ -168,6 +176,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
                 (end, Some(outcome))
             }
             WaitResult::Dangling => (WaitEnd::Dangling, None),
+            WaitResult::Retired => (WaitEnd::Retired, None),
             WaitResult::TimedOut => (WaitEnd::TimedOut, None),
         };
         match (miss.waited(end), outcome) {
@@ -207,7 +216,7 @@ fn lookup(
 
 /// Starts a refresh unless one is already under way for this key.
 pub(crate) fn refresh_in_background(app: &App, flight_key: Digest, fill: FillRequest) {
-    if let Role::Leader(permit) = app.flights.join(flight_key) {
+    if let Role::Leader(permit) = app.flights.join(flight_key, Join::UNBOUNDED) {
         tokio::spawn(fill::run(fill, Some(permit), None));
     }
 }

@@ -380,6 +380,14 @@ fn fill_limit(fill: &FillRequest) -> FillOutcome {
         .unwrap_or_else(|| unavailable(fill, Detail::FillLimit, Duration::from_secs(1)))
 }
 
+/// What a caller turned away from a full wait list gets: the stale copy
+/// if it may still be served, else a 503 saying to come back in a second.
+pub fn wait_list_full(fill: &FillRequest) -> FillOutcome {
+    crate::telemetry::metrics::wait_list_full(&fill.route.name);
+    stale_on_error(fill, Detail::WaitListFull)
+        .unwrap_or_else(|| unavailable(fill, Detail::WaitListFull, Duration::from_secs(1)))
+}
+
 /// The stale copy in hand, labelled `detail`, if stale-if-error still
 /// allows serving it.
 fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {

@@ -1169,3 +1169,84 @@ async fn a_write_retires_the_uri_here_and_on_every_instance() {
     h.get("/b").await;
     assert_eq!(h.origin.hits(), 4);
 }
+
+// ---------------------------------------------------------------------
+// Bounded wait lists and lock age.
+
+#[tokio::test(start_paused = true)]
+async fn a_full_wait_list_answers_503_and_the_origin_sees_one_request() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), Duration::from_secs(2)),
+        None,
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ max_waiters: 50 }}\n"),
+    );
+    let started = Instant::now();
+    let answers = h.stampede("/a", 200).await;
+    let turned_away: Vec<&Got> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    // One leader and 50 waiters got the answer; 149 were turned away at
+    // once, none of them waited for the 2 s fetch.
+    assert_eq!(turned_away.len(), 149);
+    assert!(
+        turned_away
+            .iter()
+            .all(|a| a.cache_status.contains("detail=wait-list-full"))
+    );
+    assert_eq!(answers.iter().filter(|a| a.body == "one").count(), 51);
+    assert_eq!(h.origin.hits(), 1);
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_wait_list_serves_the_stale_copy_when_there_is_one() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=600", "old")],
+            Reply::Ok("max-age=1, stale-if-error=600", "new"),
+            Duration::from_secs(2),
+        ),
+        None,
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ max_waiters: 50 }}\n"),
+    );
+    h.get("/a").await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let answers = h.stampede("/a", 200).await;
+    let stale = answers
+        .iter()
+        .filter(|a| a.body == "old" && a.cache_status.contains("detail=wait-list-full"))
+        .count();
+    assert_eq!(stale, 149);
+    assert_eq!(answers.iter().filter(|a| a.body == "new").count(), 51);
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_past_lock_age_gives_the_key_to_one_waiter() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(5)),
+        None,
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 10s, lock_age: 1s }}\n"),
+    );
+    let answers = h.stampede("/a", 100).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == StatusCode::OK && a.body == "slow")
+    );
+    // The first leader, and one waiter after a second: not 100.
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_lock_age_every_waiter_fetches_at_lock_timeout() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(5)),
+        None,
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 1s }}\n"),
+    );
+    h.stampede("/a", 100).await;
+    // What lock_age is for: 1 + 99.
+    assert_eq!(h.origin.hits(), 100);
+}

@@ -286,6 +286,12 @@ pub struct CoalesceConfig {
     pub on_timeout: OnTimeout,
     /// Origin fetches this route may have under way at once.
     pub max_fills: usize,
+    /// Callers one key's flight may hold waiting; the next gets the stale
+    /// copy or a 503.
+    pub max_waiters: usize,
+    /// A leader holding a key this long without an answer gives it up to
+    /// one of its waiters; `None`: off. Shorter than `lock_timeout`.
+    pub lock_age: Option<Duration>,
 }
 
 impl Default for CoalesceConfig {
@@ -295,6 +301,8 @@ impl Default for CoalesceConfig {
             lock_timeout: Duration::from_secs(5),
             on_timeout: OnTimeout::Fetch,
             max_fills: 256,
+            max_waiters: 10_000,
+            lock_age: None,
         }
     }
 }
@@ -781,6 +789,25 @@ routes:
             "    cache: { targeted_fields: [\"bad name\"] }\n",
         ));
         assert_at(&error, 8, 32, "routes[0].cache.targeted_fields[0]");
+    }
+
+    #[test]
+    fn wait_list_bounds_are_checked() {
+        let error = refused(&route_with("    coalesce: { max_waiters: 0 }\n"));
+        assert_at(&error, 8, 30, "routes[0].coalesce.max_waiters");
+        let error = refused(&route_with(
+            "    coalesce: { lock_timeout: 2s, lock_age: 2s }\n",
+        ));
+        let message = assert_at(&error, 8, 45, "routes[0].coalesce.lock_age");
+        assert!(message.contains("shorter than lock_timeout"), "{message}");
+        let config = config(&route_with(
+            "    coalesce: { lock_age: 1500ms, max_waiters: 7 }\n",
+        ));
+        let c = &config.routes[0].coalesce;
+        assert_eq!(
+            (c.lock_age, c.max_waiters),
+            (Some(Duration::from_millis(1500)), 7)
+        );
     }
 
     #[test]

@@ -130,6 +130,8 @@ pub struct RawCoalesce {
     pub lock_timeout: Option<Text>,
     pub on_timeout: Option<Text>,
     pub max_fills: Option<Text>,
+    pub max_waiters: Option<Text>,
+    pub lock_age: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -714,11 +714,34 @@ impl Resolver<'_> {
             Some(t) => whole_number(&t.value, 1, "fills")
                 .map_err(|m| self.error(&t.referenced, &format!("{prefix}.max_fills"), m))?,
         };
+        let max_waiters = match &raw.max_waiters {
+            None => defaults.max_waiters,
+            Some(t) => whole_number(&t.value, 1, "waiters")
+                .map_err(|m| self.error(&t.referenced, &format!("{prefix}.max_waiters"), m))?,
+        };
+        let lock_age = match &raw.lock_age {
+            None => defaults.lock_age,
+            Some(text) => {
+                let field = format!("{prefix}.lock_age");
+                let age = self.duration(Some(text), &field, Duration::ZERO)?;
+                self.positive(&age, &field)?;
+                if age.value >= lock_timeout.value {
+                    return Err(self.blame(
+                        &age,
+                        &field,
+                        "must be shorter than lock_timeout, or waiters give up before it applies",
+                    ));
+                }
+                Some(age.value)
+            }
+        };
         Ok(CoalesceConfig {
             enabled: raw.enabled.unwrap_or(defaults.enabled),
             lock_timeout: lock_timeout.value,
             on_timeout,
             max_fills,
+            max_waiters,
+            lock_age,
         })
     }
 

@@ -180,6 +180,12 @@ pub fn origin_skipped(route: &str, reason: &'static str) {
 }
 
 /// A fill cancelled because its client went away and nobody else waited.
+/// A caller turned away because the key's flight had `max_waiters`
+/// callers waiting.
+pub fn wait_list_full(route: &str) {
+    counter!("corral_wait_list_full_total", "route" => route.to_owned()).increment(1);
+}
+
 pub fn fill_cancelled(route: &str) {
     counter!("corral_fills_cancelled_total", "route" => route.to_owned()).increment(1);
 }
