@@ -766,3 +766,48 @@ async fn with_coalescing_disabled_redis_coalesces_nothing_but_still_caches() {
     assert!(b.cache_status().is_hit(), "{}", b.cache_status());
     assert_eq!(origin.hits("/cold"), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_past_lock_age_is_taken_over_by_a_waiting_instance() {
+    let redis = Redis::start().await;
+    // The first fetch hangs for 20 s; any later one answers at once.
+    let origin = Origin::new()
+        .route("/stuck", cacheable("late").delay(Duration::from_secs(20)))
+        .start()
+        .await;
+    let config = |o: &RunningOrigin| {
+        Config::new()
+            .route(
+                Route::new("api", o.url())
+                    .coalesce("lock_timeout", "15s")
+                    .coalesce("lock_age", "1s"),
+            )
+            .redis(&redis.url())
+            .redis_field("op_timeout", "250ms")
+    };
+    let proxies = Proxy::new(config(&origin)).instances(2).start_all().await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+    let stuck = {
+        let (client, url) = (client.clone(), a.url("/stuck"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/stuck", 1, DEADLINE).await;
+    wait_for_key(&redis, "*:lease:*", DEADLINE).await;
+    origin.set_route("/stuck", cacheable("prompt"));
+    let started = Instant::now();
+    let answer = client.get(&b.url("/stuck")).await;
+    assert_eq!(
+        (answer.status.as_u16(), answer.text()),
+        (200, "prompt".to_owned())
+    );
+    // B waited for the lease to reach 1 s, then took it over: not the
+    // 20 s fetch, not the 15 s lock timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(origin.hits("/stuck"), 2);
+    stuck.abort();
+}

@@ -1,6 +1,7 @@
 //! The second coalescing tier: one leader per key across every instance,
 //! as a state machine over the [`SharedTier`] seam (Read → Acquire →
-//! lead, or → Follow → Read again; every exit named).
+//! lead, or → Follow → Read again, or → TakeOver when the holder has held
+//! the lease past `lock_age`; every exit named).
 //! Only a local flight's leader (or background refresh) enters it through
 //! [`fill`], so each instance sends at most one request per key to Redis;
 //! a fill that does not coalesce uses L2 as a cache through [`fill_alone`]
@@ -18,7 +19,7 @@ use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
-use crate::cluster::protocol::{FillNotice, Keys};
+use crate::cluster::protocol::{FillNotice, Keys, lease_since};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Probe, SharedTier};
 use crate::telemetry::metrics;
@@ -40,6 +41,9 @@ enum State {
     },
     /// Another fill holds the lease: wait for its notice.
     Follow,
+    /// The holder has held the lease past `lock_age`: take it over from
+    /// it (exactly one waiting instance does).
+    TakeOver(Box<Probe>),
 }
 
 /// What a read of L2 leads to.
@@ -65,6 +69,9 @@ enum Followed {
     Failed,
     /// Redis stopped answering.
     Unavailable(L2Error),
+    /// The holder has held the lease past `lock_age` (the probe that saw
+    /// it, with the lease's value).
+    AgedOut(Box<Probe>),
 }
 
 /// A local flight's leader (or a background refresh) fills through the
@@ -76,6 +83,8 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
         Err(e) => return local(fill, &e).await,
     };
     let mut poll = POLL_FIRST;
+    // One takeover per fill: a lease taken over is not taken over again.
+    let mut lock_age = fill.route.lock_age;
     let mut state = State::Read {
         probe: Box::new(probe),
         waited: false,
@@ -110,15 +119,32 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                     State::Follow
                 }
             },
-            State::Follow => match follow(fill, tier, &keys, deadline, &mut poll).await {
+            State::Follow => match follow(fill, tier, &keys, deadline, &mut poll, lock_age).await {
                 Followed::Read(probe) => State::Read {
                     probe,
                     waited: true,
                 },
+                Followed::AgedOut(probe) => {
+                    lock_age = None;
+                    State::TakeOver(probe)
+                }
                 Followed::LockTimeout => return lock_timeout(fill).await,
                 Followed::Failed => return fetch_and_store(fill).await,
                 Followed::Unavailable(e) => return local(fill, &e).await,
             },
+            State::TakeOver(probe) => {
+                let seen = probe.lease.as_deref().unwrap_or_default();
+                match tier.take_over(&keys, seen).await {
+                    Err(e) => return local(fill, &e).await,
+                    Ok(Some(lease)) => {
+                        metrics::lease("aged_out");
+                        let had_backoff = probe.backoff.is_some();
+                        return lead(fill, tier, &keys, lease, probe.generation, had_backoff).await;
+                    }
+                    // Another instance took it first: wait on that one.
+                    Ok(None) => State::Follow,
+                }
+            }
         };
     }
 }
@@ -191,6 +217,7 @@ async fn follow(
     keys: &Keys,
     deadline: Instant,
     poll: &mut Duration,
+    lock_age: Option<Duration>,
 ) -> Followed {
     // Subscribed before the read, so no notice falls between the two.
     let mut notices = tier.watch(keys).await;
@@ -210,8 +237,24 @@ async fn follow(
         if now >= deadline {
             return Followed::LockTimeout;
         }
+        // How long until the holder has held the lease for lock_age.
+        let aged_in = lock_age.and_then(|age| {
+            let since = probe.lease.as_deref().and_then(lease_since)?;
+            let held = fill
+                .app
+                .clock
+                .now()
+                .duration_since(since)
+                .unwrap_or_default();
+            Some(age.saturating_sub(held))
+        });
+        if aged_in == Some(Duration::ZERO) {
+            return Followed::AgedOut(Box::new(probe));
+        }
         let jitter = Duration::from_millis(rand::random::<u64>() % 10);
-        let wait = (*poll + jitter).min(deadline - now);
+        let wait = (*poll + jitter)
+            .min(deadline - now)
+            .min(aged_in.unwrap_or(Duration::MAX));
         tokio::select! {
             n = notices.next() => match n {
                 // The leader's fetch failed and stored nothing. Its

@@ -176,6 +176,18 @@ impl Origin for ScriptedOrigin {
 struct Lease {
     token: u64,
     until: Instant,
+    /// When it was taken, as the lease's value tells other instances.
+    since: SystemTime,
+}
+
+impl Lease {
+    fn value(&self) -> String {
+        let ms = self
+            .since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{:032x}.{ms}", self.token)
+    }
 }
 
 #[derive(Default)]
@@ -202,6 +214,7 @@ struct Tier {
     lands_on_acquire: Mutex<Option<StoredResponse>>,
     probes: AtomicUsize,
     acquired: AtomicUsize,
+    taken_over: AtomicUsize,
     tokens: AtomicU64,
 }
 
@@ -219,6 +232,7 @@ impl FakeTier {
             lands_on_acquire: Mutex::new(None),
             probes: AtomicUsize::new(0),
             acquired: AtomicUsize::new(0),
+            taken_over: AtomicUsize::new(0),
             tokens: AtomicU64::new(1),
         }))
     }
@@ -239,13 +253,14 @@ impl FakeTier {
         self.records().published.clone()
     }
 
-    /// Another instance takes the variant's lease for `ttl`.
-    fn other_leads(&self, keys: &Keys, ttl: Duration) {
+    /// Another instance takes the variant's lease for `ttl` at `since`.
+    fn other_leads(&self, keys: &Keys, ttl: Duration, since: SystemTime) {
         self.records().leases.insert(
             keys.lease(),
             Lease {
                 token: 0,
                 until: Instant::now() + ttl,
+                since,
             },
         );
     }
@@ -329,6 +344,11 @@ impl SharedTier for FakeTier {
                     .leases
                     .get(&keys.lease())
                     .is_some_and(|l| l.until > Instant::now()),
+                lease: r
+                    .leases
+                    .get(&keys.lease())
+                    .filter(|l| l.until > Instant::now())
+                    .map(Lease::value),
                 generation: r.generation,
                 backoff: r.backoffs.get(&keys.backoff()).copied(),
             })
@@ -356,12 +376,42 @@ impl SharedTier for FakeTier {
                 Lease {
                     token,
                     until: Instant::now() + Duration::from_secs(30),
+                    since: SystemTime::now(),
                 },
             );
             if let Some(e) = self.0.lands_on_acquire.lock().expect("not poisoned").take() {
                 r.entries.insert(keys.entry(), e);
             }
             self.0.acquired.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(Box::new(FakeLease {
+                tier: self.clone(),
+                key: keys.lease(),
+                token,
+            }) as Box<dyn HeldLease>))
+        })
+    }
+    fn take_over<'a>(
+        &'a self,
+        keys: &'a Keys,
+        seen: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            let mut r = self.records();
+            let current = r.leases.get(&keys.lease()).map(Lease::value);
+            if current.as_deref() != Some(seen) {
+                return Ok(None);
+            }
+            let token = self.0.tokens.fetch_add(1, Ordering::SeqCst);
+            r.leases.insert(
+                keys.lease(),
+                Lease {
+                    token,
+                    until: Instant::now() + Duration::from_secs(30),
+                    since: SystemTime::now(),
+                },
+            );
+            self.0.taken_over.fetch_add(1, Ordering::SeqCst);
             Ok(Some(Box::new(FakeLease {
                 tier: self.clone(),
                 key: keys.lease(),
@@ -940,7 +990,7 @@ async fn a_follower_serves_what_the_other_instance_announces() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30));
+    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
     let entry = h.entry("max-age=60", "there", Duration::ZERO);
     let other = {
         let (t, keys) = (t.clone(), keys.clone());
@@ -971,7 +1021,7 @@ async fn a_lost_notice_is_covered_by_polling() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30));
+    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
     let entry = h.entry("max-age=60", "there", Duration::ZERO);
     let (t2, k2) = (t.clone(), keys.clone());
     tokio::spawn(async move {
@@ -998,7 +1048,7 @@ async fn a_dead_holders_lease_is_taken_over_when_it_expires() {
     );
     let keys = h.keys("/a");
     // The holder died: its lease runs out in 2 s and nothing is announced.
-    tier(&h).other_leads(&keys, Duration::from_secs(2));
+    tier(&h).other_leads(&keys, Duration::from_secs(2), h.clock.now());
     let started = Instant::now();
     let got = h.get("/a").await;
     assert_eq!(got.body, "here");
@@ -1018,7 +1068,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30));
+    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
     let policy = h
         .app
         .routes()
@@ -1078,7 +1128,7 @@ async fn a_follower_times_out_on_a_lease_nobody_ends() {
         Some(FakeTier::new()),
         &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 3s, on_timeout: error }}\n"),
     );
-    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600));
+    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
     let started = Instant::now();
     let got = h.get("/a").await;
     assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
@@ -1115,7 +1165,7 @@ async fn redis_lost_while_following_fetches_locally() {
         NO_EARLY_REFRESH,
     );
     let t = tier(&h).clone();
-    t.other_leads(&h.keys("/a"), Duration::from_secs(3600));
+    t.other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
     let t2 = t.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1249,4 +1299,43 @@ async fn without_lock_age_every_waiter_fetches_at_lock_timeout() {
     h.stampede("/a", 100).await;
     // What lock_age is for: 1 + 99.
     assert_eq!(h.origin.hits(), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_held_past_lock_age_is_taken_over_by_one_instance() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 10s, lock_age: 2s }}\n"),
+    );
+    let keys = h.keys("/a");
+    // Another instance took the lease half a second ago and is stuck.
+    let since = h.clock.now() - Duration::from_millis(500);
+    tier(&h).other_leads(&keys, Duration::from_secs(3600), since);
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    assert!(answers.iter().all(|a| a.body == "here"));
+    // Taken over when the lease was 2 s old, once, and fetched once.
+    assert_eq!(tier(&h).0.taken_over.load(Ordering::SeqCst), 1);
+    assert_eq!(h.origin.hits(), 1);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500) + SLOW && waited < Duration::from_millis(1800) + SLOW,
+        "{waited:?}"
+    );
+    assert_eq!(tier(&h).published(), vec![FillNotice::Stored]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_lock_age_a_stuck_lease_is_waited_out() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 3s, on_timeout: error }}\n"),
+    );
+    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
+    let got = h.get("/a").await;
+    assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(tier(&h).0.taken_over.load(Ordering::SeqCst), 0);
+    assert_eq!(h.origin.hits(), 0);
 }

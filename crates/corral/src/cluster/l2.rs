@@ -102,6 +102,7 @@ impl L2 {
             vary: vary.map(|v| parse_vary(&v)),
             pass: pass.is_some(),
             lease_held: lease.is_some(),
+            lease,
             generation: generation.unwrap_or(0),
             backoff: backoff.as_deref().and_then(corral_core::Backoff::decode),
         })
@@ -255,6 +256,16 @@ impl SharedTier for L2 {
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
         Box::pin(async move {
             let lease = lease::acquire(&self.link, keys.lease(), self.lease_ttl).await?;
+            Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
+        })
+    }
+    fn take_over<'a>(
+        &'a self,
+        keys: &'a Keys,
+        seen: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
+        Box::pin(async move {
+            let lease = lease::take_over(&self.link, keys.lease(), seen, self.lease_ttl).await?;
             Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
         })
     }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::protocol::{LEASE_EXTEND, LEASE_RELEASE, millis};
+use crate::cluster::protocol::{LEASE_EXTEND, LEASE_RELEASE, LEASE_TAKE_OVER, lease_value, millis};
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 
 /// A held lease. Dropping it without `release` releases it in the background.
@@ -25,7 +25,7 @@ pub async fn acquire(
     key: String,
     ttl: Duration,
 ) -> Result<Option<Lease>, L2Error> {
-    let token = format!("{:032x}", rand::random::<u128>());
+    let token = lease_value(std::time::SystemTime::now());
     let mut cmd = redis::cmd("SET");
     cmd.arg(&key)
         .arg(&token)
@@ -34,6 +34,31 @@ pub async fn acquire(
         .arg(millis(ttl));
     let won: Option<String> = link.query(&cmd).await?;
     Ok(won.map(|_| Lease {
+        link: Arc::clone(link),
+        key,
+        token,
+        ttl,
+        released: false,
+    }))
+}
+
+/// Takes the lease over from a holder that still holds `seen`; `None`
+/// when it changed meanwhile (another instance took it first).
+pub async fn take_over(
+    link: &Arc<RedisLink>,
+    key: String,
+    seen: &str,
+    ttl: Duration,
+) -> Result<Option<Lease>, L2Error> {
+    let token = lease_value(std::time::SystemTime::now());
+    let won: i64 = link
+        .script(
+            &LEASE_TAKE_OVER,
+            &[&key],
+            &[arg(seen), arg(&token), arg(millis(ttl))],
+        )
+        .await?;
+    Ok((won == 1).then(|| Lease {
         link: Arc::clone(link),
         key,
         token,

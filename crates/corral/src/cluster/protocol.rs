@@ -147,6 +147,28 @@ pub static LEASE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Compare-and-set of a lease whose holder has held it past `lock_age`:
+/// exactly one of the instances that saw the same value takes it over.
+pub static LEASE_TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 else return 0 end",
+    )
+});
+
+/// A lease's value: a random token and when it was taken
+/// (`<32 hex>.<unix ms>`), so that waiting instances can tell its age.
+pub fn lease_value(now: std::time::SystemTime) -> String {
+    let ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("{:032x}.{ms}", rand::random::<u128>())
+}
+
+/// When the lease with `value` was taken; `None` for a value without a
+/// time (written by an older corral).
+pub fn lease_since(value: &str) -> Option<std::time::SystemTime> {
+    let (_, ms) = value.rsplit_once('.')?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(ms.parse().ok()?))
+}
+
 /// Compare-and-pexpire of a lease, for the watchdog of a slow fetch.
 pub static LEASE_EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -314,6 +336,16 @@ mod tests {
         ] {
             assert_eq!(ClusterNotice::decode(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_lease_value_tells_its_age() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let v = lease_value(at);
+        assert_eq!(lease_since(&v), Some(at));
+        assert_ne!(lease_value(at), v, "tokens differ");
+        assert_eq!(lease_since("0123abcd"), None);
+        assert_eq!(lease_since("x.y"), None);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Probe {
     pub pass: bool,
     /// Another fill holds the variant's lease.
     pub lease_held: bool,
+    /// The lease's value (token and when it was taken), if held.
+    pub lease: Option<String>,
     /// The URI's generation (bumped by invalidation).
     pub generation: u64,
     /// The origin's back-off for this key, as some instance recorded it.
@@ -59,6 +61,13 @@ pub trait SharedTier: Send + Sync {
     fn acquire<'a>(
         &'a self,
         keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>>;
+    /// Takes the lease over from a holder that has held it past
+    /// `lock_age`, if it still holds the value `seen`.
+    fn take_over<'a>(
+        &'a self,
+        keys: &'a Keys,
+        seen: &'a str,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>>;
     /// Subscribes to the variant's fill notices (before re-reading, so
     /// that no notice falls between the read and the wait).
