@@ -85,7 +85,7 @@ impl CacheControl {
 /// non-empty value. A targeted field is a Structured Fields Dictionary:
 /// lowercase keys, each bare or with an integer, token or string value.
 /// `None` when none qualifies: Cache-Control (and Expires) apply.
-pub fn targeted(headers: &HeaderMap, fields: &[http::HeaderName]) -> Option<String> {
+pub fn targeted_value(headers: &HeaderMap, fields: &[http::HeaderName]) -> Option<String> {
     fields.iter().find_map(|name| {
         let mut lines = headers.get_all(name).iter().peekable();
         lines.peek()?;
@@ -214,23 +214,23 @@ mod tests {
             http::HeaderValue::from_static("max-age=60, stale-if-error=\"x, y\""),
         );
         assert_eq!(
-            targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+            targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
             Some("max-age=60, stale-if-error=\"x, y\"")
         );
         h.insert(&own, http::HeaderValue::from_static("max-age=5"));
         assert_eq!(
-            targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+            targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
             Some("max-age=5")
         );
         // Invalid (uppercase key, empty, stray syntax): the next one.
         for bad in ["MAX-AGE=5", "", " , ", "max-age=5 6", "=5", "max-age=--5"] {
             h.insert(&own, http::HeaderValue::from_static(bad));
             assert_eq!(
-                targeted(&h, &[own.clone(), cdn.clone()]).as_deref(),
+                targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
                 Some("max-age=60, stale-if-error=\"x, y\""),
                 "{bad:?}"
             );
         }
-        assert_eq!(targeted(&HeaderMap::new(), &[own, cdn]), None);
+        assert_eq!(targeted_value(&HeaderMap::new(), &[own, cdn]), None);
     }
 }

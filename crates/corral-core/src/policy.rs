@@ -176,7 +176,7 @@ impl RoutePolicy {
     ) -> Decision {
         // RFC 9213: a targeted field replaces Cache-Control and Expires.
         let targeted;
-        let res = match crate::cache_control::targeted(&res.headers, &self.targeted) {
+        let res = match crate::cache_control::targeted_value(&res.headers, &self.targeted) {
             None => res,
             Some(value) => {
                 let mut parts = res.clone();

@@ -1288,3 +1288,70 @@ proptest! {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Range (range.rs) and RFC 8941 string lists (Cache-Groups)
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// A range from any bytes stays inside the body; a well-formed one
+    /// selects exactly the bytes its form names.
+    #[test]
+    fn ranges_stay_inside_the_body(
+        raw in header_bytes(24),
+        len in 0u64..5000,
+        first in 0u64..6000,
+        span in 0u64..6000,
+        suffix in 0u64..6000,
+    ) {
+        use corral_core::range::{Selected, Validators, select};
+        let sel = |text: &[u8]| select(Some(&value(text)), None, len, Validators::default());
+        if let Selected::Part { first, last } = sel(&raw) {
+            prop_assert!(first <= last && last < len);
+        }
+        let last = first + span;
+        let expected = if first < len {
+            Selected::Part { first, last: last.min(len - 1) }
+        } else {
+            Selected::Unsatisfiable
+        };
+        prop_assert_eq!(sel(format!("bytes={first}-{last}").as_bytes()), expected);
+        let open = if first < len {
+            Selected::Part { first, last: len - 1 }
+        } else {
+            Selected::Unsatisfiable
+        };
+        prop_assert_eq!(sel(format!("bytes={first}-").as_bytes()), open);
+        let tail = if suffix > 0 && len > 0 {
+            Selected::Part { first: len.saturating_sub(suffix), last: len - 1 }
+        } else {
+            Selected::Unsatisfiable
+        };
+        prop_assert_eq!(sel(format!("bytes=-{suffix}").as_bytes()), tail);
+    }
+
+    /// Strings written as an RFC 8941 List read back exactly (quotes and
+    /// backslashes escaped), whatever whitespace separates them; any bytes
+    /// never panic and never yield more than the bounds.
+    #[test]
+    fn string_lists_round_trip(
+        groups in prop::collection::vec("[ -~]{0,40}", 0..10),
+        ows in select(&["", " ", "\t", "  "][..]),
+        junk in header_bytes(64),
+    ) {
+        let name = HeaderName::from_static("cache-groups");
+        let text = groups
+            .iter()
+            .map(|g| format!("\"{}\"", g.replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect::<Vec<_>>()
+            .join(&format!(",{ows}"));
+        let mut h = HeaderMap::new();
+        h.insert(&name, value(text.as_bytes()));
+        prop_assert_eq!(corral_core::string_list(&h, &name), groups);
+        h.insert(&name, value(&junk));
+        let read = corral_core::string_list(&h, &name);
+        prop_assert!(read.len() <= 128 && read.iter().all(|g| g.len() <= 256));
+    }
+}
