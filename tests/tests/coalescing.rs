@@ -354,3 +354,160 @@ async fn lock_age_hands_a_stuck_key_to_one_waiter_not_to_all() {
     assert_every_answer(&answers, 200, "slow");
     assert_eq!(origin.hits("/slow"), 2, "the leader, then one waiter");
 }
+
+/// `n` POSTs of `body` to `url` at once (with `headers`).
+async fn post_burst(
+    client: &Client,
+    url: &str,
+    n: usize,
+    body: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+) -> Vec<Answer> {
+    futures_util::future::join_all((0..n).map(|_| {
+        client.send(
+            http::Method::POST,
+            url,
+            headers,
+            Some(bytes::Bytes::from_static(body.as_bytes())),
+        )
+    }))
+    .await
+}
+
+fn post_config(origin: &corral_tests::RunningOrigin, coalesce_post: bool) -> Config {
+    let mut route = Route::new("api", origin.url());
+    if coalesce_post {
+        route = route.coalesce("post", "{ max_body: 1KiB }");
+    }
+    Config::new().route(route)
+}
+
+const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_posts_in_flight_share_one_origin_request() {
+    let origin = Origin::new()
+        .route_method(
+            http::Method::POST,
+            "/graphql",
+            Reply::echo_body().delay(ms(500)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(post_config(&origin, true)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/graphql");
+    let answers = post_burst(&client, &url, 300, "{\"query\":\"{ me }\"}", JSON).await;
+    assert_every_answer(&answers, 200, "{\"query\":\"{ me }\"}");
+    assert_eq!(origin.hits("/graphql"), 1, "{:#?}", tally(&answers));
+    // Answers are shared in flight, never stored: the next one asks again.
+    post_burst(&client, &url, 1, "{\"query\":\"{ me }\"}", JSON).await;
+    assert_eq!(origin.hits("/graphql"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_that_differ_in_body_type_or_caller_never_share() {
+    let origin = Origin::new()
+        .route_method(
+            http::Method::POST,
+            "/graphql",
+            Reply::echo_body().delay(ms(500)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(post_config(&origin, true)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/graphql");
+    const A: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("authorization", "Bearer a"),
+    ];
+    const B: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("authorization", "Bearer b"),
+    ];
+    const TEXT: &[(&str, &str)] = &[("content-type", "text/plain")];
+    let (one, two, three, four) = tokio::join!(
+        post_burst(&client, &url, 40, "{q1}", JSON),
+        post_burst(&client, &url, 40, "{q2}", JSON),
+        post_burst(&client, &url, 40, "{q1}", TEXT),
+        async {
+            let (a, b) = tokio::join!(
+                post_burst(&client, &url, 20, "{q1}", A),
+                post_burst(&client, &url, 20, "{q1}", B)
+            );
+            (a, b)
+        }
+    );
+    assert_every_answer(&one, 200, "{q1}");
+    assert_every_answer(&two, 200, "{q2}");
+    assert_every_answer(&three, 200, "{q1}");
+    assert_every_answer(&four.0, 200, "{q1}");
+    assert_every_answer(&four.1, 200, "{q1}");
+    // One request per distinct (body, type, caller): five.
+    assert_eq!(origin.hits("/graphql"), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_without_the_opt_in_or_a_large_body_never_coalesces_post() {
+    let origin = Origin::new()
+        .route_method(
+            http::Method::POST,
+            "/graphql",
+            Reply::echo_body().delay(ms(300)),
+        )
+        .start()
+        .await;
+    let plain = Proxy::new(post_config(&origin, false)).start().await;
+    let client = Client::new();
+    let answers = post_burst(&client, &plain.url("/graphql"), 20, "{q}", JSON).await;
+    assert_every_answer(&answers, 200, "{q}");
+    assert_eq!(origin.hits("/graphql"), 20);
+    // Over max_body (1 KiB): passed through, each on its own, intact.
+    let opted = Proxy::new(post_config(&origin, true)).start().await;
+    let big: &'static str = Box::leak("x".repeat(2000).into_boxed_str());
+    let answers = post_burst(&client, &opted.url("/graphql"), 10, big, JSON).await;
+    assert_every_answer(&answers, 200, big);
+    assert_eq!(origin.hits("/graphql"), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_answer_is_stored_only_when_the_route_and_the_origin_allow_it() {
+    let origin = Origin::new()
+        .route_method(
+            http::Method::POST,
+            "/search",
+            Reply::echo_body().header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let client = Client::new();
+    let config = Config::new().route(
+        Route::new("api", origin.url())
+            .coalesce("post", "{ max_body: 1KiB }")
+            .cache("post", "true"),
+    );
+    let proxy = Proxy::new(config).start().await;
+    let url = proxy.url("/search");
+    post_burst(&client, &url, 1, "{q}", JSON).await;
+    let again = post_burst(&client, &url, 1, "{q}", JSON).await;
+    assert_eq!(again[0].text(), "{q}");
+    assert!(
+        again[0].cache_status().is_hit(),
+        "{}",
+        again[0].cache_status()
+    );
+    // Another body is another key; a GET of the URI never gets a POST's
+    // answer.
+    let other = post_burst(&client, &url, 1, "{r}", JSON).await;
+    assert_eq!(other[0].text(), "{r}");
+    let get = client.get(&url).await;
+    assert_ne!(get.text(), "{q}");
+    // {q} once, {r} once, and the GET.
+    assert_eq!(origin.hits("/search"), 3);
+    // Without cache.post the same answer is not stored.
+    let plain = Proxy::new(post_config(&origin, true)).start().await;
+    post_burst(&client, &plain.url("/search"), 1, "{q}", JSON).await;
+    post_burst(&client, &plain.url("/search"), 1, "{q}", JSON).await;
+    assert_eq!(origin.hits("/search"), 5);
+}

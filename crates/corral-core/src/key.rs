@@ -204,6 +204,32 @@ impl PrimaryKey {
         }
     }
 
+    /// The key of a coalesced POST: the route, the URI, and a digest of
+    /// the body with its Content-Type, so two POSTs share a key only when
+    /// they would ask the origin the same thing. Never the key of a GET.
+    pub fn post(route: &str, uri: UriKey, content_type: Option<&[u8]>, body: &[u8]) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        let ct = content_type.unwrap_or(b"");
+        hasher.update(&(ct.len() as u64).to_le_bytes());
+        hasher.update(ct);
+        hasher.update(body);
+        let body_digest = hasher.finalize();
+        let mut readable = String::with_capacity(route.len() + 80 + uri.readable().len());
+        readable.push_str(route);
+        readable.push_str(" POST ");
+        readable.push_str(uri.readable());
+        readable.push_str(" body=");
+        readable.push_str(&body_digest.to_hex()[..16]);
+        let mut key = blake3::Hasher::new();
+        key.update(readable.as_bytes());
+        key.update(body_digest.as_bytes());
+        PrimaryKey {
+            uri,
+            readable,
+            digest: Digest(*key.finalize().as_bytes()),
+        }
+    }
+
     pub fn uri(&self) -> &UriKey {
         &self.uri
     }
@@ -412,5 +438,30 @@ mod tests {
         let k = UriKey::new("h", "/p", None, &QueryFilter::default());
         // A fixed value: a change here breaks every shared (L2) entry.
         assert_eq!(k.digest().to_hex(), blake3::hash(b"h/p").to_hex().as_str());
+    }
+
+    #[test]
+    fn post_keys_differ_by_body_and_content_type_and_never_match_a_get() {
+        let uri = || UriKey::new("h", "/graphql", None, &QueryFilter::new::<&str>(&[]));
+        let a = PrimaryKey::post("api", uri(), Some(b"application/json"), b"{q}");
+        assert_eq!(
+            a,
+            PrimaryKey::post("api", uri(), Some(b"application/json"), b"{q}")
+        );
+        assert_ne!(
+            a,
+            PrimaryKey::post("api", uri(), Some(b"application/json"), b"{r}")
+        );
+        assert_ne!(
+            a,
+            PrimaryKey::post("api", uri(), Some(b"text/plain"), b"{q}")
+        );
+        assert_ne!(a, PrimaryKey::post("api", uri(), None, b"{q}"));
+        // The length prefix keeps content type and body apart.
+        assert_ne!(
+            PrimaryKey::post("api", uri(), Some(b"ab"), b"c"),
+            PrimaryKey::post("api", uri(), Some(b"a"), b"bc")
+        );
+        assert_ne!(a.digest(), PrimaryKey::new("api", uri()).digest());
     }
 }

@@ -41,6 +41,9 @@ pub struct RoutePolicy {
     /// response carries (validly) replaces its Cache-Control and Expires
     /// for corral's decisions.
     pub targeted: Vec<http::HeaderName>,
+    /// Answers to POST may be stored (with explicit freshness, RFC 9110
+    /// §9.3.3); off: they are only shared in flight.
+    pub store_post: bool,
 }
 
 impl Default for RoutePolicy {
@@ -58,6 +61,7 @@ impl Default for RoutePolicy {
             max_object_size: 8 << 20,
             hit_for_pass: Duration::from_secs(10),
             targeted: vec![http::HeaderName::from_static("cdn-cache-control")],
+            store_post: false,
         }
     }
 }
@@ -190,6 +194,9 @@ impl RoutePolicy {
             }
         };
         let cc = CacheControl::parse(&res.headers);
+        if *method == http::Method::POST && !self.store_post {
+            return Decision::Pass(PassReason::NotStorable);
+        }
         if cc.no_store {
             return Decision::Pass(PassReason::NoStore);
         }

@@ -32,6 +32,8 @@ pub struct Route {
     pub max_waiters: usize,
     /// `coalesce.lock_age`.
     pub lock_age: Option<Duration>,
+    /// `coalesce.post.max_body`: POSTs up to this size are coalesced.
+    pub post_max_body: Option<u64>,
     /// Fills under way on this route (`coalesce.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// How long a key whose origin failed is left alone.
@@ -74,6 +76,7 @@ impl Route {
                 .iter()
                 .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
                 .collect(),
+            store_post: c.post,
         };
         let identity_headers = c
             .identity_headers
@@ -102,6 +105,7 @@ impl Route {
             on_timeout: rc.coalesce.on_timeout,
             max_waiters: rc.coalesce.max_waiters,
             lock_age: rc.coalesce.lock_age,
+            post_max_body: rc.coalesce.post_max_body,
             fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
             backoff: rc.backoff,
             circuit: corral_core::Circuit::new(corral_core::CircuitSettings {

@@ -35,7 +35,14 @@ pub fn passes(app: &App, route: &Route, ctx: &RequestHead) -> bool {
     app.l1.is_pass(&primary.pass_scope(identity.as_ref()))
 }
 
-pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer {
+/// GET and HEAD through the cache; with `body`, a POST the route
+/// coalesces (the body, with its Content-Type, is part of the key).
+pub async fn serve(
+    app: Arc<App>,
+    route: Arc<Route>,
+    ctx: RequestHead,
+    body: Option<bytes::Bytes>,
+) -> Answer {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);
     // The key and (in the fill) the upstream request both come from this
@@ -46,7 +53,21 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
         ctx.query.as_deref(),
         &route.query_filter,
     );
-    let primary = PrimaryKey::new(&route.name, uri);
+    let primary = match &body {
+        Some(b) => {
+            // What the body means depends on its type and its coding.
+            let mut kind = Vec::new();
+            for h in [http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING] {
+                for v in ctx.headers.get_all(&h) {
+                    kind.extend_from_slice(v.as_bytes());
+                    kind.push(b'\n');
+                }
+                kind.push(0);
+            }
+            PrimaryKey::post(&route.name, uri, Some(&kind), b)
+        }
+        None => PrimaryKey::new(&route.name, uri),
+    };
     let identity = route.identity.identify(&ctx.headers);
     let pass_scope = primary.pass_scope(identity.as_ref());
 
@@ -85,6 +106,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, ctx: RequestHead) -> Answer
             stale: arc_swap::ArcSwapOption::from(stale),
             fwd,
             committed: Default::default(),
+            body: body.clone(),
         };
 
         let seen = found.as_ref().map(|entry| {

@@ -68,7 +68,17 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     ] {
         headers.remove(h);
     }
-    if let Some(stale) = stale {
+    // A coalesced POST is sent as it came (its body is in the key); it is
+    // never made conditional and never retried.
+    let (method, request_body, framing) = match &fill.body {
+        Some(b) => (
+            Method::POST,
+            Body::from(b.clone()),
+            RequestBody::Sized(b.len() as u64),
+        ),
+        None => (Method::GET, Body::empty(), RequestBody::None),
+    };
+    if let Some(stale) = stale.filter(|_| fill.body.is_none()) {
         if let Some(etag) = stale.headers().get(ETAG) {
             headers.insert(IF_NONE_MATCH, etag.clone());
         }
@@ -81,17 +91,18 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     let req = match upstream_request(
         route,
         head,
-        Method::GET,
+        method.clone(),
         target,
         headers,
-        Body::empty(),
-        RequestBody::None,
+        request_body,
+        framing,
     ) {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
     let uri = req.uri().clone();
-    let res = match route.upstream.send(req, true, deadline).await {
+    let retry = fill.body.is_none();
+    let res = match route.upstream.send(req, retry, deadline).await {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
@@ -129,9 +140,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     let declared = declared_length(&parts.headers);
     let decision = match framing {
         Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
-        Framing::Plain => route
-            .policy
-            .evaluate(&Method::GET, &uri, &parts, response_time),
+        Framing::Plain => route.policy.evaluate(&method, &uri, &parts, response_time),
     };
     if matches!(decision, Decision::Store { .. }) {
         fill.committed
@@ -176,11 +185,15 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             }
             Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
         },
-        Decision::Pass(reason) if status.is_server_error() && shareable_error(reason) => {
+        Decision::Pass(reason)
+            if (status.is_server_error() || fill.body.is_some()) && shareable(reason) =>
+        {
             // An error every waiter shares (without the leader's cookies),
             // not a reason to stop coalescing: the next request tries the
-            // origin again. A `private` error is the caller's own: waiters
-            // fetch alone.
+            // origin again. So is any answer to a coalesced POST: identical
+            // in-flight POSTs share one origin request whether or not the
+            // answer may be stored. A `private` answer is the caller's own:
+            // waiters fetch alone.
             match read_body(body, declared).await {
                 Buffered::Full(bytes) => {
                     let own = parts.clone();
@@ -212,10 +225,10 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     }
 }
 
-/// True when an error answer with this pass reason may be fanned out to a
+/// True when an answer with this pass reason may be fanned out to a
 /// flight's waiters: not one the origin made `private` (the caller's own),
 /// not one framed ambiguously.
-fn shareable_error(reason: PassReason) -> bool {
+fn shareable(reason: PassReason) -> bool {
     !matches!(
         reason,
         PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar

@@ -152,6 +152,9 @@ pub struct FillRequest {
     /// Set once the fill must run to its end whoever waits: its answer is
     /// being stored, or other instances wait on its lease.
     pub committed: std::sync::atomic::AtomicBool,
+    /// A coalesced POST's body (its digest is in `primary`); `None` for
+    /// GET and HEAD.
+    pub body: Option<Bytes>,
 }
 
 impl FillRequest {
@@ -178,6 +181,7 @@ impl FillRequest {
             stale: arc_swap::ArcSwapOption::from(Some(entry)),
             fwd: Forward::Stale,
             committed: Default::default(),
+            body: self.body.clone(),
         }
     }
 

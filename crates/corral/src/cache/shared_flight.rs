@@ -404,6 +404,9 @@ fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
 enum Fetched {
     Stored(Arc<StoredResponse>),
     Pass,
+    /// An answer shared in flight but not stored (a coalesced POST's):
+    /// other instances fetch their own, and nothing is marked.
+    Shared,
     Failed,
 }
 
@@ -412,6 +415,11 @@ impl Fetched {
         match ended {
             Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
             Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
+            Ended::Outcome(FillOutcome::Shared { response, .. })
+                if !response.status.is_server_error() =>
+            {
+                Fetched::Shared
+            }
             Ended::Outcome(_) => Fetched::Failed,
         }
     }
@@ -440,6 +448,7 @@ async fn publish_result(
             let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
             FillNotice::Pass
         }
+        Fetched::Shared => FillNotice::Pass,
         Fetched::Failed => {
             // Before the notice: the waiting instances read it on Failed.
             let now = fill.app.clock.now();

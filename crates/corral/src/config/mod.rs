@@ -237,6 +237,9 @@ pub struct RouteCacheConfig {
     pub hit_for_pass: Duration,
     /// RFC 9213 targeted fields (lowercased), in priority order.
     pub targeted_fields: Vec<String>,
+    /// Store answers to coalesced POSTs that the origin made cacheable
+    /// with explicit freshness (needs `coalesce.post`).
+    pub post: bool,
 }
 
 impl Default for RouteCacheConfig {
@@ -264,6 +267,7 @@ impl Default for RouteCacheConfig {
             store_set_cookie: p.store_set_cookie,
             hit_for_pass: p.hit_for_pass,
             targeted_fields: p.targeted.iter().map(|h| h.as_str().to_owned()).collect(),
+            post: p.store_post,
         }
     }
 }
@@ -292,6 +296,10 @@ pub struct CoalesceConfig {
     /// A leader holding a key this long without an answer gives it up to
     /// one of its waiters; `None`: off. Shorter than `lock_timeout`.
     pub lock_age: Option<Duration>,
+    /// `coalesce.post.max_body`: POSTs with a body up to this size are
+    /// coalesced (the body is part of the key); `None`: POST is never
+    /// coalesced.
+    pub post_max_body: Option<u64>,
 }
 
 impl Default for CoalesceConfig {
@@ -303,6 +311,7 @@ impl Default for CoalesceConfig {
             max_fills: 256,
             max_waiters: 10_000,
             lock_age: None,
+            post_max_body: None,
         }
     }
 }
@@ -808,6 +817,23 @@ routes:
             (c.lock_age, c.max_waiters),
             (Some(Duration::from_millis(1500)), 7)
         );
+    }
+
+    #[test]
+    fn post_coalescing_is_opt_in_and_bounded() {
+        let config = config(&route_with(""));
+        assert_eq!(config.routes[0].coalesce.post_max_body, None);
+        assert!(!config.routes[0].cache.post);
+        let config = super::parse(
+            FILE,
+            &route_with("    coalesce: { post: {} }\n    cache: { post: true }\n"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.routes[0].coalesce.post_max_body, Some(64 * 1024));
+        assert!(config.routes[0].cache.post);
+        let error = refused(&route_with("    coalesce: { post: { max_body: 2MiB } }\n"));
+        let message = assert_at(&error, 8, 35, "routes[0].coalesce.post.max_body");
+        assert!(message.contains("between 1 byte and 1MiB"), "{message}");
     }
 
     #[test]

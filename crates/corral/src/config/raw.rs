@@ -107,6 +107,7 @@ pub struct RawRouteCache {
     pub store_set_cookie: Option<bool>,
     pub hit_for_pass: Option<Text>,
     pub targeted_fields: Option<Vec<Text>>,
+    pub post: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,6 +133,13 @@ pub struct RawCoalesce {
     pub max_fills: Option<Text>,
     pub max_waiters: Option<Text>,
     pub lock_age: Option<Text>,
+    pub post: Option<RawCoalescePost>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCoalescePost {
+    pub max_body: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

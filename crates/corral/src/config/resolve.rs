@@ -651,6 +651,7 @@ impl Resolver<'_> {
             store_set_cookie: raw.store_set_cookie.unwrap_or(defaults.store_set_cookie),
             hit_for_pass: hit_for_pass.value,
             targeted_fields,
+            post: raw.post.unwrap_or(defaults.post),
         })
     }
 
@@ -719,6 +720,17 @@ impl Resolver<'_> {
             Some(t) => whole_number(&t.value, 1, "waiters")
                 .map_err(|m| self.error(&t.referenced, &format!("{prefix}.max_waiters"), m))?,
         };
+        let post_max_body = match &raw.post {
+            None => defaults.post_max_body,
+            Some(post) => {
+                let field = format!("{prefix}.post.max_body");
+                let size = self.size(post.max_body.as_ref(), &field, DEFAULT_POST_BODY)?;
+                if size.value == 0 || size.value > MAX_POST_BODY {
+                    return Err(self.blame(&size, &field, "must be between 1 byte and 1MiB"));
+                }
+                Some(size.value)
+            }
+        };
         let lock_age = match &raw.lock_age {
             None => defaults.lock_age,
             Some(text) => {
@@ -742,6 +754,7 @@ impl Resolver<'_> {
             max_fills,
             max_waiters,
             lock_age,
+            post_max_body,
         })
     }
 
@@ -1146,6 +1159,11 @@ fn identity_header(text: &str) -> Result<String, String> {
         .map(|name| name.as_str().to_owned())
         .map_err(|_| format!("`{text}` is not a valid header name"))
 }
+
+/// `coalesce.post.max_body` when `post:` is given without it.
+const DEFAULT_POST_BODY: u64 = 64 * 1024;
+/// The most a POST body that is hashed into a key may hold.
+const MAX_POST_BODY: u64 = 1024 * 1024;
 
 fn targeted_field(text: &str) -> Result<String, String> {
     let name = http::HeaderName::from_bytes(text.as_bytes())

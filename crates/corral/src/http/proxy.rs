@@ -5,12 +5,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
+use bytes::{Bytes, BytesMut};
 use corral_core::{CacheStatus, Detail, Forward};
+use futures_util::StreamExt;
+use http::Method;
 use http::header::RANGE;
 use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::app::App;
@@ -143,8 +148,32 @@ async fn route_request(
         && head.body == RequestBody::None
         && !(head.headers.contains_key(RANGE) && cache_path::passes(&app, &route, &head))
     {
-        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head).await;
+        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, None).await;
         return (Some(route), res);
+    }
+    // A POST on a route that coalesces them: a body small enough is read
+    // whole and keyed (identical in-flight POSTs share one origin
+    // request); a larger one passes through untouched.
+    let mut body = body;
+    if head.method == Method::POST
+        && route.cache_enabled
+        && let Some(max) = route.post_max_body
+    {
+        match read_up_to(body, max, head.body, route.upstream.total).await {
+            Read::Whole(bytes) => {
+                let res =
+                    cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, Some(bytes))
+                        .await;
+                return (Some(route), res);
+            }
+            Read::TooLarge(rest) => body = rest,
+            Read::Failed(code) => {
+                return (
+                    Some(route),
+                    respond::error(code, Forward::Bypass, Detail::RequestBody, None),
+                );
+            }
+        }
     }
     // A GET or HEAD with a body is passed through, body and all, and
     // never cached: its answer may depend on the body, which no key holds.
@@ -162,6 +191,49 @@ async fn route_request(
     });
     let res = forward_uncached(&app, &route, &head, body, fwd, detail).await;
     (Some(route), res)
+}
+
+/// A request body read for a key.
+enum Read {
+    Whole(Bytes),
+    /// Over the limit: what was read, then the rest, as one body.
+    TooLarge(Body),
+    /// The client's body broke off (400) or took longer than the route's
+    /// upstream budget to arrive (408).
+    Failed(StatusCode),
+}
+
+/// Reads `body` whole if it holds at most `max` bytes, within `budget`.
+async fn read_up_to(body: Body, max: u64, framing: RequestBody, budget: Duration) -> Read {
+    match framing {
+        RequestBody::None => return Read::Whole(Bytes::new()),
+        RequestBody::Sized(n) if n > max => return Read::TooLarge(body),
+        _ => {}
+    }
+    let mut body = body;
+    let mut buf = BytesMut::new();
+    let deadline = Instant::now() + budget;
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Read::Failed(StatusCode::REQUEST_TIMEOUT),
+            Ok(None) => return Read::Whole(buf.freeze()),
+            Ok(Some(Err(_))) => return Read::Failed(StatusCode::BAD_REQUEST),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers
+                };
+                buf.extend_from_slice(&data);
+                if buf.len() as u64 > max {
+                    let read =
+                        futures_util::stream::once(std::future::ready(Ok::<Bytes, axum::Error>(
+                            buf.freeze(),
+                        )));
+                    let rest = http_body_util::BodyDataStream::new(body);
+                    return Read::TooLarge(Body::from_stream(read.chain(rest)));
+                }
+            }
+        }
+    }
 }
 
 /// True when the client asks to switch protocols (WebSocket and the like).
