@@ -10,8 +10,8 @@ use bytes::Bytes;
 use corral_core::range;
 use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
 use http::header::{
-    ACCEPT_RANGES, AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, HeaderName,
-    IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE, VIA,
+    AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, HeaderName, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE, VIA,
 };
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
@@ -59,16 +59,19 @@ pub fn from_entry(
 ) -> Answer {
     let mut headers = entry.headers().clone();
     headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
-    let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request);
+    // One pass over the request's headers for what may change the answer
+    // (a hit pays for no lookup it does not need).
+    let asked = Asked::of(request);
+    let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request, &asked);
     let (code, body) = if not_modified {
         headers.remove(CONTENT_LENGTH);
         (StatusCode::NOT_MODIFIED, Body::empty())
     } else if head {
         (entry.status(), Body::empty())
-    } else if entry.status() == StatusCode::OK {
+    } else if let (StatusCode::OK, Some(range)) = (entry.status(), asked.range) {
         // A complete response answers a Range request itself (RFC 9110
         // §14): the fill always fetched the whole representation.
-        ranged(entry, request, &mut headers)
+        ranged(entry, range, asked.if_range, &mut headers)
     } else {
         (entry.status(), Body::from(entry.body().clone()))
     };
@@ -78,11 +81,40 @@ pub fn from_entry(
     Answer::new(res, status, Version::HTTP_11)
 }
 
-/// The answer to a GET for a stored 200: the part a Range selects (206),
-/// a 416, or the whole body; `headers` gets the framing to match.
+/// The request headers that make an answer from an entry conditional or
+/// partial.
+#[derive(Default)]
+struct Asked<'a> {
+    if_none_match: bool,
+    if_modified_since: Option<&'a HeaderValue>,
+    range: Option<&'a HeaderValue>,
+    if_range: Option<&'a HeaderValue>,
+}
+
+impl<'a> Asked<'a> {
+    fn of(request: &'a HeaderMap) -> Self {
+        let mut asked = Asked::default();
+        for (name, value) in request {
+            if name == IF_NONE_MATCH {
+                asked.if_none_match = true;
+            } else if name == IF_MODIFIED_SINCE {
+                asked.if_modified_since.get_or_insert(value);
+            } else if name == RANGE {
+                asked.range.get_or_insert(value);
+            } else if name == IF_RANGE {
+                asked.if_range.get_or_insert(value);
+            }
+        }
+        asked
+    }
+}
+
+/// The answer to a GET with `range` for a stored 200: the part it selects
+/// (206), a 416, or the whole body; `headers` gets the framing to match.
 fn ranged(
     entry: &StoredResponse,
-    request: &HeaderMap,
+    range: &HeaderValue,
+    if_range: Option<&HeaderValue>,
     headers: &mut HeaderMap,
 ) -> (StatusCode, Body) {
     let body = entry.body();
@@ -92,10 +124,7 @@ fn ranged(
         last_modified: entry.headers().get(LAST_MODIFIED),
         date: entry.headers().get(DATE),
     };
-    headers
-        .entry(ACCEPT_RANGES)
-        .or_insert(HeaderValue::from_static("bytes"));
-    match range::select(request.get(RANGE), request.get(IF_RANGE), len, validators) {
+    match range::select(Some(range), if_range, len, validators) {
         range::Selected::Full => (StatusCode::OK, Body::from(body.clone())),
         range::Selected::Part { first, last } => {
             headers.remove(CONTENT_LENGTH);
@@ -128,12 +157,12 @@ fn ranged(
 /// RFC 9110 §13.2.2 for a stored 200: If-None-Match when the request has
 /// it, else If-Modified-Since against the entry's Last-Modified (or, per
 /// RFC 9111 §4.3.2, its Date, or when it was received).
-fn not_modified(entry: &StoredResponse, request: &HeaderMap) -> bool {
-    if request.contains_key(IF_NONE_MATCH) {
+fn not_modified(entry: &StoredResponse, request: &HeaderMap, asked: &Asked<'_>) -> bool {
+    if asked.if_none_match {
         return etag_matches(request, entry.headers().get(ETAG));
     }
-    let Some(since) = request
-        .get(IF_MODIFIED_SINCE)
+    let Some(since) = asked
+        .if_modified_since
         .and_then(|v| v.to_str().ok())
         .and_then(corral_core::rfc9111::parse_http_date)
     else {

@@ -161,6 +161,9 @@ async fn route_request(
     {
         match read_up_to(body, max, head.body, route.upstream.total).await {
             Read::Whole(bytes) => {
+                // Range is defined for GET only (RFC 9110 §14.2).
+                let mut head = head;
+                head.headers.remove(RANGE);
                 let res =
                     cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, Some(bytes))
                         .await;
