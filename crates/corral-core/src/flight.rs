@@ -163,6 +163,13 @@ impl<T> Permit<T> {
         self.slot.tx.receiver_count()
     }
 
+    /// Hands `outcome` to every follower now (and to whoever joins until
+    /// the flight ends), without ending the flight: a streamed answer is
+    /// read by each while the fill still runs.
+    pub fn publish(&self, outcome: T) {
+        self.slot.tx.send_replace(Some(FlightEnd::Done(outcome)));
+    }
+
     /// Ends the flight with `outcome`, waking every follower.
     pub fn complete(mut self, outcome: T) {
         self.end(FlightEnd::Done(outcome));

@@ -107,6 +107,7 @@ pub async fn serve(
             fwd,
             committed: Default::default(),
             body: body.clone(),
+            early: Default::default(),
         };
 
         let seen = found.as_ref().map(|entry| {
@@ -190,6 +191,9 @@ pub async fn serve(
                         fits: response.matches_vary(&ctx.headers),
                     },
                     FillOutcome::Stale { .. } => WaitEnd::Shared { fits: true },
+                    FillOutcome::Streaming { head, .. } => WaitEnd::Stored {
+                        fits: head.matches_vary(&ctx.headers),
+                    },
                     FillOutcome::Pass { reason } => {
                         tracing::debug!(route = %route.name, key = %primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
                         WaitEnd::Pass

@@ -26,6 +26,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest, Origin, SharedResponse, failed};
+use crate::cache::growing::{Growing, Writer};
 use crate::cache::respond::Answer;
 use crate::origin::request::upstream_request;
 use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
@@ -147,44 +148,69 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             .store(true, std::sync::atomic::Ordering::Release);
     }
     match decision {
-        Decision::Store { freshness } => match read_body(body, declared).await {
-            Buffered::Full(bytes) => {
-                let vary = Vary::parse(&parts.headers);
-                let vary_values = vary.values(&head.headers);
-                let private = freshness.sharing.keeps_private(fill.identity.as_ref());
-                let entry = Arc::new(
-                    StoredResponse::builder(
-                        status,
-                        parts.headers,
-                        crate::sealed::seal_or_keep(bytes),
-                        &freshness,
-                        response_time,
-                    )
+        Decision::Store { freshness } => {
+            // Streamed to every caller as it arrives when someone waits on
+            // it and its length is known and fits; else read whole first.
+            let streamable = declared
+                .filter(|n| *n > 0 && *n <= route.policy.max_object_size)
+                .filter(|_| fill.streams());
+            let mut hold = app.fill_memory.hold();
+            // Two copies while it streams: the chunks readers share, and
+            // the entry being built.
+            let stream_len = streamable.filter(|n| hold.grow(n.saturating_mul(2)));
+            let vary = Vary::parse(&parts.headers);
+            let vary_values = vary.values(&head.headers);
+            let private = freshness.sharing.keeps_private(fill.identity.as_ref());
+            let entry_of = |headers: HeaderMap, body: Bytes| {
+                StoredResponse::builder(status, headers, body, &freshness, response_time)
                     .fetch_duration(started.elapsed())
-                    .vary(vary.clone(), vary_values)
+                    .vary(vary.clone(), vary_values.clone())
                     .generation(stamp)
                     .private(private)
                     .build()
-                    .with_uri(fill.primary.uri().readable()),
-                );
-                let key = fill.entry_key(&entry);
-                app.l1.learn_vary(&fill.primary, &vary);
-                app.l1.clear_pass(&fill.pass_scope());
-                app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
-                Ended::Outcome(FillOutcome::Stored {
-                    entry,
-                    fwd: Some(fwd),
+                    .with_uri(fill.primary.uri().readable())
+            };
+            let (bytes, writer) = if let Some(n) = stream_len {
+                let growing = Growing::new(n);
+                let writer = Writer::new(&growing);
+                fill.publish_early(FillOutcome::Streaming {
+                    head: Arc::new(entry_of(parts.headers.clone(), Bytes::new())),
+                    body: Arc::clone(&growing),
+                    fwd,
                     fwd_status: Some(status.as_u16()),
-                })
-            }
-            Buffered::Over(reason, rest) => {
-                if reason == PassReason::TooLarge {
-                    fill.mark_pass();
+                });
+                match stream_into(body, &growing, n, deadline, route.upstream.total).await {
+                    // The writer, dropped, aborts every reader.
+                    Err(e) => return Ended::Outcome(failed(fill, &e)),
+                    Ok(bytes) => (bytes, Some(writer)),
                 }
-                Ended::Stream(reason, pass_response(parts, rest, fwd, reason))
+            } else {
+                drop(hold);
+                match read_body(body, declared).await {
+                    Buffered::Full(bytes) => (bytes, None),
+                    Buffered::Over(reason, rest) => {
+                        if reason == PassReason::TooLarge {
+                            fill.mark_pass();
+                        }
+                        return Ended::Stream(reason, pass_response(parts, rest, fwd, reason));
+                    }
+                    Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
+                }
+            };
+            let entry = Arc::new(entry_of(parts.headers, crate::sealed::seal_or_keep(bytes)));
+            let key = fill.entry_key(&entry);
+            app.l1.learn_vary(&fill.primary, &vary);
+            app.l1.clear_pass(&fill.pass_scope());
+            app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
+            if let Some(writer) = writer {
+                writer.finish(entry.body());
             }
-            Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
-        },
+            Ended::Outcome(FillOutcome::Stored {
+                entry,
+                fwd: Some(fwd),
+                fwd_status: Some(status.as_u16()),
+            })
+        }
         Decision::Pass(reason)
             if (status.is_server_error() || fill.body.is_some()) && shareable(reason) =>
         {
@@ -301,6 +327,43 @@ fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassR
         &st,
         http::Version::HTTP_11,
     )
+}
+
+/// Reads a body of exactly `n` bytes, handing each chunk to the readers
+/// of `growing` as it arrives and building the entry's copy alongside.
+async fn stream_into(
+    mut body: Incoming,
+    growing: &Growing,
+    n: u64,
+    deadline: Instant,
+    total: std::time::Duration,
+) -> Result<Bytes, UpstreamError> {
+    let mut whole = BytesMut::with_capacity(usize::try_from(n).unwrap_or(0));
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(UpstreamError::TotalTimeout(total)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                if (whole.len() + data.len()) as u64 > n {
+                    return Err(UpstreamError::Exchange(
+                        "the body ran past its Content-Length".into(),
+                    ));
+                }
+                whole.extend_from_slice(&data);
+                growing.push(data);
+            }
+        }
+    }
+    if whole.len() as u64 != n {
+        return Err(UpstreamError::Exchange(
+            "the body ended before its Content-Length".into(),
+        ));
+    }
+    Ok(whole.freeze())
 }
 
 enum Buffered {

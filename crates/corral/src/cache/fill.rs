@@ -127,6 +127,15 @@ pub enum FillOutcome {
     Pass {
         reason: PassReason,
     },
+    /// The answer is being stored and its body is still arriving: every
+    /// caller reads it as it grows. `head` is the entry to be, without its
+    /// body.
+    Streaming {
+        head: Arc<StoredResponse>,
+        body: Arc<crate::cache::growing::Growing>,
+        fwd: Forward,
+        fwd_status: Option<u16>,
+    },
 }
 
 /// What the leading client receives: the shared outcome, or (on pass) the
@@ -155,6 +164,10 @@ pub struct FillRequest {
     /// A coalesced POST's body (its digest is in `primary`); `None` for
     /// GET and HEAD.
     pub body: Option<Bytes>,
+    /// Where the fetch hands a streamed answer to the flight and the
+    /// leader before its body has arrived (set by `run` for a fill someone
+    /// waits on).
+    pub early: std::sync::Mutex<Option<oneshot::Sender<FillOutcome>>>,
 }
 
 impl FillRequest {
@@ -182,6 +195,7 @@ impl FillRequest {
             fwd: Forward::Stale,
             committed: Default::default(),
             body: self.body.clone(),
+            early: Default::default(),
         }
     }
 
@@ -199,6 +213,34 @@ impl FillRequest {
         if newer {
             self.stale.store(Some(entry));
         }
+    }
+
+    /// True when someone waits on this fill's answer as it arrives and a
+    /// failure mid-body would have nothing better to give them. With a
+    /// stale copy that an origin error may serve (stale-if-error), the
+    /// body is read whole first: once a streamed head has gone out, a
+    /// body that breaks off can only fail, never fall back to that copy.
+    pub fn streams(&self) -> bool {
+        let waited_on = self
+            .early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some();
+        waited_on
+            && !self
+                .stale()
+                .is_some_and(|s| s.usable_on_error(self.app.clock.now()))
+    }
+
+    /// Hands `outcome` to the flight and the leader now; false when nobody
+    /// takes it.
+    pub fn publish_early(&self, outcome: FillOutcome) -> bool {
+        let tx = self
+            .early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        tx.is_some_and(|tx| tx.send(outcome).is_ok())
     }
 
     /// Where this caller's hit-for-pass marker lives.
@@ -242,13 +284,43 @@ pub async fn run(
         return;
     };
     let coalesced = permit.is_some();
-    let first = tokio::select! {
-        r = fetch(&fill, coalesced) => r,
-        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
-            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
-            return;
+    let (early_tx, mut early_rx) = oneshot::channel();
+    *fill
+        .early
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(early_tx);
+    let mut streaming = false;
+    let fetching = fetch(&fill, coalesced);
+    tokio::pin!(fetching);
+    let first = loop {
+        tokio::select! {
+            r = &mut fetching => break r,
+            Ok(outcome) = &mut early_rx, if !streaming => {
+                // The answer streams: every waiter and the leader read it
+                // as it arrives; the flight stays open for latecomers until
+                // the body is stored.
+                streaming = true;
+                if let Some(p) = &permit {
+                    p.publish(outcome.clone());
+                }
+                if let Some(tx) = leader.take() {
+                    let _ = tx.send(LeaderOutcome::Outcome(outcome));
+                }
+            }
+            () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
+                crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+                return;
+            }
         }
     };
+    // Nobody reads a second fetch early (the PassKnown refetch below
+    // answers its leader when it is done).
+    drop(
+        fill.early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take(),
+    );
     let result = match first {
         Ended::PassKnown => {
             // Another instance found the key uncacheable: release this
@@ -533,7 +605,7 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
         Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
             Some(!entry.status().is_server_error())
         }
-        Ended::Outcome(FillOutcome::Pass { .. }) => Some(true),
+        Ended::Outcome(FillOutcome::Pass { .. } | FillOutcome::Streaming { .. }) => Some(true),
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
             (*detail == Detail::StaleIfError).then_some(false)
         }

@@ -8,6 +8,7 @@
 pub mod cache_path;
 pub mod fetch;
 pub mod fill;
+pub mod growing;
 pub mod invalidate;
 pub mod respond;
 pub mod shared_flight;

@@ -3,6 +3,7 @@
 //! gets `Via` and exactly one `Cache-Status`, and travels as an [`Answer`]
 //! with its typed label, so nothing reads the outcome back from the header.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::Body;
@@ -74,6 +75,39 @@ pub fn from_entry(
         ranged(entry, range, asked.if_range, &mut headers)
     } else {
         (entry.status(), Body::from(entry.body().clone()))
+    };
+    let mut res = Response::new(body);
+    *res.status_mut() = code;
+    *res.headers_mut() = headers;
+    Answer::new(res, status, Version::HTTP_11)
+}
+
+/// An answer from an entry whose body is still arriving: the same head
+/// and conditionals as a stored one; the body read as it grows (a Range is
+/// answered with the whole 200, as RFC 9110 §14 allows).
+fn from_streaming(
+    entry: &StoredResponse,
+    body: &Arc<crate::cache::growing::Growing>,
+    status: &CacheStatus,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+) -> Answer {
+    let mut headers = entry.headers().clone();
+    headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
+    let asked = Asked::of(request);
+    let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request, &asked);
+    let (code, body) = if not_modified {
+        headers.remove(CONTENT_LENGTH);
+        (StatusCode::NOT_MODIFIED, Body::empty())
+    } else if head {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        (entry.status(), Body::empty())
+    } else {
+        // The head was built without its body: the length is the one
+        // being streamed.
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        (entry.status(), Body::new(body.reader()))
     };
     let mut res = Response::new(body);
     *res.status_mut() = code;
@@ -275,6 +309,18 @@ pub fn from_outcome(
             st.fwd_status = *fwd_status;
             st.collapsed = collapsed;
             from_entry(entry, &st, now, head, request)
+        }
+        FillOutcome::Streaming {
+            head: entry,
+            body,
+            fwd,
+            fwd_status,
+        } => {
+            let mut st = CacheStatus::forward(*fwd).with_ttl(entry.ttl_secs(now));
+            st.fwd_status = *fwd_status;
+            st.stored = !collapsed;
+            st.collapsed = collapsed;
+            from_streaming(entry, body, &st, now, head, request)
         }
         FillOutcome::Pass { .. } => error(
             StatusCode::BAD_GATEWAY,

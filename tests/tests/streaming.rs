@@ -1,0 +1,393 @@
+//! Flights that stream: a coalesced answer reaches every caller while its
+//! body is still arriving, a body that breaks off fails every caller
+//! visibly (HTTP/1.1 and h2) and is never stored, and a slow reader holds
+//! nobody back. The origin here releases its body chunk by chunk on the
+//! test's word, so "before the body ended" is an order of events, not a
+//! time.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use corral_tests::{Client, Config, DEADLINE, Proxy};
+
+const CHUNK: usize = 64 * 1024;
+const CHUNKS: usize = 16; // 1 MiB
+
+/// An origin whose one answer (Content-Length: CHUNK × CHUNKS, cacheable)
+/// sends a chunk each time the test says so; closing the sender before
+/// the last one cuts the body short. Counts the requests it got.
+struct GatedOrigin {
+    url: String,
+    gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>>,
+    requests: Arc<Mutex<usize>>,
+}
+
+impl GatedOrigin {
+    async fn start() -> Self {
+        Self::with_chunks(CHUNKS).await
+    }
+
+    async fn with_chunks(chunks: usize) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>> = Arc::default();
+        let requests: Arc<Mutex<usize>> = Arc::default();
+        let (g, r) = (Arc::clone(&gates), Arc::clone(&requests));
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (g, r) = (Arc::clone(&g), Arc::clone(&r));
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+                        g.lock().expect("gates").push(Some(tx));
+                        *r.lock().expect("requests") += 1;
+                        // A gate dropped before the whole body went out is an
+                        // error: hyper then drops the connection mid-body.
+                        let frames = futures_util::stream::unfold(
+                            (rx, 0usize),
+                            move |(mut rx, sent)| async move {
+                                match rx.recv().await {
+                                    Some(b) => {
+                                        let n = b.len();
+                                        Some((Ok(Frame::data(b)), (rx, sent + n)))
+                                    }
+                                    None if sent < CHUNK * chunks => Some((
+                                        Err(std::io::Error::other("cut off")),
+                                        (rx, CHUNK * chunks),
+                                    )),
+                                    None => None,
+                                }
+                            },
+                        );
+                        let mut res = hyper::Response::new(StreamBody::new(frames));
+                        res.headers_mut().insert(
+                            "content-length",
+                            (CHUNK * chunks).to_string().parse().expect("value"),
+                        );
+                        res.headers_mut()
+                            .insert("cache-control", "max-age=60".parse().expect("value"));
+                        async move { Ok::<_, Infallible>(res) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        GatedOrigin {
+            url,
+            gates,
+            requests,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        *self.requests.lock().expect("requests")
+    }
+
+    /// Waits for the `n`th request and takes its gate: dropping it ends
+    /// that body where it is.
+    async fn gate(&self, n: usize) -> mpsc::UnboundedSender<Bytes> {
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                if let Some(g) = self
+                    .gates
+                    .lock()
+                    .expect("gates")
+                    .get_mut(n - 1)
+                    .and_then(Option::take)
+                {
+                    return g;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the origin got the request")
+    }
+}
+
+fn chunk(i: usize) -> Bytes {
+    Bytes::from(vec![b'a' + (i % 26) as u8; CHUNK])
+}
+
+fn whole() -> Vec<u8> {
+    whole_of(CHUNKS)
+}
+
+fn whole_of(chunks: usize) -> Vec<u8> {
+    (0..chunks).flat_map(|i| chunk(i).to_vec()).collect()
+}
+
+/// `n` GETs that each return once their first body bytes arrived, with
+/// those bytes and the response to read the rest from.
+async fn first_bytes(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+) -> Vec<(Vec<u8>, reqwest::Response)> {
+    join_all((0..n).map(|_| async {
+        let mut res = client.get(url).send().await.expect("answer head");
+        assert_eq!(res.status(), 200);
+        let first = res.chunk().await.expect("first bytes").expect("some bytes");
+        (first.to_vec(), res)
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_coalesced_caller_reads_the_body_while_it_arrives() {
+    let origin = GatedOrigin::start().await;
+    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/big");
+    let gate = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        let heads = tokio::spawn(async move { first_bytes(&client, &url, 100).await });
+        let gate = origin.gate(1).await;
+        // Half the body, then wait: every caller must already be reading.
+        for i in 0..CHUNKS / 2 {
+            gate.send(chunk(i)).expect("origin body");
+        }
+        let responses = tokio::time::timeout(DEADLINE, heads)
+            .await
+            .expect("every caller got its first bytes while the origin held the rest back")
+            .expect("task");
+        (gate, responses)
+    };
+    let (gate, responses) = gate;
+    assert_eq!(origin.requests(), 1);
+    for i in CHUNKS / 2..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let expected = whole();
+    let bodies = join_all(responses.into_iter().map(|(mut got, mut res)| async move {
+        while let Some(b) = res.chunk().await.expect("the rest") {
+            got.extend_from_slice(&b);
+        }
+        got
+    }))
+    .await;
+    for b in &bodies {
+        assert!(b == &expected, "a body of {} bytes differs", b.len());
+    }
+    // Stored once complete: a later caller is a hit, byte for byte.
+    let hit = client.get(&url).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(hit.body, expected);
+    assert_eq!(origin.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_off_mid_way_fails_every_caller_and_is_not_stored() {
+    let origin = GatedOrigin::start().await;
+    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/cut");
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("h2 client");
+    let (h1_heads, h2_heads) = {
+        let (c1, c2, u1, u2) = (client.inner().clone(), h2.clone(), url.clone(), url.clone());
+        (
+            tokio::spawn(async move { first_bytes(&c1, &u1, 20).await }),
+            tokio::spawn(async move { first_bytes(&c2, &u2, 20).await }),
+        )
+    };
+    let gate = origin.gate(1).await;
+    for i in 0..CHUNKS / 2 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let mut responses = h1_heads.await.expect("task");
+    responses.extend(h2_heads.await.expect("task"));
+    assert_eq!(responses.len(), 40);
+    // The origin drops the connection at 50%.
+    drop(gate);
+    // Read concurrently: h2 streams share one connection window, and one
+    // read after another would stall on data the others hold.
+    let ends = join_all(responses.into_iter().map(|(_, mut res)| async move {
+        let version = res.version();
+        loop {
+            match res.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return (version, false),
+                Err(_) => return (version, true),
+            }
+        }
+    }));
+    let ends = tokio::time::timeout(DEADLINE, ends)
+        .await
+        .expect("every caller's body ended");
+    for (version, failed) in &ends {
+        assert!(failed, "a cut body read as complete over {version:?}");
+    }
+    let h2s = ends
+        .iter()
+        .filter(|(v, _)| *v == reqwest::Version::HTTP_2)
+        .count();
+    assert_eq!(h2s, 20, "half the callers spoke h2");
+    // Nothing was stored: the next request is no hit. The failure backs the
+    // key off (a failing origin gets less traffic, not more), so it is
+    // answered 503 without an origin request ...
+    let next = client.get(&url).await;
+    assert_eq!(next.status, 503, "{}", next.cache_status());
+    assert_eq!(next.cache_status().detail(), Some("backoff"));
+    assert_eq!(origin.requests(), 1);
+    // ... and once the back-off ends, a new fill fetches it whole.
+    let again = {
+        let client = client.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(DEADLINE, async {
+                loop {
+                    let a = client.get(&url).await;
+                    if a.cache_status().detail() != Some("backoff") {
+                        return a;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the back-off ended")
+        })
+    };
+    let gate = origin.gate(2).await;
+    for i in 0..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let res = again.await.expect("task");
+    assert_eq!(res.status, 200);
+    assert!(res.body == whole(), "the refetched body is whole");
+    assert_eq!(origin.requests(), 2);
+    let hit = client.get(&url).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib / 1024.0
+}
+
+/// A caller that reads its answer's head and then stops reading, with a
+/// 4 KiB receive buffer: it holds its connection's writes back, nothing
+/// else.
+async fn stalled_reader(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let mut tcp = socket.connect(addr).await.expect("connect");
+    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut head = [0u8; 1];
+    tcp.read_exact(&mut head).await.expect("the answer began");
+    tcp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_holds_back_neither_the_fill_nor_the_others() {
+    use tokio::io::AsyncReadExt;
+    // 8 MiB: far more than the stalled reader's socket buffers take in.
+    let chunks = 128;
+    let origin = GatedOrigin::with_chunks(chunks).await;
+    let proxy = Proxy::new(
+        Config::single(origin.url.clone())
+            .cache("memory", "128MiB")
+            .cache("max_object_size", "16MiB"),
+    )
+    .start()
+    .await;
+    let client = Client::new();
+    let url = proxy.url("/slow");
+    let before = rss_mib(proxy.pid());
+    let slow = tokio::spawn(stalled_reader(proxy.addr(), "/slow"));
+    let gate = origin.gate(1).await;
+    gate.send(chunk(0)).expect("origin body");
+    let mut slow = tokio::time::timeout(DEADLINE, slow)
+        .await
+        .expect("the stalled reader's answer began")
+        .expect("task");
+    // Fifty callers join the flight while the body arrives, and read fast.
+    let fast = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&client, &url, 50).await })
+    };
+    for i in 1..chunks {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let fast = tokio::time::timeout(DEADLINE, fast)
+        .await
+        .expect("the fast callers began")
+        .expect("task");
+    let expected = whole_of(chunks);
+    let bodies = join_all(fast.into_iter().map(|(mut got, mut res)| async move {
+        while let Some(b) = res.chunk().await.expect("the rest") {
+            got.extend_from_slice(&b);
+        }
+        got
+    }));
+    let bodies = tokio::time::timeout(DEADLINE, bodies)
+        .await
+        .expect("the fast callers finished while one caller read nothing");
+    assert!(bodies.iter().all(|b| b == &expected), "a fast body differs");
+    // The fill finished too: the entry is stored while the stalled caller
+    // still holds most of its answer back.
+    let hit = client.get(&url).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(origin.requests(), 1);
+    // Fifty-one readers of an 8 MiB body share its chunks: far less than
+    // a copy each (408 MiB) was ever added.
+    let grown = rss_mib(proxy.pid()) - before;
+    assert!(grown < 64.0, "RSS grew {grown:.1} MiB");
+    // The stalled caller now reads its whole answer.
+    let mut raw = Vec::new();
+    tokio::time::timeout(DEADLINE, async {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut head_end = None;
+        loop {
+            let n = slow.read(&mut buf).await.expect("read");
+            raw.extend_from_slice(&buf[..n]);
+            if head_end.is_none() {
+                head_end = raw.windows(4).position(|w| w == b"\r\n\r\n");
+            }
+            let body_len = head_end.map(|at| raw.len() - (at + 4));
+            if n == 0 || body_len >= Some(expected.len()) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the stalled caller read to the end");
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    // The first byte was read before; it begins the head ("H").
+    let body = &raw[at + 4..];
+    assert!(
+        body == &expected[..],
+        "the stalled caller's body differs ({} bytes)",
+        body.len()
+    );
+    println!("rss grew {grown:.1} MiB");
+}
