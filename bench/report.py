@@ -248,6 +248,31 @@ def main() -> None:
             ])
         L.append(table(["system", "run", "origin hits", "200s", "p50", "p99", "p99 ×nginx", "max", "non-200"], rows))
 
+    # (b2)
+    tt = pick("ttfb")
+    if tt:
+        L.append(
+            "\n## (b2) Time to first byte: 1000 callers at once on a cold key, a 5 MB answer the origin trickles out over 2 s\n\n"
+            "`ttfb-load`: 1000 connections, one GET each at the same instant; times from that instant to each "
+            "caller's first body byte and to its last, over the answers that arrived whole (200, exactly their "
+            "Content-Length). The origin sends its first chunk at once, so a cache that streams gives every caller "
+            "bytes within milliseconds; one that waits for the whole answer gives them ~2 s.\n"
+        )
+        rows = []
+        for r in tt:
+            try:
+                with open(os.path.join(a.raw, r["ttfb"])) as f:
+                    m = json.loads(f.read().strip() or "{}")
+            except (OSError, ValueError):
+                m = {}
+            t, w = m.get("ttfb_ms") or {}, m.get("total_ms") or {}
+            rows.append([
+                r["system"], r["run"], r["origin_hits"], f"{m.get('whole', 0)}/{m.get('n', 1000)}",
+                f_ms(t.get("p50")), f_ms(t.get("p99")), f_ms(t.get("max")), f_ms(w.get("p50")), f_ms(w.get("p99")),
+            ])
+        L.append(table(["system", "run", "origin hits", "whole 200s", "first byte p50", "first byte p99",
+                        "first byte max", "last byte p50", "last byte p99"], rows))
+
     # (c)
     fl = pick("fleet")
     if fl:

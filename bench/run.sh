@@ -13,7 +13,7 @@
 # system that cannot be installed is skipped, not fatal.
 #
 # Knobs (environment): BENCH_SYSTEMS="corral nginx varnish",
-# BENCH_SCENARIOS="hit stampede fleet hotset failing swr", BENCH_RUNS=2,
+# BENCH_SCENARIOS="hit stampede ttfb fleet hotset failing swr", BENCH_RUNS=2,
 # BENCH_DURATION=10s, BENCH_NO_BUILD=1 (use the binaries in target/release),
 # BENCH_OUT=FILE (write the table there instead of bench/results/latest.md).
 set -uo pipefail
@@ -25,7 +25,7 @@ raw=$results/raw
 export PATH="$PATH:/usr/sbin:/sbin"
 
 systems=(${BENCH_SYSTEMS:-corral nginx varnish})
-scenarios=" ${BENCH_SCENARIOS:-hit stampede fleet hotset failing swr} "
+scenarios=" ${BENCH_SCENARIOS:-hit stampede ttfb fleet hotset failing swr} "
 runs=${BENCH_RUNS:-2}
 duration=${BENCH_DURATION:-10s}
 secs=${duration%s}
@@ -276,6 +276,25 @@ if [[ "$scenarios" == *" stampede "* ]]; then
         "http://127.0.0.1:${port[$s]}$path?delay=200&max-age=60&size=1024"
       sleep 0.3
       record "{\"scenario\":\"stampede\",\"system\":\"$s\",\"run\":$run,\"oha\":[\"$out\"],\"origin_hits\":$(hits "$path")}"
+    done
+  done
+fi
+
+# ------------------------------- (b2) time to first byte of a slow, large miss
+# 1000 callers at once on a cold key whose 5 MB answer the origin trickles
+# out over 2 s: does each caller get bytes as they arrive, or only once the
+# whole answer is in?
+if [[ "$scenarios" == *" ttfb "* ]]; then
+  for run in $(seq "$runs"); do
+    for s in $(order "$run"); do
+      path="/$s/ttfb/$run-$tag"
+      out=ttfb-$s-$run.json
+      log "(b2) ttfb: $s run $run"
+      timeout -k 5 90 "${on_client[@]}" "$root/target/release/ttfb-load" "127.0.0.1:${port[$s]}" \
+        "$path?size=5242880&trickle=2000&max-age=60" 1000 60 >"$raw/$out" 2>"$raw/$out.err" ||
+        log "ttfb-load exited $?: $(head -c 300 "$raw/$out.err")"
+      sleep 0.3
+      record "{\"scenario\":\"ttfb\",\"system\":\"$s\",\"run\":$run,\"ttfb\":\"$out\",\"origin_hits\":$(hits "$path")}"
     done
   done
 fi

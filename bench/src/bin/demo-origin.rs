@@ -2,7 +2,9 @@
 //! string, and it counts the requests it receives per path.
 //!
 //! `GET /any/path?delay=300&size=1024&max-age=60&swr=30&sie=600&status=200&vary=accept-encoding&etag=v1&tag=k7`
-//! - `delay` milliseconds before answering; `size` body bytes; the others
+//! - `delay` milliseconds before answering; `size` body bytes; `trickle`
+//!   milliseconds over which the body goes out in 20 even chunks (with its
+//!   Content-Length), as a slow origin download would; the others
 //!   become Cache-Control / Vary / ETag. With `tag`, the body is the tag
 //!   and `;` repeated to `size` bytes (so a checking client can tell one
 //!   key's body from another's); without it, `x` repeated.
@@ -129,7 +131,10 @@ async fn handle(State(c): State<Arc<Counters>>, req: Request) -> Response {
         Some(tag) => format!("{tag};").bytes().cycle().take(size).collect(),
         None => vec![b'x'; size],
     };
-    let mut r = Response::new(Body::from(body));
+    let mut r = match num("trickle").filter(|ms| *ms > 0) {
+        Some(ms) => trickled(body, Duration::from_millis(ms.min(60_000))),
+        None => Response::new(Body::from(body)),
+    };
     *r.status_mut() = status;
     let h = r.headers_mut();
     if !cc.is_empty()
@@ -146,6 +151,33 @@ async fn handle(State(c): State<Arc<Counters>>, req: Request) -> Response {
     {
         h.insert(http::header::ETAG, v);
     }
+    r
+}
+
+/// `body` in 20 chunks spread over `over`, the first at once, with its
+/// Content-Length (hyper sends a streamed body at the declared length).
+fn trickled(body: Vec<u8>, over: Duration) -> Response {
+    const CHUNKS: usize = 20;
+    let len = body.len();
+    let body = bytes::Bytes::from(body);
+    let step = len.div_ceil(CHUNKS).max(1);
+    let pause = over / CHUNKS as u32;
+    let chunks = futures_util::stream::unfold(0usize, move |at| {
+        let body = body.clone();
+        async move {
+            if at >= len {
+                return None;
+            }
+            if at > 0 {
+                tokio::time::sleep(pause).await;
+            }
+            let end = (at + step).min(len);
+            Some((Ok::<_, std::io::Error>(body.slice(at..end)), end))
+        }
+    });
+    let mut r = Response::new(Body::from_stream(chunks));
+    r.headers_mut()
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
     r
 }
 
