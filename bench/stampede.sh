@@ -6,9 +6,18 @@
 # (`cargo install oha`) and redis-server.
 #
 #   bench/stampede.sh [RUNS]        (default 3 runs, each on a new cold key)
+#   bench/stampede.sh RUNS ttfb     the same crowd on a 5 MB answer the origin
+#                                   trickles out over 2 s: each instance's
+#                                   first and last body byte (ttfb-load), to
+#                                   see what streaming across instances
+#                                   would buy (only the leader's instance
+#                                   streams; the others answer from Redis).
+#                                   TTFB_SIZE=BYTES sets the body (default
+#                                   5 MB, over redis.l2_max_object_size's 1 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
+mode=${2:-oha}
 cargo build --release -q -p corral -p corral-bench
 work=$(mktemp -d)
 pids=()
@@ -44,6 +53,22 @@ for i in 0 1 2 3 4; do
   done
 done
 until redis-cli -p $redis_port ping >/dev/null 2>&1; do sleep 0.1; done
+
+if [ "$mode" = ttfb ]; then
+  ulimit -n 65536 2>/dev/null || true
+  for run in $(seq 1 "$runs"); do
+    path="/ttfb/$run-$RANDOM"
+    for i in 0 1 2 3 4; do
+      timeout 90 target/release/ttfb-load 127.0.0.1:810$i "$path?size=${TTFB_SIZE:-5242880}&trickle=2000&max-age=60" 200 60 \
+        >"$work/ttfb$i.json" &
+    done
+    wait $(jobs -p | tail -5) 2>/dev/null || true
+    sleep 0.2
+    echo "run $run: origin hits $(curl -s "http://$origin/__hits?path=$path")"
+    for i in 0 1 2 3 4; do echo "  instance $i: $(cat "$work/ttfb$i.json")"; done
+  done
+  exit 0
+fi
 
 for run in $(seq 1 "$runs"); do
   path="/cold/$run-$RANDOM"

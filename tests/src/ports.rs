@@ -11,6 +11,37 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
     listener.local_addr()
 }
 
+/// Returns a loopback address that was free a moment ago, below the
+/// kernel's ephemeral range (`ip_local_port_range`), for a server that is
+/// killed and restarted on the same port: while it is down, a client that
+/// keeps connecting to it may be given that very port as its own source
+/// port and connect to itself (a TCP simultaneous open), holding the port
+/// so the restart cannot bind it. No source port is picked below the
+/// range. Falls back to [`free_addr`] when no such port is found.
+pub fn free_addr_for_restarts() -> std::io::Result<SocketAddr> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let floor = 10_000u16;
+    if low > floor + 1000 {
+        let span = u32::from(low - floor);
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        for i in 0..200u32 {
+            // A spread of candidates that differs per process and call.
+            let offset = seed.wrapping_add(i.wrapping_mul(7919)) % span;
+            let port = floor + u16::try_from(offset).unwrap_or(0);
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+                return l.local_addr();
+            }
+        }
+    }
+    free_addr()
+}
+
 /// Returns `n` distinct loopback addresses that were free a moment ago.
 ///
 /// All `n` are held at once while picking, so none repeats; like

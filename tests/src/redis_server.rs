@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use crate::ports::free_addr;
+use crate::ports::free_addr_for_restarts;
 use crate::temp::TempDir;
 
 /// How long `redis-server` may take to answer PING after spawn.
@@ -48,7 +48,9 @@ impl Redis {
         };
         let mut failure = String::new();
         for _attempt in 0..3 {
-            redis.port = free_addr().expect("a free port for redis").port();
+            redis.port = free_addr_for_restarts()
+                .expect("a free port for redis")
+                .port();
             match redis.spawn_and_wait().await {
                 Ok(()) => return redis,
                 Err(why) => {

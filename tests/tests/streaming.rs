@@ -391,3 +391,57 @@ async fn a_stalled_reader_holds_back_neither_the_fill_nor_the_others() {
     );
     println!("rss grew {grown:.1} MiB");
 }
+
+/// Across instances nothing streams: a waiting instance answers from the
+/// entry in Redis. An answer too large for Redis (`l2_max_object_size`)
+/// never gets there, so the leader says so as soon as its head arrives and
+/// each waiting instance fetches its own copy at once, side by side,
+/// rather than waiting out the leader's download and then taking the
+/// lease one after another (until lock_timeout let every caller go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_large_for_redis_is_fetched_once_per_instance_at_once() {
+    let redis = corral_tests::Redis::start().await;
+    let origin = GatedOrigin::start().await;
+    let proxies = Proxy::new(
+        Config::single(origin.url.clone())
+            .redis(&redis.url())
+            .redis_field("op_timeout", "250ms")
+            .redis_field("l2_max_object_size", "256KiB"),
+    )
+    .instances(3)
+    .start_all()
+    .await;
+    let client = Client::new();
+    let callers: Vec<_> = proxies
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.url("/large"), 10))
+        .map(|url| {
+            let client = client.clone();
+            tokio::spawn(async move { client.get(&url).await })
+        })
+        .collect();
+    let first = origin.gate(1).await;
+    first.send(chunk(0)).expect("origin body");
+    // The other two instances ask while the first answer is still held
+    // back after its first chunk.
+    let (second, third) = (origin.gate(2).await, origin.gate(3).await);
+    for gate in [&first, &second, &third] {
+        for i in usize::from(std::ptr::eq(gate, &first))..CHUNKS {
+            gate.send(chunk(i)).expect("origin body");
+        }
+    }
+    let expected = whole();
+    for caller in callers {
+        let a = tokio::time::timeout(DEADLINE, caller)
+            .await
+            .expect("every caller answered")
+            .expect("task");
+        assert_eq!(a.status, 200, "{}", a.cache_status());
+        assert!(
+            a.body == expected,
+            "a body of {} bytes differs",
+            a.body.len()
+        );
+    }
+    assert_eq!(origin.requests(), 3, "one request per instance");
+}

@@ -108,6 +108,7 @@ pub async fn serve(
             committed: Default::default(),
             body: body.clone(),
             early: Default::default(),
+            declared: Default::default(),
         };
 
         let seen = found.as_ref().map(|entry| {

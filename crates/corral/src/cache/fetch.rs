@@ -149,6 +149,9 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     }
     match decision {
         Decision::Store { freshness } => {
+            if let Some(n) = declared {
+                fill.declared.announce(n);
+            }
             // Streamed to every caller as it arrives when someone waits on
             // it and its length is known and fits; else read whole first.
             let streamable = declared

@@ -168,6 +168,30 @@ pub struct FillRequest {
     /// leader before its body has arrived (set by `run` for a fill someone
     /// waits on).
     pub early: std::sync::Mutex<Option<oneshot::Sender<FillOutcome>>>,
+    /// The length a storable answer's head declared, announced as soon as
+    /// the fetch reads it (the shared tier's leader tells the other
+    /// instances at once when it is too large for L2).
+    pub declared: Declared,
+}
+
+/// See [`FillRequest::declared`].
+#[derive(Debug)]
+pub struct Declared(tokio::sync::watch::Sender<Option<u64>>);
+
+impl Default for Declared {
+    fn default() -> Self {
+        Declared(tokio::sync::watch::channel(None).0)
+    }
+}
+
+impl Declared {
+    pub fn announce(&self, len: u64) {
+        self.0.send_replace(Some(len));
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<u64>> {
+        self.0.subscribe()
+    }
 }
 
 impl FillRequest {
@@ -196,6 +220,7 @@ impl FillRequest {
             committed: Default::default(),
             body: self.body.clone(),
             early: Default::default(),
+            declared: Default::default(),
         }
     }
 

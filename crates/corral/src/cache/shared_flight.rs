@@ -67,6 +67,8 @@ enum Followed {
     LockTimeout,
     /// Its fetch failed; the back-off it recorded was read.
     Failed,
+    /// Its answer is not shared through L2: this instance fetches its own.
+    Local,
     /// Redis stopped answering.
     Unavailable(L2Error),
     /// The holder has held the lease past `lock_age` (the probe that saw
@@ -129,7 +131,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                     State::TakeOver(probe)
                 }
                 Followed::LockTimeout => return lock_timeout(fill).await,
-                Followed::Failed => return fetch_and_store(fill).await,
+                Followed::Failed | Followed::Local => return fetch_and_store(fill).await,
                 Followed::Unavailable(e) => return local(fill, &e).await,
             },
             State::TakeOver(probe) => {
@@ -189,8 +191,34 @@ async fn lead(
         let _ = lease.release().await;
         return hit;
     }
-    let keep_alive = lease.keep_alive();
-    let ended = fetch_and_store(fill).await;
+    let name = lease.name().to_owned();
+    let mut keep_alive = Some(lease.keep_alive());
+    let mut lease = Some(lease);
+    // An answer too large for L2 is announced as soon as its head says so,
+    // and the lease given up: the waiting instances fetch their own copies
+    // now, side by side (one that subscribed too late to hear it finds the
+    // lease free, takes it, and learns the same from its own head), instead
+    // of waiting out this download for an entry that will not come and then
+    // taking the lease one after another.
+    let mut declared = fill.declared.subscribe();
+    let fetching = fetch_and_store(fill);
+    tokio::pin!(fetching);
+    let ended = loop {
+        tokio::select! {
+            ended = &mut fetching => break ended,
+            Ok(()) = declared.changed(), if lease.is_some() => {
+                let len = *declared.borrow_and_update();
+                if len.is_some_and(|n| n > tier.max_object_size())
+                    && let Some(held) = lease.take()
+                {
+                    metrics::lease("local");
+                    drop(keep_alive.take());
+                    let _ = held.release().await;
+                    let _ = tier.publish(keys, FillNotice::Local).await;
+                }
+            }
+        }
+    };
     let notice = publish_result(
         fill,
         tier,
@@ -201,8 +229,9 @@ async fn lead(
     )
     .await;
     drop(keep_alive);
-    let name = lease.name().to_owned();
-    if let Ok(false) = lease.release().await {
+    if let Some(lease) = lease
+        && let Ok(false) = lease.release().await
+    {
         tracing::warn!(lease = %name, "the lease had passed to another leader before release");
     }
     let _ = tier.publish(keys, notice).await;
@@ -265,6 +294,8 @@ async fn follow(
                     let _ = read(fill, tier, keys).await;
                     return Followed::Failed;
                 }
+                // Nothing will be in L2 to wait for: fetch now.
+                Some(FillNotice::Local) => return Followed::Local,
                 Some(_) => {}
                 None => tokio::time::sleep(wait).await,
             },
@@ -441,8 +472,11 @@ async fn publish_result(
     }
     match fetched {
         Fetched::Stored(entry) => {
-            store(tier, fill, keys, &entry, generation).await;
-            FillNotice::Stored
+            if store(tier, fill, keys, &entry, generation).await {
+                FillNotice::Stored
+            } else {
+                FillNotice::Local
+            }
         }
         Fetched::Pass => {
             let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
@@ -462,13 +496,14 @@ async fn publish_result(
     }
 }
 
+/// Writes `entry` to L2; false when it is not there to be read.
 async fn store(
     tier: &dyn SharedTier,
     fill: &FillRequest,
     keys: &Keys,
     entry: &StoredResponse,
     generation: u64,
-) {
+) -> bool {
     // The entry may be stored under another variant than the flight's
     // (a shareable answer to an authenticated request, a new Vary).
     let stored_key = fill.entry_key(entry);
@@ -477,7 +512,7 @@ async fn store(
     } else {
         Some(tier.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
     };
-    if let Err(e) = tier
+    match tier
         .store(
             target.as_ref().unwrap_or(keys),
             entry,
@@ -486,7 +521,11 @@ async fn store(
         )
         .await
     {
-        tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
+        Ok(written) => written,
+        Err(e) => {
+            tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
+            false
+        }
     }
 }
 
@@ -506,8 +545,12 @@ async fn local_then_share(
     let ended = local(fill, why).await;
     if let Ended::Outcome(FillOutcome::Stored { entry, .. }) = &ended {
         let entry = Arc::clone(entry);
-        store(tier, fill, keys, &entry, generation).await;
-        let _ = tier.publish(keys, FillNotice::Stored).await;
+        let notice = if store(tier, fill, keys, &entry, generation).await {
+            FillNotice::Stored
+        } else {
+            FillNotice::Local
+        };
+        let _ = tier.publish(keys, notice).await;
     }
     ended
 }

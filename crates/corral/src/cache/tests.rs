@@ -331,6 +331,9 @@ impl SharedTier for FakeTier {
     fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         self.0.layout.keys(primary, variant, identity)
     }
+    fn max_object_size(&self) -> u64 {
+        u64::MAX
+    }
     fn probe<'a>(&'a self, keys: &'a Keys, _stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(async move {
             self.0.probes.fetch_add(1, Ordering::SeqCst);

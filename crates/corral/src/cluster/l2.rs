@@ -247,6 +247,9 @@ impl SharedTier for L2 {
     fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         L2::keys(self, primary, variant, identity)
     }
+    fn max_object_size(&self) -> u64 {
+        self.max_object_size
+    }
     fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(L2::probe(self, keys, stamp))
     }

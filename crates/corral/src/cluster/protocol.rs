@@ -186,6 +186,11 @@ pub enum FillNotice {
     /// The fill failed; the lease is free again (and the key's back-off,
     /// if any, is recorded).
     Failed,
+    /// The answer is cacheable but not shared through L2 (larger than
+    /// `l2_max_object_size`, or not written): each instance fetches its own
+    /// copy now, once, for its local waiters, instead of waiting for an
+    /// entry that will not come. Sent as soon as the leader's head says so.
+    Local,
 }
 
 impl FillNotice {
@@ -194,6 +199,7 @@ impl FillNotice {
             FillNotice::Stored => "stored",
             FillNotice::Pass => "pass",
             FillNotice::Failed => "failed",
+            FillNotice::Local => "local",
         }
     }
 
@@ -202,6 +208,7 @@ impl FillNotice {
             "stored" => Some(FillNotice::Stored),
             "pass" => Some(FillNotice::Pass),
             "failed" => Some(FillNotice::Failed),
+            "local" => Some(FillNotice::Local),
             _ => None,
         }
     }
@@ -350,7 +357,12 @@ mod tests {
 
     #[test]
     fn fill_notices_round_trip() {
-        for n in [FillNotice::Stored, FillNotice::Pass, FillNotice::Failed] {
+        for n in [
+            FillNotice::Stored,
+            FillNotice::Pass,
+            FillNotice::Failed,
+            FillNotice::Local,
+        ] {
             assert_eq!(FillNotice::decode(n.encode()), Some(n));
         }
         assert_eq!(FillNotice::decode("Stored"), None);

@@ -72,6 +72,8 @@ pub trait SharedTier: Send + Sync {
     /// Subscribes to the variant's fill notices (before re-reading, so
     /// that no notice falls between the read and the wait).
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>>;
+    /// The largest body `store` writes.
+    fn max_object_size(&self) -> u64;
     /// Writes an entry under the generation it was fetched in; `Ok(false)`
     /// when it was not written (too large, expired, or invalidated since).
     fn store<'a>(
