@@ -8,11 +8,9 @@
 use std::net::IpAddr;
 
 use http::header::{CONTENT_LENGTH, EXPECT, HOST, HeaderName};
-use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+use http::{HeaderMap, Method, Uri, Version};
 
 use crate::hop_by_hop;
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Why a request head was refused (each is a 400 with this Cache-Status detail).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +66,15 @@ pub struct RequestHead {
     /// End-to-end headers only: hop-by-hop (and every header `Connection`
     /// names), framing, Host and proxy-control headers removed.
     pub headers: HeaderMap,
-    /// The client's `X-Forwarded-For`, if it sent one (corral appends to it).
-    pub forwarded_for: Option<HeaderValue>,
+    /// The `X-Forwarded-For` corral sends upstream when it is more than the
+    /// peer alone (`None`): the chain trusted proxies verified, then the
+    /// peer (see [`RequestHead::trusting`]). Never an entry a client wrote
+    /// unverified.
+    pub forwarded_for: Option<String>,
+    /// The connection's peer.
     pub peer: IpAddr,
+    /// The real client address: the peer unless trusted proxies say.
+    pub client: IpAddr,
     pub body: RequestBody,
 }
 
@@ -116,7 +120,6 @@ impl RequestHead {
         let host = request_host(parts)?;
         let (path, query) = target(&parts.uri)?;
         let mut headers = std::mem::take(&mut parts.headers);
-        let forwarded_for = headers.get(&X_FORWARDED_FOR).cloned();
         strip_for_upstream(&mut headers, &parts.method);
         Ok(RequestHead {
             method: parts.method.clone(),
@@ -125,10 +128,21 @@ impl RequestHead {
             path,
             query,
             headers,
-            forwarded_for,
+            forwarded_for: None,
             peer,
+            client: peer,
             body,
         })
+    }
+
+    /// Takes the client address trusted proxies vouched for (resolved
+    /// from the request's original headers by
+    /// [`crate::client_addr::resolve`]).
+    pub fn trusting(mut self, addr: &crate::client_addr::ClientAddr) -> Self {
+        self.client = addr.client;
+        self.forwarded_for = (!addr.hops.is_empty() || addr.client != self.peer)
+            .then(|| addr.forwarded_for(self.peer));
+        self
     }
 
     /// GET or HEAD: the methods corral caches and coalesces.
@@ -261,6 +275,7 @@ fn target(uri: &Uri) -> Result<(String, Option<String>), BadHead> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn parts(version: Version, uri: &str, hosts: &[&'static str]) -> http::request::Parts {
         let mut b = http::Request::builder().version(version).uri(uri);

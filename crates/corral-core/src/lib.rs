@@ -5,7 +5,7 @@
 //! Each item has one path: the data and semantics modules are private and
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
-//! request (`envelope`, `head`, `hop_by_hop`, `miss`, `range`, `rfc9111`, `xfetch`) are public
+//! request (`client_addr`, `envelope`, `head`, `hop_by_hop`, `miss`, `range`, `rfc9111`, `xfetch`) are public
 //! and not re-exported.
 
 mod backoff;
@@ -14,6 +14,7 @@ mod budget;
 mod cache_control;
 mod cache_status;
 mod circuit;
+pub mod client_addr;
 mod clock;
 mod entry;
 pub mod envelope;

@@ -36,6 +36,10 @@ pub struct App {
     pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
     pub max_header_size: u64,
+    /// `server.trusted_proxies`, and per entry the count of requests it
+    /// vouched for.
+    pub trusted: corral_core::client_addr::TrustedProxies,
+    pub vouched: Vec<metrics::Counter>,
 }
 
 impl App {
@@ -69,6 +73,10 @@ impl App {
             fill_memory: Budget::new(config.cache.fill_memory),
             fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
+            trusted: config.server.trusted_proxies.clone(),
+            vouched: crate::telemetry::metrics::trusted_proxy_counters(
+                &config.server.trusted_proxies,
+            ),
         })
     }
 }

@@ -26,8 +26,10 @@ pub struct AccessLine {
     pub cache_status: String,
     /// Milliseconds from request to answer head.
     pub ms: f64,
-    /// Client address.
+    /// The connection's peer address.
     pub peer: String,
+    /// The real client address (the peer unless trusted proxies say).
+    pub client: String,
     /// The line as logged.
     pub raw: String,
 }
@@ -67,6 +69,7 @@ impl AccessLine {
             cache_status: text("cache_status")?,
             ms: number("ms")?,
             peer: text("peer")?,
+            client: text("client")?,
             raw: line.to_owned(),
         }))
     }
@@ -275,7 +278,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
 
-    const ACCESS: &str = r#"{"timestamp":"2026-01-01T00:00:00Z","level":"INFO","route":"api","method":"GET","path":"/a","status":200,"cache":"hit","cache_status":"corral; hit; ttl=59","ms":0.25,"peer":"127.0.0.1","target":"corral::access"}"#;
+    const ACCESS: &str = r#"{"timestamp":"2026-01-01T00:00:00Z","level":"INFO","route":"api","method":"GET","path":"/a","status":200,"cache":"hit","cache_status":"corral; hit; ttl=59","ms":0.25,"peer":"127.0.0.1","client":"198.51.100.7","target":"corral::access"}"#;
 
     #[test]
     fn an_access_line_is_read_field_by_field() {
@@ -293,6 +296,7 @@ mod tests {
         assert_eq!((line.status, line.cache.as_str()), (200, "hit"));
         assert_eq!(line.cache_status, "corral; hit; ttl=59");
         assert_eq!((line.ms, line.peer.as_str()), (0.25, "127.0.0.1"));
+        assert_eq!(line.client, "198.51.100.7");
     }
 
     #[test]

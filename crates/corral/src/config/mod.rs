@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// Bearer token of the purge API; `CORRAL_PURGE_TOKEN` is used when
     /// this is absent. Neither set: purging is refused.
     pub purge_token: Option<String>,
+    /// Proxies whose `X-Forwarded-For` / `Forwarded` is believed (empty:
+    /// nobody's; the peer is the client).
+    pub trusted_proxies: corral_core::client_addr::TrustedProxies,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +91,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             drain_period: Duration::from_secs(5),
             purge_token: None,
+            trusted_proxies: Default::default(),
         }
     }
 }

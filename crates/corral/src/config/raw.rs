@@ -33,6 +33,7 @@ pub struct RawServer {
     pub shutdown_grace: Option<Text>,
     pub drain_period: Option<Text>,
     pub purge_token: Option<Text>,
+    pub trusted_proxies: Option<Vec<Text>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -218,7 +218,26 @@ impl Resolver<'_> {
                 Some(token.to_owned())
             }
         };
+        let trusted_proxies = match &raw.trusted_proxies {
+            None => corral_core::client_addr::TrustedProxies::default(),
+            Some(entries) => corral_core::client_addr::TrustedProxies::new(
+                entries
+                    .iter()
+                    .enumerate()
+                    .map(|(index, entry)| {
+                        corral_core::client_addr::Cidr::parse(&entry.value).map_err(|m| {
+                            self.error(
+                                &entry.referenced,
+                                &format!("server.trusted_proxies[{index}]"),
+                                m,
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
         Ok(ServerConfig {
+            trusted_proxies,
             purge_token,
             header_read_timeout: header_read_timeout.value,
             idle_timeout: idle_timeout.value,

@@ -35,6 +35,10 @@ pub async fn handle(
 ) -> Response<Body> {
     let started = Instant::now();
     let method = req.method().clone();
+    // Who sent it, read from the original headers before anything is
+    // stripped: the peer, unless a trusted proxy vouches for another.
+    let client = corral_core::client_addr::resolve(peer.ip(), req.headers(), &app.trusted);
+    count_vouchers(&app, &client);
     // Copied only for the access line, and only when one is written.
     let path = access_log::enabled().then(|| req.uri().path().to_owned());
     let (
@@ -43,7 +47,7 @@ pub async fn handle(
             response: mut res,
             label,
         },
-    ) = route_request(app, peer, req).await;
+    ) = route_request(app, peer, &client, req).await;
     if let Some(r) = &route {
         r.strip_own_fields(res.headers_mut());
     }
@@ -71,13 +75,28 @@ pub async fn handle(
             .unwrap_or(""),
         ms: started.elapsed().as_secs_f64() * 1000.0,
         peer: peer.ip(),
+        client: client.client,
     });
     res
+}
+
+/// One count per trust entry that vouched for a hop of this request.
+fn count_vouchers(app: &App, client: &corral_core::client_addr::ClientAddr) {
+    for (n, i) in client.vouchers.iter().enumerate() {
+        // Each entry once per request, however many hops it vouched for.
+        if client.vouchers[..n].contains(i) {
+            continue;
+        }
+        if let Some(c) = app.vouched.get(*i) {
+            c.increment(1);
+        }
+    }
 }
 
 async fn route_request(
     app: Arc<App>,
     peer: SocketAddr,
+    client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Answer) {
     let (mut parts, body) = req.into_parts();
@@ -110,7 +129,7 @@ async fn route_request(
         peer.ip(),
         crate::origin::request::body_of(&body),
     ) {
-        Ok(h) => h,
+        Ok(h) => h.trusting(client),
         Err(bad) => {
             // The stream may be out of step with the client after a head
             // like this: answer, then close.

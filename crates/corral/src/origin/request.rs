@@ -56,14 +56,13 @@ pub fn upstream_request(
     framing: RequestBody,
 ) -> Result<Request<Body>, UpstreamError> {
     let bad = |e: http::header::InvalidHeaderValue| UpstreamError::Request(e.to_string());
-    let peer = head.peer.to_string();
-    let xff = match head.forwarded_for.as_ref().and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {peer}"),
-        None => peer,
-    };
     headers.insert(
         X_FORWARDED_FOR.clone(),
-        HeaderValue::from_str(&xff).map_err(bad)?,
+        match &head.forwarded_for {
+            Some(chain) => HeaderValue::from_str(chain),
+            None => HeaderValue::from_str(&head.peer.to_string()),
+        }
+        .map_err(bad)?,
     );
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     if head.host.is_empty() {

@@ -35,7 +35,10 @@ pub struct AccessLine<'a> {
     pub cache: &'a str,
     pub cache_status: &'a str,
     pub ms: f64,
+    /// The connection's peer.
     pub peer: IpAddr,
+    /// The real client address: the peer, or what trusted proxies say.
+    pub client: IpAddr,
 }
 
 /// Whether access lines are logged (`corral::access` enabled at info):
@@ -68,6 +71,7 @@ pub fn log(line: &AccessLine<'_>) {
             cache_status = line.cache_status,
             ms = line.ms,
             peer = %line.peer,
+            client = %line.client,
         ),
     }
 }
@@ -87,7 +91,11 @@ fn format_json(out: &mut String, now: SystemTime, line: &AccessLine<'_>) {
     out.push_str(",\"cache_status\":");
     string(out, line.cache_status);
     let ms = if line.ms.is_finite() { line.ms } else { 0.0 };
-    let _ = write!(out, ",\"ms\":{ms:.3},\"peer\":\"{}\"", line.peer);
+    let _ = write!(
+        out,
+        ",\"ms\":{ms:.3},\"peer\":\"{}\",\"client\":\"{}\"",
+        line.peer, line.client
+    );
     out.push_str(",\"target\":\"corral::access\"}\n");
 }
 
@@ -202,6 +210,7 @@ mod tests {
             cache_status: "corral; hit; ttl=59",
             ms: 0.25,
             peer: "127.0.0.1".parse().expect("ip"),
+            client: "2001:db8::1".parse().expect("ip"),
         };
         let mut s = String::new();
         format_json(&mut s, at(1_795_951_586, 904_097), &line);
@@ -209,7 +218,7 @@ mod tests {
             s,
             "{\"timestamp\":\"2026-11-29T11:26:26.904097Z\",\"level\":\"INFO\",\"route\":\"r\\\"1\\\\\",\
              \"method\":\"GET\",\"path\":\"/a\\\"b\\n\\u0001\",\"status\":200,\"cache\":\"hit\",\
-             \"cache_status\":\"corral; hit; ttl=59\",\"ms\":0.250,\"peer\":\"127.0.0.1\",\
+             \"cache_status\":\"corral; hit; ttl=59\",\"ms\":0.250,\"peer\":\"127.0.0.1\",\"client\":\"2001:db8::1\",\
              \"target\":\"corral::access\"}\n"
         );
     }

@@ -104,6 +104,24 @@ impl RequestCounters {
     }
 }
 
+/// One counter per `server.trusted_proxies` entry, registered at start so
+/// an entry that vouches for nobody shows 0 (its proxy may be gone: the
+/// entry is a promise that can be removed).
+pub fn trusted_proxy_counters(
+    trusted: &corral_core::client_addr::TrustedProxies,
+) -> Vec<metrics::Counter> {
+    trusted
+        .entries()
+        .iter()
+        .map(|c| {
+            let counter =
+                counter!("corral_trusted_proxy_requests_total", "cidr" => c.as_str().to_owned());
+            counter.increment(0);
+            counter
+        })
+        .collect()
+}
+
 /// A request that matched no route (or had no valid host).
 pub fn unrouted(method: &http::Method, result: &'static str) {
     counter!("corral_requests_total", "route" => "-", "method" => METHODS[method_index(method)], "cache" => result)

@@ -1,0 +1,120 @@
+//! The real client address (`server.trusted_proxies`): the peer, unless a
+//! trusted proxy vouches for another; what the access log's `client` and
+//! the upstream `X-Forwarded-For` carry, and what each trust entry counted.
+//! Every test client is 127.0.0.1, so "trusted" and "untrusted" are chosen
+//! by the list, not by the address.
+
+use corral_tests::lifecycle::{scrape, wait_for_access_lines};
+use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Reply, corral_check};
+
+/// The upstream X-Forwarded-For of each request the origin saw at `path`.
+fn forwarded(origin: &corral_tests::RunningOrigin, path: &str) -> Vec<String> {
+    origin
+        .requests(path)
+        .iter()
+        .map(|r| r.header_all("x-forwarded-for").join(", "))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_peer_is_the_client_and_what_it_claims_is_dropped() {
+    let origin = Origin::new().route("/u", Reply::ok("u")).start().await;
+    // Trusts a network the test client is not in.
+    let proxy = Proxy::new(Config::single(origin.url()).server("trusted_proxies", "[10.0.0.0/8]"))
+        .start()
+        .await;
+    let client = Client::new();
+    client
+        .get_with(
+            &proxy.url("/u"),
+            &[
+                ("x-forwarded-for", "10.0.0.1, 203.0.113.7"),
+                ("forwarded", "for=198.51.100.1"),
+            ],
+        )
+        .await;
+    assert_eq!(forwarded(&origin, "/u"), ["127.0.0.1"]);
+    assert!(origin.requests("/u")[0].header("forwarded").is_none());
+    let lines = wait_for_access_lines(&proxy, 1, DEADLINE).await;
+    assert_eq!(
+        (lines[0].peer.as_str(), lines[0].client.as_str()),
+        ("127.0.0.1", "127.0.0.1")
+    );
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.value(
+            "corral_trusted_proxy_requests_total",
+            &[("cidr", "10.0.0.0/8")]
+        ),
+        Some(0.0),
+        "an entry that vouched for nobody shows 0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_hops_are_walked_and_a_spoofed_leftmost_entry_never_becomes_the_client() {
+    let origin = Origin::new().route("/t", Reply::ok("t")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()).server(
+        "trusted_proxies",
+        "[127.0.0.1/32, 10.0.0.0/8, 192.0.2.0/24]",
+    ))
+    .start()
+    .await;
+    let client = Client::new();
+    // The load balancer (127.0.0.1) got it from an inner proxy (10.1.2.3),
+    // which got it from the real client (198.51.100.7), who wrote 6.6.6.6.
+    client
+        .get_with(
+            &proxy.url("/t"),
+            &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.2.3")],
+        )
+        .await;
+    // Without X-Forwarded-For, Forwarded's for= is read.
+    client
+        .get_with(
+            &proxy.url("/t"),
+            &[("forwarded", "for=6.6.6.6, for=\"[2001:db8::7]:4711\"")],
+        )
+        .await;
+    // A trusted hop that recorded no address is where the walk ends.
+    client
+        .get_with(&proxy.url("/t"), &[("x-forwarded-for", "6.6.6.6, unknown")])
+        .await;
+    assert_eq!(
+        forwarded(&origin, "/t"),
+        [
+            "198.51.100.7, 10.1.2.3, 127.0.0.1",
+            "2001:db8::7, 127.0.0.1",
+            "127.0.0.1"
+        ]
+    );
+    let lines = wait_for_access_lines(&proxy, 3, DEADLINE).await;
+    let clients: Vec<&str> = lines.iter().map(|l| l.client.as_str()).collect();
+    assert_eq!(clients, ["198.51.100.7", "2001:db8::7", "127.0.0.1"]);
+    assert!(lines.iter().all(|l| l.peer == "127.0.0.1"));
+    let metrics = scrape(&proxy).await;
+    let vouched = |cidr| metrics.value("corral_trusted_proxy_requests_total", &[("cidr", cidr)]);
+    assert_eq!(vouched("127.0.0.1/32"), Some(3.0));
+    assert_eq!(vouched("10.0.0.0/8"), Some(1.0));
+    assert_eq!(vouched("192.0.2.0/24"), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_trust_entry_that_is_not_a_network_is_refused_with_its_line_and_field() {
+    let yaml = Config::single("http://127.0.0.1:9")
+        .server("trusted_proxies", "[10.0.0.0/8, 10.0.0.1/8]")
+        .render(
+            "127.0.0.1:18080".parse().expect("addr"),
+            "127.0.0.1:18081".parse().expect("addr"),
+        );
+    let (status, stderr) = corral_check(&yaml).await;
+    assert!(!status.success(), "exit {status}, stderr:\n{stderr}");
+    assert!(
+        stderr.contains("server.trusted_proxies[1]") && stderr.contains("host bits"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("check.yaml:"),
+        "names the file and line: {stderr}"
+    );
+}
