@@ -26,7 +26,7 @@ pub use client::{Answer, Client, assert_every_answer, tally};
 pub use config::{Config, Route};
 pub use origin::{Origin, OriginMode, RunningOrigin, SeenRequest};
 pub use proxy::{Proxy, RunningProxy};
-pub use raw::{RawAnswer, RawResponse, exchange, exchange_full};
+pub use raw::{RawAnswer, RawResponse, exchange, exchange_bytes, exchange_full};
 pub use raw_origin::{RawOrigin, RawRequest};
 pub use redis_server::Redis;
 pub use reply::Reply;

@@ -76,6 +76,22 @@ pub async fn send_and_hold(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
     stream
 }
 
+/// Sends `bytes` and returns every byte the server sent until it closed the
+/// connection, within `within` (empty: it closed without answering).
+pub async fn exchange_bytes(addr: SocketAddr, bytes: &[u8], within: Duration) -> Vec<u8> {
+    tokio::time::timeout(within, async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let _ = stream.write_all(bytes).await;
+        let mut all = Vec::new();
+        let _ = stream.read_to_end(&mut all).await;
+        all
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{addr} did not close the connection within {within:?}"))
+}
+
 /// A whole response read off a raw connection: head and de-framed body.
 #[derive(Clone, Debug)]
 pub struct RawResponse {

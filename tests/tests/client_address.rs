@@ -118,3 +118,112 @@ async fn a_trust_entry_that_is_not_a_network_is_refused_with_its_line_and_field(
         "names the file and line: {stderr}"
     );
 }
+
+/// A GET that asks the server to close, after `header` (a PROXY protocol
+/// header, or nothing).
+fn request_after(header: &[u8], path: &str) -> Vec<u8> {
+    [
+        header,
+        format!("GET {path} HTTP/1.1\r\nHost: proxied.test\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    ]
+    .concat()
+}
+
+/// A version 2 PROXY header: `command` 0 (LOCAL) or 1 (PROXY), `family`
+/// 0x11 (TCP4) or 0x21 (TCP6), then the address block.
+fn v2(command: u8, family: u8, addresses: &[u8]) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x20 | command, family]);
+    h.extend_from_slice(&u16::try_from(addresses.len()).expect("short").to_be_bytes());
+    h.extend_from_slice(addresses);
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_protocol_header_names_the_peer_and_a_connection_without_one_is_closed() {
+    use corral_tests::exchange_full;
+    let origin = Origin::new().route("/p", Reply::ok("p")).start().await;
+    let proxy = Proxy::new(
+        Config::single(origin.url())
+            .server("listen_proxy_protocol", "true")
+            .server("trusted_proxies", "[10.0.0.0/8]"),
+    )
+    .start()
+    .await;
+    let addr = proxy.addr();
+    // Version 1 from a balancer that saw 198.51.100.9.
+    let v1 = b"PROXY TCP4 198.51.100.9 127.0.0.1 51000 8080\r\n";
+    let a = exchange_full(addr, &request_after(v1, "/p"), DEADLINE).await;
+    assert_eq!(
+        (a.status, a.body.as_slice()),
+        (200, &b"p"[..]),
+        "{}",
+        a.head
+    );
+    // Version 2, IPv6: 2001:db8::9 port 4711.
+    let mut six = vec![0x20, 0x01, 0x0d, 0xb8];
+    six.extend_from_slice(&[0; 11]);
+    six.push(9);
+    six.extend_from_slice(&[0; 16]);
+    six.extend_from_slice(&[0x12, 0x67, 0x1f, 0x90]);
+    let a = exchange_full(addr, &request_after(&v2(1, 0x21, &six), "/p"), DEADLINE).await;
+    assert_eq!(a.status, 200, "{}", a.head);
+    // Version 2 LOCAL (a balancer's own health check): the real peer.
+    let a = exchange_full(addr, &request_after(&v2(0, 0, &[]), "/p"), DEADLINE).await;
+    assert_eq!(a.status, 200, "{}", a.head);
+    // A trusted inner proxy (10.0.0.5) behind the balancer: its list counts.
+    let v1 = b"PROXY TCP4 10.0.0.5 127.0.0.1 40000 8080\r\n";
+    let mut req = request_after(v1, "/p");
+    let at = req.len() - 2;
+    req.splice(
+        at..at,
+        b"X-Forwarded-For: 6.6.6.6, 198.51.100.1\r\n"
+            .iter()
+            .copied(),
+    );
+    let a = exchange_full(addr, &req, DEADLINE).await;
+    assert_eq!(a.status, 200, "{}", a.head);
+    assert_eq!(
+        forwarded(&origin, "/p"),
+        [
+            "198.51.100.9",
+            "2001:db8::9",
+            "127.0.0.1",
+            "198.51.100.1, 10.0.0.5"
+        ]
+    );
+    let lines = wait_for_access_lines(&proxy, 4, DEADLINE).await;
+    let seen: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l.peer.as_str(), l.client.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("198.51.100.9", "198.51.100.9"),
+            ("2001:db8::9", "2001:db8::9"),
+            ("127.0.0.1", "127.0.0.1"),
+            ("10.0.0.5", "198.51.100.1")
+        ]
+    );
+    // Without a header, or with a broken one: closed, no answer, no
+    // request upstream.
+    for bad in [
+        request_after(b"", "/p"),
+        request_after(b"PROXY TCP4 198.51.100.9 127.0.0.1 51000\r\n", "/p"),
+        request_after(&v2(1, 0x11, &[0; 4]), "/p"),
+    ] {
+        let a = corral_tests::exchange_bytes(addr, &bad, DEADLINE).await;
+        assert!(a.is_empty(), "answered {:?}", String::from_utf8_lossy(&a));
+    }
+    assert_eq!(origin.requests("/p").len(), 4);
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.value(
+            "corral_connections_closed_total",
+            &[("reason", "proxy-protocol")]
+        ),
+        Some(3.0)
+    );
+}

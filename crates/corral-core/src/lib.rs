@@ -5,8 +5,9 @@
 //! Each item has one path: the data and semantics modules are private and
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
-//! request (`client_addr`, `envelope`, `head`, `hop_by_hop`, `miss`, `range`, `rfc9111`, `xfetch`) are public
-//! and not re-exported.
+//! request (`client_addr`, `envelope`, `head`, `hop_by_hop`, `miss`,
+//! `proxy_protocol`, `range`, `rfc9111`, `xfetch`) are public and not
+//! re-exported.
 
 mod backoff;
 mod ban;
@@ -25,6 +26,7 @@ mod identity;
 mod key;
 pub mod miss;
 mod policy;
+pub mod proxy_protocol;
 pub mod range;
 pub mod rfc9111;
 mod store;

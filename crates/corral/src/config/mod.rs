@@ -78,6 +78,9 @@ pub struct ServerConfig {
     /// Proxies whose `X-Forwarded-For` / `Forwarded` is believed (empty:
     /// nobody's; the peer is the client).
     pub trusted_proxies: corral_core::client_addr::TrustedProxies,
+    /// Every client connection opens with a PROXY protocol header (v1 or
+    /// v2) from a TCP load balancer; its address is the peer.
+    pub listen_proxy_protocol: bool,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
             drain_period: Duration::from_secs(5),
             purge_token: None,
             trusted_proxies: Default::default(),
+            listen_proxy_protocol: false,
         }
     }
 }

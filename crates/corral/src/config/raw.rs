@@ -34,6 +34,7 @@ pub struct RawServer {
     pub drain_period: Option<Text>,
     pub purge_token: Option<Text>,
     pub trusted_proxies: Option<Vec<Text>>,
+    pub listen_proxy_protocol: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

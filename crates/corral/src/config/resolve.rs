@@ -238,6 +238,7 @@ impl Resolver<'_> {
         };
         Ok(ServerConfig {
             trusted_proxies,
+            listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
             purge_token,
             header_read_timeout: header_read_timeout.value,
             idle_timeout: idle_timeout.value,

@@ -25,11 +25,22 @@ const MSG_MORE: libc::c_int = 0;
 pub struct ClientStream {
     tcp: TcpStream,
     activity: Arc<crate::http::connection::Activity>,
+    /// Bytes read off the socket before hyper took over (past a PROXY
+    /// protocol header): hyper reads them first.
+    prefix: bytes::Bytes,
 }
 
 impl ClientStream {
-    pub fn new(tcp: TcpStream, activity: Arc<crate::http::connection::Activity>) -> Self {
-        ClientStream { tcp, activity }
+    pub fn new(
+        tcp: TcpStream,
+        activity: Arc<crate::http::connection::Activity>,
+        prefix: bytes::Bytes,
+    ) -> Self {
+        ClientStream {
+            tcp,
+            activity,
+            prefix,
+        }
     }
 
     /// Records whether a write went through or has to wait.
@@ -94,7 +105,13 @@ impl AsyncRead for ClientStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.tcp).poll_read(cx, buf)
     }
 }
 

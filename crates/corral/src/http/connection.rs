@@ -23,12 +23,13 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
+use corral_core::proxy_protocol::{self, Header, Parsed};
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -47,6 +48,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub send_timeout: Duration,
     pub max_connections: usize,
+    /// Each connection opens with a PROXY protocol header, read (within
+    /// `header_read_timeout`) before HTTP; its address is the peer.
+    pub proxy_protocol: bool,
 }
 
 /// What one connection is doing, shared by its requests, its socket and its
@@ -260,15 +264,37 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let activity = Activity::new();
-        let service = Tracked {
-            router: router.clone(),
-            activity: Arc::clone(&activity),
-            peer,
-        };
-        let io = TokioIo::new(ClientStream::new(stream, Arc::clone(&activity)));
+        let router = router.clone();
         let builder = Arc::clone(&builder);
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
+            let mut stream = stream;
+            let (peer, prefix) = if limits.proxy_protocol {
+                let header = tokio::time::timeout(
+                    limits.header_read_timeout,
+                    read_proxy_header(&mut stream),
+                )
+                .await
+                .unwrap_or(Err("no complete header within header_read_timeout"));
+                match header {
+                    Ok((Header::Proxied(client), rest)) => (client, rest),
+                    Ok((Header::Local, rest)) => (peer, rest),
+                    Err(why) => {
+                        crate::telemetry::metrics::connection_closed("proxy-protocol");
+                        tracing::debug!(listener = name, %peer, why, "closing a connection without a valid PROXY protocol header");
+                        drop(permit);
+                        return;
+                    }
+                }
+            } else {
+                (peer, Bytes::new())
+            };
+            let service = Tracked {
+                router,
+                activity: Arc::clone(&activity),
+                peer,
+            };
+            let io = TokioIo::new(ClientStream::new(stream, Arc::clone(&activity), prefix));
             let conn = builder.serve_connection(io, service);
             watch_over(conn, &activity, &limits, shutdown).await;
             drop(permit);
@@ -283,6 +309,26 @@ pub async fn serve(
         _ = slots.acquire_many(all) => tracing::info!("all {name} connections drained"),
         _ = tokio::time::sleep(grace) => {
             tracing::warn!(listener = name, grace = ?grace, "shutdown grace elapsed with connections still open");
+        }
+    }
+}
+
+/// Reads a PROXY protocol header off `stream`: what it says, and the bytes
+/// read past it (the start of the HTTP request).
+async fn read_proxy_header(stream: &mut TcpStream) -> Result<(Header, Bytes), &'static str> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = bytes::BytesMut::with_capacity(512);
+    loop {
+        match proxy_protocol::parse(&buf) {
+            Parsed::Done(header, n) => return Ok((header, buf.split_off(n).freeze())),
+            Parsed::Invalid(why) => return Err(why),
+            Parsed::Incomplete => {}
+        }
+        buf.reserve(512);
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return Err("closed before a complete header"),
+            Ok(_) => {}
+            Err(_) => return Err("the connection failed before a complete header"),
         }
     }
 }

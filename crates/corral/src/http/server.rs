@@ -38,6 +38,7 @@ pub async fn serve(
         idle_timeout: config.idle_timeout,
         send_timeout: config.send_timeout,
         max_connections,
+        proxy_protocol: config.listen_proxy_protocol,
     };
     let builder = connection::builder(
         &limits,

@@ -125,6 +125,7 @@ pub async fn serve(
         idle_timeout: server.idle_timeout,
         send_timeout: server.send_timeout,
         max_connections: ADMIN_CONNECTIONS,
+        proxy_protocol: false,
     };
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(
