@@ -262,6 +262,18 @@ impl RunningProxy {
         self.child.id()
     }
 
+    /// The process's resident memory (VmRSS), in MiB.
+    pub fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the proxy's /proc status");
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb / 1024.0
+    }
+
     /// The config file the process was started with.
     pub fn config_path(&self) -> &Path {
         &self.config_path

@@ -131,17 +131,7 @@ impl RawResponse {
 /// Content-Length or chunked encoding, and bytes past that are kept in
 /// `body` too, so a framing mismatch shows.
 pub async fn exchange_full(addr: SocketAddr, bytes: &[u8], within: Duration) -> RawResponse {
-    let all = tokio::time::timeout(within, async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        let _ = stream.write_all(bytes).await;
-        let mut all = Vec::new();
-        let _ = stream.read_to_end(&mut all).await;
-        all
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{addr} did not close the connection within {within:?}"));
+    let all = exchange_bytes(addr, bytes, within).await;
     // Interim answers (100 Continue) come before the final one: skip them.
     let mut all = &all[..];
     while all.starts_with(b"HTTP/1.1 1")

@@ -7,18 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use corral_tests::lifecycle::scrape;
-use corral_tests::{Client, Config, Origin, Proxy, Reply, RunningProxy};
-
-fn rss_mib(proxy: &RunningProxy) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.pid()))
-        .expect("the proxy's /proc status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb / 1024.0
-}
+use corral_tests::{Client, Config, Origin, Proxy, Reply};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_with_kibibyte_headers_stay_within_the_memory_bound() {
@@ -53,13 +42,13 @@ async fn distinct_keys_with_kibibyte_headers_stay_within_the_memory_bound() {
         .collect();
     let mut peak: f64 = 0.0;
     while !workers.iter().all(tokio::task::JoinHandle::is_finished) {
-        peak = peak.max(rss_mib(&proxy));
+        peak = peak.max(proxy.rss_mib());
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     for w in workers {
         w.await.expect("load task");
     }
-    peak = peak.max(rss_mib(&proxy));
+    peak = peak.max(proxy.rss_mib());
     let metrics = scrape(&proxy).await;
     let stored = metrics.sum("corral_l1_entries", &[]);
     let l1 = metrics.sum("corral_l1_bytes", &[]) / (1024.0 * 1024.0);
@@ -103,7 +92,7 @@ async fn slow_fills_of_unknown_length_cannot_buffer_past_fill_memory() {
         .collect();
     let mut peak: f64 = 0.0;
     while !fills.iter().all(tokio::task::JoinHandle::is_finished) {
-        peak = peak.max(rss_mib(&proxy));
+        peak = peak.max(proxy.rss_mib());
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let mut streamed = 0;

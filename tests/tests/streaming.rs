@@ -278,16 +278,6 @@ async fn a_body_cut_off_mid_way_fails_every_caller_and_is_not_stored() {
     assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib / 1024.0
-}
-
 /// A caller that reads its answer's head and then stops reading, with a
 /// 4 KiB receive buffer: it holds its connection's writes back, nothing
 /// else.
@@ -319,7 +309,7 @@ async fn a_stalled_reader_holds_back_neither_the_fill_nor_the_others() {
     .await;
     let client = Client::new();
     let url = proxy.url("/slow");
-    let before = rss_mib(proxy.pid());
+    let before = proxy.rss_mib();
     let slow = tokio::spawn(stalled_reader(proxy.addr(), "/slow"));
     let gate = origin.gate(1).await;
     gate.send(chunk(0)).expect("origin body");
@@ -357,7 +347,7 @@ async fn a_stalled_reader_holds_back_neither_the_fill_nor_the_others() {
     assert_eq!(origin.requests(), 1);
     // Fifty-one readers of an 8 MiB body share its chunks: far less than
     // a copy each (408 MiB) was ever added.
-    let grown = rss_mib(proxy.pid()) - before;
+    let grown = proxy.rss_mib() - before;
     assert!(grown < 64.0, "RSS grew {grown:.1} MiB");
     // The stalled caller now reads its whole answer.
     let mut raw = Vec::new();

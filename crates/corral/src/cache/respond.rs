@@ -58,6 +58,33 @@ pub fn from_entry(
     head: bool,
     request: &HeaderMap,
 ) -> Answer {
+    answer(entry, None, status, now, head, request)
+}
+
+/// An answer from an entry whose body is still arriving: the same head
+/// and conditionals as a stored one; the body read as it grows (a Range is
+/// answered with the whole 200, as RFC 9110 §14 allows).
+fn from_streaming(
+    entry: &StoredResponse,
+    body: &Arc<crate::cache::growing::Growing>,
+    status: &CacheStatus,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+) -> Answer {
+    answer(entry, Some(body), status, now, head, request)
+}
+
+/// `entry`'s answer to `request`, its body the stored one or, while it
+/// still arrives, `growing`.
+fn answer(
+    entry: &StoredResponse,
+    growing: Option<&Arc<crate::cache::growing::Growing>>,
+    status: &CacheStatus,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+) -> Answer {
     let mut headers = entry.headers().clone();
     headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
     // One pass over the request's headers for what may change the answer
@@ -67,6 +94,16 @@ pub fn from_entry(
     let (code, body) = if not_modified {
         headers.remove(CONTENT_LENGTH);
         (StatusCode::NOT_MODIFIED, Body::empty())
+    } else if let Some(growing) = growing {
+        // The head was built without its body: the length is the one
+        // being streamed.
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(growing.len()));
+        let body = if head {
+            Body::empty()
+        } else {
+            Body::new(growing.reader())
+        };
+        (entry.status(), body)
     } else if head {
         (entry.status(), Body::empty())
     } else if let (StatusCode::OK, Some(range)) = (entry.status(), asked.range) {
@@ -82,37 +119,20 @@ pub fn from_entry(
     Answer::new(res, status, Version::HTTP_11)
 }
 
-/// An answer from an entry whose body is still arriving: the same head
-/// and conditionals as a stored one; the body read as it grows (a Range is
-/// answered with the whole 200, as RFC 9110 §14 allows).
-fn from_streaming(
+/// The Cache-Status of an answer this flight fetched and stores: `stored`
+/// for the caller whose fetch it was, `collapsed` for the others.
+fn fetched(
+    fwd: Forward,
+    fwd_status: Option<u16>,
     entry: &StoredResponse,
-    body: &Arc<crate::cache::growing::Growing>,
-    status: &CacheStatus,
     now: SystemTime,
-    head: bool,
-    request: &HeaderMap,
-) -> Answer {
-    let mut headers = entry.headers().clone();
-    headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
-    let asked = Asked::of(request);
-    let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request, &asked);
-    let (code, body) = if not_modified {
-        headers.remove(CONTENT_LENGTH);
-        (StatusCode::NOT_MODIFIED, Body::empty())
-    } else if head {
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        (entry.status(), Body::empty())
-    } else {
-        // The head was built without its body: the length is the one
-        // being streamed.
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        (entry.status(), Body::new(body.reader()))
-    };
-    let mut res = Response::new(body);
-    *res.status_mut() = code;
-    *res.headers_mut() = headers;
-    Answer::new(res, status, Version::HTTP_11)
+    collapsed: bool,
+) -> CacheStatus {
+    let mut st = CacheStatus::forward(fwd).with_ttl(entry.ttl_secs(now));
+    st.fwd_status = fwd_status;
+    st.stored = !collapsed;
+    st.collapsed = collapsed;
+    st
 }
 
 /// The request headers that make an answer from an entry conditional or
@@ -280,10 +300,7 @@ pub fn from_outcome(
             fwd: Some(fwd),
             fwd_status,
         } => {
-            let mut st = CacheStatus::forward(*fwd).with_ttl(entry.ttl_secs(now));
-            st.fwd_status = *fwd_status;
-            st.stored = !collapsed;
-            st.collapsed = collapsed;
+            let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
             from_entry(entry, &st, now, head, request)
         }
         FillOutcome::Shared {
@@ -316,10 +333,7 @@ pub fn from_outcome(
             fwd,
             fwd_status,
         } => {
-            let mut st = CacheStatus::forward(*fwd).with_ttl(entry.ttl_secs(now));
-            st.fwd_status = *fwd_status;
-            st.stored = !collapsed;
-            st.collapsed = collapsed;
+            let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
             from_streaming(entry, body, &st, now, head, request)
         }
         FillOutcome::Pass { .. } => error(
