@@ -74,16 +74,21 @@ impl ScriptedOrigin {
     /// The exchange, kept as the real one keeps it: a storable answer is
     /// stored in L1 under the fill's key; a 5xx is shared with every
     /// waiter (or replaced by the stale copy stale-if-error allows); a
-    /// refused connection is the shared failure.
+    /// refused connection is the shared failure. A 200's head arrives at
+    /// once (its length is announced, as the real fetch does), its body
+    /// after `takes`.
     async fn exchange(&self, fill: &FillRequest) -> Ended {
         self.hits.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.takes).await;
         let reply = self
             .script
             .lock()
             .expect("not poisoned")
             .pop_front()
             .unwrap_or(self.then);
+        if let Reply::Ok(_, body) = reply {
+            fill.declared.announce(body.len() as u64);
+        }
+        tokio::time::sleep(self.takes).await;
         let (status, cache_control, body) = match reply {
             Reply::Ok(cc, body) => (StatusCode::OK, cc, body),
             Reply::Unavailable(cc) => (StatusCode::SERVICE_UNAVAILABLE, cc, "down"),
@@ -216,6 +221,8 @@ struct Tier {
     acquired: AtomicUsize,
     taken_over: AtomicUsize,
     tokens: AtomicU64,
+    /// The largest body `store` writes (`l2_max_object_size`).
+    max_object: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -234,6 +241,7 @@ impl FakeTier {
             acquired: AtomicUsize::new(0),
             taken_over: AtomicUsize::new(0),
             tokens: AtomicU64::new(1),
+            max_object: AtomicU64::new(u64::MAX),
         }))
     }
 
@@ -332,7 +340,7 @@ impl SharedTier for FakeTier {
         self.0.layout.keys(primary, variant, identity)
     }
     fn max_object_size(&self) -> u64 {
-        u64::MAX
+        self.0.max_object.load(Ordering::SeqCst)
     }
     fn probe<'a>(&'a self, keys: &'a Keys, _stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(async move {
@@ -436,6 +444,9 @@ impl SharedTier for FakeTier {
     ) -> BoxFuture<'a, Result<bool, L2Error>> {
         Box::pin(async move {
             self.failing()?;
+            if entry.body().len() as u64 > self.max_object_size() {
+                return Ok(false);
+            }
             let mut r = self.records();
             if r.generation != generation {
                 return Ok(false);
@@ -1341,4 +1352,60 @@ async fn without_lock_age_a_stuck_lease_is_waited_out() {
     assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(tier(&h).0.taken_over.load(Ordering::SeqCst), 0);
     assert_eq!(h.origin.hits(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_too_large_for_the_tier_is_announced_local_at_its_head() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "a large body"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let t = tier(&h).clone();
+    t.0.max_object.store(4, Ordering::SeqCst);
+    let keys = h.keys("/a");
+    let leader = {
+        let h = h.clone_handle();
+        tokio::spawn(async move { h.get("/a").await })
+    };
+    tokio::time::sleep(SLOW / 2).await;
+    // Halfway through the download: the other instances are told, and the
+    // lease is free for them.
+    assert_eq!(t.published(), [FillNotice::Local]);
+    assert!(!t.records().leases.contains_key(&keys.lease()));
+    let a = leader.await.expect("unit-test setup");
+    assert_eq!(a.body, "a large body");
+    // Nothing reached L2; the end says so again for late followers.
+    assert_eq!(t.published(), [FillNotice::Local, FillNotice::Local]);
+    assert!(t.records().entries.is_empty());
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_notice_sends_a_follower_to_the_origin_at_once() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    // The other instance holds the lease for its whole (long) download but
+    // says at 100 ms that its answer will not be in L2.
+    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
+    let t2 = t.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        t2.0.notices
+            .send(FillNotice::Local)
+            .expect("a follower listens");
+    });
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    assert!(answers.iter().all(|a| a.body == "here"));
+    // One fetch for this instance's 20 callers, started at the notice,
+    // while the other instance still holds its lease.
+    assert_eq!(h.origin.hits(), 1);
+    assert_eq!(started.elapsed(), Duration::from_millis(100) + SLOW);
+    assert!(t.records().leases.contains_key(&keys.lease()));
 }
