@@ -356,8 +356,14 @@ async fn stream_into(
                         "the body ran past its Content-Length".into(),
                     ));
                 }
+                // The last chunk is held back: `Writer::finish` adds it once
+                // the entry is stored, so a caller that has every byte can
+                // count on the next request being a hit.
+                let last = (whole.len() + data.len()) as u64 == n;
                 whole.extend_from_slice(&data);
-                growing.push(data);
+                if !last {
+                    growing.push(data);
+                }
             }
         }
     }

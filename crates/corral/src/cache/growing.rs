@@ -3,7 +3,7 @@
 //! its own pace (a slow one never holds the fill or the others back), and
 //! the chunks are shared, not copied per reader.
 //!
-//! An end is always explicit. The fill says `complete` once the whole
+//! An end is always explicit. The fill says `finish` once the whole
 //! declared length arrived; anything else (an origin that fails mid-body,
 //! a fill that is dropped) is an abort, which every reader sees as an
 //! error, never as a clean end: hyper then cuts an HTTP/1.1 answer short of
@@ -71,15 +71,6 @@ impl Growing {
         self.progress.send_modify(|p| p.0 = n);
     }
 
-    /// The whole body arrived: readers end cleanly after the last chunk.
-    pub fn complete(&self) {
-        self.progress.send_modify(|p| {
-            if p.1 == End::Open {
-                p.1 = End::Complete;
-            }
-        });
-    }
-
     /// The body will not arrive whole: every reader fails.
     pub fn abort(&self) {
         self.progress.send_modify(|p| {
@@ -119,9 +110,11 @@ impl Writer {
 
     /// The whole body arrived and is `whole` (the stored entry's bytes):
     /// the chunks readers have yet to read become slices of it, so only
-    /// one copy stays in memory, and the readers end cleanly.
+    /// one copy stays in memory; what was held back (the last chunk, so
+    /// that no reader has every byte before the entry is stored) is added,
+    /// and the readers end cleanly.
     pub fn finish(self, whole: &Bytes) {
-        {
+        let n = {
             let mut chunks = self.0.chunks.lock().unwrap_or_else(PoisonError::into_inner);
             let mut at = 0;
             for c in chunks.iter_mut() {
@@ -131,8 +124,17 @@ impl Writer {
                 }
                 at += len;
             }
-        }
-        self.0.complete();
+            if at < whole.len() {
+                chunks.push(whole.slice(at..));
+            }
+            chunks.len()
+        };
+        self.0.progress.send_modify(|p| {
+            p.0 = n;
+            if p.1 == End::Open {
+                p.1 = End::Complete;
+            }
+        });
     }
 }
 
@@ -248,11 +250,12 @@ mod tests {
         g.push(Bytes::from_static(b"abc"));
         let late = g.reader();
         let fill = {
+            let w = Writer::new(&g);
             let g = Arc::clone(&g);
             tokio::spawn(async move {
                 tokio::task::yield_now().await;
                 g.push(Bytes::from_static(b"def"));
-                g.complete();
+                w.finish(&Bytes::from_static(b"abcdef"));
             })
         };
         let a = early.collect().await.expect("whole").to_bytes();
@@ -267,17 +270,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_last_bytes_come_with_the_finish() {
+        let g = Growing::new(6);
+        let r = g.reader();
+        g.push(Bytes::from_static(b"abc"));
+        let w = Writer::new(&g);
+        let read = tokio::spawn(async move { r.collect().await.map(|b| b.to_bytes()) });
+        tokio::task::yield_now().await;
+        assert!(
+            !read.is_finished(),
+            "a reader has every byte only after finish"
+        );
+        w.finish(&Bytes::from_static(b"abcdef"));
+        let got = read.await.expect("task").expect("whole");
+        assert_eq!(&got[..], b"abcdef");
+    }
+
+    #[tokio::test]
     async fn an_abort_is_an_error_for_every_reader_never_a_clean_end() {
         let g = Growing::new(6);
         let r = g.reader();
         g.push(Bytes::from_static(b"abc"));
         drop(Writer::new(&g));
         assert!(r.collect().await.is_err());
-        // Complete with fewer bytes than declared is no clean end either.
+        // Finished with fewer bytes than declared is no clean end either.
         let g = Growing::new(6);
         let r = g.reader();
         g.push(Bytes::from_static(b"abc"));
-        g.complete();
+        Writer::new(&g).finish(&Bytes::from_static(b"abc"));
         assert!(r.collect().await.is_err());
     }
 }
