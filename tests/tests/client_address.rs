@@ -227,3 +227,34 @@ async fn a_proxy_protocol_header_names_the_peer_and_a_connection_without_one_is_
         Some(3.0)
     );
 }
+
+/// The failure this guards against: a trust entry left for a proxy that is
+/// gone lets whoever gets its address name any client. Removing it from the
+/// file must take effect on reload, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trust_entry_removed_from_the_file_stops_being_trusted_on_reload() {
+    use corral_tests::lifecycle::{current_config, replace_config, wait_for_log};
+    let origin = Origin::new().route("/r", Reply::ok("r")).start().await;
+    let proxy =
+        Proxy::new(Config::single(origin.url()).server("trusted_proxies", "[127.0.0.1/32]"))
+            .start()
+            .await;
+    let client = Client::new();
+    let claim = [("x-forwarded-for", "198.51.100.7")];
+    client.get_with(&proxy.url("/r"), &claim).await;
+    let old = current_config(&proxy);
+    assert!(old.contains("trusted_proxies: [127.0.0.1/32]"), "{old}");
+    replace_config(
+        &proxy,
+        &old.replace("trusted_proxies: [127.0.0.1/32]", "trusted_proxies: []"),
+    );
+    wait_for_log(&proxy, "configuration reloaded", DEADLINE).await;
+    client.get_with(&proxy.url("/r"), &claim).await;
+    assert_eq!(
+        forwarded(&origin, "/r"),
+        ["198.51.100.7, 127.0.0.1", "127.0.0.1"]
+    );
+    let lines = wait_for_access_lines(&proxy, 2, DEADLINE).await;
+    let clients: Vec<&str> = lines.iter().map(|l| l.client.as_str()).collect();
+    assert_eq!(clients, ["198.51.100.7", "127.0.0.1"]);
+}

@@ -36,10 +36,27 @@ pub struct App {
     pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
     pub max_header_size: u64,
-    /// `server.trusted_proxies`, and per entry the count of requests it
-    /// vouched for.
-    pub trusted: corral_core::client_addr::TrustedProxies,
+    /// `server.trusted_proxies` of the running configuration: swapped on
+    /// reload, so that an entry removed from the file (its proxy gone)
+    /// stops being trusted at once.
+    trust: ArcSwap<Trust>,
+}
+
+/// The trust list, and per entry the count of requests it vouched for.
+pub struct Trust {
+    pub proxies: corral_core::client_addr::TrustedProxies,
     pub vouched: Vec<metrics::Counter>,
+}
+
+impl Trust {
+    fn new(config: &Config) -> Self {
+        Trust {
+            proxies: config.server.trusted_proxies.clone(),
+            vouched: crate::telemetry::metrics::trusted_proxy_counters(
+                &config.server.trusted_proxies,
+            ),
+        }
+    }
 }
 
 impl App {
@@ -73,10 +90,7 @@ impl App {
             fill_memory: Budget::new(config.cache.fill_memory),
             fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
-            trusted: config.server.trusted_proxies.clone(),
-            vouched: crate::telemetry::metrics::trusted_proxy_counters(
-                &config.server.trusted_proxies,
-            ),
+            trust: ArcSwap::from_pointee(Trust::new(config)),
         })
     }
 }
@@ -107,8 +121,17 @@ impl App {
         self.routes.load_full()
     }
 
-    /// Installs the routes of a new, already validated configuration.
-    pub fn replace_routes(&self, config: &Config) {
+    /// The trust list of this moment.
+    pub fn trust(&self) -> arc_swap::Guard<Arc<Trust>> {
+        self.trust.load()
+    }
+
+    /// Installs the routes and the trust list of a new, already validated
+    /// configuration.
+    pub fn reload(&self, config: &Config) {
         self.routes.store(Arc::new(RouteTable::new(config)));
+        if self.trust.load().proxies != config.server.trusted_proxies {
+            self.trust.store(Arc::new(Trust::new(config)));
+        }
     }
 }

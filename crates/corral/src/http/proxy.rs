@@ -37,8 +37,12 @@ pub async fn handle(
     let method = req.method().clone();
     // Who sent it, read from the original headers before anything is
     // stripped: the peer, unless a trusted proxy vouches for another.
-    let client = corral_core::client_addr::resolve(peer.ip(), req.headers(), &app.trusted);
-    count_vouchers(&app, &client);
+    let client = {
+        let trust = app.trust();
+        let client = corral_core::client_addr::resolve(peer.ip(), req.headers(), &trust.proxies);
+        count_vouchers(&trust, &client);
+        client
+    };
     // Copied only for the access line, and only when one is written.
     let path = access_log::enabled().then(|| req.uri().path().to_owned());
     let (
@@ -81,13 +85,13 @@ pub async fn handle(
 }
 
 /// One count per trust entry that vouched for a hop of this request.
-fn count_vouchers(app: &App, client: &corral_core::client_addr::ClientAddr) {
+fn count_vouchers(trust: &crate::app::Trust, client: &corral_core::client_addr::ClientAddr) {
     for (n, i) in client.vouchers.iter().enumerate() {
         // Each entry once per request, however many hops it vouched for.
         if client.vouchers[..n].contains(i) {
             continue;
         }
-        if let Some(c) = app.vouched.get(*i) {
+        if let Some(c) = trust.vouched.get(*i) {
             c.increment(1);
         }
     }

@@ -1,8 +1,8 @@
 //! Hot reload: on SIGHUP, and whenever the config file's contents change
 //! (checked every second by reading the file through its path, which
 //! follows editor renames and Kubernetes ConfigMap symlink swaps alike),
-//! the file is loaded and validated; a good one replaces the routes
-//! atomically, a bad one is refused with its file:line:field and the
+//! the file is loaded and validated; a good one replaces the routes and
+//! `server.trusted_proxies` atomically, a bad one is refused with its file:line:field and the
 //! running configuration stays. Requests in flight finish on the routes
 //! they started with.
 
@@ -55,7 +55,7 @@ pub fn spawn(app: Arc<App>, path: PathBuf, running: Config, loaded: u64) {
                             "changed in the config file, but only takes effect after a restart"
                         );
                     }
-                    app.replace_routes(&new);
+                    app.reload(&new);
                     tracing::info!(file = %path.display(), routes = new.routes.len(), "configuration reloaded");
                     running = new;
                 }
@@ -90,6 +90,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         || old.server.max_header_size != new.server.max_header_size
     {
         fields.push("server");
+    }
+    if old.server.listen_proxy_protocol != new.server.listen_proxy_protocol {
+        fields.push("server.listen_proxy_protocol");
     }
     let redis = |c: &Config| {
         c.redis
