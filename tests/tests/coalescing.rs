@@ -405,6 +405,29 @@ async fn identical_posts_in_flight_share_one_origin_request() {
     assert_eq!(origin.hits("/graphql"), 2);
 }
 
+/// Bodies read for a key are fill buffers: counted in `cache.fill_memory`,
+/// so POSTs on many connections cannot buffer without a bound. A body the
+/// budget cannot hold passes through, fetched alone, like one over
+/// `max_body`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_body_the_fill_memory_cannot_hold_passes_through() {
+    static BIG: std::sync::LazyLock<&'static str> =
+        std::sync::LazyLock::new(|| Box::leak("x".repeat(2048).into_boxed_str()));
+    let origin = Origin::new()
+        .route_method(http::Method::POST, "/q", Reply::ok("small").delay(ms(300)))
+        .start()
+        .await;
+    let config = Config::new()
+        .cache("max_object_size", "1KiB")
+        .cache("fill_memory", "1KiB")
+        .route(Route::new("api", origin.url()).coalesce("post", "{ max_body: 64KiB }"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let answers = post_burst(&client, &proxy.url("/q"), 5, *BIG, JSON).await;
+    assert_every_answer(&answers, 200, "small");
+    assert_eq!(origin.hits("/q"), 5, "{:#?}", tally(&answers));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posts_that_differ_in_body_type_or_caller_never_share() {
     let origin = Origin::new()

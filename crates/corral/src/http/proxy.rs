@@ -176,20 +176,24 @@ async fn route_request(
     }
     // A POST on a route that coalesces them: a body small enough is read
     // whole and keyed (identical in-flight POSTs share one origin
-    // request); a larger one passes through untouched.
+    // request); a larger one, or one the fill memory cannot hold now,
+    // passes through untouched.
     let mut body = body;
     if head.method == Method::POST
         && route.cache_enabled
         && let Some(max) = route.post_max_body
     {
-        match read_up_to(body, max, head.body, route.upstream.total).await {
+        let mut hold = app.fill_memory.hold();
+        match read_up_to(body, max, head.body, route.upstream.total, &mut hold).await {
             Read::Whole(bytes) => {
+                // `hold` counts the body until the flight is over.
                 // Range is defined for GET only (RFC 9110 §14.2).
                 let mut head = head;
                 head.headers.remove(RANGE);
                 let res =
                     cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, Some(bytes))
                         .await;
+                drop(hold);
                 return (Some(route), res);
             }
             Read::TooLarge(rest) => body = rest,
@@ -229,8 +233,16 @@ enum Read {
     Failed(StatusCode),
 }
 
-/// Reads `body` whole if it holds at most `max` bytes, within `budget`.
-async fn read_up_to(body: Body, max: u64, framing: RequestBody, budget: Duration) -> Read {
+/// Reads `body` whole if it holds at most `max` bytes, within `budget`,
+/// counting what it buffers in `hold` (the fill memory): a body the fill
+/// memory cannot take passes through like one over `max`.
+async fn read_up_to(
+    body: Body,
+    max: u64,
+    framing: RequestBody,
+    budget: Duration,
+    hold: &mut corral_core::Hold,
+) -> Read {
     match framing {
         RequestBody::None => return Read::Whole(Bytes::new()),
         RequestBody::Sized(n) if n > max => return Read::TooLarge(body),
@@ -249,7 +261,7 @@ async fn read_up_to(body: Body, max: u64, framing: RequestBody, budget: Duration
                     continue; // trailers
                 };
                 buf.extend_from_slice(&data);
-                if buf.len() as u64 > max {
+                if buf.len() as u64 > max || !hold.grow(data.len() as u64) {
                     let read =
                         futures_util::stream::once(std::future::ready(Ok::<Bytes, axum::Error>(
                             buf.freeze(),
