@@ -24,9 +24,10 @@ use corral_tests::{Client, Config, DEADLINE, Proxy};
 const CHUNK: usize = 64 * 1024;
 const CHUNKS: usize = 16; // 1 MiB
 
-/// An origin whose one answer (Content-Length: CHUNK × CHUNKS, cacheable)
-/// sends a chunk each time the test says so; closing the sender before
-/// the last one cuts the body short. Counts the requests it got.
+/// An origin whose one answer (Content-Length: CHUNK × CHUNKS, cacheable,
+/// and with `varying`, `Vary: Accept-Language`) sends a chunk each time the
+/// test says so; closing the sender before the last one cuts the body
+/// short. Counts the requests it got.
 struct GatedOrigin {
     url: String,
     gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>>,
@@ -35,10 +36,10 @@ struct GatedOrigin {
 
 impl GatedOrigin {
     async fn start() -> Self {
-        Self::with_chunks(CHUNKS).await
+        Self::with(CHUNKS, false).await
     }
 
-    async fn with_chunks(chunks: usize) -> Self {
+    async fn with(chunks: usize, varying: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>> = Arc::default();
@@ -80,6 +81,10 @@ impl GatedOrigin {
                         );
                         res.headers_mut()
                             .insert("cache-control", "max-age=60".parse().expect("value"));
+                        if varying {
+                            res.headers_mut()
+                                .insert("vary", "accept-language".parse().expect("value"));
+                        }
                         async move { Ok::<_, Infallible>(res) }
                     });
                     let _ = http1::Builder::new()
@@ -299,7 +304,7 @@ async fn a_stalled_reader_holds_back_neither_the_fill_nor_the_others() {
     use tokio::io::AsyncReadExt;
     // 8 MiB: far more than the stalled reader's socket buffers take in.
     let chunks = 128;
-    let origin = GatedOrigin::with_chunks(chunks).await;
+    let origin = GatedOrigin::with(chunks, false).await;
     let proxy = Proxy::new(
         Config::single(origin.url.clone())
             .cache("memory", "128MiB")
@@ -434,4 +439,45 @@ async fn an_answer_too_large_for_redis_is_fetched_once_per_instance_at_once() {
         );
     }
     assert_eq!(origin.requests(), 3, "one request per instance");
+}
+
+/// The first answer of a URI that varies is read whole before anyone gets
+/// it (its flight's callers were keyed before the Vary was known): callers
+/// of the other variant then learn the Vary from the stored entry and
+/// coalesce on their own variant's flight, one origin request per variant,
+/// instead of finding a stream that is not theirs and each fetching alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_another_variant_coalesce_on_their_own_flight() {
+    let origin = GatedOrigin::with(CHUNKS, true).await;
+    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/v");
+    let callers: Vec<_> = ["en", "de"]
+        .into_iter()
+        .flat_map(|lang| std::iter::repeat_n(lang, 10))
+        .map(|lang| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.get_with(&url, &[("accept-language", lang)]).await })
+        })
+        .collect();
+    for n in 1..=2 {
+        let gate = origin.gate(n).await;
+        for i in 0..CHUNKS {
+            gate.send(chunk(i)).expect("origin body");
+        }
+    }
+    let expected = whole();
+    for caller in callers {
+        let a = tokio::time::timeout(DEADLINE, caller)
+            .await
+            .expect("every caller answered")
+            .expect("task");
+        assert_eq!(a.status, 200, "{}", a.cache_status());
+        assert!(
+            a.body == expected,
+            "a body of {} bytes differs",
+            a.body.len()
+        );
+    }
+    assert_eq!(origin.requests(), 2, "one request per variant");
 }

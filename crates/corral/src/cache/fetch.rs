@@ -152,16 +152,22 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             if let Some(n) = declared {
                 fill.declared.announce(n);
             }
+            let vary = Vary::parse(&parts.headers);
             // Streamed to every caller as it arrives when someone waits on
             // it and its length is known and fits; else read whole first.
+            // An answer that varies on what this URI was not yet known to
+            // vary on is read whole too: the flight's callers were keyed
+            // without it, and those of another variant must wait for the
+            // stored entry to learn the Vary and coalesce on their own
+            // variant, not find the stream is not theirs and fetch alone.
             let streamable = declared
                 .filter(|n| *n > 0 && *n <= route.policy.max_object_size)
-                .filter(|_| fill.streams());
+                .filter(|_| fill.streams())
+                .filter(|_| vary == app.l1.learned_vary(&fill.primary));
             let mut hold = app.fill_memory.hold();
             // Two copies while it streams: the chunks readers share, and
             // the entry being built.
             let stream_len = streamable.filter(|n| hold.grow(n.saturating_mul(2)));
-            let vary = Vary::parse(&parts.headers);
             let vary_values = vary.values(&head.headers);
             let private = freshness.sharing.keeps_private(fill.identity.as_ref());
             let entry_of = |headers: HeaderMap, body: Bytes| {
