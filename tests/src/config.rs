@@ -41,6 +41,7 @@ pub struct Route {
     timeouts: Section,
     cache: Section,
     coalesce: Section,
+    fields: Section,
 }
 
 impl Route {
@@ -59,7 +60,15 @@ impl Route {
             timeouts: Section::default(),
             cache,
             coalesce: Section::default(),
+            fields: Section::default(),
         }
+    }
+
+    /// Sets a route field written as is (e.g. `("upstream_concurrency",
+    /// "2")`, `("limits", "[{ name: a, key: ip, rate: 5/min }]")`).
+    pub fn field(mut self, key: &str, value: &str) -> Self {
+        self.fields.set(key, value);
+        self
     }
 
     /// Matches paths under `prefix` only.
@@ -100,6 +109,7 @@ impl Route {
             let _ = writeln!(out, "      host: {host}");
         }
         let _ = writeln!(out, "    upstream: {}", self.upstream);
+        self.fields.write(out, "    ");
         for (title, section) in [
             ("timeouts", &self.timeouts),
             ("cache", &self.cache),
@@ -119,6 +129,7 @@ pub struct Config {
     server: Section,
     cache: Section,
     redis: Section,
+    top: Section,
     routes: Vec<Route>,
 }
 
@@ -131,6 +142,7 @@ impl Default for Config {
             server: Section::default(),
             cache,
             redis: Section::default(),
+            top: Section::default(),
             routes: Vec::new(),
         }
     }
@@ -178,6 +190,13 @@ impl Config {
         self
     }
 
+    /// Sets a top-level field written as is (e.g. `("callers",
+    /// "{ account: { header: X-Account-Id } }")`).
+    pub fn top(mut self, key: &str, value: &str) -> Self {
+        self.top.set(key, value);
+        self
+    }
+
     /// Renders the YAML without `listen`/`admin`.
     pub fn to_yaml(&self) -> String {
         let mut out = String::new();
@@ -191,6 +210,7 @@ impl Config {
             out.push_str("redis:\n");
             self.redis.write(&mut out, "  ");
         }
+        self.top.write(&mut out, "");
         out.push_str("routes:\n");
         for route in &self.routes {
             route.write(&mut out);

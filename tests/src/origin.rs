@@ -121,6 +121,8 @@ impl Origin {
             mode: Mutex::new(OriginMode::Script),
             conditional: AtomicBool::new(self.conditional),
             arrivals,
+            in_flight: Default::default(),
+            peak: Default::default(),
         });
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(serve(listener, state.clone(), stopped));
@@ -142,6 +144,12 @@ pub struct RunningOrigin {
 }
 
 impl RunningOrigin {
+    /// The most requests it was answering at once (from arrival to the
+    /// end of its delay and head).
+    pub fn peak_concurrency(&self) -> usize {
+        self.state.peak.load(Ordering::SeqCst)
+    }
+
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -254,6 +262,9 @@ struct State {
     conditional: AtomicBool,
     /// Bumped on every arrival so waiters wake on an event, not a poll.
     arrivals: watch::Sender<usize>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 impl State {
@@ -298,6 +309,15 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiv
     connections.shutdown().await;
 }
 
+/// Counts a request out of `in_flight` when its handler ends.
+struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Records a request whose answer was never produced (the proxy went away).
 struct CancelGuard {
     state: Arc<State>,
@@ -331,6 +351,9 @@ async fn answer(
         path: path.clone(),
         done: false,
     };
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.peak.fetch_max(now, Ordering::SeqCst);
+    let _in_flight = InFlight(state.clone());
 
     let response = match (mode, reply) {
         (OriginMode::InternalError, _) => text(StatusCode::INTERNAL_SERVER_ERROR, "origin failure"),

@@ -80,6 +80,15 @@ pub enum Detail {
     Pass(PassReason),
     /// The origin could not be used; the reason names how it failed.
     Upstream(&'static str),
+    /// A rate limit refused the request (429).
+    RateLimited,
+    /// A limit that refuses while its shared counter is out of reach
+    /// (`on_redis_down: refuse`) refused the request (503).
+    LimiterUnavailable,
+    /// The bearer token was invalid and the route refuses such callers (401).
+    InvalidToken,
+    /// No `upstream_concurrency` slot came free within the queue timeout (503).
+    UpstreamBusy,
 }
 
 impl Detail {
@@ -103,6 +112,10 @@ impl Detail {
             Detail::BadRequest(bad) => bad.detail(),
             Detail::Pass(reason) => reason.as_str(),
             Detail::Upstream(reason) => reason,
+            Detail::RateLimited => "rate-limited",
+            Detail::LimiterUnavailable => "limiter-unavailable",
+            Detail::InvalidToken => "invalid-token",
+            Detail::UpstreamBusy => "upstream-busy",
         }
     }
 

@@ -6,7 +6,8 @@
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
 //! request (`client_addr`, `envelope`, `head`, `hop_by_hop`, `miss`,
-//! `proxy_protocol`, `range`, `rfc9111`, `xfetch`) are public and not
+//! `proxy_protocol`, `range`, `rfc9111`, `xfetch`, and `caller` and
+//! `rate_limit` for the limits that count callers) are public and not
 //! re-exported.
 
 mod backoff;
@@ -14,6 +15,7 @@ mod ban;
 mod budget;
 mod cache_control;
 mod cache_status;
+pub mod caller;
 mod circuit;
 pub mod client_addr;
 mod clock;
@@ -28,6 +30,7 @@ pub mod miss;
 mod policy;
 pub mod proxy_protocol;
 pub mod range;
+pub mod rate_limit;
 pub mod rfc9111;
 mod store;
 mod vary;

@@ -40,12 +40,24 @@ pub struct App {
     /// reload, so that an entry removed from the file (its proxy gone)
     /// stops being trusted at once.
     trust: ArcSwap<Trust>,
+    /// The rate limits' counters.
+    pub limiter: crate::limits::Limiter,
+    /// `upstream_concurrency` slots by route, kept across reloads.
+    slots: crate::limits::slots::SlotRegistry,
+    /// Redis as the limits and slots reach it, with `redis.instances`.
+    counters: Option<(
+        Arc<crate::cluster::redis_link::RedisLink>,
+        crate::cluster::protocol::Layout,
+        u32,
+    )>,
 }
 
 /// The trust list, and per entry the count of requests it vouched for.
 pub struct Trust {
     pub proxies: corral_core::client_addr::TrustedProxies,
     pub vouched: Vec<metrics::Counter>,
+    /// `callers.account`: where accounts come from (key files included).
+    pub accounts: Arc<corral_core::caller::AccountSources>,
 }
 
 impl Trust {
@@ -55,6 +67,7 @@ impl Trust {
             vouched: crate::telemetry::metrics::trusted_proxy_counters(
                 &config.server.trusted_proxies,
             ),
+            accounts: Arc::clone(&config.callers.account),
         }
     }
 }
@@ -79,8 +92,33 @@ impl App {
             }
         };
         let tier = l2.clone().map(|l2| l2 as Arc<dyn SharedTier>);
+        let counters = match (&l2, &config.redis) {
+            (Some(l2), Some(rc)) => Some((
+                Arc::clone(&l2.link),
+                crate::cluster::protocol::Layout::new(&rc.key_prefix),
+                rc.instances,
+            )),
+            _ => None,
+        };
+        let slots = crate::limits::slots::SlotRegistry::default();
+        let routes = RouteTable::new(
+            config,
+            &crate::routes::RouteShared {
+                redis: counters.clone(),
+                slots: &slots,
+            },
+        );
         Ok(App {
-            routes: ArcSwap::from_pointee(RouteTable::new(config)),
+            limiter: crate::limits::Limiter::new(
+                config.callers.local_buckets,
+                counters
+                    .as_ref()
+                    .map(|(link, layout, _)| (Arc::clone(link), layout.clone())),
+                counters.as_ref().map_or(1, |c| c.2),
+            ),
+            slots,
+            counters,
+            routes: ArcSwap::from_pointee(routes),
             l1,
             flights: Flights::new(),
             l2,
@@ -129,9 +167,14 @@ impl App {
     /// Installs the routes and the trust list of a new, already validated
     /// configuration.
     pub fn reload(&self, config: &Config) {
-        self.routes.store(Arc::new(RouteTable::new(config)));
-        if self.trust.load().proxies != config.server.trusted_proxies {
-            self.trust.store(Arc::new(Trust::new(config)));
-        }
+        self.routes.store(Arc::new(RouteTable::new(
+            config,
+            &crate::routes::RouteShared {
+                redis: self.counters.clone(),
+                slots: &self.slots,
+            },
+        )));
+        // Always swapped: the account key files were read anew.
+        self.trust.store(Arc::new(Trust::new(config)));
     }
 }

@@ -7,6 +7,7 @@ mod cache;
 mod cluster;
 mod config;
 mod http;
+mod limits;
 mod ops;
 mod origin;
 mod routes;

@@ -42,6 +42,21 @@ pub struct Route {
     pub circuit: corral_core::Circuit,
     pub upstream: Upstream,
     pub requests: crate::telemetry::metrics::RequestCounters,
+    /// `limits:`, checked before the cache (those that count hits) and
+    /// before a fetch (those that spare them).
+    pub limits: crate::limits::RouteLimits,
+}
+
+/// What routes share with the running process: Redis (for
+/// `upstream_concurrency` across instances, with `redis.instances`) and
+/// the slots that outlive a reload.
+pub struct RouteShared<'a> {
+    pub redis: Option<(
+        Arc<crate::cluster::redis_link::RedisLink>,
+        crate::cluster::protocol::Layout,
+        u32,
+    )>,
+    pub slots: &'a crate::limits::slots::SlotRegistry,
 }
 
 impl Route {
@@ -57,7 +72,7 @@ impl Route {
         }
     }
 
-    fn from_config(rc: &RouteConfig, max_object_size: u64) -> Self {
+    fn from_config(rc: &RouteConfig, max_object_size: u64, shared: &RouteShared<'_>) -> Self {
         let c = &rc.cache;
         let policy = RoutePolicy {
             default_ttl: c.default_ttl,
@@ -115,8 +130,21 @@ impl Route {
                 window: rc.circuit.window,
                 open_for: rc.circuit.open_for,
             }),
-            upstream: Upstream::new(&rc.name, &rc.timeouts),
+            upstream: Upstream::new(
+                &rc.name,
+                &rc.timeouts,
+                rc.upstream_concurrency.map(|max| {
+                    shared.slots.get(
+                        &rc.name,
+                        max,
+                        rc.upstream_queue_timeout,
+                        rc.timeouts.total,
+                        shared.redis.clone(),
+                    )
+                }),
+            ),
             requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
+            limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits),
         }
     }
 
@@ -135,12 +163,12 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &Config, shared: &RouteShared<'_>) -> Self {
         RouteTable {
             routes: config
                 .routes
                 .iter()
-                .map(|r| Arc::new(Route::from_config(r, config.cache.max_object_size)))
+                .map(|r| Arc::new(Route::from_config(r, config.cache.max_object_size, shared)))
                 .collect(),
         }
     }

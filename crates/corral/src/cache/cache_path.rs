@@ -42,6 +42,7 @@ pub async fn serve(
     route: Arc<Route>,
     ctx: RequestHead,
     body: Option<bytes::Bytes>,
+    mut gate: Option<Arc<crate::limits::Gate>>,
 ) -> Answer {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);
@@ -167,6 +168,13 @@ pub async fn serve(
                 return respond::from_entry(entry, &st, now, head, &ctx.headers);
             }
         };
+        // The cache cannot answer: the rate limits that spare hits count
+        // this request now, once, before it fetches or waits for a fetch.
+        if let Some(g) = gate.take()
+            && let Err(refused) = g.admit().await
+        {
+            return refused;
+        }
         if !coalesce {
             return lead(fill_request(found), None, head).await;
         }

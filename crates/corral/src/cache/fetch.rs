@@ -22,7 +22,6 @@ use http::header::{
 };
 use http::{HeaderMap, Method, Response, StatusCode, response};
 use http_body_util::{BodyDataStream, BodyExt};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest, Origin, SharedResponse, failed};
@@ -53,6 +52,10 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     } = fill;
     let fwd = *fwd;
     let stamp = app.l1.generation_stamp();
+    let slot = match route.upstream.slot().await {
+        Ok(s) => s,
+        Err(e) => return Ended::Outcome(failed(fill, &e)),
+    };
     let started = Instant::now();
     let deadline = started + route.upstream.total;
 
@@ -103,7 +106,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     };
     let uri = req.uri().clone();
     let retry = fill.body.is_none();
-    let res = match route.upstream.send(req, retry, deadline).await {
+    let res = match route.upstream.send(req, retry, deadline, slot).await {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
@@ -341,7 +344,7 @@ fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassR
 /// Reads a body of exactly `n` bytes, handing each chunk to the readers
 /// of `growing` as it arrives and building the entry's copy alongside.
 async fn stream_into(
-    mut body: Incoming,
+    mut body: crate::origin::upstream::OriginBody,
     growing: &Growing,
     n: u64,
     deadline: Instant,
@@ -393,7 +396,7 @@ enum Buffered {
 /// the deadline. `declared` (the origin's Content-Length) sizes the buffer
 /// once, so a stored body holds no spare capacity.
 async fn buffer(
-    mut body: Incoming,
+    mut body: crate::origin::upstream::OriginBody,
     declared: Option<u64>,
     limit: u64,
     budget: &Arc<Budget>,

@@ -634,6 +634,10 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
             (*detail == Detail::StaleIfError).then_some(false)
         }
+        Ended::Outcome(FillOutcome::Shared {
+            detail: Some(Detail::UpstreamBusy),
+            ..
+        }) => None,
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {
             Some(!response.status.is_server_error())
         }
@@ -643,6 +647,13 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
+    if let UpstreamError::Busy(_) = e {
+        // corral's own queue was full: the origin was not asked, so this
+        // is no verdict on it (see `origin_verdict`).
+        crate::telemetry::metrics::origin_skipped(&fill.route.name, "upstream-busy");
+        return stale_on_error(fill, Detail::UpstreamBusy)
+            .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
+    }
     if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
         return stale;
     }

@@ -45,6 +45,19 @@ impl Layout {
         format!("{}bans", self.prefix)
     }
 
+    /// The GCRA state of one counted caller of one limit: `digest` names
+    /// route, limit and caller, so no caller-chosen text reaches a key, and
+    /// it is the hash tag (one key per script call: any Cluster slot).
+    pub fn rate_key(&self, digest: &str) -> String {
+        format!("{}rl:{{{digest}}}", self.prefix)
+    }
+
+    /// The slots of one route's `upstream_concurrency`: a sorted set of
+    /// holders scored by when their slot lapses.
+    pub fn slots_key(&self, route: &str) -> String {
+        format!("{}slots:{{{route}}}", self.prefix)
+    }
+
     /// The keys of one variant of `primary`, for the caller `identity`.
     pub fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         Keys {
@@ -136,6 +149,44 @@ for _, v in ipairs(vs) do redis.call('del', ARGV[1] .. v) end
 redis.call('del', KEYS[2])
 return #vs
 ",
+    )
+});
+
+/// One GCRA decision (`corral_core::rate_limit::Gcra::decide`, the same
+/// arithmetic) on Redis's clock, so instances with skewed clocks count
+/// alike. ARGV: emission and tolerance in µs. Returns
+/// `{allowed, remaining, retry_after_us, reset_us}`. The TAT is written
+/// with `%d`: Lua's default number format keeps 14 digits and would round
+/// a µs timestamp.
+pub static RATE_LIMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local e = tonumber(ARGV[1])
+local tol = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
+if tat < now then tat = now end
+local ahead = tat - now
+if ahead > tol then return {0, 0, ahead - tol, ahead} end
+local nxt = tat + e
+redis.call('SET', KEYS[1], string.format('%d', nxt), 'PX', math.ceil((nxt - now) / 1000))
+return {1, math.floor((tol - ahead) / e), 0, nxt - now}",
+    )
+});
+
+/// Takes one of `ARGV[1]` slots for holder `ARGV[2]` until `ARGV[3]` ms
+/// from now (Redis's clock), dropping holders whose slot lapsed (a crashed
+/// instance's). Returns 1 when taken, 0 when all are held.
+pub static SLOT_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+local until_ms = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%d', until_ms), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1",
     )
 });
 

@@ -46,8 +46,74 @@ pub struct Config {
     /// The shared L2 cache and cross-instance coalescing; `None` when the file has no
     /// `redis:` section, and each instance then works on its own.
     pub redis: Option<RedisConfig>,
+    /// Who is calling (`callers:`): the account sources rate limits count by.
+    pub callers: CallersConfig,
     /// Routes in file order; at least one, names unique.
     pub routes: Vec<RouteConfig>,
+}
+
+/// `callers:` (optional).
+#[derive(Debug, Clone)]
+pub struct CallersConfig {
+    /// How a request's account is found; the key files are read when the
+    /// configuration is loaded (and reloaded).
+    pub account: std::sync::Arc<corral_core::caller::AccountSources>,
+    /// Callers counted in this process at once (the local limiter, and the
+    /// fallback when Redis is out of reach); the least used are forgotten.
+    pub local_buckets: u64,
+}
+
+impl Default for CallersConfig {
+    fn default() -> Self {
+        CallersConfig {
+            account: Default::default(),
+            local_buckets: DEFAULT_LOCAL_BUCKETS,
+        }
+    }
+}
+
+const DEFAULT_LOCAL_BUCKETS: u64 = 100_000;
+const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
+const DEFAULT_UPSTREAM_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One rate limit of a route (`limits:`).
+#[derive(Debug, Clone)]
+pub struct LimitConfig {
+    /// Unique in the route, `[A-Za-z0-9_-]+`: in headers, metrics and logs.
+    pub name: String,
+    pub key: LimitKey,
+    pub rate: corral_core::rate_limit::Rate,
+    /// Requests let through at once; default: the rate's count.
+    pub burst: u32,
+    /// Whether answers from the cache count (default false: a hit costs
+    /// the origin nothing).
+    pub count_hits: bool,
+    /// Addresses are counted by this prefix (`ip`, and guests of
+    /// `account_or_ip`): 32 and 128 count each address.
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    pub on_redis_down: OnRedisDown,
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKey {
+    /// Callers with an account; guests pass this limit.
+    Account,
+    /// The real client address (by prefix).
+    Ip,
+    /// The account, or the address for guests.
+    AccountOrIp,
+}
+
+/// A shared limit while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRedisDown {
+    /// Fail open: each instance counts alone, at the rate divided by
+    /// `redis.instances`.
+    Local,
+    /// Fail closed: 503 with Retry-After until Redis answers again.
+    Refuse,
 }
 
 /// Front-end connection limits (`server:` section, optional).
@@ -139,6 +205,10 @@ pub struct RedisConfig {
     pub breaker_failures: u32,
     /// How long the open breaker skips Redis before one probe; positive.
     pub breaker_open_for: Duration,
+    /// How many corral instances share this Redis: while it cannot be
+    /// reached, each counts rate limits and `upstream_concurrency` alone
+    /// at 1/`instances` of the route's figure. At least 1.
+    pub instances: u32,
 }
 
 /// Defaults of the `redis:` fields other than `url`.
@@ -168,6 +238,13 @@ pub struct RouteConfig {
     pub backoff: corral_core::BackoffPolicy,
     /// The route's origin circuit (`circuit:`).
     pub circuit: CircuitConfig,
+    /// Rate limits, each checked in order.
+    pub limits: Vec<LimitConfig>,
+    /// At most this many requests outstanding to the upstream, across
+    /// every instance (`upstream_concurrency`).
+    pub upstream_concurrency: Option<u32>,
+    /// How long a request waits for one of those slots before a 503.
+    pub upstream_queue_timeout: Duration,
 }
 
 /// When most of a route's fetches fail, the route stops sending all but a

@@ -19,7 +19,49 @@ pub struct RawConfig {
     pub server: Option<RawServer>,
     pub cache: Option<Spanned<RawCache>>,
     pub redis: Option<Spanned<RawRedis>>,
+    pub callers: Option<Spanned<RawCallers>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCallers {
+    pub account: Option<Spanned<RawAccount>>,
+    pub local_buckets: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccount {
+    pub jwt: Option<Spanned<RawJwt>>,
+    pub header: Option<Text>,
+    pub api_key_header: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub header: Option<Text>,
+    pub hs256_secret_file: Option<Text>,
+    pub jwks_file: Option<Text>,
+    pub claim: Option<Text>,
+    pub issuer: Option<Text>,
+    pub audience: Option<Text>,
+    pub leeway: Option<Text>,
+    pub on_invalid: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub name: Option<Text>,
+    pub key: Option<Text>,
+    pub rate: Option<Text>,
+    pub burst: Option<Text>,
+    pub count_hits: Option<bool>,
+    pub ipv4_prefix: Option<Text>,
+    pub ipv6_prefix: Option<Text>,
+    pub on_redis_down: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,6 +98,7 @@ pub struct RawRedis {
     pub key_prefix: Option<Text>,
     pub l2_max_object_size: Option<Text>,
     pub breaker: Option<RawBreaker>,
+    pub instances: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +120,9 @@ pub struct RawRoute {
     pub coalesce: Option<RawCoalesce>,
     pub backoff: Option<RawBackoff>,
     pub circuit: Option<RawCircuit>,
+    pub limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    pub upstream_concurrency: Option<Text>,
+    pub upstream_queue_timeout: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

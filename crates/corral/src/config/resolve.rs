@@ -1,6 +1,7 @@
 //! Turns the file as written (`raw`) into `Config`: fills defaults, parses addresses,
 //! durations, sizes and URIs, and checks the rules that span fields.
-//! Every refusal points at the value to change. Reads only the parsed file and its text.
+//! Every refusal points at the value to change. Reads the parsed file, its text, and
+//! the key files `callers.account.jwt` names (read anew on every load and reload).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,8 +11,9 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{describe_duration, parse_duration};
 use super::paths::NodePaths;
 use super::raw::{
-    RawBackoff, RawBreaker, RawCache, RawCircuit, RawCoalesce, RawConfig, RawIdentity, RawMatch,
-    RawRedis, RawRoute, RawRouteCache, RawServer, RawStaleWindow, RawTimeouts, Text,
+    RawAccount, RawBackoff, RawBreaker, RawCache, RawCallers, RawCircuit, RawCoalesce, RawConfig,
+    RawIdentity, RawJwt, RawLimit, RawMatch, RawRedis, RawRoute, RawRouteCache, RawServer,
+    RawStaleWindow, RawTimeouts, Text,
 };
 use super::size::{describe_size, parse_size};
 use super::{
@@ -21,6 +23,11 @@ use super::{
     DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig,
     RouteConfig, ServerConfig, StaleWindow, TimeoutsConfig,
 };
+use super::{
+    CallersConfig, DEFAULT_JWT_LEEWAY, DEFAULT_LOCAL_BUCKETS, DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
+    LimitConfig, LimitKey, OnRedisDown,
+};
+use corral_core::caller::{AccountSources, JwtKeys, JwtSource, OnInvalid};
 
 /// hyper panics when asked to buffer less than this for a request head.
 const MIN_HEADER_SIZE: u64 = 8 * 1024;
@@ -86,6 +93,7 @@ impl Resolver<'_> {
             && raw.server.is_none()
             && raw.cache.is_none()
             && raw.redis.is_none()
+            && raw.callers.is_none()
             && raw.routes.is_none();
         if empty {
             return Err(self.error(
@@ -128,13 +136,52 @@ impl Resolver<'_> {
                 None
             }
         };
+        let callers = match &raw.callers {
+            Some(c) => self.callers(c)?,
+            None => CallersConfig::default(),
+        };
         let routes = self.routes(self.required(&raw.routes, root, "routes")?)?;
+        if callers.account.is_empty()
+            && let Some((index, route)) = raw
+                .routes
+                .iter()
+                .flat_map(|r| r.value.iter())
+                .enumerate()
+                .find(|(_, r)| {
+                    r.value
+                        .limits
+                        .iter()
+                        .flat_map(|l| l.value.iter())
+                        .any(|l| l.value.key.as_ref().is_some_and(|k| k.value.trim() != "ip"))
+                })
+        {
+            let (at, field) = route
+                .value
+                .limits
+                .iter()
+                .flat_map(|l| l.value.iter())
+                .enumerate()
+                .find(|(_, l)| l.value.key.as_ref().is_some_and(|k| k.value.trim() != "ip"))
+                .and_then(|(i, l)| {
+                    l.value
+                        .key
+                        .as_ref()
+                        .map(|k| (k.referenced, format!("routes[{index}].limits[{i}].key")))
+                })
+                .unwrap_or((route.referenced, format!("routes[{index}].limits")));
+            return Err(self.error(
+                &at,
+                &field,
+                "counts accounts, but callers.account names no source (jwt, header or api_key_header)",
+            ));
+        }
         Ok(Config {
             listen,
             admin,
             server,
             cache,
             redis,
+            callers,
             routes,
         })
     }
@@ -352,7 +399,14 @@ impl Resolver<'_> {
             Some(breaker) => self.breaker(breaker)?,
             None => (DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_OPEN_FOR),
         };
+        let instances = match &raw.instances {
+            None => 1,
+            Some(t) => whole_number(&t.value, 1, "instances")
+                .and_then(|n| u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value)))
+                .map_err(|m| self.error(&t.referenced, "redis.instances", m))?,
+        };
         Ok(RedisConfig {
+            instances,
             url,
             op_timeout: op_timeout.value,
             connect_timeout: connect_timeout.value,
@@ -467,7 +521,40 @@ impl Resolver<'_> {
             Some(c) => self.circuit(c, &format!("{prefix}.circuit"))?,
             None => CircuitConfig::default(),
         };
+        let limits = match &raw.limits {
+            Some(l) => self.limits(l, &format!("{prefix}.limits"))?,
+            None => Vec::new(),
+        };
+        let upstream_concurrency = match &raw.upstream_concurrency {
+            None => None,
+            Some(t) => Some(
+                whole_number(&t.value, 1, "requests")
+                    .and_then(|n| {
+                        u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
+                    })
+                    .map_err(|m| {
+                        self.error(&t.referenced, &format!("{prefix}.upstream_concurrency"), m)
+                    })?,
+            ),
+        };
+        let queue_field = format!("{prefix}.upstream_queue_timeout");
+        let queue = self.duration(
+            raw.upstream_queue_timeout.as_ref(),
+            &queue_field,
+            DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
+        )?;
+        self.positive(&queue, &queue_field)?;
+        if raw.upstream_queue_timeout.is_some() && upstream_concurrency.is_none() {
+            return Err(self.blame(
+                &queue,
+                &queue_field,
+                "has no effect without upstream_concurrency",
+            ));
+        }
         Ok(RouteConfig {
+            limits,
+            upstream_concurrency,
+            upstream_queue_timeout: queue.value,
             name,
             host,
             path_prefix,
@@ -478,6 +565,262 @@ impl Resolver<'_> {
             backoff,
             circuit,
         })
+    }
+
+    fn callers(&self, raw: &Spanned<RawCallers>) -> Result<CallersConfig, ConfigError> {
+        let local_buckets = match &raw.value.local_buckets {
+            None => DEFAULT_LOCAL_BUCKETS,
+            Some(t) => whole_number(&t.value, 1, "callers")
+                .map(|n| n as u64)
+                .map_err(|m| self.error(&t.referenced, "callers.local_buckets", m))?,
+        };
+        let account = match &raw.value.account {
+            Some(a) => self.account(a)?,
+            None => AccountSources::default(),
+        };
+        Ok(CallersConfig {
+            account: std::sync::Arc::new(account),
+            local_buckets,
+        })
+    }
+
+    fn account(&self, raw: &Spanned<RawAccount>) -> Result<AccountSources, ConfigError> {
+        let header_name = |t: &Text, field: &str| {
+            http::header::HeaderName::from_bytes(t.value.trim().as_bytes()).map_err(|_| {
+                self.error(
+                    &t.referenced,
+                    field,
+                    format!("`{}` is not a header name", t.value),
+                )
+            })
+        };
+        let sources = AccountSources {
+            jwt: match &raw.value.jwt {
+                Some(j) => Some(self.jwt(j)?),
+                None => None,
+            },
+            header: raw
+                .value
+                .header
+                .as_ref()
+                .map(|t| header_name(t, "callers.account.header"))
+                .transpose()?,
+            api_key_header: raw
+                .value
+                .api_key_header
+                .as_ref()
+                .map(|t| header_name(t, "callers.account.api_key_header"))
+                .transpose()?,
+        };
+        if sources.is_empty() {
+            return Err(self.error(
+                &raw.referenced,
+                "callers.account",
+                "names no source: give jwt, header or api_key_header",
+            ));
+        }
+        Ok(sources)
+    }
+
+    fn jwt(&self, raw: &Spanned<RawJwt>) -> Result<JwtSource, ConfigError> {
+        let at = &raw.referenced;
+        let raw = &raw.value;
+        let p = "callers.account.jwt";
+        let read = |t: &Text, field: &str| {
+            std::fs::read(t.value.trim()).map_err(|e| {
+                self.error(
+                    &t.referenced,
+                    field,
+                    format!("cannot read `{}`: {e}", t.value.trim()),
+                )
+            })
+        };
+        let keys = match (&raw.hs256_secret_file, &raw.jwks_file) {
+            (Some(secret), None) => {
+                let field = format!("{p}.hs256_secret_file");
+                let bytes = read(secret, &field)?;
+                // A trailing newline from `echo > file` is not part of the secret.
+                let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+                JwtKeys::hs256(bytes).map_err(|m| self.error(&secret.referenced, &field, m))?
+            }
+            (None, Some(jwks)) => {
+                let field = format!("{p}.jwks_file");
+                let bytes = read(jwks, &field)?;
+                let text = String::from_utf8_lossy(&bytes);
+                JwtKeys::jwks(&text).map_err(|m| {
+                    self.error(
+                        &jwks.referenced,
+                        &field,
+                        format!("{}: {m}", jwks.value.trim()),
+                    )
+                })?
+            }
+            (Some(_), Some(j)) => {
+                return Err(self.error(
+                    &j.referenced,
+                    &format!("{p}.jwks_file"),
+                    "give hs256_secret_file or jwks_file, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(self.error(
+                    at,
+                    p,
+                    "needs hs256_secret_file or jwks_file (tokens are verified, never trusted as sent)",
+                ));
+            }
+        };
+        let header = match &raw.header {
+            None => http::header::AUTHORIZATION,
+            Some(t) => {
+                http::header::HeaderName::from_bytes(t.value.trim().as_bytes()).map_err(|_| {
+                    self.error(
+                        &t.referenced,
+                        &format!("{p}.header"),
+                        format!("`{}` is not a header name", t.value),
+                    )
+                })?
+            }
+        };
+        let text = |t: &Option<Text>, field: &str| -> Result<Option<String>, ConfigError> {
+            match t {
+                None => Ok(None),
+                Some(t) if t.value.trim().is_empty() => {
+                    Err(self.error(&t.referenced, &format!("{p}.{field}"), "must not be empty"))
+                }
+                Some(t) => Ok(Some(t.value.trim().to_owned())),
+            }
+        };
+        let leeway = self.duration(
+            raw.leeway.as_ref(),
+            &format!("{p}.leeway"),
+            DEFAULT_JWT_LEEWAY,
+        )?;
+        let on_invalid = match &raw.on_invalid {
+            None => OnInvalid::Guest,
+            Some(t) => match t.value.trim() {
+                "guest" => OnInvalid::Guest,
+                "reject" => OnInvalid::Reject,
+                other => {
+                    return Err(self.error(
+                        &t.referenced,
+                        &format!("{p}.on_invalid"),
+                        format!("`{other}` is not one of guest, reject"),
+                    ));
+                }
+            },
+        };
+        Ok(JwtSource {
+            header,
+            keys,
+            claim: text(&raw.claim, "claim")?.unwrap_or_else(|| "sub".into()),
+            issuer: text(&raw.issuer, "issuer")?,
+            audience: text(&raw.audience, "audience")?,
+            leeway: leeway.value,
+            on_invalid,
+        })
+    }
+
+    fn limits(
+        &self,
+        raw: &Spanned<Vec<Spanned<RawLimit>>>,
+        prefix: &str,
+    ) -> Result<Vec<LimitConfig>, ConfigError> {
+        let mut out: Vec<LimitConfig> = Vec::with_capacity(raw.value.len());
+        for (i, l) in raw.value.iter().enumerate() {
+            let lp = format!("{prefix}[{i}]");
+            let at = &l.referenced;
+            let l = &l.value;
+            let name_field = format!("{lp}.name");
+            let name = self.required(&l.name, at, &name_field)?;
+            let name_text = route_name(&name.value)
+                .map_err(|m| self.error(&name.referenced, &name_field, m))?;
+            if out.iter().any(|o| o.name == name_text) {
+                return Err(self.error(
+                    &name.referenced,
+                    &name_field,
+                    format!("duplicate limit name `{name_text}` in this route"),
+                ));
+            }
+            let key_field = format!("{lp}.key");
+            let key = self.required(&l.key, at, &key_field)?;
+            let key_kind = match key.value.trim() {
+                "account" => LimitKey::Account,
+                "ip" => LimitKey::Ip,
+                "account_or_ip" => LimitKey::AccountOrIp,
+                other => {
+                    return Err(self.error(
+                        &key.referenced,
+                        &key_field,
+                        format!("`{other}` is not one of account, ip, account_or_ip"),
+                    ));
+                }
+            };
+            let rate_field = format!("{lp}.rate");
+            let rate = self.required(&l.rate, at, &rate_field)?;
+            let rate_value = corral_core::rate_limit::Rate::parse(&rate.value)
+                .map_err(|m| self.error(&rate.referenced, &rate_field, m))?;
+            let burst = match &l.burst {
+                None => rate_value.count,
+                Some(t) => whole_number(&t.value, 1, "requests")
+                    .and_then(|n| {
+                        u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
+                    })
+                    .map_err(|m| self.error(&t.referenced, &format!("{lp}.burst"), m))?,
+            };
+            let prefix_len = |t: &Option<Text>, max: u8, field: &str| -> Result<u8, ConfigError> {
+                match t {
+                    None => Ok(max),
+                    Some(t) => whole_number(&t.value, 1, "bits")
+                        .ok()
+                        .and_then(|n| u8::try_from(n).ok())
+                        .filter(|n| *n <= max)
+                        .ok_or_else(|| {
+                            self.error(
+                                &t.referenced,
+                                &format!("{lp}.{field}"),
+                                format!("`{}` is not a prefix length from 1 to {max}", t.value),
+                            )
+                        }),
+                }
+            };
+            let ipv4_prefix = prefix_len(&l.ipv4_prefix, 32, "ipv4_prefix")?;
+            let ipv6_prefix = prefix_len(&l.ipv6_prefix, 128, "ipv6_prefix")?;
+            if key_kind == LimitKey::Account
+                && let Some(t) = l.ipv4_prefix.as_ref().or(l.ipv6_prefix.as_ref())
+            {
+                return Err(self.error(
+                    &t.referenced,
+                    &format!("{lp}.ip_prefix"),
+                    "has no effect on a limit keyed by account",
+                ));
+            }
+            let on_redis_down = match &l.on_redis_down {
+                None => OnRedisDown::Local,
+                Some(t) => match t.value.trim() {
+                    "local" => OnRedisDown::Local,
+                    "refuse" => OnRedisDown::Refuse,
+                    other => {
+                        return Err(self.error(
+                            &t.referenced,
+                            &format!("{lp}.on_redis_down"),
+                            format!("`{other}` is not one of local, refuse"),
+                        ));
+                    }
+                },
+            };
+            out.push(LimitConfig {
+                name: name_text,
+                key: key_kind,
+                rate: rate_value,
+                burst,
+                count_hits: l.count_hits.unwrap_or(false),
+                ipv4_prefix,
+                ipv6_prefix,
+                on_redis_down,
+            });
+        }
+        Ok(out)
     }
 
     fn backoff(

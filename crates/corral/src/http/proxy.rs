@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::cache::cache_path;
 use crate::cache::respond::{self, Answer};
+use crate::limits::{Gate, Phase, Who};
 use crate::origin::request::upstream_request;
 use crate::origin::upstream::{DeadlineBody, sanitize_response};
 use crate::routes::Route;
@@ -80,6 +81,10 @@ pub async fn handle(
         ms: started.elapsed().as_secs_f64() * 1000.0,
         peer: peer.ip(),
         client: client.client,
+        limit: res
+            .extensions()
+            .get::<crate::limits::LimitedBy>()
+            .map(|l| l.0.as_str()),
     });
     res
 }
@@ -163,15 +168,62 @@ async fn route_request(
             ),
         );
     };
+    // Who is calling, for the route's rate limits (a refused token is a
+    // 401 here), and the limits that count every request, hits too.
+    let mut tallies = Vec::new();
+    let who = if route.limits.is_empty() {
+        None
+    } else {
+        let accounts = Arc::clone(&app.trust().accounts);
+        match Who::resolve(&route.limits, &accounts, &head.headers, client) {
+            Ok(w) => Some(w),
+            Err(answer) => return (Some(route), *answer),
+        }
+    };
+    let cached = head.is_cacheable_method()
+        && route.cache_enabled
+        && head.body == RequestBody::None
+        && !(head.headers.contains_key(RANGE) && cache_path::passes(&app, &route, &head));
+    let coalesced_post =
+        head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
+    if let Some(who) = &who {
+        // Only the cache can spare a request; elsewhere every limit counts.
+        let phase = if cached || coalesced_post {
+            Phase::BeforeCache
+        } else {
+            Phase::All
+        };
+        match app.limiter.check(&route.limits, who, phase).await {
+            Ok(t) => tallies = t,
+            Err(answer) => return (Some(route), answer),
+        }
+    }
+    // The limits that spare hits run only if the cache cannot answer.
+    let gate = who
+        .filter(|_| route.limits.spares_hits && (cached || coalesced_post))
+        .map(|w| Arc::new(Gate::new(Arc::clone(&app), Arc::clone(&route), w)));
+    let (route, mut answer) = route_through(app, route, head, body, cached, gate.clone()).await;
+    if let Some(g) = gate {
+        tallies.extend(g.take_tallies());
+    }
+    crate::limits::annotate(answer.response.headers_mut(), &tallies);
+    (route, answer)
+}
+
+/// The routed request, through the cache or straight to the upstream.
+async fn route_through(
+    app: Arc<App>,
+    route: Arc<Route>,
+    head: RequestHead,
+    body: Body,
+    cached: bool,
+    gate: Option<Arc<Gate>>,
+) -> (Option<Arc<Route>>, Answer) {
     // A Range request goes through the cache (answered from the whole
     // stored response), unless the key is known uncacheable: then the
     // origin answers the range itself, so a large download can resume.
-    if head.is_cacheable_method()
-        && route.cache_enabled
-        && head.body == RequestBody::None
-        && !(head.headers.contains_key(RANGE) && cache_path::passes(&app, &route, &head))
-    {
-        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, None).await;
+    if cached {
+        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, None, gate).await;
         return (Some(route), res);
     }
     // A POST on a route that coalesces them: a body small enough is read
@@ -190,13 +242,27 @@ async fn route_request(
                 // Range is defined for GET only (RFC 9110 §14.2).
                 let mut head = head;
                 head.headers.remove(RANGE);
-                let res =
-                    cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, Some(bytes))
-                        .await;
+                let res = cache_path::serve(
+                    Arc::clone(&app),
+                    Arc::clone(&route),
+                    head,
+                    Some(bytes),
+                    gate,
+                )
+                .await;
                 drop(hold);
                 return (Some(route), res);
             }
-            Read::TooLarge(rest) => body = rest,
+            Read::TooLarge(rest) => {
+                // Not coalesced after all: the limits that spare hits count
+                // it now.
+                if let Some(g) = &gate
+                    && let Err(answer) = g.admit().await
+                {
+                    return (Some(route), answer);
+                }
+                body = rest
+            }
             Read::Failed(code) => {
                 return (
                     Some(route),
@@ -307,6 +373,10 @@ async fn forward_uncached(
     fwd: Forward,
     detail: Option<Detail>,
 ) -> Answer {
+    let slot = match route.upstream.slot().await {
+        Ok(s) => s,
+        Err(e) => return busy(fwd, &e),
+    };
     let deadline = Instant::now() + route.upstream.total;
     let bodyless = head.body == RequestBody::None;
     let body = if bodyless { Body::empty() } else { body };
@@ -329,7 +399,7 @@ async fn forward_uncached(
             );
         }
     };
-    let res = match route.upstream.send(req, bodyless, deadline).await {
+    let res = match route.upstream.send(req, bodyless, deadline, slot).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
@@ -348,4 +418,13 @@ async fn forward_uncached(
     st.detail = detail;
     let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
     Answer::new(Response::from_parts(parts, body), &st, head.version)
+}
+
+/// No `upstream_concurrency` slot came free: 503, come back in a second.
+fn busy(fwd: Forward, e: &crate::origin::upstream::UpstreamError) -> Answer {
+    let mut a = respond::error(e.status(), fwd, Detail::UpstreamBusy, None);
+    a.response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1u64));
+    a
 }

@@ -39,6 +39,8 @@ pub enum UpstreamError {
     Request(String),
     #[error("the upstream answered {0}, which corral never asked for")]
     Protocol(http::StatusCode),
+    #[error("no upstream_concurrency slot came free within {0:?}")]
+    Busy(Duration),
 }
 
 impl UpstreamError {
@@ -48,6 +50,7 @@ impl UpstreamError {
             UpstreamError::HeaderTimeout(_) | UpstreamError::TotalTimeout(_) => {
                 http::StatusCode::GATEWAY_TIMEOUT
             }
+            UpstreamError::Busy(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::BAD_GATEWAY,
         }
     }
@@ -61,6 +64,7 @@ impl UpstreamError {
             UpstreamError::Exchange(_) => "upstream-error",
             UpstreamError::Request(_) => "bad-upstream-request",
             UpstreamError::Protocol(_) => "upstream-protocol-error",
+            UpstreamError::Busy(_) => "upstream-busy",
         }
     }
 }
@@ -102,10 +106,17 @@ pub struct Upstream {
     client: Client<HttpConnector, Body>,
     pub response_headers: Duration,
     pub total: Duration,
+    /// `upstream_concurrency`: a slot is held from before the request is
+    /// sent until its answer's body ends.
+    pub slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
 }
 
 impl Upstream {
-    pub fn new(route: &str, t: &TimeoutsConfig) -> Self {
+    pub fn new(
+        route: &str,
+        t: &TimeoutsConfig,
+        slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(t.connect));
         connector.set_nodelay(true);
@@ -121,14 +132,41 @@ impl Upstream {
             client,
             response_headers: t.response_headers,
             total: t.total,
+            slots,
         }
     }
 
     /// Sends `req` and waits for the response head. `retryable` requests
     /// (idempotent, no body) are sent once more if the first attempt fails
     /// after connecting, the usual sign of a pooled connection the upstream
-    /// had just closed. `deadline` bounds the whole exchange.
+    /// had just closed. `deadline` bounds the whole exchange; `slot` (see
+    /// [`Upstream::slot`]) is held until the answer's body ends.
     pub async fn send(
+        &self,
+        req: Request<Body>,
+        retryable: bool,
+        deadline: Instant,
+        slot: Option<crate::limits::slots::Slot>,
+    ) -> Result<Response<OriginBody>, UpstreamError> {
+        let res = self.send_retrying(req, retryable, deadline).await?;
+        Ok(res.map(|inner| OriginBody { inner, _slot: slot }))
+    }
+
+    /// Waits for an `upstream_concurrency` slot (none without one); take
+    /// it before starting the exchange's deadline: the wait is corral's own
+    /// queue, bounded by `upstream_queue_timeout`.
+    pub async fn slot(&self) -> Result<Option<crate::limits::slots::Slot>, UpstreamError> {
+        match &self.slots {
+            None => Ok(None),
+            Some(s) => s
+                .acquire()
+                .await
+                .map(Some)
+                .map_err(|_| UpstreamError::Busy(s.queue_timeout)),
+        }
+    }
+
+    async fn send_retrying(
         &self,
         req: Request<Body>,
         retryable: bool,
@@ -203,16 +241,48 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// An upstream answer's body, holding the route's concurrency slot (if
+/// any) until it ends or is dropped.
+pub struct OriginBody {
+    inner: Incoming,
+    _slot: Option<crate::limits::slots::Slot>,
+}
+
+impl HttpBody for OriginBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = &r {
+            // Ended: the upstream request is no longer outstanding.
+            self._slot = None;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A response body that fails once the exchange's total deadline passes, so
 /// a stalled upstream cannot hold a client forever.
 pub struct DeadlineBody {
-    inner: Incoming,
+    inner: OriginBody,
     sleep: Pin<Box<Sleep>>,
     total: Duration,
 }
 
 impl DeadlineBody {
-    pub fn new(inner: Incoming, deadline: Instant, total: Duration) -> Self {
+    pub fn new(inner: OriginBody, deadline: Instant, total: Duration) -> Self {
         DeadlineBody {
             inner,
             sleep: Box::pin(tokio::time::sleep_until(deadline)),

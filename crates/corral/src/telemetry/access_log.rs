@@ -39,6 +39,8 @@ pub struct AccessLine<'a> {
     pub peer: IpAddr,
     /// The real client address: the peer, or what trusted proxies say.
     pub client: IpAddr,
+    /// The rate limit that refused the request, if one did.
+    pub limit: Option<&'a str>,
 }
 
 /// Whether access lines are logged (`corral::access` enabled at info):
@@ -72,6 +74,7 @@ pub fn log(line: &AccessLine<'_>) {
             ms = line.ms,
             peer = %line.peer,
             client = %line.client,
+            limit = line.limit,
         ),
     }
 }
@@ -96,6 +99,10 @@ fn format_json(out: &mut String, now: SystemTime, line: &AccessLine<'_>) {
         ",\"ms\":{ms:.3},\"peer\":\"{}\",\"client\":\"{}\"",
         line.peer, line.client
     );
+    if let Some(limit) = line.limit {
+        out.push_str(",\"limit\":");
+        string(out, limit);
+    }
     out.push_str(",\"target\":\"corral::access\"}\n");
 }
 
@@ -211,6 +218,7 @@ mod tests {
             ms: 0.25,
             peer: "127.0.0.1".parse().expect("ip"),
             client: "2001:db8::1".parse().expect("ip"),
+            limit: None,
         };
         let mut s = String::new();
         format_json(&mut s, at(1_795_951_586, 904_097), &line);

@@ -279,6 +279,45 @@ fn escape_label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// How a rate-limit check ended, and who counted it.
+pub const LIMIT_OUTCOMES: [(&str, &str); 5] = [
+    ("allowed", "shared"),
+    ("limited", "shared"),
+    ("allowed", "local"),
+    ("limited", "local"),
+    ("refused", "unavailable"),
+];
+
+/// One counter per outcome of one limit, registered with the route:
+/// `corral_rate_limit_total{route, limit, outcome, counter}`. `counter` is
+/// `shared` (Redis), `local` (this process: no Redis, or the fallback while
+/// Redis is out of reach), or `unavailable` (refused because the shared
+/// counter could not be reached and the limit says `on_redis_down: refuse`).
+pub fn rate_limit_counters(route: &str, limit: &str) -> Vec<metrics::Counter> {
+    LIMIT_OUTCOMES
+        .iter()
+        .map(|(outcome, by)| {
+            let c = counter!(
+                "corral_rate_limit_total",
+                "route" => route.to_owned(),
+                "limit" => limit.to_owned(),
+                "outcome" => *outcome,
+                "counter" => *by
+            );
+            c.increment(0);
+            c
+        })
+        .collect()
+}
+
+/// Requests that waited for, took, or gave up on an `upstream_concurrency`
+/// slot: `corral_upstream_slots_total{route, outcome}` with outcome
+/// `shared`, `local` (taken from the local fallback) or `timeout`.
+pub fn upstream_slot(route: &str, outcome: &'static str) {
+    counter!("corral_upstream_slots_total", "route" => route.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,3 +337,4 @@ mod tests {
         assert_eq!(escape_label("a\"b\\c"), "a\\\"b\\\\c");
     }
 }
+

@@ -1,0 +1,513 @@
+//! Rate limits that count the caller (`limits:` per route) and the pacing
+//! of the origin (`upstream_concurrency`, in `slots.rs`).
+//!
+//! A request's caller is resolved once: its account (`corral_core::caller`)
+//! and its real address (`server.trusted_proxies`). Each limit names what
+//! it counts; the count is one GCRA state per (route, limit, caller), kept
+//! in Redis when there is Redis, so every instance adds to the same total,
+//! with one script call per limit (all of a request's limits go out at
+//! once on the multiplexed connection: one round trip). When Redis cannot
+//! answer within `redis.op_timeout` (or its breaker is open), a limit
+//! either counts locally at 1/`redis.instances` of its rate (fail open,
+//! the default) or refuses with a 503 (`on_redis_down: refuse`). Redis
+//! trouble is never a 429.
+
+pub mod slots;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use corral_core::caller::{AccountSources, Caller};
+use corral_core::rate_limit::{Decision, Gcra};
+use corral_core::{Detail, Forward};
+use http::{HeaderValue, StatusCode};
+
+use crate::cache::respond::{self, Answer};
+use crate::cluster::protocol::{Layout, RATE_LIMIT};
+use crate::cluster::redis_link::{RedisLink, arg};
+use crate::config::{LimitConfig, LimitKey, OnRedisDown};
+
+/// The limits of one route, ready to check.
+pub struct RouteLimits {
+    route: String,
+    limits: Vec<Limit>,
+    /// Some limit counts accounts: the caller's account must be resolved.
+    pub counts_accounts: bool,
+    /// Some limit lets cache hits through uncounted.
+    pub spares_hits: bool,
+}
+
+struct Limit {
+    config: LimitConfig,
+    gcra: Gcra,
+    /// `"name";q=30;w=60`
+    policy: String,
+    counters: Vec<metrics::Counter>,
+}
+
+impl RouteLimits {
+    pub fn new(route: &str, limits: &[LimitConfig]) -> Self {
+        RouteLimits {
+            route: route.to_owned(),
+            counts_accounts: limits.iter().any(|l| l.key != LimitKey::Ip),
+            spares_hits: limits.iter().any(|l| !l.count_hits),
+            limits: limits
+                .iter()
+                .map(|l| Limit {
+                    gcra: Gcra::new(l.rate, l.burst),
+                    policy: format!(
+                        "\"{}\";q={};w={}",
+                        l.name,
+                        l.rate.count,
+                        l.rate.period.as_secs()
+                    ),
+                    counters: crate::telemetry::metrics::rate_limit_counters(route, &l.name),
+                    config: l.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+}
+
+/// Who one request is, for counting.
+#[derive(Debug, Clone)]
+pub struct Who {
+    /// The account, with its source prefix; `None` for a guest.
+    pub account: Option<String>,
+    /// The real client address.
+    pub ip: IpAddr,
+}
+
+impl Who {
+    /// Resolves the caller of a request on a route with `limits`; a token
+    /// the configuration says to refuse is a 401.
+    pub fn resolve(
+        limits: &RouteLimits,
+        sources: &AccountSources,
+        headers: &http::HeaderMap,
+        client: &corral_core::client_addr::ClientAddr,
+    ) -> Result<Who, Box<Answer>> {
+        let account = if limits.counts_accounts {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            // The peer is trusted exactly when a trust entry vouched for it.
+            match sources.identify(headers, !client.vouchers.is_empty(), now) {
+                Caller::Account(a) => Some(a),
+                Caller::Guest => None,
+                Caller::Rejected(why) => {
+                    tracing::debug!(route = %limits.route, reason = why, "invalid bearer token refused");
+                    let mut a = respond::error(
+                        StatusCode::UNAUTHORIZED,
+                        Forward::Bypass,
+                        Detail::InvalidToken,
+                        None,
+                    );
+                    a.response.headers_mut().insert(
+                        http::header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                    );
+                    return Err(Box::new(a));
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Who {
+            account,
+            ip: client.client,
+        })
+    }
+}
+
+/// Which of a route's limits a check covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Before the cache is asked: the limits that count hits.
+    BeforeCache,
+    /// When the cache cannot answer (a fetch, or a wait for one): the
+    /// limits that spare hits.
+    Fetch,
+    /// A request that never goes through the cache: every limit.
+    All,
+}
+
+/// What an allowed request is told of a limit that counted it.
+#[derive(Debug, Clone)]
+pub struct Tally {
+    policy: String,
+    name: String,
+    remaining: u64,
+    reset_us: u64,
+}
+
+/// The process's counters: the local GCRA states (bounded, least used
+/// forgotten first) and, with Redis, the shared ones.
+pub struct Limiter {
+    local: moka::sync::Cache<[u8; 16], Arc<AtomicU64>>,
+    shared: Option<(Arc<RedisLink>, Layout)>,
+    /// `redis.instances`: the local fallback's share of a shared limit.
+    instances: u32,
+    epoch: std::time::Instant,
+}
+
+impl Limiter {
+    pub fn new(
+        local_buckets: u64,
+        shared: Option<(Arc<RedisLink>, Layout)>,
+        instances: u32,
+    ) -> Self {
+        Limiter {
+            local: moka::sync::Cache::builder()
+                .max_capacity(local_buckets)
+                // No GCRA state outlives its day-long period.
+                .time_to_idle(std::time::Duration::from_secs(86_400))
+                .build(),
+            shared,
+            instances: instances.max(1),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts the request against the limits of `phase`: the tallies for
+    /// the RateLimit fields when every limit lets it through, else the
+    /// answer (429, or 503 for a limit that refuses without Redis).
+    pub async fn check(
+        &self,
+        limits: &RouteLimits,
+        who: &Who,
+        phase: Phase,
+    ) -> Result<Vec<Tally>, Answer> {
+        let applicable = limits.limits.iter().filter(|l| match phase {
+            Phase::All => true,
+            Phase::BeforeCache => l.config.count_hits,
+            Phase::Fetch => !l.config.count_hits,
+        });
+        let keyed: Vec<(&Limit, [u8; 16])> = applicable
+            .filter_map(|l| key(&limits.route, l, who).map(|k| (l, k)))
+            .collect();
+        if keyed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let decisions =
+            futures_util::future::join_all(keyed.iter().map(|(l, k)| self.decide(l, k))).await;
+        let mut tallies = Vec::with_capacity(decisions.len());
+        for ((limit, _), decision) in keyed.iter().zip(decisions) {
+            match decision {
+                Counted::Decided(d, by_local) => {
+                    let i = if d.allowed { 0 } else { 1 } + if by_local { 2 } else { 0 };
+                    if let Some(c) = limit.counters.get(i) {
+                        c.increment(1);
+                    }
+                    if !d.allowed {
+                        return Err(refusal(limit, &d));
+                    }
+                    tallies.push(Tally {
+                        policy: limit.policy.clone(),
+                        name: limit.config.name.clone(),
+                        remaining: d.remaining,
+                        reset_us: d.reset_us,
+                    });
+                }
+                Counted::Unavailable => {
+                    if let Some(c) = limit.counters.get(4) {
+                        c.increment(1);
+                    }
+                    return Err(unavailable(limit));
+                }
+            }
+        }
+        Ok(tallies)
+    }
+
+    async fn decide(&self, limit: &Limit, key: &[u8; 16]) -> Counted {
+        let Some((link, layout)) = &self.shared else {
+            return Counted::Decided(self.local_decide(key, limit.gcra), true);
+        };
+        let hex = hex(key);
+        let r: Result<Vec<i64>, _> = link
+            .script(
+                &RATE_LIMIT,
+                &[&layout.rate_key(&hex)],
+                &[arg(limit.gcra.emission_us), arg(limit.gcra.tolerance_us)],
+            )
+            .await;
+        match r {
+            Ok(v) if v.len() == 4 => {
+                let n = |i: usize| u64::try_from(v[i]).unwrap_or(0);
+                Counted::Decided(
+                    Decision {
+                        allowed: v[0] == 1,
+                        tat_us: 0,
+                        remaining: n(1),
+                        retry_after_us: n(2),
+                        reset_us: n(3),
+                    },
+                    false,
+                )
+            }
+            other => {
+                if let Err(e) = &other {
+                    tracing::debug!(error = %e, limit = %limit.config.name, "shared rate limit unreachable");
+                }
+                match limit.config.on_redis_down {
+                    OnRedisDown::Refuse => Counted::Unavailable,
+                    OnRedisDown::Local => {
+                        let g = limit.gcra.divided(self.instances, limit.config.burst);
+                        Counted::Decided(self.local_decide(key, g), true)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The GCRA decision on this process's counter for `key`.
+    fn local_decide(&self, key: &[u8; 16], gcra: Gcra) -> Decision {
+        let cell = self.local.get_with(*key, || Arc::new(AtomicU64::new(0)));
+        let now = u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        loop {
+            let cur = cell.load(Ordering::Acquire);
+            let d = gcra.decide((cur != 0).then_some(cur), now);
+            if !d.allowed
+                || cell
+                    .compare_exchange(cur, d.tat_us, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return d;
+            }
+        }
+    }
+}
+
+enum Counted {
+    /// The decision, and whether the local counter made it.
+    Decided(Decision, bool),
+    Unavailable,
+}
+
+/// The counted identity of `who` under `limit`, or `None` when the limit
+/// does not apply (a guest under an `account` limit).
+fn key(route: &str, limit: &Limit, who: &Who) -> Option<[u8; 16]> {
+    let c = &limit.config;
+    let mut h = blake3::Hasher::new();
+    for part in [route, c.name.as_str()] {
+        h.update(part.as_bytes());
+        h.update(&[0]);
+    }
+    match (c.key, &who.account) {
+        (LimitKey::Account | LimitKey::AccountOrIp, Some(a)) => {
+            h.update(b"a\0");
+            h.update(a.as_bytes());
+        }
+        (LimitKey::Account, None) => return None,
+        (LimitKey::Ip | LimitKey::AccountOrIp, _) => {
+            h.update(b"i\0");
+            match masked(who.ip, c.ipv4_prefix, c.ipv6_prefix) {
+                IpAddr::V4(v4) => h.update(&v4.octets()),
+                IpAddr::V6(v6) => h.update(&v6.octets()),
+            };
+        }
+    }
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    Some(out)
+}
+
+/// `ip` with all but its first `v4`/`v6` bits cleared.
+fn masked(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(v4.min(32)))
+                .unwrap_or(0);
+            IpAddr::V4((bits & mask).into())
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(v6.min(128)))
+                .unwrap_or(0);
+            IpAddr::V6((bits & mask).into())
+        }
+    }
+}
+
+fn hex(key: &[u8; 16]) -> String {
+    use std::fmt::Write;
+    key.iter().fold(String::with_capacity(32), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn secs(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+/// Carried by a refused answer to its access line: the limit's name.
+#[derive(Debug, Clone)]
+pub struct LimitedBy(pub String);
+
+/// The 429: Retry-After, the RateLimit fields, and a JSON body.
+fn refusal(limit: &Limit, d: &Decision) -> Answer {
+    let retry = secs(d.retry_after_us).max(1);
+    let mut a = respond::error(
+        StatusCode::TOO_MANY_REQUESTS,
+        Forward::Bypass,
+        Detail::RateLimited,
+        None,
+    );
+    let body = serde_json::json!({
+        "error": "rate_limited",
+        "limit": limit.config.name,
+        "retry_after": retry,
+    })
+    .to_string();
+    let h = a.response.headers_mut();
+    h.insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+    if let Ok(v) = HeaderValue::from_str(&limit.policy) {
+        h.insert(RATELIMIT_POLICY, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\";r=0;t={retry}", limit.config.name)) {
+        h.insert(RATELIMIT, v);
+    }
+    a.response
+        .extensions_mut()
+        .insert(LimitedBy(limit.config.name.clone()));
+    json_body(a, body)
+}
+
+/// The 503 of a limit that refuses while its shared counter is out of
+/// reach: the caller did nothing wrong, so not a 429.
+fn unavailable(limit: &Limit) -> Answer {
+    let mut a = respond::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Forward::Bypass,
+        Detail::LimiterUnavailable,
+        None,
+    );
+    a.response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
+    let body = serde_json::json!({
+        "error": "limiter_unavailable",
+        "limit": limit.config.name,
+        "retry_after": 1,
+    })
+    .to_string();
+    a.response
+        .extensions_mut()
+        .insert(LimitedBy(limit.config.name.clone()));
+    json_body(a, body)
+}
+
+fn json_body(mut a: Answer, body: String) -> Answer {
+    let h = a.response.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    h.remove(http::header::CONTENT_LENGTH);
+    *a.response.body_mut() = Body::from(body);
+    a
+}
+
+pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+pub const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+
+/// Adds the RateLimit fields of the limits that counted an allowed
+/// request to its answer (draft-ietf-httpapi-ratelimit-headers): one list
+/// member per limit.
+pub fn annotate(headers: &mut http::HeaderMap, tallies: &[Tally]) {
+    if tallies.is_empty() {
+        return;
+    }
+    let policy = tallies
+        .iter()
+        .map(|t| t.policy.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let now = tallies
+        .iter()
+        .map(|t| format!("\"{}\";r={};t={}", t.name, t.remaining, secs(t.reset_us)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let (Ok(p), Ok(n)) = (HeaderValue::from_str(&policy), HeaderValue::from_str(&now)) {
+        headers.insert(RATELIMIT_POLICY, p);
+        headers.insert(RATELIMIT, n);
+    }
+}
+
+/// A check that runs only if the cache cannot answer: handed to the cache
+/// path, which runs it before it fetches or joins a fetch. Its tallies
+/// are kept for the answer.
+pub struct Gate {
+    pub app: Arc<crate::app::App>,
+    pub route: Arc<crate::routes::Route>,
+    pub who: Who,
+    tallies: std::sync::Mutex<Vec<Tally>>,
+}
+
+impl Gate {
+    pub fn new(app: Arc<crate::app::App>, route: Arc<crate::routes::Route>, who: Who) -> Self {
+        Gate {
+            app,
+            route,
+            who,
+            tallies: Default::default(),
+        }
+    }
+
+    /// Counts the request against the limits that spare hits.
+    pub async fn admit(&self) -> Result<(), Answer> {
+        let t = self
+            .app
+            .limiter
+            .check(&self.route.limits, &self.who, Phase::Fetch)
+            .await?;
+        self.tallies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(t);
+        Ok(())
+    }
+
+    pub fn take_tallies(&self) -> Vec<Tally> {
+        std::mem::take(
+            &mut *self
+                .tallies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_counted_by_their_prefix() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("test value");
+        assert_eq!(masked(ip("203.0.113.77"), 24, 64), ip("203.0.113.0"));
+        assert_eq!(masked(ip("203.0.113.77"), 32, 64), ip("203.0.113.77"));
+        assert_eq!(
+            masked(ip("2001:db8:1:2:3:4:5:6"), 24, 64),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(masked(ip("2001:db8::1"), 24, 128), ip("2001:db8::1"));
+    }
+}
