@@ -469,6 +469,82 @@ mod tests {
         assert_eq!(s.identify(&h, false, NOW), Caller::Guest);
     }
 
+    /// An Ed25519 key pair made for these tests (`openssl genpkey
+    /// -algorithm ed25519`): the PKCS#8 private key, and its JWK.
+    const ED_PRIVATE: &str = "MC4CAQAwBQYDK2VwBCIEIKyTLbLE9mW4C4K/kZgXUQU1JvRGMeNk32CNeEJ6nctc";
+    const ED_JWKS: &str = r#"{"keys": [
+        {"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "kid": "k1", "use": "sig",
+         "x": "sS5pa11a16UZHcRO-9N5bOE2jS-3vWaZuUlU7p3orpE"},
+        {"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "kid": "k2",
+         "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}
+    ]}"#;
+
+    fn ed_token(kid: Option<&str>, claims: serde_json::Value) -> String {
+        let der = base64_decode(ED_PRIVATE);
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = kid.map(str::to_owned);
+        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_der(&der))
+            .expect("test value")
+    }
+
+    fn base64_decode(s: &str) -> Vec<u8> {
+        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = Vec::new();
+        let (mut acc, mut bits) = (0u32, 0);
+        for c in s.bytes().filter(|c| *c != b'=') {
+            let v = A.iter().position(|a| *a == c).expect("base64") as u32;
+            acc = (acc << 6) | v;
+            bits += 6;
+            if bits >= 8 {
+                bits -= 8;
+                out.push((acc >> bits) as u8);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_jwks_key_is_chosen_by_kid_and_its_algorithm_is_the_keys() {
+        let s = AccountSources {
+            jwt: Some(JwtSource {
+                header: http::header::AUTHORIZATION,
+                keys: JwtKeys::jwks(ED_JWKS).expect("test value"),
+                claim: "uid".into(),
+                issuer: Some("https://id.example".into()),
+                audience: None,
+                leeway: Duration::ZERO,
+                on_invalid: OnInvalid::Reject,
+            }),
+            ..Default::default()
+        };
+        let ask = |t: String| s.identify(&with(&[("authorization", &format!("Bearer {t}"))]), false, NOW);
+        let claims = serde_json::json!({"uid": 42, "iss": "https://id.example", "exp": NOW + 60});
+        assert_eq!(ask(ed_token(Some("k1"), claims.clone())), Caller::Account("jwt:42".into()));
+        // Signed by k1's key but naming k2, or a kid nobody knows.
+        assert!(matches!(ask(ed_token(Some("k2"), claims.clone())), Caller::Rejected(_)));
+        assert!(matches!(ask(ed_token(Some("k9"), claims.clone())), Caller::Rejected(_)));
+        // Two keys and no kid: which one is not the token's to say.
+        assert!(matches!(ask(ed_token(None, claims)), Caller::Rejected(_)));
+        // Another issuer, or none.
+        let other = serde_json::json!({"uid": 42, "iss": "https://evil.example", "exp": NOW + 60});
+        assert!(matches!(ask(ed_token(Some("k1"), other)), Caller::Rejected(_)));
+        let none = serde_json::json!({"uid": 42, "exp": NOW + 60});
+        assert!(matches!(ask(ed_token(Some("k1"), none)), Caller::Rejected(_)));
+        // An HS256 token whose "secret" is the public key (the classic
+        // algorithm confusion) is refused: the key says EdDSA.
+        let confused = jsonwebtoken::encode(
+            &{
+                let mut h = Header::new(Algorithm::HS256);
+                h.kid = Some("k1".into());
+                h
+            },
+            &serde_json::json!({"uid": 1, "iss": "https://id.example", "exp": NOW + 60}),
+            &EncodingKey::from_secret(b"sS5pa11a16UZHcRO-9N5bOE2jS-3vWaZuUlU7p3orpE").expect("test value"),
+        )
+        .expect("test value");
+        assert!(matches!(ask(confused), Caller::Rejected(_)));
+    }
+
     #[test]
     fn jwks_files_are_checked_when_loaded() {
         assert!(JwtKeys::jwks("{}").is_err());
