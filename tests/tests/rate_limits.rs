@@ -142,6 +142,116 @@ async fn an_address_over_its_limit_gets_429_with_retry_after_and_ratelimit_field
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_trusted_hop_the_real_address_is_counted_and_logged() {
+    let origin = Origin::new().route("/r", Reply::ok("r")).start().await;
+    let limits = "[{ name: per-ip, key: ip, rate: 2/h, count_hits: true }]";
+    let config = |trusted: &str| {
+        Config::new()
+            .route(Route::new("api", origin.url()).field("limits", limits))
+            .server("trusted_proxies", trusted)
+    };
+    let proxy = Proxy::new(config("[127.0.0.1/32]")).start().await;
+    let client = Client::new();
+    let via = |xff: &str| vec![("x-forwarded-for".to_owned(), xff.to_owned())];
+    let url = proxy.url("/r");
+    // Two clients behind the balancer, each with its own count; a spoofed
+    // leftmost entry changes nothing.
+    let got = one_by_one(
+        &client,
+        &url,
+        &[
+            via("198.51.100.7"),
+            via("6.6.6.6, 198.51.100.7"),
+            via("198.51.100.8"),
+            via("1.1.1.1, 198.51.100.7"),
+        ],
+    )
+    .await;
+    assert_eq!(statuses(&got), [200, 200, 200, 429]);
+    let lines = wait_for_access_lines(&proxy, 4, DEADLINE).await;
+    let refused = &lines[3];
+    assert_eq!(
+        (refused.status, refused.client.as_str()),
+        (429, "198.51.100.7")
+    );
+    assert!(
+        refused.raw.contains("\"limit\":\"per-ip\""),
+        "{}",
+        refused.raw
+    );
+
+    // From an untrusted peer the header is ignored: one address, one count.
+    let untrusting = Proxy::new(config("[10.0.0.0/8]")).start().await;
+    let got = one_by_one(
+        &client,
+        &untrusting.url("/r"),
+        &[
+            via("198.51.100.1"),
+            via("198.51.100.2"),
+            via("198.51.100.3"),
+        ],
+    )
+    .await;
+    assert_eq!(statuses(&got), [200, 200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_counts_a_caller_across_routes_beside_each_routes_own() {
+    global_and_route_limits(None).await;
+    // The same through Redis: the refunds are Redis's too.
+    let redis = Redis::start().await;
+    global_and_route_limits(Some(&redis)).await;
+    assert_eq!(
+        redis.keys("corral:rl:*").await.len(),
+        3,
+        "a/per-route, b/per-route, total"
+    );
+}
+
+async fn global_and_route_limits(redis: Option<&Redis>) {
+    let origin = Origin::new()
+        .route("/a/x", Reply::ok("a"))
+        .route("/b/x", Reply::ok("b"))
+        .start()
+        .await;
+    let own = "[{ name: per-route, key: account, rate: 2/h }]";
+    let mut config = Config::new()
+        .route(
+            Route::new("a", origin.url())
+                .path_prefix("/a")
+                .field("limits", own),
+        )
+        .route(
+            Route::new("b", origin.url())
+                .path_prefix("/b")
+                .field("limits", own),
+        )
+        .top("limits", "[{ name: total, key: account, rate: 3/h }]")
+        .top("callers", ACCOUNT_HEADER)
+        .server("trusted_proxies", "[127.0.0.1/32]");
+    if let Some(r) = redis {
+        config = config.redis(&r.url());
+    }
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let me = [account("u1")];
+    let mut got = Vec::new();
+    for path in ["/a/x", "/a/x", "/a/x", "/b/x", "/b/x"] {
+        got.extend(one_by_one(&client, &proxy.url(path), &me).await);
+    }
+    // /a: 2 by its own limit; /b: its own allows 2 but the total 3 is spent.
+    assert_eq!(statuses(&got), [200, 200, 429, 200, 429]);
+    let body: serde_json::Value = serde_json::from_slice(&got[2].body).expect("JSON");
+    assert_eq!(body["limit"], "per-route");
+    let body: serde_json::Value = serde_json::from_slice(&got[4].body).expect("JSON");
+    assert_eq!(body["limit"], "total");
+    assert_eq!(
+        got[3].header("ratelimit-policy"),
+        Some("\"per-route\";q=2;w=3600, \"total\";q=3;w=3600")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_behind_one_address_are_counted_by_account_and_guests_by_address() {
     let origin = Origin::new()
         .route("/school", Reply::ok("ok"))

@@ -377,7 +377,8 @@ mod tests {
     #[test]
     fn a_bad_token_is_never_an_account() {
         let good = EncodingKey::from_secret(SECRET).expect("test value");
-        let other = EncodingKey::from_secret(b"another secret of thirty-two b..").expect("test value");
+        let other =
+            EncodingKey::from_secret(b"another secret of thirty-two b..").expect("test value");
         let cases = [
             token(
                 Algorithm::HS256,
@@ -483,8 +484,7 @@ mod tests {
         let der = base64_decode(ED_PRIVATE);
         let mut header = Header::new(Algorithm::EdDSA);
         header.kid = kid.map(str::to_owned);
-        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_der(&der))
-            .expect("test value")
+        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_der(&der)).expect("test value")
     }
 
     fn base64_decode(s: &str) -> Vec<u8> {
@@ -517,19 +517,40 @@ mod tests {
             }),
             ..Default::default()
         };
-        let ask = |t: String| s.identify(&with(&[("authorization", &format!("Bearer {t}"))]), false, NOW);
+        let ask = |t: String| {
+            s.identify(
+                &with(&[("authorization", &format!("Bearer {t}"))]),
+                false,
+                NOW,
+            )
+        };
         let claims = serde_json::json!({"uid": 42, "iss": "https://id.example", "exp": NOW + 60});
-        assert_eq!(ask(ed_token(Some("k1"), claims.clone())), Caller::Account("jwt:42".into()));
+        assert_eq!(
+            ask(ed_token(Some("k1"), claims.clone())),
+            Caller::Account("jwt:42".into())
+        );
         // Signed by k1's key but naming k2, or a kid nobody knows.
-        assert!(matches!(ask(ed_token(Some("k2"), claims.clone())), Caller::Rejected(_)));
-        assert!(matches!(ask(ed_token(Some("k9"), claims.clone())), Caller::Rejected(_)));
+        assert!(matches!(
+            ask(ed_token(Some("k2"), claims.clone())),
+            Caller::Rejected(_)
+        ));
+        assert!(matches!(
+            ask(ed_token(Some("k9"), claims.clone())),
+            Caller::Rejected(_)
+        ));
         // Two keys and no kid: which one is not the token's to say.
         assert!(matches!(ask(ed_token(None, claims)), Caller::Rejected(_)));
         // Another issuer, or none.
         let other = serde_json::json!({"uid": 42, "iss": "https://evil.example", "exp": NOW + 60});
-        assert!(matches!(ask(ed_token(Some("k1"), other)), Caller::Rejected(_)));
+        assert!(matches!(
+            ask(ed_token(Some("k1"), other)),
+            Caller::Rejected(_)
+        ));
         let none = serde_json::json!({"uid": 42, "exp": NOW + 60});
-        assert!(matches!(ask(ed_token(Some("k1"), none)), Caller::Rejected(_)));
+        assert!(matches!(
+            ask(ed_token(Some("k1"), none)),
+            Caller::Rejected(_)
+        ));
         // An HS256 token whose "secret" is the public key (the classic
         // algorithm confusion) is refused: the key says EdDSA.
         let confused = jsonwebtoken::encode(
@@ -539,7 +560,8 @@ mod tests {
                 h
             },
             &serde_json::json!({"uid": 1, "iss": "https://id.example", "exp": NOW + 60}),
-            &EncodingKey::from_secret(b"sS5pa11a16UZHcRO-9N5bOE2jS-3vWaZuUlU7p3orpE").expect("test value"),
+            &EncodingKey::from_secret(b"sS5pa11a16UZHcRO-9N5bOE2jS-3vWaZuUlU7p3orpE")
+                .expect("test value"),
         )
         .expect("test value");
         assert!(matches!(ask(confused), Caller::Rejected(_)));

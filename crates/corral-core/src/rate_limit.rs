@@ -196,7 +196,11 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.retry_after_us, 1_000_000);
         assert_eq!(d.reset_us, 3_000_000);
-        assert_eq!(d.tat_us, tat.expect("test value"), "a refusal changes nothing");
+        assert_eq!(
+            d.tat_us,
+            tat.expect("test value"),
+            "a refusal changes nothing"
+        );
         assert!(!g.decide(tat, t0 + 999_999).allowed);
         let d = g.decide(tat, t0 + 1_000_000);
         assert!(d.allowed);

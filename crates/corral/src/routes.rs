@@ -72,7 +72,12 @@ impl Route {
         }
     }
 
-    fn from_config(rc: &RouteConfig, max_object_size: u64, shared: &RouteShared<'_>) -> Self {
+    fn from_config(
+        rc: &RouteConfig,
+        max_object_size: u64,
+        global_limits: &[crate::config::LimitConfig],
+        shared: &RouteShared<'_>,
+    ) -> Self {
         let c = &rc.cache;
         let policy = RoutePolicy {
             default_ttl: c.default_ttl,
@@ -144,7 +149,7 @@ impl Route {
                 }),
             ),
             requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
-            limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits),
+            limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits, global_limits),
         }
     }
 
@@ -168,7 +173,14 @@ impl RouteTable {
             routes: config
                 .routes
                 .iter()
-                .map(|r| Arc::new(Route::from_config(r, config.cache.max_object_size, shared)))
+                .map(|r| {
+                    Arc::new(Route::from_config(
+                        r,
+                        config.cache.max_object_size,
+                        &config.limits,
+                        shared,
+                    ))
+                })
                 .collect(),
         }
     }

@@ -174,6 +174,19 @@ return {1, math.floor((tol - ahead) / e), 0, nxt - now}",
     )
 });
 
+/// Gives back one request's step (`ARGV[1]` µs) of a GCRA state, for a
+/// request another limit refused. Keeps the key's expiry.
+pub static RATE_REFUND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local tat = tonumber(redis.call('GET', KEYS[1]))
+if not tat then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl <= 0 then return 0 end
+redis.call('SET', KEYS[1], string.format('%d', tat - tonumber(ARGV[1])), 'PX', ttl)
+return 1",
+    )
+});
+
 /// Takes one of `ARGV[1]` slots for holder `ARGV[2]` until `ARGV[3]` ms
 /// from now (Redis's clock), dropping holders whose slot lapsed (a crashed
 /// instance's). Returns 1 when taken, 0 when all are held.

@@ -48,6 +48,9 @@ pub struct Config {
     pub redis: Option<RedisConfig>,
     /// Who is calling (`callers:`): the account sources rate limits count by.
     pub callers: CallersConfig,
+    /// Limits every route applies, each counted once across all of them
+    /// (a caller's total, whichever routes it calls).
+    pub limits: Vec<LimitConfig>,
     /// Routes in file order; at least one, names unique.
     pub routes: Vec<RouteConfig>,
 }

@@ -20,6 +20,7 @@ pub struct RawConfig {
     pub cache: Option<Spanned<RawCache>>,
     pub redis: Option<Spanned<RawRedis>>,
     pub callers: Option<Spanned<RawCallers>>,
+    pub limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
 }
 

@@ -94,6 +94,7 @@ impl Resolver<'_> {
             && raw.cache.is_none()
             && raw.redis.is_none()
             && raw.callers.is_none()
+            && raw.limits.is_none()
             && raw.routes.is_none();
         if empty {
             return Err(self.error(
@@ -140,40 +141,62 @@ impl Resolver<'_> {
             Some(c) => self.callers(c)?,
             None => CallersConfig::default(),
         };
+        let limits = match &raw.limits {
+            Some(l) => self.limits(l, "limits")?,
+            None => Vec::new(),
+        };
         let routes = self.routes(self.required(&raw.routes, root, "routes")?)?;
-        if callers.account.is_empty()
-            && let Some((index, route)) = raw
+        // Every limit that counts accounts needs a source of them.
+        if callers.account.is_empty() {
+            let global = raw.limits.iter().map(|l| (l, "limits".to_owned()));
+            let per_route = raw
                 .routes
                 .iter()
                 .flat_map(|r| r.value.iter())
                 .enumerate()
-                .find(|(_, r)| {
+                .filter_map(|(i, r)| {
                     r.value
                         .limits
-                        .iter()
-                        .flat_map(|l| l.value.iter())
-                        .any(|l| l.value.key.as_ref().is_some_and(|k| k.value.trim() != "ip"))
-                })
-        {
-            let (at, field) = route
-                .value
+                        .as_ref()
+                        .map(|l| (l, format!("routes[{i}].limits")))
+                });
+            for (list, prefix) in global.chain(per_route) {
+                for (i, l) in list.value.iter().enumerate() {
+                    if let Some(k) = &l.value.key
+                        && k.value.trim() != "ip"
+                    {
+                        return Err(self.error(
+                            &k.referenced,
+                            &format!("{prefix}[{i}].key"),
+                            "counts accounts, but callers.account names no source (jwt, header or api_key_header)",
+                        ));
+                    }
+                }
+            }
+        }
+        // A route's limit may not share a name with a global one: the
+        // name is what headers, metrics and logs tell apart.
+        for (i, r) in routes.iter().enumerate() {
+            if let Some((j, l)) = r
                 .limits
                 .iter()
-                .flat_map(|l| l.value.iter())
                 .enumerate()
-                .find(|(_, l)| l.value.key.as_ref().is_some_and(|k| k.value.trim() != "ip"))
-                .and_then(|(i, l)| {
-                    l.value
-                        .key
-                        .as_ref()
-                        .map(|k| (k.referenced, format!("routes[{index}].limits[{i}].key")))
-                })
-                .unwrap_or((route.referenced, format!("routes[{index}].limits")));
-            return Err(self.error(
-                &at,
-                &field,
-                "counts accounts, but callers.account names no source (jwt, header or api_key_header)",
-            ));
+                .find(|(_, l)| limits.iter().any(|g| g.name == l.name))
+            {
+                let at = raw
+                    .routes
+                    .as_ref()
+                    .and_then(|rs| rs.value.get(i))
+                    .and_then(|r| r.value.limits.as_ref())
+                    .and_then(|ls| ls.value.get(j))
+                    .and_then(|l| l.value.name.as_ref())
+                    .map_or(Location::UNKNOWN, |n| n.referenced);
+                return Err(self.error(
+                    &at,
+                    &format!("routes[{i}].limits[{j}].name"),
+                    format!("`{}` is also the name of a global limit", l.name),
+                ));
+            }
         }
         Ok(Config {
             listen,
@@ -182,6 +205,7 @@ impl Resolver<'_> {
             cache,
             redis,
             callers,
+            limits,
             routes,
         })
     }

@@ -25,7 +25,7 @@ use corral_core::{Detail, Forward};
 use http::{HeaderValue, StatusCode};
 
 use crate::cache::respond::{self, Answer};
-use crate::cluster::protocol::{Layout, RATE_LIMIT};
+use crate::cluster::protocol::{Layout, RATE_LIMIT, RATE_REFUND};
 use crate::cluster::redis_link::{RedisLink, arg};
 use crate::config::{LimitConfig, LimitKey, OnRedisDown};
 
@@ -41,6 +41,8 @@ pub struct RouteLimits {
 
 struct Limit {
     config: LimitConfig,
+    /// A top-level limit: counted once across every route.
+    global: bool,
     gcra: Gcra,
     /// `"name";q=30;w=60`
     policy: String,
@@ -48,14 +50,20 @@ struct Limit {
 }
 
 impl RouteLimits {
-    pub fn new(route: &str, limits: &[LimitConfig]) -> Self {
+    /// The route's own limits, then the global ones.
+    pub fn new(route: &str, own: &[LimitConfig], global: &[LimitConfig]) -> Self {
+        let all = || {
+            own.iter()
+                .map(|l| (l, false))
+                .chain(global.iter().map(|l| (l, true)))
+        };
         RouteLimits {
             route: route.to_owned(),
-            counts_accounts: limits.iter().any(|l| l.key != LimitKey::Ip),
-            spares_hits: limits.iter().any(|l| !l.count_hits),
-            limits: limits
-                .iter()
-                .map(|l| Limit {
+            counts_accounts: all().any(|(l, _)| l.key != LimitKey::Ip),
+            spares_hits: all().any(|(l, _)| !l.count_hits),
+            limits: all()
+                .map(|(l, global)| Limit {
+                    global,
                     gcra: Gcra::new(l.rate, l.burst),
                     policy: format!(
                         "\"{}\";q={};w={}",
@@ -197,38 +205,94 @@ impl Limiter {
         }
         let decisions =
             futures_util::future::join_all(keyed.iter().map(|(l, k)| self.decide(l, k))).await;
-        let mut tallies = Vec::with_capacity(decisions.len());
-        for ((limit, _), decision) in keyed.iter().zip(decisions) {
-            match decision {
-                Counted::Decided(d, by_local) => {
-                    let i = if d.allowed { 0 } else { 1 } + if by_local { 2 } else { 0 };
-                    if let Some(c) = limit.counters.get(i) {
-                        c.increment(1);
-                    }
-                    if !d.allowed {
-                        return Err(refusal(limit, &d));
-                    }
-                    tallies.push(Tally {
-                        policy: limit.policy.clone(),
-                        name: limit.config.name.clone(),
-                        remaining: d.remaining,
-                        reset_us: d.reset_us,
-                    });
+        // The first refusal, in the limits' order (the route's own first).
+        let refused = keyed
+            .iter()
+            .zip(&decisions)
+            .find_map(|((limit, _), d)| match d {
+                Counted::Decided { d, .. } if !d.allowed => Some(refusal(limit, d)),
+                Counted::Unavailable => Some(unavailable(limit)),
+                Counted::Decided { .. } => None,
+            });
+        for ((limit, _), d) in keyed.iter().zip(&decisions) {
+            let i = match d {
+                Counted::Decided { d, local, .. } => {
+                    usize::from(!d.allowed) + if *local { 2 } else { 0 }
                 }
-                Counted::Unavailable => {
-                    if let Some(c) = limit.counters.get(4) {
-                        c.increment(1);
-                    }
-                    return Err(unavailable(limit));
+                Counted::Unavailable => 4,
+            };
+            // A request another limit refused is counted as neither
+            // allowed nor limited by the limits that let it through.
+            let allowed_but_refused = refused.is_some() && i % 2 == 0 && i != 4;
+            if !allowed_but_refused && let Some(c) = limit.counters.get(i) {
+                c.increment(1);
+            }
+        }
+        if let Some(answer) = refused {
+            // What the other limits counted is given back (nginx's
+            // limit_req does the same): a caller refused on one route
+            // does not spend its global allowance.
+            let refunds = keyed
+                .iter()
+                .zip(&decisions)
+                .filter_map(|((_, k), d)| match d {
+                    Counted::Decided {
+                        d,
+                        local,
+                        emission_us,
+                    } if d.allowed => Some(self.refund(k, *local, *emission_us)),
+                    _ => None,
+                });
+            futures_util::future::join_all(refunds).await;
+            return Err(answer);
+        }
+        Ok(keyed
+            .iter()
+            .zip(decisions)
+            .filter_map(|((limit, _), d)| match d {
+                Counted::Decided { d, .. } => Some(Tally {
+                    policy: limit.policy.clone(),
+                    name: limit.config.name.clone(),
+                    remaining: d.remaining,
+                    reset_us: d.reset_us,
+                }),
+                Counted::Unavailable => None,
+            })
+            .collect())
+    }
+
+    /// Takes back one request's count from `key`.
+    async fn refund(&self, key: &[u8; 16], local: bool, emission_us: u64) {
+        match (&self.shared, local) {
+            (Some((link, layout)), false) => {
+                let r: Result<i64, _> = link
+                    .script(
+                        &RATE_REFUND,
+                        &[&layout.rate_key(&hex(key))],
+                        &[arg(emission_us)],
+                    )
+                    .await;
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "a rate-limit refund was lost");
+                }
+            }
+            _ => {
+                if let Some(cell) = self.local.get(key) {
+                    let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                        Some(t.saturating_sub(emission_us).max(1))
+                    });
                 }
             }
         }
-        Ok(tallies)
     }
 
     async fn decide(&self, limit: &Limit, key: &[u8; 16]) -> Counted {
         let Some((link, layout)) = &self.shared else {
-            return Counted::Decided(self.local_decide(key, limit.gcra), true);
+            return Counted::Decided {
+                d: self.local_decide(key, limit.gcra),
+                local: true,
+                emission_us: limit.gcra.emission_us,
+            };
         };
         let hex = hex(key);
         let r: Result<Vec<i64>, _> = link
@@ -241,16 +305,17 @@ impl Limiter {
         match r {
             Ok(v) if v.len() == 4 => {
                 let n = |i: usize| u64::try_from(v[i]).unwrap_or(0);
-                Counted::Decided(
-                    Decision {
+                Counted::Decided {
+                    d: Decision {
                         allowed: v[0] == 1,
                         tat_us: 0,
                         remaining: n(1),
                         retry_after_us: n(2),
                         reset_us: n(3),
                     },
-                    false,
-                )
+                    local: false,
+                    emission_us: limit.gcra.emission_us,
+                }
             }
             other => {
                 if let Err(e) = &other {
@@ -260,7 +325,11 @@ impl Limiter {
                     OnRedisDown::Refuse => Counted::Unavailable,
                     OnRedisDown::Local => {
                         let g = limit.gcra.divided(self.instances, limit.config.burst);
-                        Counted::Decided(self.local_decide(key, g), true)
+                        Counted::Decided {
+                            d: self.local_decide(key, g),
+                            local: true,
+                            emission_us: g.emission_us,
+                        }
                     }
                 }
             }
@@ -288,8 +357,13 @@ impl Limiter {
 }
 
 enum Counted {
-    /// The decision, and whether the local counter made it.
-    Decided(Decision, bool),
+    /// The decision, whether the local counter made it, and the step it
+    /// took (to give back).
+    Decided {
+        d: Decision,
+        local: bool,
+        emission_us: u64,
+    },
     Unavailable,
 }
 
@@ -298,6 +372,9 @@ enum Counted {
 fn key(route: &str, limit: &Limit, who: &Who) -> Option<[u8; 16]> {
     let c = &limit.config;
     let mut h = blake3::Hasher::new();
+    // A global limit's count is the same on every route ("" is no
+    // route's name).
+    let route = if limit.global { "" } else { route };
     for part in [route, c.name.as_str()] {
         h.update(part.as_bytes());
         h.update(&[0]);

@@ -337,4 +337,3 @@ mod tests {
         assert_eq!(escape_label("a\"b\\c"), "a\\\"b\\\\c");
     }
 }
-
