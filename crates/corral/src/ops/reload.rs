@@ -102,5 +102,11 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if redis(old) != redis(new) {
         fields.push("redis");
     }
+    if old.redis.as_ref().map(|r| r.instances) != new.redis.as_ref().map(|r| r.instances) {
+        fields.push("redis.instances");
+    }
+    if old.callers.local_buckets != new.callers.local_buckets {
+        fields.push("callers.local_buckets");
+    }
     fields
 }
