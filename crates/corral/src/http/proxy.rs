@@ -202,7 +202,24 @@ async fn route_request(
     let gate = who
         .filter(|_| route.limits.spares_hits && (cached || coalesced_post))
         .map(|w| Arc::new(Gate::new(Arc::clone(&app), Arc::clone(&route), w)));
-    let (route, mut answer) = route_through(app, route, head, body, cached, gate.clone()).await;
+    // A Range request goes through the cache (answered from the whole
+    // stored response), unless the key is known uncacheable: then the
+    // origin answers the range itself, so a large download can resume.
+    // Awaited here, not in `route_through`: one level less of futures on
+    // the hit path.
+    let (route, mut answer) = if cached {
+        let res = cache_path::serve(
+            Arc::clone(&app),
+            Arc::clone(&route),
+            head,
+            None,
+            gate.clone(),
+        )
+        .await;
+        (Some(route), res)
+    } else {
+        route_through(app, route, head, body, gate.clone()).await
+    };
     if let Some(g) = gate {
         tallies.extend(g.take_tallies());
     }
@@ -210,22 +227,15 @@ async fn route_request(
     (route, answer)
 }
 
-/// The routed request, through the cache or straight to the upstream.
+/// A routed request the cache does not answer as a GET: a coalesced POST,
+/// or one straight to the upstream.
 async fn route_through(
     app: Arc<App>,
     route: Arc<Route>,
     head: RequestHead,
     body: Body,
-    cached: bool,
     gate: Option<Arc<Gate>>,
 ) -> (Option<Arc<Route>>, Answer) {
-    // A Range request goes through the cache (answered from the whole
-    // stored response), unless the key is known uncacheable: then the
-    // origin answers the range itself, so a large download can resume.
-    if cached {
-        let res = cache_path::serve(Arc::clone(&app), Arc::clone(&route), head, None, gate).await;
-        return (Some(route), res);
-    }
     // A POST on a route that coalesces them: a body small enough is read
     // whole and keyed (identical in-flight POSTs share one origin
     // request); a larger one, or one the fill memory cannot hold now,
