@@ -18,6 +18,7 @@ pub mod raw_origin;
 pub mod redis_server;
 pub mod reply;
 pub mod temp;
+pub mod tls;
 pub mod wait;
 
 pub use cache_status::CacheStatus;

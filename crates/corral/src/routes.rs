@@ -138,6 +138,7 @@ impl Route {
             upstream: Upstream::new(
                 &rc.name,
                 &rc.timeouts,
+                rc.tls.as_ref(),
                 rc.upstream_concurrency.map(|max| {
                     shared.slots.get(
                         &rc.name,

@@ -8,6 +8,7 @@ mod paths;
 mod raw;
 mod resolve;
 mod size;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -232,7 +233,7 @@ pub struct RouteConfig {
     pub host: Option<String>,
     /// `match.path_prefix`: starts with `/`; default `/`.
     pub path_prefix: String,
-    /// `http://host[:port]`, with an empty or `/` path.
+    /// `http://host[:port]` or `https://host[:port]`, with an empty or `/` path.
     pub upstream: http::Uri,
     pub timeouts: TimeoutsConfig,
     pub cache: RouteCacheConfig,
@@ -241,6 +242,8 @@ pub struct RouteConfig {
     pub backoff: corral_core::BackoffPolicy,
     /// The route's origin circuit (`circuit:`).
     pub circuit: CircuitConfig,
+    /// TLS to the upstream: set exactly for `https://` upstreams.
+    pub tls: Option<tls::UpstreamTls>,
     /// Rate limits, each checked in order.
     pub limits: Vec<LimitConfig>,
     /// At most this many requests outstanding to the upstream, across

@@ -54,6 +54,16 @@ pub struct RawJwt {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub ca_file: Option<Text>,
+    pub client_cert: Option<Text>,
+    pub client_key: Option<Text>,
+    pub server_name: Option<Text>,
+    pub insecure_skip_verify: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub name: Option<Text>,
     pub key: Option<Text>,
@@ -122,6 +132,7 @@ pub struct RawRoute {
     pub backoff: Option<RawBackoff>,
     pub circuit: Option<RawCircuit>,
     pub limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    pub tls: Option<Spanned<RawTls>>,
     pub upstream_concurrency: Option<Text>,
     pub upstream_queue_timeout: Option<Text>,
 }

@@ -13,7 +13,7 @@ use super::paths::NodePaths;
 use super::raw::{
     RawAccount, RawBackoff, RawBreaker, RawCache, RawCallers, RawCircuit, RawCoalesce, RawConfig,
     RawIdentity, RawJwt, RawLimit, RawMatch, RawRedis, RawRoute, RawRouteCache, RawServer,
-    RawStaleWindow, RawTimeouts, Text,
+    RawStaleWindow, RawTimeouts, RawTls, Text,
 };
 use super::size::{describe_size, parse_size};
 use super::{
@@ -522,8 +522,20 @@ impl Resolver<'_> {
 
         let upstream_field = format!("{prefix}.upstream");
         let upstream = self.required(&raw.upstream, at, &upstream_field)?;
+        let upstream_at = upstream.referenced;
         let upstream = upstream_uri(&upstream.value)
             .map_err(|m| self.error(&upstream.referenced, &upstream_field, m))?;
+        let tls = match (upstream.scheme_str(), &raw.tls) {
+            (Some("https"), tls) => Some(self.tls(tls.as_ref(), &upstream_at, prefix)?),
+            (_, None) => None,
+            (_, Some(t)) => {
+                return Err(self.error(
+                    &t.referenced,
+                    &format!("{prefix}.tls"),
+                    "applies to https:// upstreams only",
+                ));
+            }
+        };
 
         let timeouts = match &raw.timeouts {
             Some(timeouts) => self.timeouts(timeouts, &format!("{prefix}.timeouts"))?,
@@ -576,6 +588,7 @@ impl Resolver<'_> {
             ));
         }
         Ok(RouteConfig {
+            tls,
             limits,
             upstream_concurrency,
             upstream_queue_timeout: queue.value,
@@ -588,6 +601,64 @@ impl Resolver<'_> {
             coalesce,
             backoff,
             circuit,
+        })
+    }
+
+    /// An https upstream's TLS: the files of `tls:` read and checked, or
+    /// the defaults (platform roots, SNI from the upstream host).
+    fn tls(
+        &self,
+        raw: Option<&Spanned<RawTls>>,
+        upstream_at: &Location,
+        prefix: &str,
+    ) -> Result<super::tls::UpstreamTls, ConfigError> {
+        let p = format!("{prefix}.tls");
+        let read = |t: &Option<Text>, field: &str| -> Result<Option<Vec<u8>>, ConfigError> {
+            match t {
+                None => Ok(None),
+                Some(t) => std::fs::read(t.value.trim()).map(Some).map_err(|e| {
+                    self.error(
+                        &t.referenced,
+                        &format!("{p}.{field}"),
+                        format!("cannot read `{}`: {e}", t.value.trim()),
+                    )
+                }),
+            }
+        };
+        let files = match raw {
+            None => super::tls::TlsFiles {
+                ca: None,
+                client_cert: None,
+                client_key: None,
+                server_name: None,
+                insecure_skip_verify: false,
+            },
+            Some(t) => super::tls::TlsFiles {
+                ca: read(&t.value.ca_file, "ca_file")?,
+                client_cert: read(&t.value.client_cert, "client_cert")?,
+                client_key: read(&t.value.client_key, "client_key")?,
+                server_name: t.value.server_name.as_ref().map(|n| n.value.clone()),
+                insecure_skip_verify: t.value.insecure_skip_verify.unwrap_or(false),
+            },
+        };
+        super::tls::build(&files).map_err(|e| {
+            let at = raw.map_or(*upstream_at, |t| {
+                let v = &t.value;
+                match e.field {
+                    "ca_file" => v.ca_file.as_ref(),
+                    "client_cert" => v.client_cert.as_ref(),
+                    "client_key" => v.client_key.as_ref(),
+                    "server_name" => v.server_name.as_ref(),
+                    _ => None,
+                }
+                .map_or(t.referenced, |x| x.referenced)
+            });
+            let field = if e.field.is_empty() {
+                p.clone()
+            } else {
+                format!("{p}.{}", e.field)
+            };
+            self.error(&at, &field, e.message)
         })
     }
 
@@ -1372,12 +1443,10 @@ fn upstream_uri(text: &str) -> Result<http::Uri, String> {
         .map_err(|e| format!("`{text}` is not a valid URI ({e}); {example}"))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some(s) if s.eq_ignore_ascii_case("https") => {
-            return Err("https upstreams are not supported yet".to_owned());
-        }
+        Some("https") => {}
         Some(other) => {
             return Err(format!(
-                "unsupported scheme `{other}`: upstreams are http:// URIs"
+                "unsupported scheme `{other}`: upstreams are http:// or https:// URIs"
             ));
         }
         None => return Err(format!("`{text}` has no scheme: write http://{text}")),
@@ -1628,10 +1697,7 @@ mod tests {
             Ok("http://127.0.0.1:3000/".into())
         );
         assert!(upstream_uri("http://upstream.internal/").is_ok());
-        assert_eq!(
-            upstream_uri("https://127.0.0.1:3000").err(),
-            Some("https upstreams are not supported yet".into())
-        );
+        assert!(upstream_uri("https://api.internal:8443").is_ok());
         for bad in [
             "127.0.0.1:3000",
             "ftp://host",

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -29,6 +30,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub enum UpstreamError {
     #[error("connecting to the upstream failed: {0}")]
     Connect(String),
+    #[error("the upstream's TLS handshake failed: {0}")]
+    Tls(String),
     #[error("the upstream sent no response headers within {0:?}")]
     HeaderTimeout(Duration),
     #[error("the upstream exchange exceeded its total deadline of {0:?}")]
@@ -59,6 +62,7 @@ impl UpstreamError {
     pub fn detail(&self) -> &'static str {
         match self {
             UpstreamError::Connect(_) => "upstream-connect-error",
+            UpstreamError::Tls(_) => "upstream-tls-error",
             UpstreamError::HeaderTimeout(_) => "upstream-timeout",
             UpstreamError::TotalTimeout(_) => "upstream-total-timeout",
             UpstreamError::Exchange(_) => "upstream-error",
@@ -103,7 +107,7 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
 /// A route's connection pool and deadlines.
 pub struct Upstream {
     route: String,
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     pub response_headers: Duration,
     pub total: Duration,
     /// `upstream_concurrency`: a slot is held from before the request is
@@ -115,12 +119,41 @@ impl Upstream {
     pub fn new(
         route: &str,
         t: &TimeoutsConfig,
+        tls: Option<&crate::config::tls::UpstreamTls>,
         slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(t.connect));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(30)));
+        // https routes speak TLS (HTTP/1.1 by ALPN), with SNI and
+        // verification for the upstream's host or `tls.server_name`; an
+        // http route's connector passes plain connections through.
+        connector.enforce_http(false);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let connector = match tls {
+            Some(tls) => {
+                if tls.insecure_skip_verify {
+                    tracing::warn!(
+                        route,
+                        "tls.insecure_skip_verify: the upstream's certificate is not checked; anyone on the path can impersonate it"
+                    );
+                }
+                let b = builder.with_tls_config((*tls.config).clone()).https_only();
+                let b = match &tls.server_name {
+                    Some(name) => b.with_server_name_resolver(
+                        hyper_rustls::FixedServerNameResolver::new(name.clone()),
+                    ),
+                    None => b,
+                };
+                b.enable_http1().wrap_connector(connector)
+            }
+            None => builder
+                .with_tls_config(plain_only())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector),
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -206,8 +239,16 @@ impl Upstream {
             Err(_) if head_deadline == deadline => Err(UpstreamError::TotalTimeout(self.total)),
             Err(_) => Err(UpstreamError::HeaderTimeout(self.response_headers)),
             Ok(Ok(res)) => Ok(res),
-            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
-            Ok(Err(e)) => Err(UpstreamError::Exchange(error_chain(&e))),
+            Ok(Err(e)) if e.is_connect() => match tls_failure(&e) {
+                Some(why) => Err(UpstreamError::Tls(why)),
+                None => Err(UpstreamError::Connect(error_chain(&e))),
+            },
+            // TLS 1.3 servers refuse a client certificate after the
+            // handshake, so that shows up here, on the first read.
+            Ok(Err(e)) => match tls_failure(&e) {
+                Some(why) => Err(UpstreamError::Tls(why)),
+                None => Err(UpstreamError::Exchange(error_chain(&e))),
+            },
         }
     }
 }
@@ -228,6 +269,54 @@ fn clone_bodyless(req: &Request<Body>) -> Option<Request<Body>> {
         *h = req.headers().clone();
     }
     b.body(Body::empty()).ok()
+}
+
+/// A TLS config for an http:// route's connector, which never uses it
+/// (plain connections pass through): no roots, so nothing would verify.
+fn plain_only() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map(|b| {
+        b.with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()
+    })
+    .unwrap_or_else(|_| unreachable_config())
+}
+
+#[cold]
+fn unreachable_config() -> rustls::ClientConfig {
+    // ring's default provider supports the safe default versions.
+    rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
+}
+
+/// The rustls error behind a connect failure, said plainly: a wrong CA,
+/// a name the certificate does not carry, an expired certificate, a
+/// client certificate the upstream refused.
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        // io::Error's own `source` skips what it wraps (and hyper-rustls
+        // wraps tokio-rustls's io::Error in another): look inside.
+        let mut inner = err;
+        loop {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(t.to_string());
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+            {
+                Some(wrapped) => inner = wrapped,
+                None => break,
+            }
+        }
+        cur = err.source();
+    }
+    None
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1,0 +1,207 @@
+//! TLS for tests: a certificate authority made at run time (rcgen), the
+//! certificates it signs (for names, expired, for clients), and an https
+//! origin on loopback that records the SNI each handshake sent and whether
+//! the client showed a certificate.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+    SanType,
+};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// A CA and the files of what it signed, written under `dir`.
+pub struct Pki {
+    dir: PathBuf,
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, as PEM files.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Pki {
+    /// A new CA named `name`, its certificate at `dir/<name>.pem`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key"))
+            .expect("self-signed CA");
+        std::fs::write(dir.join(format!("{name}.pem")), ca.pem()).expect("write CA");
+        Pki {
+            dir: dir.to_owned(),
+            ca,
+        }
+    }
+
+    /// The CA certificate's file.
+    pub fn ca_file(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.pem"))
+    }
+
+    /// A certificate for `names` (host names, or IP addresses), valid now,
+    /// or long expired with `expired`.
+    pub fn issue(&self, file: &str, names: &[&str], expired: bool) -> Issued {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names.first().copied().unwrap_or(file));
+        for n in names {
+            params.subject_alt_names.push(match n.parse() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*n).try_into().expect("DNS name")),
+            });
+        }
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.ca).expect("sign");
+        let issued = Issued {
+            cert: self.dir.join(format!("{file}.crt")),
+            key: self.dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&issued.cert, cert.pem()).expect("write cert");
+        std::fs::write(&issued.key, key.serialize_pem()).expect("write key");
+        issued
+    }
+}
+
+/// An https origin: answers every request `200 tls ok`.
+pub struct TlsOrigin {
+    addr: SocketAddr,
+    state: Arc<Seen>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Seen {
+    sni: Mutex<Vec<Option<String>>>,
+    client_certs: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+impl TlsOrigin {
+    /// Serves with `cert`; with `client_ca`, a client certificate signed
+    /// by it is required.
+    pub async fn start(cert: &Issued, client_ca: Option<&Path>) -> Self {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert.cert)
+            .expect("cert file")
+            .collect::<Result<_, _>>()
+            .expect("certs");
+        let key = PrivateKeyDer::from_pem_file(&cert.key).expect("key file");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions");
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca).expect("client CA") {
+                    roots.add(c.expect("client CA cert")).expect("add");
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .expect("client verifier");
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder.with_single_cert(chain, key).expect("server config");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(Seen::default());
+        let seen = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    {
+                        let (_, conn) = tls.get_ref();
+                        super::tls::lock(&seen.sni).push(conn.server_name().map(str::to_owned));
+                        if conn.peer_certificates().is_some_and(|c| !c.is_empty()) {
+                            seen.client_certs.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    let seen2 = Arc::clone(&seen);
+                    let service = service_fn(move |_req: Request<Incoming>| {
+                        seen2.requests.fetch_add(1, Ordering::SeqCst);
+                        async {
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("tls ok"))))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        TlsOrigin {
+            addr,
+            state,
+            _task: task,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The SNI of each completed handshake (None: none sent).
+    pub fn sni(&self) -> Vec<Option<String>> {
+        lock(&self.state.sni).clone()
+    }
+
+    /// Handshakes in which the client showed a certificate.
+    pub fn client_certs(&self) -> usize {
+        self.state.client_certs.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered.
+    pub fn requests(&self) -> usize {
+        self.state.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TlsOrigin {
+    fn drop(&mut self) {
+        self._task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,186 @@
+//! `upstream: https://…`: TLS to the origin with the certificate checked
+//! (a CA made at run time by the harness), SNI, a name override, mutual
+//! TLS, and the clear 502 when the certificate is wrong.
+
+use corral_tests::temp::TempDir;
+use corral_tests::tls::{Pki, TlsOrigin};
+use corral_tests::{Client, Config, DEADLINE, Proxy, Route, corral_check, eventually};
+
+fn route(port: u16, host: &str, tls: &str) -> Route {
+    let r = Route::new("api", format!("https://{host}:{port}"));
+    if tls.is_empty() {
+        r
+    } else {
+        r.field("tls", tls)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_https_upstream_answers_and_gets_its_host_as_sni() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let origin = TlsOrigin::start(&pki.issue("origin", &["localhost"], false), None).await;
+    let tls = format!("{{ ca_file: {} }}", pki.ca_file("ca").display());
+    let proxy = Proxy::new(Config::new().route(route(origin.port(), "localhost", &tls)))
+        .start()
+        .await;
+    let a = Client::new().get(&proxy.url("/x")).await;
+    assert_eq!((a.status.as_u16(), a.text().as_str()), (200, "tls ok"));
+    assert_eq!(origin.sni(), [Some("localhost".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_a_wrong_name_or_an_expired_certificate_is_a_clear_502() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let _other = Pki::new(dir.path(), "other");
+    let good = TlsOrigin::start(&pki.issue("good", &["localhost"], false), None).await;
+    let expired = TlsOrigin::start(&pki.issue("old", &["localhost"], true), None).await;
+    let ca = |name: &str| format!("{{ ca_file: {} }}", pki.ca_file(name).display());
+    let cases = [
+        (
+            route(good.port(), "localhost", &ca("other")),
+            "UnknownIssuer",
+        ),
+        (
+            route(good.port(), "127.0.0.1", &ca("ca")),
+            "not valid for name",
+        ),
+        (route(expired.port(), "localhost", &ca("ca")), "expired"),
+    ];
+    let client = Client::new();
+    for (r, why) in cases {
+        let proxy = Proxy::new(Config::new().route(r)).start().await;
+        let a = client.get(&proxy.url("/x")).await;
+        assert_eq!(a.status, 502, "{why}");
+        assert_eq!(
+            a.cache_status().detail(),
+            Some("upstream-tls-error"),
+            "{why}"
+        );
+        eventually(DEADLINE, &format!("a log line naming {why}"), || {
+            let log = proxy.log();
+            async move { log.contains("TLS handshake failed") && log.contains(why) }
+        })
+        .await;
+    }
+    assert_eq!((good.requests(), expired.requests()), (0, 0));
+
+    // The name the certificate carries, sent and checked in place of the
+    // address: the same upstream is fine.
+    let named = format!(
+        "{{ ca_file: {}, server_name: localhost }}",
+        pki.ca_file("ca").display()
+    );
+    let proxy = Proxy::new(Config::new().route(route(good.port(), "127.0.0.1", &named)))
+        .start()
+        .await;
+    assert_eq!(client.get(&proxy.url("/x")).await.status, 200);
+    assert_eq!(good.sni(), [Some("localhost".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_sends_the_client_certificate_and_fails_clearly_without_it() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let clients = Pki::new(dir.path(), "clients");
+    let me = clients.issue("corral-client", &["corral.internal"], false);
+    let origin = TlsOrigin::start(
+        &pki.issue("origin", &["localhost"], false),
+        Some(&clients.ca_file("clients")),
+    )
+    .await;
+    let client = Client::new();
+    let without = format!("{{ ca_file: {} }}", pki.ca_file("ca").display());
+    let proxy = Proxy::new(Config::new().route(route(origin.port(), "localhost", &without)))
+        .start()
+        .await;
+    let a = client.get(&proxy.url("/x")).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(a.cache_status().detail(), Some("upstream-tls-error"));
+    assert_eq!(origin.requests(), 0);
+
+    let with = format!(
+        "{{ ca_file: {}, client_cert: {}, client_key: {} }}",
+        pki.ca_file("ca").display(),
+        me.cert.display(),
+        me.key.display()
+    );
+    let proxy = Proxy::new(Config::new().route(route(origin.port(), "localhost", &with)))
+        .start()
+        .await;
+    let a = client.get(&proxy.url("/x")).await;
+    assert_eq!((a.status.as_u16(), a.text().as_str()), (200, "tls ok"));
+    assert_eq!((origin.requests(), origin.client_certs()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_skip_verify_connects_and_says_so_at_start() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let origin = TlsOrigin::start(&pki.issue("origin", &["elsewhere.test"], false), None).await;
+    let proxy = Proxy::new(Config::new().route(route(
+        origin.port(),
+        "127.0.0.1",
+        "{ insecure_skip_verify: true }",
+    )))
+    .start()
+    .await;
+    assert_eq!(Client::new().get(&proxy.url("/x")).await.status, 200);
+    eventually(DEADLINE, "the insecure_skip_verify warning", || {
+        let log = proxy.log();
+        async move { log.contains("insecure_skip_verify") && log.contains("WARN") }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tls_mistakes_name_their_line_and_field() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let leaf = pki.issue("leaf", &["localhost"], false);
+    let render = |c: Config| {
+        c.render(
+            "127.0.0.1:18080".parse().expect("addr"),
+            "127.0.0.1:18081".parse().expect("addr"),
+        )
+    };
+    let cases = [
+        (
+            Route::new("api", "http://127.0.0.1:9").field("tls", "{ insecure_skip_verify: true }"),
+            "routes[0].tls",
+            "https:// upstreams only",
+        ),
+        (
+            route(9, "localhost", "{ ca_file: /nonexistent/ca.pem }"),
+            "routes[0].tls.ca_file",
+            "cannot read",
+        ),
+        (
+            route(
+                9,
+                "localhost",
+                &format!("{{ ca_file: {} }}", leaf.key.display()),
+            ),
+            "routes[0].tls.ca_file",
+            "no PEM certificate",
+        ),
+        (
+            route(
+                9,
+                "localhost",
+                &format!("{{ client_cert: {} }}", leaf.cert.display()),
+            ),
+            "routes[0].tls.client_key",
+            "needs client_key",
+        ),
+    ];
+    for (r, field, words) in cases {
+        let (status, stderr) = corral_check(&render(Config::new().route(r))).await;
+        assert!(!status.success(), "accepted; stderr:\n{stderr}");
+        assert!(
+            stderr.contains(field) && stderr.contains(words) && stderr.contains("check.yaml:"),
+            "expected {field} / {words}: {stderr}"
+        );
+    }
+}
