@@ -42,6 +42,7 @@ pub struct Route {
     cache: Section,
     coalesce: Section,
     fields: Section,
+    upstreams: Vec<String>,
 }
 
 impl Route {
@@ -61,7 +62,14 @@ impl Route {
             cache,
             coalesce: Section::default(),
             fields: Section::default(),
+            upstreams: Vec::new(),
         }
+    }
+
+    /// A pool: `upstreams: [..]` in place of `upstream:`.
+    pub fn upstreams(mut self, servers: &[String]) -> Self {
+        self.upstreams = servers.to_vec();
+        self
     }
 
     /// Sets a route field written as is (e.g. `("upstream_concurrency",
@@ -108,7 +116,11 @@ impl Route {
         if let Some(host) = &self.host {
             let _ = writeln!(out, "      host: {host}");
         }
-        let _ = writeln!(out, "    upstream: {}", self.upstream);
+        if self.upstreams.is_empty() {
+            let _ = writeln!(out, "    upstream: {}", self.upstream);
+        } else {
+            let _ = writeln!(out, "    upstreams: [{}]", self.upstreams.join(", "));
+        }
         self.fields.write(out, "    ");
         for (title, section) in [
             ("timeouts", &self.timeouts),

@@ -108,9 +108,14 @@ impl Origin {
 
     /// Binds 127.0.0.1:0 and serves in a task of the current runtime.
     pub async fn start(self) -> RunningOrigin {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        self.start_at("127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    /// Binds `addr` (a stopped origin's, to bring it back) and serves.
+    pub async fn start_at(self, addr: SocketAddr) -> RunningOrigin {
+        let listener = TcpListener::bind(addr)
             .await
-            .expect("bind the origin on 127.0.0.1:0");
+            .unwrap_or_else(|e| panic!("bind the origin on {addr}: {e}"));
         let addr = listener.local_addr().expect("origin local addr");
         let (arrivals, _) = watch::channel(0usize);
         let state = Arc::new(State {

@@ -138,6 +138,16 @@ impl Route {
             upstream: Upstream::new(
                 &rc.name,
                 &rc.timeouts,
+                Arc::new(crate::origin::pool::Pool::new(
+                    &rc.name,
+                    rc.upstreams
+                        .iter()
+                        .filter_map(|u| u.authority().cloned())
+                        .collect(),
+                    rc.balance,
+                    rc.health.max_fails,
+                    rc.health.fail_timeout,
+                )),
                 rc.tls.as_ref(),
                 rc.upstream_concurrency.map(|max| {
                     shared.slots.get(
@@ -175,12 +185,20 @@ impl RouteTable {
                 .routes
                 .iter()
                 .map(|r| {
-                    Arc::new(Route::from_config(
+                    let route = Arc::new(Route::from_config(
                         r,
                         config.cache.max_object_size,
                         &config.limits,
                         shared,
-                    ))
+                    ));
+                    if let Some(path) = &r.health.check_path {
+                        route.upstream.spawn_checks(
+                            route.scheme.clone(),
+                            path.clone(),
+                            r.health.check_interval,
+                        );
+                    }
+                    route
                 })
                 .collect(),
         }

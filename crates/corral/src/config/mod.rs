@@ -80,6 +80,26 @@ const DEFAULT_LOCAL_BUCKETS: u64 = 100_000;
 const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
 const DEFAULT_UPSTREAM_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pool's passive (and optional active) health (`health:`).
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    pub check_path: Option<String>,
+    pub check_interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            check_path: None,
+            check_interval: Duration::from_secs(5),
+        }
+    }
+}
+
 /// One rate limit of a route (`limits:`).
 #[derive(Debug, Clone)]
 pub struct LimitConfig {
@@ -242,6 +262,11 @@ pub struct RouteConfig {
     pub backoff: corral_core::BackoffPolicy,
     /// The route's origin circuit (`circuit:`).
     pub circuit: CircuitConfig,
+    /// Every server of the route (`upstreams:`, or the one `upstream:`,
+    /// which is also `upstream` above): one scheme, no duplicates.
+    pub upstreams: Vec<http::Uri>,
+    pub balance: crate::origin::pool::Balance,
+    pub health: HealthConfig,
     /// TLS to the upstream: set exactly for `https://` upstreams.
     pub tls: Option<tls::UpstreamTls>,
     /// Rate limits, each checked in order.

@@ -54,6 +54,15 @@ pub struct RawJwt {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    pub max_fails: Option<Text>,
+    pub fail_timeout: Option<Text>,
+    pub check_path: Option<Text>,
+    pub check_interval: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub ca_file: Option<Text>,
     pub client_cert: Option<Text>,
@@ -126,6 +135,9 @@ pub struct RawRoute {
     #[serde(rename = "match")]
     pub matcher: Option<RawMatch>,
     pub upstream: Option<Text>,
+    pub upstreams: Option<Spanned<Vec<Text>>>,
+    pub balance: Option<Text>,
+    pub health: Option<RawHealth>,
     pub timeouts: Option<RawTimeouts>,
     pub cache: Option<RawRouteCache>,
     pub coalesce: Option<RawCoalesce>,

@@ -521,10 +521,97 @@ impl Resolver<'_> {
         };
 
         let upstream_field = format!("{prefix}.upstream");
-        let upstream = self.required(&raw.upstream, at, &upstream_field)?;
-        let upstream_at = upstream.referenced;
-        let upstream = upstream_uri(&upstream.value)
-            .map_err(|m| self.error(&upstream.referenced, &upstream_field, m))?;
+        let (upstream, upstream_at, upstreams) = match (&raw.upstream, &raw.upstreams) {
+            (Some(u), None) => {
+                let uri = upstream_uri(&u.value)
+                    .map_err(|m| self.error(&u.referenced, &upstream_field, m))?;
+                (uri.clone(), u.referenced, vec![uri])
+            }
+            (None, Some(list)) => {
+                let field = format!("{prefix}.upstreams");
+                if list.value.is_empty() {
+                    return Err(self.error(&list.referenced, &field, "names no server"));
+                }
+                let mut uris: Vec<http::Uri> = Vec::with_capacity(list.value.len());
+                for (i, t) in list.value.iter().enumerate() {
+                    let f = format!("{field}[{i}]");
+                    let uri =
+                        upstream_uri(&t.value).map_err(|m| self.error(&t.referenced, &f, m))?;
+                    if uri.scheme() != uris.first().map_or(uri.scheme(), |u| u.scheme()) {
+                        return Err(self.error(
+                            &t.referenced,
+                            &f,
+                            "all servers of a route use one scheme",
+                        ));
+                    }
+                    if uris.iter().any(|u| u.authority() == uri.authority()) {
+                        return Err(self.error(&t.referenced, &f, "named twice"));
+                    }
+                    uris.push(uri);
+                }
+                (uris[0].clone(), list.referenced, uris)
+            }
+            (Some(_), Some(list)) => {
+                return Err(self.error(
+                    &list.referenced,
+                    &format!("{prefix}.upstreams"),
+                    "give upstream (one server) or upstreams (several), not both",
+                ));
+            }
+            (None, None) => {
+                self.required(&raw.upstream, at, &upstream_field)?;
+                unreachable!("required() refused the missing field")
+            }
+        };
+        let balance = match &raw.balance {
+            None => crate::origin::pool::Balance::RoundRobin,
+            Some(t) => match t.value.trim() {
+                "round_robin" => crate::origin::pool::Balance::RoundRobin,
+                "least_outstanding" => crate::origin::pool::Balance::LeastOutstanding,
+                other => {
+                    return Err(self.error(
+                        &t.referenced,
+                        &format!("{prefix}.balance"),
+                        format!("`{other}` is not one of round_robin, least_outstanding"),
+                    ));
+                }
+            },
+        };
+        let health = match &raw.health {
+            None => super::HealthConfig::default(),
+            Some(h) => {
+                let d = super::HealthConfig::default();
+                let p = format!("{prefix}.health");
+                let max_fails = match &h.max_fails {
+                    None => d.max_fails,
+                    Some(t) => whole_number(&t.value, 1, "failures")
+                        .and_then(|n| {
+                            u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
+                        })
+                        .map_err(|m| self.error(&t.referenced, &format!("{p}.max_fails"), m))?,
+                };
+                let ft = format!("{p}.fail_timeout");
+                let fail_timeout = self.duration(h.fail_timeout.as_ref(), &ft, d.fail_timeout)?;
+                self.positive(&fail_timeout, &ft)?;
+                let ci = format!("{p}.check_interval");
+                let check_interval =
+                    self.duration(h.check_interval.as_ref(), &ci, d.check_interval)?;
+                self.positive(&check_interval, &ci)?;
+                let check_path =
+                    match &h.check_path {
+                        None => None,
+                        Some(t) => Some(match_path_prefix(&t.value).map_err(|m| {
+                            self.error(&t.referenced, &format!("{p}.check_path"), m)
+                        })?),
+                    };
+                super::HealthConfig {
+                    max_fails,
+                    fail_timeout: fail_timeout.value,
+                    check_path,
+                    check_interval: check_interval.value,
+                }
+            }
+        };
         let tls = match (upstream.scheme_str(), &raw.tls) {
             (Some("https"), tls) => Some(self.tls(tls.as_ref(), &upstream_at, prefix)?),
             (_, None) => None,
@@ -588,6 +675,9 @@ impl Resolver<'_> {
             ));
         }
         Ok(RouteConfig {
+            upstreams,
+            balance,
+            health,
             tls,
             limits,
             upstream_concurrency,

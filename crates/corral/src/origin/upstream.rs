@@ -107,6 +107,8 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
 /// A route's connection pool and deadlines.
 pub struct Upstream {
     route: String,
+    /// The servers (one for `upstream:`), chosen per attempt.
+    pub pool: std::sync::Arc<crate::origin::pool::Pool>,
     client: Client<HttpsConnector<HttpConnector>, Body>,
     pub response_headers: Duration,
     pub total: Duration,
@@ -119,6 +121,7 @@ impl Upstream {
     pub fn new(
         route: &str,
         t: &TimeoutsConfig,
+        pool: std::sync::Arc<crate::origin::pool::Pool>,
         tls: Option<&crate::config::tls::UpstreamTls>,
         slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
     ) -> Self {
@@ -162,6 +165,7 @@ impl Upstream {
             .build(connector);
         Upstream {
             route: route.to_owned(),
+            pool,
             client,
             response_headers: t.response_headers,
             total: t.total,
@@ -181,8 +185,49 @@ impl Upstream {
         deadline: Instant,
         slot: Option<crate::limits::slots::Slot>,
     ) -> Result<Response<OriginBody>, UpstreamError> {
-        let res = self.send_retrying(req, retryable, deadline).await?;
-        Ok(res.map(|inner| OriginBody { inner, _slot: slot }))
+        let (res, server) = self.send_retrying(req, retryable, deadline).await?;
+        let held = (self.pool.servers.len() > 1).then(|| self.pool.hold(server));
+        Ok(res.map(|inner| OriginBody {
+            inner,
+            _slot: slot,
+            _server: held,
+        }))
+    }
+
+    /// Asks every server of the pool for `path` every `interval`, until
+    /// the pool is dropped (a reload builds a new one): a 2xx or 3xx brings
+    /// a server back, anything else counts as one of its failures.
+    pub fn spawn_checks(&self, scheme: http::uri::Scheme, path: String, interval: Duration) {
+        let pool = std::sync::Arc::downgrade(&self.pool);
+        let client = self.client.clone();
+        let within = self.response_headers;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(pool) = pool.upgrade() else { return };
+                for (i, server) in pool.servers.iter().enumerate() {
+                    let uri = http::Uri::builder()
+                        .scheme(scheme.clone())
+                        .authority(server.authority.clone())
+                        .path_and_query(path.as_str())
+                        .build();
+                    let Ok(uri) = uri else { continue };
+                    let mut req = Request::new(Body::empty());
+                    *req.uri_mut() = uri;
+                    let ok = matches!(
+                        tokio::time::timeout(within, client.request(req)).await,
+                        Ok(Ok(res)) if res.status().is_success() || res.status().is_redirection()
+                    );
+                    if ok {
+                        pool.succeeded(i);
+                    } else {
+                        pool.failed(i);
+                    }
+                }
+            }
+        });
     }
 
     /// Waits for an `upstream_concurrency` slot (none without one); take
@@ -204,22 +249,74 @@ impl Upstream {
         req: Request<Body>,
         retryable: bool,
         deadline: Instant,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<(Response<Incoming>, usize), UpstreamError> {
         let retry = if retryable {
             clone_bodyless(&req)
         } else {
             None
         };
-        match self.send_once(req, deadline).await {
-            Err(UpstreamError::Exchange(first)) => match retry {
-                Some(again) => {
-                    tracing::debug!(error = %first, "retrying an idempotent request once");
-                    self.send_once(again, deadline).await
-                }
-                None => Err(UpstreamError::Exchange(first)),
-            },
-            other => other,
+        let first = self.pool.pick(None);
+        let pooled = self.pool.servers.len() > 1;
+        match self.send_to(first, req, deadline).await {
+            Ok(res) => Ok((res, first)),
+            // Another server, for what failed before any byte of an
+            // answer: a refused connection or TLS handshake, or an
+            // exchange that broke (with one server: only the exchange, the
+            // sign of a pooled connection it had just closed).
+            Err(
+                e
+                @ (UpstreamError::Connect(_) | UpstreamError::Tls(_) | UpstreamError::Exchange(_)),
+            ) if retry.is_some() && (pooled || matches!(e, UpstreamError::Exchange(_))) => {
+                let second = self.pool.pick(Some(first));
+                tracing::debug!(error = %e, server = %self.pool.servers[second].authority, "retrying an idempotent request once");
+                let again = retry.unwrap_or_else(|| Request::new(Body::empty()));
+                self.send_to(second, again, deadline)
+                    .await
+                    .map(|res| (res, second))
+            }
+            Err(e) => Err(e),
         }
+    }
+
+    /// One attempt on server `i` of the pool: its authority in the target
+    /// (and in Host, where Host was the route's), its health updated.
+    async fn send_to(
+        &self,
+        i: usize,
+        mut req: Request<Body>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let server = &self.pool.servers[i];
+        if i > 0 {
+            let mut parts = req.uri().clone().into_parts();
+            parts.authority = Some(server.authority.clone());
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+            let first = self.pool.servers[0].authority.as_str();
+            if req
+                .headers()
+                .get(http::header::HOST)
+                .is_some_and(|h| h.as_bytes() == first.as_bytes())
+                && let Ok(v) = http::HeaderValue::from_str(server.authority.as_str())
+            {
+                req.headers_mut().insert(http::header::HOST, v);
+            }
+        }
+        let _outstanding = self.pool.outstanding(i);
+        let r = self.send_once(req, deadline).await;
+        match &r {
+            Ok(_) => self.pool.succeeded(i),
+            Err(
+                UpstreamError::Connect(_)
+                | UpstreamError::Tls(_)
+                | UpstreamError::Exchange(_)
+                | UpstreamError::HeaderTimeout(_)
+                | UpstreamError::TotalTimeout(_),
+            ) => self.pool.failed(i),
+            Err(_) => {}
+        }
+        r
     }
 
     async fn send_once(
@@ -335,6 +432,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub struct OriginBody {
     inner: Incoming,
     _slot: Option<crate::limits::slots::Slot>,
+    /// Counts the request as outstanding to its server (least_outstanding).
+    _server: Option<crate::origin::pool::OwnedOutstanding>,
 }
 
 impl HttpBody for OriginBody {
@@ -349,6 +448,7 @@ impl HttpBody for OriginBody {
         if let Poll::Ready(None | Some(Err(_))) = &r {
             // Ended: the upstream request is no longer outstanding.
             self._slot = None;
+            self._server = None;
         }
         r
     }

@@ -318,6 +318,12 @@ pub fn upstream_slot(route: &str, outcome: &'static str) {
         .increment(1);
 }
 
+/// Whether one server of a route's pool is in use (1) or left out after
+/// failures (0): `corral_upstream_server_up{route,server}`.
+pub fn upstream_server_up(route: &str, server: &str) -> metrics::Gauge {
+    gauge!("corral_upstream_server_up", "route" => route.to_owned(), "server" => server.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
