@@ -752,11 +752,20 @@ routes:
     }
 
     #[test]
-    fn https_upstream_is_refused_clearly() {
-        let error =
-            refused(&route_with("").replace("http://127.0.0.1:3000", "https://api.internal"));
-        let message = assert_at(&error, 7, 15, "routes[0].upstream");
-        assert_eq!(message, "https upstreams are not supported yet");
+    fn https_upstream_gets_tls_and_tls_on_http_is_refused() {
+        let https =
+            route_with("    tls: { insecure_skip_verify: true, server_name: api.internal }\n")
+                .replace("http://127.0.0.1:3000", "https://10.0.0.7:8443");
+        let c = config(&https);
+        let tls = c.routes[0].tls.as_ref().expect("an https route has TLS");
+        assert!(tls.insecure_skip_verify);
+        assert_eq!(
+            tls.server_name.as_ref().map(|n| n.to_str().into_owned()),
+            Some("api.internal".to_owned())
+        );
+        let error = refused(&route_with("    tls: { insecure_skip_verify: true }\n"));
+        let message = assert_at(&error, 8, 10, "routes[0].tls");
+        assert_eq!(message, "applies to https:// upstreams only");
     }
 
     #[test]
