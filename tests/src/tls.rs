@@ -205,3 +205,99 @@ impl Drop for TlsOrigin {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// What a TLS client saw: the protocol ALPN chose, the answer, and the
+/// server's certificate.
+#[derive(Debug)]
+pub struct TlsAnswer {
+    pub alpn: Option<Vec<u8>>,
+    pub status: u16,
+    pub body: String,
+    pub server_cert: Vec<u8>,
+}
+
+/// GETs `path` from `addr` over TLS, trusting `ca_file`, naming
+/// `server_name`, offering `alpn` (`h2` is then spoken if chosen).
+pub async fn tls_get(
+    addr: SocketAddr,
+    ca_file: &Path,
+    server_name: &str,
+    alpn: &[&[u8]],
+    path: &str,
+) -> Result<TlsAnswer, String> {
+    use http_body_util::BodyExt;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca_file).map_err(|e| e.to_string())? {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (_, conn) = tls.get_ref();
+    let negotiated = conn.alpn_protocol().map(<[u8]>::to_vec);
+    let server_cert = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default();
+    let req = Request::get(format!("https://{server_name}{path}"))
+        .header("host", server_name)
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let res = if negotiated.as_deref() == Some(b"h2") {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tls),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        send.send_request(req).await.map_err(|e| e.to_string())?
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        send.send_request(req).await.map_err(|e| e.to_string())?
+    };
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(TlsAnswer {
+        alpn: negotiated,
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        server_cert,
+    })
+}
+
+/// The DER of the first certificate in a PEM file.
+pub fn cert_der(pem_file: &Path) -> Vec<u8> {
+    CertificateDer::pem_file_iter(pem_file)
+        .expect("cert file")
+        .next()
+        .expect("a certificate")
+        .expect("PEM")
+        .as_ref()
+        .to_vec()
+}

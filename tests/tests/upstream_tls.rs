@@ -184,3 +184,75 @@ async fn tls_mistakes_name_their_line_and_field() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_speaks_http1_and_h2_and_follows_its_certificate_files() {
+    use corral_tests::tls::{cert_der, tls_get};
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let first = pki.issue("listener", &["corral.test", "127.0.0.1"], false);
+    let origin = corral_tests::Origin::new()
+        .route("/hello", corral_tests::Reply::ok("hello"))
+        .start()
+        .await;
+    let addr = corral_tests::ports::free_addr().expect("free port");
+    let proxy = Proxy::new(Config::single(origin.url()).top(
+        "listen_tls",
+        &format!(
+            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
+            first.cert.display(),
+            first.key.display()
+        ),
+    ))
+    .start()
+    .await;
+    let ca = pki.ca_file("ca");
+    let h1 = tls_get(addr, &ca, "corral.test", &[b"http/1.1"], "/hello")
+        .await
+        .expect("h1");
+    assert_eq!(
+        (h1.alpn.as_deref(), h1.status, h1.body.as_str()),
+        (Some(&b"http/1.1"[..]), 200, "hello")
+    );
+    let h2 = tls_get(addr, &ca, "corral.test", &[b"h2", b"http/1.1"], "/hello")
+        .await
+        .expect("h2");
+    assert_eq!(
+        (h2.alpn.as_deref(), h2.status, h2.body.as_str()),
+        (Some(&b"h2"[..]), 200, "hello")
+    );
+    assert_eq!(h2.server_cert, cert_der(&first.cert));
+    // The plain listener still serves.
+    assert_eq!(Client::new().get(&proxy.url("/hello")).await.status, 200);
+
+    // cert-manager replaces the files: new connections get the new one.
+    let second = pki.issue("next", &["corral.test", "127.0.0.1"], false);
+    let staged = dir.path().join("staged.crt");
+    std::fs::copy(&second.key, &first.key).expect("key");
+    std::fs::copy(&second.cert, &staged).expect("stage");
+    std::fs::rename(&staged, &first.cert).expect("swap");
+    let new_der = cert_der(&first.cert);
+    eventually(DEADLINE, "new connections get the new certificate", || {
+        let ca = ca.clone();
+        let new_der = new_der.clone();
+        async move {
+            tls_get(addr, &ca, "corral.test", &[b"h2"], "/hello")
+                .await
+                .is_ok_and(|a| a.server_cert == new_der && a.status == 200)
+        }
+    })
+    .await;
+    // A broken pair is refused and the running certificate stays.
+    let refusals = |log: &str| log.matches("not a valid pair").count();
+    let before = refusals(&proxy.log());
+    std::fs::write(&first.cert, "not a certificate").expect("break");
+    let log_says = || {
+        let now = refusals(&proxy.log());
+        async move { now > before }
+    };
+    eventually(DEADLINE, "the broken pair is logged", log_says).await;
+    let still = tls_get(addr, &ca, "corral.test", &[b"http/1.1"], "/hello")
+        .await
+        .expect("still");
+    assert_eq!((still.status, still.server_cert == new_der), (200, true));
+}

@@ -306,6 +306,14 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let listener = client_listener(config.listen)
         .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+    let tls_listener = match &config.listen_tls {
+        None => None,
+        Some(t) => Some((
+            client_listener(t.addr)
+                .with_context(|| format!("cannot listen on {} (listen_tls.addr)", t.addr))?,
+            http::tls::ListenerTls::load(t)?,
+        )),
+    };
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
@@ -349,7 +357,15 @@ async fn serve(
         tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
-    server::serve(listener, app, &config.server, max_connections, shutdown_rx).await;
+    server::serve(
+        listener,
+        tls_listener,
+        app,
+        &config.server,
+        max_connections,
+        shutdown_rx,
+    )
+    .await;
     let _ = admin.await;
     tracing::info!("corral stopped");
     Ok(())

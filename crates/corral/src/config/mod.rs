@@ -40,6 +40,8 @@ pub fn parse(file_name: &str, text: &str) -> Result<Config, ConfigError> {
 pub struct Config {
     /// Address the proxy listens on for client traffic.
     pub listen: SocketAddr,
+    /// A second client listener, with TLS (`listen_tls`).
+    pub listen_tls: Option<ListenTls>,
     /// Address of the admin listener (metrics, health, purge); never the same as `listen`.
     pub admin: SocketAddr,
     pub server: ServerConfig,
@@ -54,6 +56,15 @@ pub struct Config {
     pub limits: Vec<LimitConfig>,
     /// Routes in file order; at least one, names unique.
     pub routes: Vec<RouteConfig>,
+}
+
+/// `listen_tls:`: HTTP/1.1 and h2 over TLS, the certificate read anew
+/// whenever its files change.
+#[derive(Debug, Clone)]
+pub struct ListenTls {
+    pub addr: SocketAddr,
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
 }
 
 /// `callers:` (optional).

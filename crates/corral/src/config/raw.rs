@@ -15,6 +15,7 @@ pub type Text = Spanned<String>;
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub listen: Option<Text>,
+    pub listen_tls: Option<Spanned<RawListenTls>>,
     pub admin: Option<Text>,
     pub server: Option<RawServer>,
     pub cache: Option<Spanned<RawCache>>,
@@ -50,6 +51,14 @@ pub struct RawJwt {
     pub audience: Option<Text>,
     pub leeway: Option<Text>,
     pub on_invalid: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenTls {
+    pub addr: Option<Text>,
+    pub cert_file: Option<Text>,
+    pub key_file: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -89,6 +89,7 @@ impl Resolver<'_> {
 
     fn config(&self, raw: &RawConfig, root: &Location) -> Result<Config, ConfigError> {
         let empty = raw.listen.is_none()
+            && raw.listen_tls.is_none()
             && raw.admin.is_none()
             && raw.server.is_none()
             && raw.cache.is_none()
@@ -118,6 +119,49 @@ impl Resolver<'_> {
         let server = match &raw.server {
             Some(server) => self.server(server)?,
             None => ServerConfig::default(),
+        };
+        let listen_tls = match &raw.listen_tls {
+            None => None,
+            Some(t) => {
+                let addr_text = self.required(&t.value.addr, &t.referenced, "listen_tls.addr")?;
+                let addr = self.socket_addr(addr_text, "listen_tls.addr")?;
+                if collide(addr, listen) || collide(addr, admin) {
+                    return Err(self.error(
+                        &addr_text.referenced,
+                        "listen_tls.addr",
+                        format!("{addr} overlaps listen or admin; give it its own port"),
+                    ));
+                }
+                let cert =
+                    self.required(&t.value.cert_file, &t.referenced, "listen_tls.cert_file")?;
+                let key = self.required(&t.value.key_file, &t.referenced, "listen_tls.key_file")?;
+                let read = |t: &Text, field: &str| {
+                    std::fs::read(t.value.trim()).map_err(|e| {
+                        self.error(
+                            &t.referenced,
+                            field,
+                            format!("cannot read `{}`: {e}", t.value.trim()),
+                        )
+                    })
+                };
+                let (cert_pem, key_pem) = (
+                    read(cert, "listen_tls.cert_file")?,
+                    read(key, "listen_tls.key_file")?,
+                );
+                if let Err(e) = super::tls::server_config(&cert_pem, &key_pem) {
+                    let at = if e.field == "key_file" { key } else { cert };
+                    return Err(self.error(
+                        &at.referenced,
+                        &format!("listen_tls.{}", e.field),
+                        e.message,
+                    ));
+                }
+                Some(super::ListenTls {
+                    addr,
+                    cert_file: cert.value.trim().into(),
+                    key_file: key.value.trim().into(),
+                })
+            }
         };
         let cache = self.cache(self.required(&raw.cache, root, "cache")?)?;
         let redis = match &raw.redis {
@@ -200,6 +244,7 @@ impl Resolver<'_> {
         }
         Ok(Config {
             listen,
+            listen_tls,
             admin,
             server,
             cache,

@@ -193,3 +193,24 @@ impl ServerCertVerifier for NoVerification {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// The listener's certificate and key (`listen_tls`), checked: a PEM
+/// chain and its private key, offered with ALPN h2 and http/1.1.
+pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<rustls::ServerConfig, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err("cert_file", format!("not PEM certificates: {e}")))?;
+    if chain.is_empty() {
+        return Err(err("cert_file", "holds no PEM certificate"));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| err("key_file", format!("no PEM private key: {e}")))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err("", e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| err("key_file", format!("does not fit cert_file: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}

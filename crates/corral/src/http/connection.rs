@@ -236,10 +236,31 @@ pub async fn serve(
     router: Router,
     builder: auto::Builder<TokioExecutor>,
     limits: Limits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    serve_on(
+        name, listener, router, builder, limits, shutdown, grace, slots, None,
+    )
+    .await;
+}
+
+/// [`serve`] with the connection slots given (shared by the listeners of
+/// one limit) and, with `tls`, a TLS handshake (within
+/// `header_read_timeout`) before HTTP.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_on(
+    name: &'static str,
+    listener: TcpListener,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+    slots: Arc<Semaphore>,
+    tls: Option<Arc<crate::http::tls::ListenerTls>>,
+) {
     let builder = Arc::new(builder);
     loop {
         let permit = tokio::select! {
@@ -267,6 +288,7 @@ pub async fn serve(
         let router = router.clone();
         let builder = Arc::clone(&builder);
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let mut stream = stream;
             let (peer, prefix) = if limits.proxy_protocol {
@@ -294,9 +316,34 @@ pub async fn serve(
                 activity: Arc::clone(&activity),
                 peer,
             };
-            let io = TokioIo::new(ClientStream::new(stream, Arc::clone(&activity), prefix));
-            let conn = builder.serve_connection(io, service);
-            watch_over(conn, &activity, &limits, shutdown).await;
+            let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
+            match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(client), service);
+                    watch_over(conn, &activity, &limits, shutdown).await;
+                }
+                Some(tls) => {
+                    let accepted = tokio::time::timeout(
+                        limits.header_read_timeout,
+                        tls.acceptor().accept(client),
+                    )
+                    .await;
+                    match accepted {
+                        Ok(Ok(stream)) => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watch_over(conn, &activity, &limits, shutdown).await;
+                        }
+                        Ok(Err(e)) => {
+                            crate::telemetry::metrics::connection_closed("tls-handshake");
+                            tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            crate::telemetry::metrics::connection_closed("tls-handshake");
+                            tracing::debug!(listener = name, %peer, "no TLS handshake within header_read_timeout");
+                        }
+                    }
+                }
+            }
             drop(permit);
             tracing::trace!(listener = name, %peer, "connection closed");
         });
@@ -333,15 +380,15 @@ async fn read_proxy_header(stream: &mut TcpStream) -> Result<(Header, Bytes), &'
     }
 }
 
-type Conn<'a> = auto::Connection<'a, TokioIo<ClientStream>, Tracked, TokioExecutor>;
-
 /// Drives one connection to its end under its deadlines.
-async fn watch_over(
-    conn: Conn<'_>,
+async fn watch_over<I>(
+    conn: auto::Connection<'_, I, Tracked, TokioExecutor>,
     activity: &Activity,
     limits: &Limits,
     mut shutdown: watch::Receiver<bool>,
-) {
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let mut conn = std::pin::pin!(conn);
     // Once told to close, the connection has this long to finish.
     let mut closing: Option<Instant> = None;

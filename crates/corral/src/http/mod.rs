@@ -7,3 +7,4 @@ pub mod client_stream;
 pub mod connection;
 pub mod proxy;
 pub mod server;
+pub mod tls;

@@ -27,6 +27,7 @@ const HYPER_BUF: u64 = 256 * 1024;
 /// lets in-flight requests finish within the configured grace.
 pub async fn serve(
     listener: TcpListener,
+    tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
     app: Arc<App>,
     config: &ServerConfig,
     max_connections: usize,
@@ -45,14 +46,35 @@ pub async fn serve(
         config.max_header_size,
         config.max_header_size.max(HYPER_BUF),
     );
-    connection::serve(
+    // One connection limit for both listeners.
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let plain = connection::serve_on(
         "client",
         listener,
-        router,
-        builder,
+        router.clone(),
+        builder.clone(),
         limits,
-        shutdown,
+        shutdown.clone(),
         config.shutdown_grace,
-    )
-    .await;
+        Arc::clone(&slots),
+        None,
+    );
+    match tls_listener {
+        None => plain.await,
+        Some((tls_listener, tls)) => {
+            tls.spawn_watch();
+            let secure = connection::serve_on(
+                "client-tls",
+                tls_listener,
+                router,
+                builder,
+                limits,
+                shutdown,
+                config.shutdown_grace,
+                slots,
+                Some(tls),
+            );
+            tokio::join!(plain, secure);
+        }
+    }
 }

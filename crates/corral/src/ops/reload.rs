@@ -83,6 +83,14 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.admin != new.admin {
         fields.push("admin");
     }
+    let tls = |c: &Config| {
+        c.listen_tls
+            .as_ref()
+            .map(|t| (t.addr, t.cert_file.clone(), t.key_file.clone()))
+    };
+    if tls(old) != tls(new) {
+        fields.push("listen_tls");
+    }
     if old.cache.memory != new.cache.memory {
         fields.push("cache.memory");
     }
