@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -101,12 +100,22 @@ struct Seen {
     sni: Mutex<Vec<Option<String>>>,
     client_certs: AtomicUsize,
     requests: AtomicUsize,
+    versions: Mutex<Vec<http::Version>>,
 }
 
 impl TlsOrigin {
     /// Serves with `cert`; with `client_ca`, a client certificate signed
     /// by it is required.
     pub async fn start(cert: &Issued, client_ca: Option<&Path>) -> Self {
+        Self::serve(cert, client_ca, true).await
+    }
+
+    /// An origin whose ALPN offers http/1.1 only.
+    pub async fn start_http1(cert: &Issued) -> Self {
+        Self::serve(cert, None, false).await
+    }
+
+    async fn serve(cert: &Issued, client_ca: Option<&Path>, h2: bool) -> Self {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert.cert)
             .expect("cert file")
             .collect::<Result<_, _>>()
@@ -132,7 +141,12 @@ impl TlsOrigin {
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let config = builder.with_single_cert(chain, key).expect("server config");
+        let mut config = builder.with_single_cert(chain, key).expect("server config");
+        config.alpn_protocols = if h2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -157,15 +171,18 @@ impl TlsOrigin {
                         }
                     }
                     let seen2 = Arc::clone(&seen);
-                    let service = service_fn(move |_req: Request<Incoming>| {
+                    let service = service_fn(move |req: Request<Incoming>| {
                         seen2.requests.fetch_add(1, Ordering::SeqCst);
+                        lock(&seen2.versions).push(req.version());
                         async {
                             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("tls ok"))))
                         }
                     });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
                 });
             }
         });
@@ -188,6 +205,11 @@ impl TlsOrigin {
     /// Handshakes in which the client showed a certificate.
     pub fn client_certs(&self) -> usize {
         self.state.client_certs.load(Ordering::SeqCst)
+    }
+
+    /// The HTTP version of each request.
+    pub fn versions(&self) -> Vec<http::Version> {
+        lock(&self.state.versions).clone()
     }
 
     /// Requests answered.

@@ -256,3 +256,52 @@ async fn the_tls_listener_speaks_http1_and_h2_and_follows_its_certificate_files(
         .expect("still");
     assert_eq!((still.status, still.server_cert == new_der), (200, true));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http2_sends_many_requests_as_streams_of_one_connection() {
+    let dir = TempDir::new("corral-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let origin = TlsOrigin::start(&pki.issue("origin", &["localhost"], false), None).await;
+    let tls = format!("{{ ca_file: {} }}", pki.ca_file("ca").display());
+    let proxy = Proxy::new(
+        Config::new().route(
+            route(origin.port(), "localhost", &tls)
+                .field("upstream_http2", "true")
+                .cache("enabled", "false"),
+        ),
+    )
+    .start()
+    .await;
+    let answers = Client::new().burst(20, &proxy.url("/x"), &[]).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == 200 && a.text() == "tls ok")
+    );
+    let versions = origin.versions();
+    assert_eq!(versions.len(), 20);
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_2),
+        "{versions:?}"
+    );
+    assert_eq!(origin.sni().len(), 1, "one connection, twenty streams");
+
+    // Without the option the same origin is spoken to in HTTP/1.1.
+    let plain = Proxy::new(Config::new().route(route(origin.port(), "localhost", &tls)))
+        .start()
+        .await;
+    assert_eq!(Client::new().get(&plain.url("/x")).await.status, 200);
+    assert_eq!(origin.versions().last(), Some(&http::Version::HTTP_11));
+
+    // An upstream that does not speak h2 refuses the handshake: a clear 502.
+    let h1_only = TlsOrigin::start_http1(&pki.issue("old", &["localhost"], false)).await;
+    let strict = Proxy::new(
+        Config::new()
+            .route(route(h1_only.port(), "localhost", &tls).field("upstream_http2", "true")),
+    )
+    .start()
+    .await;
+    let a = Client::new().get(&strict.url("/x")).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(a.cache_status().detail(), Some("upstream-tls-error"));
+}

@@ -149,6 +149,7 @@ impl Route {
                     rc.health.fail_timeout,
                 )),
                 rc.tls.as_ref(),
+                rc.upstream_http2,
                 rc.upstream_concurrency.map(|max| {
                     shared.slots.get(
                         &rc.name,

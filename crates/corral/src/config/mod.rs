@@ -278,6 +278,9 @@ pub struct RouteConfig {
     pub upstreams: Vec<http::Uri>,
     pub balance: crate::origin::pool::Balance,
     pub health: HealthConfig,
+    /// HTTP/2 to an https upstream: ALPN offers h2 alone, and one
+    /// connection carries every request as a stream.
+    pub upstream_http2: bool,
     /// TLS to the upstream: set exactly for `https://` upstreams.
     pub tls: Option<tls::UpstreamTls>,
     /// Rate limits, each checked in order.

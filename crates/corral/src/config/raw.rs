@@ -154,6 +154,7 @@ pub struct RawRoute {
     pub circuit: Option<RawCircuit>,
     pub limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
     pub tls: Option<Spanned<RawTls>>,
+    pub upstream_http2: Option<bool>,
     pub upstream_concurrency: Option<Text>,
     pub upstream_queue_timeout: Option<Text>,
 }

@@ -719,7 +719,16 @@ impl Resolver<'_> {
                 "has no effect without upstream_concurrency",
             ));
         }
+        let upstream_http2 = raw.upstream_http2.unwrap_or(false);
+        if upstream_http2 && tls.is_none() {
+            return Err(self.error(
+                at,
+                &format!("{prefix}.upstream_http2"),
+                "needs an https:// upstream (h2 is offered by ALPN; h2c is not supported)",
+            ));
+        }
         Ok(RouteConfig {
+            upstream_http2,
             upstreams,
             balance,
             health,

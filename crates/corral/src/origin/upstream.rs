@@ -123,6 +123,7 @@ impl Upstream {
         t: &TimeoutsConfig,
         pool: std::sync::Arc<crate::origin::pool::Pool>,
         tls: Option<&crate::config::tls::UpstreamTls>,
+        http2: bool,
         slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
     ) -> Self {
         let mut connector = HttpConnector::new();
@@ -149,7 +150,13 @@ impl Upstream {
                     ),
                     None => b,
                 };
-                b.enable_http1().wrap_connector(connector)
+                if http2 {
+                    // h2 only (ALPN offers nothing else), so the client knows
+                    // before connecting and a burst shares one connection.
+                    b.enable_http2().wrap_connector(connector)
+                } else {
+                    b.enable_http1().wrap_connector(connector)
+                }
             }
             None => builder
                 .with_tls_config(plain_only())
@@ -157,7 +164,9 @@ impl Upstream {
                 .enable_http1()
                 .wrap_connector(connector),
         };
-        let client = Client::builder(TokioExecutor::new())
+        let mut client = Client::builder(TokioExecutor::new());
+        client.http2_only(http2);
+        let client = client
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
