@@ -101,6 +101,7 @@ struct Seen {
     client_certs: AtomicUsize,
     requests: AtomicUsize,
     versions: Mutex<Vec<http::Version>>,
+    host_fields: AtomicUsize,
 }
 
 impl TlsOrigin {
@@ -174,6 +175,10 @@ impl TlsOrigin {
                     let service = service_fn(move |req: Request<Incoming>| {
                         seen2.requests.fetch_add(1, Ordering::SeqCst);
                         lock(&seen2.versions).push(req.version());
+                        seen2.host_fields.fetch_add(
+                            req.headers().get_all("host").iter().count(),
+                            Ordering::SeqCst,
+                        );
                         async {
                             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("tls ok"))))
                         }
@@ -210,6 +215,11 @@ impl TlsOrigin {
     /// The HTTP version of each request.
     pub fn versions(&self) -> Vec<http::Version> {
         lock(&self.state.versions).clone()
+    }
+
+    /// Host fields seen, over all requests.
+    pub fn host_fields(&self) -> usize {
+        self.state.host_fields.load(Ordering::SeqCst)
     }
 
     /// Requests answered.

@@ -107,6 +107,8 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
 /// A route's connection pool and deadlines.
 pub struct Upstream {
     route: String,
+    /// `upstream_http2`: requests go out as h2 streams.
+    http2: bool,
     /// The servers (one for `upstream:`), chosen per attempt.
     pub pool: std::sync::Arc<crate::origin::pool::Pool>,
     client: Client<HttpsConnector<HttpConnector>, Body>,
@@ -174,6 +176,7 @@ impl Upstream {
             .build(connector);
         Upstream {
             route: route.to_owned(),
+            http2,
             pool,
             client,
             response_headers: t.response_headers,
@@ -311,6 +314,12 @@ impl Upstream {
             {
                 req.headers_mut().insert(http::header::HOST, v);
             }
+        }
+        if self.http2 {
+            // h2 carries the host as :authority (from the target, which is
+            // the same authority); a Host field beside it is a duplicate
+            // host to servers such as nginx, which answer 400.
+            req.headers_mut().remove(http::header::HOST);
         }
         let _outstanding = self.pool.outstanding(i);
         let r = self.send_once(req, deadline).await;
