@@ -1415,3 +1415,75 @@ async fn the_image_health_probe_passes_on_a_healthy_corral_and_fails_otherwise()
     let refused = http_probe(&closed, "/healthz").await;
     assert!(!refused.success(), "http-probe passed on a closed port");
 }
+
+/// The TLS variant: the Secret cert-manager fills is the one the pods
+/// mount (optional, so they start without it), and the ConfigMap's
+/// commented `listen_tls` and https upstream, uncommented and pointed at
+/// real files from that mount path, pass `corral check`.
+#[tokio::test]
+async fn the_tls_variant_mounts_the_certificate_secret_and_its_config_checks() {
+    let certificate = read(&deploy_dir().join("kubernetes/tls/certificate.yaml"));
+    assert!(
+        certificate.contains("kind: Certificate") && certificate.contains("secretName: corral-tls"),
+        "{certificate}"
+    );
+    let deployment = read(&deploy_dir().join("kubernetes/deployment.yaml"));
+    for needed in [
+        "secretName: corral-tls",
+        "optional: true",
+        "mountPath: /etc/corral-tls",
+        "containerPort: 8443",
+    ] {
+        assert!(
+            deployment.contains(needed),
+            "deployment.yaml lacks {needed}"
+        );
+    }
+    let pods = CorralPods::load();
+    let text = pods
+        .config_map
+        .data
+        .get("corral.yaml")
+        .expect("corral.yaml");
+    // Uncomment the TLS lines, as the operator would.
+    let mut enabled = String::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        let uncomment = [
+            "# listen_tls:",
+            "#   addr: 0.0.0.0:8443",
+            "#   cert_file:",
+            "#   key_file:",
+            "# upstream: https://",
+            "# tls: { ca_file:",
+        ]
+        .iter()
+        .any(|p| t.starts_with(p));
+        if uncomment {
+            enabled.push_str(&line.replacen("# ", "", 1));
+        } else if t.starts_with("upstream: http://") {
+            continue; // replaced by the https one
+        } else {
+            enabled.push_str(line);
+        }
+        enabled.push('\n');
+    }
+    assert!(
+        enabled.contains("\nlisten_tls:") && enabled.contains("upstream: https://"),
+        "{enabled}"
+    );
+    let scratch = TempDir::new("deploy-tls").expect("scratch");
+    let pki = corral_tests::tls::Pki::new(scratch.path(), "ca");
+    let leaf = pki.issue("tls", &["corral.example.com"], false);
+    let enabled = enabled
+        .replace("/etc/corral-tls/tls.crt", &leaf.cert.display().to_string())
+        .replace("/etc/corral-tls/tls.key", &leaf.key.display().to_string())
+        .replace(
+            "/etc/corral-tls/ca.crt",
+            &pki.ca_file("ca").display().to_string(),
+        );
+    let path = scratch.path().join("corral.yaml");
+    std::fs::write(&path, &enabled).expect("write");
+    let outcome = corral_check_file(&path).await;
+    assert!(outcome.status.success(), "{}\n{enabled}", outcome.stderr);
+}
