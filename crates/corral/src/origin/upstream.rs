@@ -132,7 +132,7 @@ impl Upstream {
         connector.set_connect_timeout(Some(t.connect));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(30)));
-        // https routes speak TLS (HTTP/1.1 by ALPN), with SNI and
+        // https routes speak TLS (HTTP/1.1, or h2 alone by ALPN with upstream_http2), with SNI and
         // verification for the upstream's host or `tls.server_name`; an
         // http route's connector passes plain connections through.
         connector.enforce_http(false);
