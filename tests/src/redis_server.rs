@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -31,6 +32,9 @@ pub struct Redis {
     dir: TempDir,
     /// Starts so far (the first one and every restart), for log file names.
     starts: usize,
+    /// More `redis-server` arguments (TLS), and the TLS port if any.
+    extra: Vec<String>,
+    tls_port: Option<u16>,
 }
 
 impl Redis {
@@ -39,12 +43,46 @@ impl Redis {
     /// A start that fails because the picked port was taken in the meantime
     /// is retried on a new port; anything else fails the test with the log.
     pub async fn start() -> Self {
+        Self::start_with(Vec::new(), None).await
+    }
+
+    /// Also listens with TLS on another port (`--tls-port`), with the
+    /// server certificate and key and the CA for client certificates;
+    /// `auth_clients`: whether a client certificate is required. The
+    /// plain port stays for the harness's own checks.
+    pub async fn start_tls(cert: &Path, key: &Path, client_ca: &Path, auth_clients: bool) -> Self {
+        let tls_port = free_addr_for_restarts().expect("a free TLS port").port();
+        let mut extra = vec!["--tls-port".to_owned(), tls_port.to_string()];
+        for (flag, path) in [
+            ("--tls-cert-file", cert),
+            ("--tls-key-file", key),
+            ("--tls-ca-cert-file", client_ca),
+        ] {
+            extra.push(flag.to_owned());
+            extra.push(path.display().to_string());
+        }
+        extra.push("--tls-auth-clients".to_owned());
+        extra.push(if auth_clients { "yes" } else { "no" }.to_owned());
+        Self::start_with(extra, Some(tls_port)).await
+    }
+
+    /// `rediss://localhost:TLSPORT/0`.
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss://localhost:{}/0",
+            self.tls_port.expect("started with TLS")
+        )
+    }
+
+    async fn start_with(extra: Vec<String>, tls_port: Option<u16>) -> Self {
         let dir = TempDir::new("redis").expect("create a scratch dir for redis");
         let mut redis = Self {
             child: None,
             port: 0,
             dir,
             starts: 0,
+            extra,
+            tls_port,
         };
         let mut failure = String::new();
         for _attempt in 0..3 {
@@ -206,6 +244,7 @@ impl Redis {
             .args(["--daemonize", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

@@ -38,7 +38,24 @@ pub struct RedisLink {
 
 impl RedisLink {
     pub fn new(config: &RedisConfig) -> Result<Arc<Self>, redis::RedisError> {
-        let client = redis::Client::open(config.url.as_str())?;
+        // rediss:// verifies Redis's certificate against the platform's
+        // roots, or redis.tls.ca_file; redis.tls may add a client
+        // certificate. rustls with ring, as for https upstreams.
+        let client = match &config.tls {
+            Some(tls) => redis::Client::build_with_tls(
+                config.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: tls.client_cert_and_key.as_ref().map(|(cert, key)| {
+                        redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }
+                    }),
+                    root_cert: tls.ca.clone(),
+                },
+            )?,
+            None => redis::Client::open(config.url.as_str())?,
+        };
         Ok(Arc::new(RedisLink {
             client,
             conn: RwLock::new(None),

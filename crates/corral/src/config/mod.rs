@@ -244,6 +244,25 @@ pub struct RedisConfig {
     /// reached, each counts rate limits and `upstream_concurrency` alone
     /// at 1/`instances` of the route's figure. At least 1.
     pub instances: u32,
+    /// `rediss://` only: the CA (else the platform's roots) and an optional
+    /// client certificate, as PEM bytes read at load.
+    pub tls: Option<RedisTls>,
+}
+
+/// `redis.tls:`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    pub ca: Option<Vec<u8>>,
+    pub client_cert_and_key: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client_cert", &self.client_cert_and_key.is_some())
+            .finish()
+    }
 }
 
 /// Defaults of the `redis:` fields other than `url`.
@@ -1109,10 +1128,17 @@ routes:
     }
 
     #[test]
-    fn rediss_url_is_refused_clearly() {
-        let error = refused(&redis_with("  url: rediss://redis.internal:6380\n"));
-        let message = assert_at(&error, 9, 8, "redis.url");
-        assert_eq!(message, "rediss:// (TLS) is not supported yet");
+    fn rediss_is_accepted_and_tls_on_plain_redis_is_refused() {
+        let c = config(&redis_with("  url: rediss://redis.internal:6380\n"));
+        assert!(
+            c.redis
+                .as_ref()
+                .is_some_and(|r| r.url.starts_with("rediss://"))
+        );
+        let error = refused(&redis_with(
+            "  url: redis://redis.internal:6379\n  tls: { ca_file: /nonexistent }\n",
+        ));
+        assert_eq!(error.field, "redis.tls");
     }
 
     #[test]

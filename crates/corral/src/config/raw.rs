@@ -128,6 +128,15 @@ pub struct RawRedis {
     pub l2_max_object_size: Option<Text>,
     pub breaker: Option<RawBreaker>,
     pub instances: Option<Text>,
+    pub tls: Option<Spanned<RawRedisTls>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedisTls {
+    pub ca_file: Option<Text>,
+    pub client_cert: Option<Text>,
+    pub client_key: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -474,7 +474,58 @@ impl Resolver<'_> {
                 .and_then(|n| u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value)))
                 .map_err(|m| self.error(&t.referenced, "redis.instances", m))?,
         };
+        let tls = match (&raw.tls, url.starts_with("rediss://")) {
+            (None, _) => None,
+            (Some(t), false) => {
+                return Err(self.error(
+                    &t.referenced,
+                    "redis.tls",
+                    "applies to rediss:// URLs only",
+                ));
+            }
+            (Some(t), true) => {
+                let read =
+                    |x: &Option<Text>, field: &str| -> Result<Option<Vec<u8>>, ConfigError> {
+                        match x {
+                            None => Ok(None),
+                            Some(x) => std::fs::read(x.value.trim()).map(Some).map_err(|e| {
+                                self.error(
+                                    &x.referenced,
+                                    &format!("redis.tls.{field}"),
+                                    format!("cannot read `{}`: {e}", x.value.trim()),
+                                )
+                            }),
+                        }
+                    };
+                let ca = read(&t.value.ca_file, "ca_file")?;
+                let cert = read(&t.value.client_cert, "client_cert")?;
+                let key = read(&t.value.client_key, "client_key")?;
+                // The same checks as an upstream's: PEM that rustls takes.
+                let files = super::tls::TlsFiles {
+                    ca: ca.clone(),
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                    server_name: None,
+                    insecure_skip_verify: false,
+                };
+                if let Err(e) = super::tls::build(&files) {
+                    let at = match e.field {
+                        "ca_file" => t.value.ca_file.as_ref(),
+                        "client_cert" => t.value.client_cert.as_ref(),
+                        "client_key" => t.value.client_key.as_ref(),
+                        _ => None,
+                    }
+                    .map_or(t.referenced, |x| x.referenced);
+                    return Err(self.error(&at, &format!("redis.tls.{}", e.field), e.message));
+                }
+                Some(super::RedisTls {
+                    ca,
+                    client_cert_and_key: cert.zip(key),
+                })
+            }
+        };
         Ok(RedisConfig {
+            tls,
             instances,
             url,
             op_timeout: op_timeout.value,
@@ -1627,13 +1678,10 @@ fn redis_url(text: &str) -> Result<String, String> {
         .parse()
         .map_err(|e| format!("not a valid URL ({e}); {example}"))?;
     match uri.scheme_str() {
-        Some("redis") => {}
-        Some(s) if s.eq_ignore_ascii_case("rediss") => {
-            return Err("rediss:// (TLS) is not supported yet".to_owned());
-        }
+        Some("redis" | "rediss") => {}
         Some(other) => {
             return Err(format!(
-                "unsupported scheme `{other}`: the Redis URL must start with redis://"
+                "unsupported scheme `{other}`: the Redis URL must start with redis:// or rediss:// (TLS)"
             ));
         }
         None => return Err(format!("no scheme; {example}")),
@@ -1911,10 +1959,7 @@ mod tests {
         ] {
             assert_eq!(redis_url(good), Ok(good.trim().to_owned()), "{good}");
         }
-        assert_eq!(
-            redis_url("rediss://127.0.0.1:6380"),
-            Err("rediss:// (TLS) is not supported yet".into())
-        );
+        assert!(redis_url("rediss://redis.internal:6380/0").is_ok());
         for bad in [
             "",
             "redis://",

@@ -110,6 +110,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if redis(old) != redis(new) {
         fields.push("redis");
     }
+    if old.redis.as_ref().map(|r| &r.tls) != new.redis.as_ref().map(|r| &r.tls) {
+        fields.push("redis.tls");
+    }
     if old.redis.as_ref().map(|r| r.instances) != new.redis.as_ref().map(|r| r.instances) {
         fields.push("redis.instances");
     }
