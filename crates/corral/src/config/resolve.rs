@@ -135,18 +135,9 @@ impl Resolver<'_> {
                 let cert =
                     self.required(&t.value.cert_file, &t.referenced, "listen_tls.cert_file")?;
                 let key = self.required(&t.value.key_file, &t.referenced, "listen_tls.key_file")?;
-                let read = |t: &Text, field: &str| {
-                    std::fs::read(t.value.trim()).map_err(|e| {
-                        self.error(
-                            &t.referenced,
-                            field,
-                            format!("cannot read `{}`: {e}", t.value.trim()),
-                        )
-                    })
-                };
                 let (cert_pem, key_pem) = (
-                    read(cert, "listen_tls.cert_file")?,
-                    read(key, "listen_tls.key_file")?,
+                    self.read_file(cert, "listen_tls.cert_file")?,
+                    self.read_file(key, "listen_tls.key_file")?,
                 );
                 if let Err(e) = super::tls::server_config(&cert_pem, &key_pem) {
                     let at = if e.field == "key_file" { key } else { cert };
@@ -484,19 +475,9 @@ impl Resolver<'_> {
                 ));
             }
             (Some(t), true) => {
-                let read =
-                    |x: &Option<Text>, field: &str| -> Result<Option<Vec<u8>>, ConfigError> {
-                        match x {
-                            None => Ok(None),
-                            Some(x) => std::fs::read(x.value.trim()).map(Some).map_err(|e| {
-                                self.error(
-                                    &x.referenced,
-                                    &format!("redis.tls.{field}"),
-                                    format!("cannot read `{}`: {e}", x.value.trim()),
-                                )
-                            }),
-                        }
-                    };
+                let read = |x: &Option<Text>, field: &str| {
+                    self.read_optional(x.as_ref(), &format!("redis.tls.{field}"))
+                };
                 let ca = read(&t.value.ca_file, "ca_file")?;
                 let cert = read(&t.value.client_cert, "client_cert")?;
                 let key = read(&t.value.client_key, "client_key")?;
@@ -808,18 +789,8 @@ impl Resolver<'_> {
         prefix: &str,
     ) -> Result<super::tls::UpstreamTls, ConfigError> {
         let p = format!("{prefix}.tls");
-        let read = |t: &Option<Text>, field: &str| -> Result<Option<Vec<u8>>, ConfigError> {
-            match t {
-                None => Ok(None),
-                Some(t) => std::fs::read(t.value.trim()).map(Some).map_err(|e| {
-                    self.error(
-                        &t.referenced,
-                        &format!("{p}.{field}"),
-                        format!("cannot read `{}`: {e}", t.value.trim()),
-                    )
-                }),
-            }
-        };
+        let read =
+            |t: &Option<Text>, field: &str| self.read_optional(t.as_ref(), &format!("{p}.{field}"));
         let files = match raw {
             None => super::tls::TlsFiles {
                 ca: None,
@@ -916,15 +887,7 @@ impl Resolver<'_> {
         let at = &raw.referenced;
         let raw = &raw.value;
         let p = "callers.account.jwt";
-        let read = |t: &Text, field: &str| {
-            std::fs::read(t.value.trim()).map_err(|e| {
-                self.error(
-                    &t.referenced,
-                    field,
-                    format!("cannot read `{}`: {e}", t.value.trim()),
-                )
-            })
-        };
+        let read = |t: &Text, field: &str| self.read_file(t, field);
         let keys = match (&raw.hs256_secret_file, &raw.jwks_file) {
             (Some(secret), None) => {
                 let field = format!("{p}.hs256_secret_file");
@@ -1409,6 +1372,25 @@ impl Resolver<'_> {
             lock_age,
             post_max_body,
         })
+    }
+
+    /// The bytes of the file `text` names (key and certificate files).
+    fn read_file(&self, text: &Text, field: &str) -> Result<Vec<u8>, ConfigError> {
+        std::fs::read(text.value.trim()).map_err(|e| {
+            self.error(
+                &text.referenced,
+                field,
+                format!("cannot read `{}`: {e}", text.value.trim()),
+            )
+        })
+    }
+
+    fn read_optional(
+        &self,
+        text: Option<&Text>,
+        field: &str,
+    ) -> Result<Option<Vec<u8>>, ConfigError> {
+        text.map(|t| self.read_file(t, field)).transpose()
     }
 
     /// Validates each entry of a list, naming the entry (`field[2]`) when one is refused.

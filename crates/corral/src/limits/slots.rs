@@ -98,14 +98,7 @@ impl UpstreamSlots {
     pub async fn acquire(&self) -> Result<Slot, Busy> {
         let deadline = Instant::now() + self.queue_timeout;
         let slot = match &self.shared {
-            None => tokio::time::timeout_at(deadline, Arc::clone(&self.local).acquire_owned())
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|p| Slot {
-                    _local: Some(p),
-                    shared: None,
-                }),
+            None => self.acquire_local(deadline).await,
             Some(shared) => self.acquire_shared(shared, deadline).await,
         };
         let outcome = match (&slot, &self.shared) {
@@ -115,6 +108,18 @@ impl UpstreamSlots {
         };
         crate::telemetry::metrics::upstream_slot(&self.route, outcome);
         slot.ok_or(Busy)
+    }
+
+    /// A slot of this instance's own semaphore.
+    async fn acquire_local(&self, deadline: Instant) -> Option<Slot> {
+        tokio::time::timeout_at(deadline, Arc::clone(&self.local).acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|p| Slot {
+                _local: Some(p),
+                shared: None,
+            })
     }
 
     async fn acquire_shared(&self, shared: &Shared, deadline: Instant) -> Option<Slot> {
@@ -147,17 +152,7 @@ impl UpstreamSlots {
                 Err(e) => {
                     // Redis is out of reach: this instance's share, alone.
                     tracing::debug!(route = %self.route, error = %e, "upstream slots: Redis unreachable, counting locally");
-                    return tokio::time::timeout_at(
-                        deadline,
-                        Arc::clone(&self.local).acquire_owned(),
-                    )
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .map(|p| Slot {
-                        _local: Some(p),
-                        shared: None,
-                    });
+                    return self.acquire_local(deadline).await;
                 }
             }
             if Instant::now() + pause >= deadline {
