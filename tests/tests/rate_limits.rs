@@ -291,6 +291,24 @@ async fn callers_behind_one_address_are_counted_by_account_and_guests_by_address
         forged.extend(each(&client, &untrusting.url("/school"), std::slice::from_ref(h)).await);
     }
     assert_eq!(statuses(&forged), [200, 200, 429, 429]);
+    // And the origin never sees an account the caller named itself; from
+    // the trusted proxy it does.
+    let seen: Vec<Option<String>> = origin
+        .requests("/school")
+        .iter()
+        .map(|r| r.header("x-account-id").map(str::to_owned))
+        .collect();
+    assert_eq!(seen.len(), 505);
+    assert_eq!(
+        seen.iter().filter(|h| h.is_some()).count(),
+        501,
+        "500 pupils and pupil-7 again"
+    );
+    assert!(
+        seen[503..].iter().all(Option::is_none),
+        "{:?}",
+        &seen[503..]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,6 +168,15 @@ async fn route_request(
             ),
         );
     };
+    // The account header (`callers.account.header`) is an authenticating
+    // proxy's to set: from anyone else it is removed, so neither the key
+    // nor the origin ever sees an account the caller named itself.
+    let mut head = head;
+    if client.vouchers.is_empty()
+        && let Some(name) = &app.trust().accounts.header
+    {
+        head.headers.remove(name);
+    }
     // Who is calling, for the route's rate limits (a refused token is a
     // 401 here), and the limits that count every request, hits too.
     let mut tallies = Vec::new();
