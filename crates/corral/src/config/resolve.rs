@@ -461,8 +461,7 @@ impl Resolver<'_> {
         };
         let instances = match &raw.instances {
             None => 1,
-            Some(t) => whole_number(&t.value, 1, "instances")
-                .and_then(|n| u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value)))
+            Some(t) => whole_u32(&t.value, 1, "instances")
                 .map_err(|m| self.error(&t.referenced, "redis.instances", m))?,
         };
         let tls = match (&raw.tls, url.starts_with("rediss://")) {
@@ -661,10 +660,7 @@ impl Resolver<'_> {
                 let p = format!("{prefix}.health");
                 let max_fails = match &h.max_fails {
                     None => d.max_fails,
-                    Some(t) => whole_number(&t.value, 1, "failures")
-                        .and_then(|n| {
-                            u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
-                        })
+                    Some(t) => whole_u32(&t.value, 1, "failures")
                         .map_err(|m| self.error(&t.referenced, &format!("{p}.max_fails"), m))?,
                 };
                 let ft = format!("{p}.fail_timeout");
@@ -727,15 +723,9 @@ impl Resolver<'_> {
         };
         let upstream_concurrency = match &raw.upstream_concurrency {
             None => None,
-            Some(t) => Some(
-                whole_number(&t.value, 1, "requests")
-                    .and_then(|n| {
-                        u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
-                    })
-                    .map_err(|m| {
-                        self.error(&t.referenced, &format!("{prefix}.upstream_concurrency"), m)
-                    })?,
-            ),
+            Some(t) => Some(whole_u32(&t.value, 1, "requests").map_err(|m| {
+                self.error(&t.referenced, &format!("{prefix}.upstream_concurrency"), m)
+            })?),
         };
         let queue_field = format!("{prefix}.upstream_queue_timeout");
         let queue = self.duration(
@@ -1015,10 +1005,7 @@ impl Resolver<'_> {
                 .map_err(|m| self.error(&rate.referenced, &rate_field, m))?;
             let burst = match &l.burst {
                 None => rate_value.count,
-                Some(t) => whole_number(&t.value, 1, "requests")
-                    .and_then(|n| {
-                        u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value))
-                    })
+                Some(t) => whole_u32(&t.value, 1, "requests")
                     .map_err(|m| self.error(&t.referenced, &format!("{lp}.burst"), m))?,
             };
             let prefix_len = |t: &Option<Text>, max: u8, field: &str| -> Result<u8, ConfigError> {
@@ -1103,8 +1090,7 @@ impl Resolver<'_> {
         };
         let min_fetches = match &raw.min_fetches {
             None => defaults.min_fetches,
-            Some(t) => whole_number(&t.value, 1, "fetches")
-                .and_then(|n| u32::try_from(n).map_err(|_| format!("`{}` is too large", t.value)))
+            Some(t) => whole_u32(&t.value, 1, "fetches")
                 .map_err(|m| self.error(&t.referenced, &format!("{prefix}.min_fetches"), m))?,
         };
         let window_field = format!("{prefix}.window");
@@ -1723,6 +1709,12 @@ fn percentage(text: &str, min: u8, max: u8) -> Result<u8, String> {
 }
 
 /// A count of at least `min` (`what` names the unit in the message).
+/// [`whole_number`] for a `u32` field.
+fn whole_u32(text: &str, min: usize, what: &str) -> Result<u32, String> {
+    whole_number(text, min, what)
+        .and_then(|n| u32::try_from(n).map_err(|_| format!("`{text}` is too large")))
+}
+
 fn whole_number(text: &str, min: usize, what: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if n >= min => Ok(n),
