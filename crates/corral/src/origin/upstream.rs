@@ -269,24 +269,28 @@ impl Upstream {
         };
         let first = self.pool.pick(None);
         let pooled = self.pool.servers.len() > 1;
-        match self.send_to(first, req, deadline).await {
-            Ok(res) => Ok((res, first)),
-            // Another server, for what failed before any byte of an
-            // answer: a refused connection or TLS handshake, or an
-            // exchange that broke (with one server: only the exchange, the
-            // sign of a pooled connection it had just closed).
-            Err(
-                e
-                @ (UpstreamError::Connect(_) | UpstreamError::Tls(_) | UpstreamError::Exchange(_)),
-            ) if retry.is_some() && (pooled || matches!(e, UpstreamError::Exchange(_))) => {
+        let e = match self.send_to(first, req, deadline).await {
+            Ok(res) => return Ok((res, first)),
+            Err(e) => e,
+        };
+        // Another server, for what failed before any byte of an answer: a
+        // refused connection or TLS handshake, or an exchange that broke
+        // (with one server: only the exchange, the sign of a pooled
+        // connection it had just closed).
+        let before_answer = match e {
+            UpstreamError::Exchange(_) => true,
+            UpstreamError::Connect(_) | UpstreamError::Tls(_) => pooled,
+            _ => false,
+        };
+        match retry {
+            Some(again) if before_answer => {
                 let second = self.pool.pick(Some(first));
                 tracing::debug!(error = %e, server = %self.pool.servers[second].authority, "retrying an idempotent request once");
-                let again = retry.unwrap_or_else(|| Request::new(Body::empty()));
                 self.send_to(second, again, deadline)
                     .await
                     .map(|res| (res, second))
             }
-            Err(e) => Err(e),
+            _ => Err(e),
         }
     }
 
