@@ -174,6 +174,13 @@ impl App {
                 slots: &self.slots,
             },
         )));
+        self.slots.keep_only(
+            config
+                .routes
+                .iter()
+                .filter(|r| r.upstream_concurrency.is_some())
+                .map(|r| r.name.as_str()),
+        );
         // Always swapped: the account key files were read anew.
         self.trust.store(Arc::new(Trust::new(config)));
     }

@@ -194,4 +194,43 @@ impl SlotRegistry {
         map.insert(route.to_owned(), Arc::clone(&s));
         s
     }
+
+    /// Forgets the routes a new configuration no longer has (requests
+    /// under way keep their slots through their own references).
+    pub fn keep_only<'n>(&self, routes: impl IntoIterator<Item = &'n str>) {
+        let keep: std::collections::HashSet<&str> = routes.into_iter().collect();
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|name, _| keep.contains(name.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_keeps_the_slots_of_routes_it_still_has_and_forgets_the_rest() {
+        let r = SlotRegistry::default();
+        let t = Duration::from_secs(1);
+        let a = r.get("a", 2, t, t, None);
+        let b = r.get("b", 2, t, t, None);
+        r.keep_only(["a"]);
+        assert!(
+            Arc::ptr_eq(&a, &r.get("a", 2, t, t, None)),
+            "kept across the reload"
+        );
+        assert!(
+            !Arc::ptr_eq(&b, &r.get("b", 2, t, t, None)),
+            "forgotten, then new"
+        );
+        assert_eq!(
+            r.routes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+            2
+        );
+    }
 }
