@@ -172,22 +172,24 @@ async fn route_request(
     // proxy's to set: from anyone else it is removed, so neither the key
     // nor the origin ever sees an account the caller named itself.
     let mut head = head;
-    if client.vouchers.is_empty()
-        && let Some(name) = &app.trust().accounts.header
-    {
-        head.headers.remove(name);
-    }
+    let accounts = {
+        let trust = app.trust();
+        if client.vouchers.is_empty()
+            && let Some(name) = &trust.accounts.header
+        {
+            head.headers.remove(name);
+        }
+        (!route.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
+    };
     // Who is calling, for the route's rate limits (a refused token is a
     // 401 here), and the limits that count every request, hits too.
     let mut tallies = Vec::new();
-    let who = if route.limits.is_empty() {
-        None
-    } else {
-        let accounts = Arc::clone(&app.trust().accounts);
-        match Who::resolve(&route.limits, &accounts, &head.headers, client) {
+    let who = match accounts {
+        None => None,
+        Some(accounts) => match Who::resolve(&route.limits, &accounts, &head.headers, client) {
             Ok(w) => Some(w),
             Err(answer) => return (Some(route), *answer),
-        }
+        },
     };
     let cached = head.is_cacheable_method()
         && route.cache_enabled

@@ -45,7 +45,9 @@ struct Limit {
     global: bool,
     gcra: Gcra,
     /// `"name";q=30;w=60`
-    policy: String,
+    policy: Arc<str>,
+    /// The name, shared with the tallies of the answers it counts.
+    name: Arc<str>,
     counters: Vec<metrics::Counter>,
 }
 
@@ -70,7 +72,9 @@ impl RouteLimits {
                         l.name,
                         l.rate.count,
                         l.rate.period.as_secs()
-                    ),
+                    )
+                    .into(),
+                    name: l.name.as_str().into(),
                     counters: crate::telemetry::metrics::rate_limit_counters(route, &l.name),
                     config: l.clone(),
                 })
@@ -149,8 +153,8 @@ pub enum Phase {
 /// What an allowed request is told of a limit that counted it.
 #[derive(Debug, Clone)]
 pub struct Tally {
-    policy: String,
-    name: String,
+    policy: Arc<str>,
+    name: Arc<str>,
     remaining: u64,
     reset_us: u64,
 }
@@ -215,16 +219,17 @@ impl Limiter {
                 Counted::Decided { .. } => None,
             });
         for ((limit, _), d) in keyed.iter().zip(&decisions) {
+            // Indexes into LIMIT_OUTCOMES. A request another limit refused
+            // is counted as neither allowed nor limited by the limits that
+            // let it through (their count is given back below).
             let i = match d {
+                Counted::Decided { d, .. } if d.allowed && refused.is_some() => continue,
                 Counted::Decided { d, local, .. } => {
-                    usize::from(!d.allowed) + if *local { 2 } else { 0 }
+                    usize::from(!d.allowed) + 2 * usize::from(*local)
                 }
                 Counted::Unavailable => 4,
             };
-            // A request another limit refused is counted as neither
-            // allowed nor limited by the limits that let it through.
-            let allowed_but_refused = refused.is_some() && i % 2 == 0 && i != 4;
-            if !allowed_but_refused && let Some(c) = limit.counters.get(i) {
+            if let Some(c) = limit.counters.get(i) {
                 c.increment(1);
             }
         }
@@ -251,8 +256,8 @@ impl Limiter {
             .zip(decisions)
             .filter_map(|((limit, _), d)| match d {
                 Counted::Decided { d, .. } => Some(Tally {
-                    policy: limit.policy.clone(),
-                    name: limit.config.name.clone(),
+                    policy: Arc::clone(&limit.policy),
+                    name: Arc::clone(&limit.name),
                     remaining: d.remaining,
                     reset_us: d.reset_us,
                 }),
@@ -514,7 +519,7 @@ pub fn annotate(headers: &mut http::HeaderMap, tallies: &[Tally]) {
     }
     let policy = tallies
         .iter()
-        .map(|t| t.policy.as_str())
+        .map(|t| &*t.policy)
         .collect::<Vec<_>>()
         .join(", ");
     let now = tallies
