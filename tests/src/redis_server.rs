@@ -3,6 +3,9 @@
 //! like a failing server, and read or written raw the way an operator would
 //! with `redis-cli`.
 //!
+//! The binary is `redis-server`, or `$CORRAL_REDIS_SERVER` (a `valkey-server`:
+//! scripts/test runs the shared-cache scenarios on both).
+//!
 //! It never persists anything (`--save ""`, no AOF) and never outlives its
 //! handle: `Drop` kills and reaps it. Every command the harness sends has a
 //! deadline, so a paused server fails a test instead of hanging it.
@@ -25,6 +28,15 @@ pub const COMMAND_DEADLINE: Duration = Duration::from_secs(2);
 const NOT_INSTALLED: &str = "redis-server is not on PATH: install redis-server \
      (scripts/test installs it on Debian: apt-get install redis-server)";
 
+/// The server binary: `$CORRAL_REDIS_SERVER` (e.g. a `valkey-server`), else
+/// `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var("CORRAL_REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 /// A running `redis-server` on 127.0.0.1; killed and reaped on drop.
 pub struct Redis {
     child: Option<Child>,
@@ -32,9 +44,14 @@ pub struct Redis {
     dir: TempDir,
     /// Starts so far (the first one and every restart), for log file names.
     starts: usize,
-    /// More `redis-server` arguments (TLS), and the TLS port if any.
+    /// Arguments before the others (a sentinel's config file), more
+    /// `redis-server` arguments after them (TLS, cluster), and the TLS
+    /// port if any.
+    leading: Vec<String>,
     extra: Vec<String>,
     tls_port: Option<u16>,
+    /// A sentinel's config file (which the sentinel rewrites).
+    _conf: Option<TempDir>,
 }
 
 impl Redis {
@@ -44,6 +61,27 @@ impl Redis {
     /// is retried on a new port; anything else fails the test with the log.
     pub async fn start() -> Self {
         Self::start_with(Vec::new(), None).await
+    }
+
+    /// Spawns a server with more arguments (e.g. `--replicaof HOST PORT`,
+    /// `--cluster-enabled yes`).
+    pub async fn start_args(extra: Vec<String>) -> Self {
+        Self::start_with(extra, None).await
+    }
+
+    /// Spawns a sentinel (`--sentinel`) whose config file holds `config`
+    /// (`sentinel monitor …` lines).
+    pub async fn start_sentinel(config: &str) -> Self {
+        let conf = TempDir::new("sentinel-conf").expect("a scratch dir for sentinel.conf");
+        let path = conf.path().join("sentinel.conf");
+        std::fs::write(&path, config).expect("write sentinel.conf");
+        Self::start_full(
+            vec![path.display().to_string(), "--sentinel".to_owned()],
+            Vec::new(),
+            None,
+            Some(conf),
+        )
+        .await
     }
 
     /// Also listens with TLS on another port (`--tls-port`), with the
@@ -75,14 +113,25 @@ impl Redis {
     }
 
     async fn start_with(extra: Vec<String>, tls_port: Option<u16>) -> Self {
+        Self::start_full(Vec::new(), extra, tls_port, None).await
+    }
+
+    async fn start_full(
+        leading: Vec<String>,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+        conf: Option<TempDir>,
+    ) -> Self {
         let dir = TempDir::new("redis").expect("create a scratch dir for redis");
         let mut redis = Self {
             child: None,
             port: 0,
             dir,
             starts: 0,
+            leading,
             extra,
             tls_port,
+            _conf: conf,
         };
         let mut failure = String::new();
         for _attempt in 0..3 {
@@ -200,11 +249,18 @@ impl Redis {
 
     /// Sends one command on a fresh connection; fails the test on an error or
     /// when the server does not answer within [`COMMAND_DEADLINE`].
-    async fn command<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd, what: &str) -> T {
+    pub async fn command<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd, what: &str) -> T {
         let url = self.url();
         let answer = tokio::time::timeout(COMMAND_DEADLINE, async {
             let client = ::redis::Client::open(url.as_str())?;
-            let mut connection = client.get_multiplexed_async_connection().await?;
+            // The client's own deadlines (500 ms by default) would fail a
+            // command on two cores busy with a burst: this one is ours.
+            let config = ::redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(COMMAND_DEADLINE))
+                .set_response_timeout(Some(COMMAND_DEADLINE));
+            let mut connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
             cmd.query_async::<T>(&mut connection).await
         })
         .await;
@@ -235,7 +291,8 @@ impl Redis {
         self.starts += 1;
         let log = File::create(&log_path).expect("create the redis log");
         let log_err = log.try_clone().expect("clone the redis log handle");
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
+            .args(&self.leading)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
@@ -251,8 +308,13 @@ impl Redis {
             .spawn();
         let child = match child {
             Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{NOT_INSTALLED}"),
-            Err(e) => panic!("spawn redis-server: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!(
+                    "{NOT_INSTALLED} (or CORRAL_REDIS_SERVER={})",
+                    server_binary()
+                )
+            }
+            Err(e) => panic!("spawn {}: {e}", server_binary()),
         };
         self.child = Some(child);
         match self.wait_ready(REDIS_STARTUP_DEADLINE).await {

@@ -518,7 +518,7 @@ async fn readyz_reports_routes_and_redis_off_and_health_endpoints_answer() {
     assert_eq!(ready.content_type.as_deref(), Some("application/json"));
     assert_eq!(
         ready.body.trim(),
-        r#"{"ready":true,"draining":false,"routes":1,"redis":"off"}"#
+        r#"{"ready":true,"draining":false,"routes":1,"redis":"off","redis_mode":"off"}"#
     );
     let health = admin_get(&proxy, "/healthz").await;
     assert_eq!((health.status, health.body.trim()), (200, "ok"));

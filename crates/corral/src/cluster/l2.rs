@@ -193,8 +193,15 @@ impl L2 {
     }
 
     /// Announces how a fill ended to the waiters on other instances.
+    /// On a Cluster, a sharded channel: the notice goes to the node that
+    /// owns the key's slot (and its replicas), not across the cluster bus.
     pub async fn publish(&self, keys: &Keys, notice: FillNotice) -> Result<(), L2Error> {
-        let mut cmd = redis::cmd("PUBLISH");
+        let mut cmd = match (self.link.is_cluster(), self.link.sharded()) {
+            (false, _) => redis::cmd("PUBLISH"),
+            (true, true) => redis::cmd("SPUBLISH"),
+            // No sharded pub/sub: nobody listens, waiters poll.
+            (true, false) => return Ok(()),
+        };
         cmd.arg(keys.fill_channel()).arg(notice.encode());
         self.link.query::<()>(&cmd).await
     }

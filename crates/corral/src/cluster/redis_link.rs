@@ -1,18 +1,37 @@
 //! The instance's one multiplexed Redis connection: connected lazily in the
 //! background (corral starts and serves while Redis is down), reconnected by
-//! the ConnectionManager, every command under a deadline, and a circuit
-//! breaker that skips Redis after repeated failures. A Redis failure here is
-//! an `L2Error` for the caller to fall back on, never a client error.
+//! the ConnectionManager (one node, or the master Sentinel names) or the
+//! cluster client (a Redis/Valkey Cluster), every command under a deadline,
+//! and a circuit breaker that skips Redis after repeated failures. A Redis
+//! failure here is an `L2Error` for the caller to fall back on, never a
+//! client error.
+//!
+//! - `redis.url`: one node; the subscriber has its own pub/sub connection.
+//! - `redis.cluster`: a cluster client over every primary, speaking RESP3 so
+//!   that the same connections carry the subscriber's pushes (sharded
+//!   pub/sub for fill notices, resubscribed by the client after a failover
+//!   or a slot move).
+//! - `redis.sentinel`: the sentinels are asked for the master at start and
+//!   every [`SENTINEL_CHECK`]; when they name another one, the connection
+//!   moves to it (after `ROLE` confirms it is a master) and the subscriber
+//!   reconnects there.
 
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, FromRedisValue, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, PushInfo, RedisFuture, Script, Value};
+use tokio::sync::{mpsc, watch};
 
 use crate::cluster::breaker::Breaker;
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, RedisServers, RedisTls, SentinelConfig};
 use crate::telemetry::metrics;
+
+/// How often the sentinels are asked which node is the master.
+pub const SENTINEL_CHECK: Duration = Duration::from_millis(500);
 
 /// Why a Redis operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -27,13 +46,101 @@ pub enum L2Error {
     Redis(#[from] redis::RedisError),
 }
 
+/// The command connection, whichever way Redis is deployed.
+#[derive(Clone)]
+pub enum Conn {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How to reach Redis.
+enum Target {
+    Node(redis::Client),
+    Cluster(Box<ClusterClient>),
+    Sentinel(Sentinel),
+}
+
+/// The sentinels and what the master is reached with.
+struct Sentinel {
+    master: String,
+    sentinels: Vec<redis::Client>,
+    tls: Option<RedisTls>,
+    use_tls: bool,
+    settings: redis::RedisConnectionInfo,
+}
+
 /// The shared connection and its guards.
 pub struct RedisLink {
-    client: redis::Client,
-    conn: RwLock<Option<ConnectionManager>>,
+    target: Target,
+    conn: RwLock<Option<Conn>>,
+    /// The client of the node the subscriber connects to: the one node, or
+    /// the master Sentinel named last. `None` in cluster mode.
+    node: RwLock<Option<redis::Client>>,
+    /// The master's address (Sentinel), for logs and to notice a switch.
+    master_addr: Mutex<Option<(String, u16)>>,
+    /// Bumped on every (re)connection that the subscriber must follow: the
+    /// cluster connection is ready, or Sentinel named another master.
+    epoch: watch::Sender<u64>,
+    /// Cluster mode: the pushes (messages, disconnections) the subscriber
+    /// reads.
+    pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
+    /// Cluster mode: the servers have sharded pub/sub (Redis 7, Valkey 7.2).
+    sharded: AtomicBool,
     pub op_timeout: Duration,
     connect_timeout: Duration,
     breaker: Breaker,
+}
+
+/// A client for `url` with `redis.tls`'s certificates when set.
+fn client_for(
+    url: impl redis::IntoConnectionInfo,
+    tls: Option<&RedisTls>,
+) -> redis::RedisResult<redis::Client> {
+    match tls {
+        Some(tls) => redis::Client::build_with_tls(url, certificates(tls)),
+        None => redis::Client::open(url),
+    }
+}
+
+fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client_cert_and_key
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    }
 }
 
 impl RedisLink {
@@ -41,64 +148,163 @@ impl RedisLink {
         // rediss:// verifies Redis's certificate against the platform's
         // roots, or redis.tls.ca_file; redis.tls may add a client
         // certificate. rustls with ring, as for https upstreams.
-        let client = match &config.tls {
-            Some(tls) => redis::Client::build_with_tls(
-                config.url.as_str(),
-                redis::TlsCertificates {
-                    client_tls: tls.client_cert_and_key.as_ref().map(|(cert, key)| {
-                        redis::ClientTlsConfig {
-                            client_cert: cert.clone(),
-                            client_key: key.clone(),
-                        }
-                    }),
-                    root_cert: tls.ca.clone(),
-                },
-            )?,
-            None => redis::Client::open(config.url.as_str())?,
+        let tls = config.tls.as_ref();
+        let mut pushes = None;
+        let target = match &config.servers {
+            RedisServers::Node(url) => Target::Node(client_for(url.as_str(), tls)?),
+            RedisServers::Cluster(seeds) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                pushes = Some(rx);
+                let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.op_timeout.max(Duration::from_millis(10)) * 20)
+                    .retries(2)
+                    .max_retry_wait(200)
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(tx);
+                if let Some(tls) = tls {
+                    builder = builder.certs(certificates(tls));
+                }
+                Target::Cluster(Box::new(builder.build()?))
+            }
+            RedisServers::Sentinel(s) => Target::Sentinel(Sentinel::new(s, tls)?),
+        };
+        let node = match &target {
+            Target::Node(client) => Some(client.clone()),
+            _ => None,
         };
         Ok(Arc::new(RedisLink {
-            client,
+            target,
             conn: RwLock::new(None),
+            node: RwLock::new(node),
+            master_addr: Mutex::new(None),
+            epoch: watch::channel(0).0,
+            pushes: Mutex::new(pushes),
+            sharded: AtomicBool::new(false),
             op_timeout: config.op_timeout,
             connect_timeout: config.connect_timeout,
             breaker: Breaker::new(config.breaker_failures, config.breaker_open_for),
         }))
     }
 
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// The node the subscriber connects to (`None` in cluster mode, and
+    /// until Sentinel has named a master).
+    pub fn node_client(&self) -> Option<redis::Client> {
+        self.node
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// `node`, `cluster` or `sentinel`, for `/readyz`.
+    pub fn mode(&self) -> &'static str {
+        match self.target {
+            Target::Node(_) => "node",
+            Target::Cluster(_) => "cluster",
+            Target::Sentinel(_) => "sentinel",
+        }
+    }
+
+    /// Whether this is a cluster; the subscriber then reads
+    /// [`Self::take_pushes`] and subscribes on [`Self::cluster_connection`].
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    /// Whether fill notices go on sharded channels (cluster mode, on a
+    /// server that has them).
+    pub fn sharded(&self) -> bool {
+        self.sharded.load(Ordering::Relaxed)
+    }
+
+    /// The cluster connection, once connected.
+    pub fn cluster_connection(&self) -> Option<ClusterConnection> {
+        match &*self.conn.read().unwrap_or_else(PoisonError::into_inner) {
+            Some(Conn::Cluster(c)) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    /// The pushes of the cluster connection (once: the subscriber owns them).
+    pub fn take_pushes(&self) -> Option<mpsc::UnboundedReceiver<PushInfo>> {
+        self.pushes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Changes whenever the subscriber must (re)connect.
+    pub fn epochs(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
     }
 
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
 
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.op_timeout.max(Duration::from_millis(10)) * 20))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+    }
+
+    fn install(&self, conn: Conn) {
+        *self.conn.write().unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// One attempt to connect, whichever the mode.
+    async fn connect(&self) -> Result<(), String> {
+        match &self.target {
+            Target::Node(client) => {
+                let m = ConnectionManager::new_with_config(client.clone(), self.manager_config())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.install(Conn::Node(m));
+                tracing::info!("connected to Redis");
+            }
+            Target::Cluster(client) => {
+                let mut c = client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let sharded = has_sharded_pubsub(&mut c).await;
+                if !sharded {
+                    tracing::error!(
+                        "this Redis Cluster has no sharded pub/sub (SPUBLISH: Redis 7.0, Valkey 7.2 or newer); \
+                         fill notices are off and waiting instances poll for fills"
+                    );
+                }
+                self.sharded.store(sharded, Ordering::Relaxed);
+                self.install(Conn::Cluster(c));
+                tracing::info!(sharded_pubsub = sharded, "connected to the Redis Cluster");
+            }
+            Target::Sentinel(s) => {
+                let (addr, client, m) = s.connect_master(self).await?;
+                *self.node.write().unwrap_or_else(PoisonError::into_inner) = Some(client);
+                *self
+                    .master_addr
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(addr.clone());
+                self.install(Conn::Node(m));
+                tracing::info!(master = %s.master, host = %addr.0, port = addr.1, "connected to the master Sentinel names");
+            }
+        }
+        Ok(())
+    }
+
     /// Connects in the background, retrying with backoff until it succeeds;
-    /// the ConnectionManager reconnects by itself after that.
+    /// the connection reconnects by itself after that (and, with Sentinel,
+    /// follows the master).
     pub fn start(self: &Arc<Self>) {
         let link = Arc::clone(self);
         tokio::spawn(async move {
             let mut retry = Reconnect::new();
             loop {
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(link.connect_timeout))
-                    .set_response_timeout(Some(link.op_timeout.max(Duration::from_millis(10)) * 20))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500));
-                let attempt = tokio::time::timeout(
-                    link.connect_timeout * 2,
-                    ConnectionManager::new_with_config(link.client.clone(), cfg),
-                )
-                .await;
-                match attempt {
-                    Ok(Ok(m)) => {
-                        *link
-                            .conn
-                            .write()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(m);
-                        tracing::info!("connected to Redis");
-                        return;
-                    }
+                match tokio::time::timeout(link.connect_timeout * 2, link.connect()).await {
+                    Ok(Ok(())) => break,
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "cannot connect to Redis yet; serving without it")
                     }
@@ -106,7 +312,43 @@ impl RedisLink {
                 }
                 retry.wait().await;
             }
+            if matches!(link.target, Target::Sentinel(_)) {
+                link.follow_sentinel().await;
+            }
         });
+    }
+
+    /// Asks the sentinels for the master every [`SENTINEL_CHECK`] and moves
+    /// to the one they name when it changes (a failover).
+    async fn follow_sentinel(self: Arc<Self>) {
+        let Target::Sentinel(s) = &self.target else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(SENTINEL_CHECK).await;
+            let Some(named) = s.ask(self.connect_timeout).await else {
+                continue;
+            };
+            let current = self
+                .master_addr
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if current.as_ref() == Some(&named) {
+                continue;
+            }
+            match tokio::time::timeout(self.connect_timeout * 2, self.connect()).await {
+                Ok(Ok(())) => tracing::warn!(
+                    master = %s.master,
+                    from = ?current,
+                    "Sentinel named another master; following it"
+                ),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot reach the master Sentinel names yet")
+                }
+                Err(_) => tracing::warn!("connecting to the master Sentinel names timed out"),
+            }
+        }
     }
 
     /// Whether the breaker is open now, and how often it opened.
@@ -120,7 +362,7 @@ impl RedisLink {
     pub fn is_connected(&self) -> bool {
         self.conn
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .is_some()
     }
 
@@ -135,7 +377,7 @@ impl RedisLink {
         }
     }
 
-    fn connection(&self) -> Result<ConnectionManager, L2Error> {
+    fn connection(&self) -> Result<Conn, L2Error> {
         if !self.breaker.allow() {
             metrics::redis_error("breaker_open");
             return Err(L2Error::BreakerOpen);
@@ -143,7 +385,7 @@ impl RedisLink {
         let conn = self
             .conn
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .clone();
         match conn {
             Some(c) => Ok(c),
@@ -233,5 +475,110 @@ impl Reconnect {
 
     pub fn reset(&mut self) {
         self.next = Self::FIRST;
+    }
+}
+
+/// Whether the server knows `SPUBLISH` (`COMMAND INFO` answers nil for a
+/// command it does not have).
+async fn has_sharded_pubsub(conn: &mut ClusterConnection) -> bool {
+    let answer: redis::RedisResult<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("SPUBLISH")
+        .query_async(conn)
+        .await;
+    match answer {
+        Ok(Value::Array(items)) => items.first().is_some_and(|v| !matches!(v, Value::Nil)),
+        _ => false,
+    }
+}
+
+impl Sentinel {
+    fn new(config: &SentinelConfig, tls: Option<&RedisTls>) -> redis::RedisResult<Self> {
+        let sentinels = config
+            .nodes
+            .iter()
+            .map(|url| client_for(url.as_str(), tls))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let mut settings = redis::RedisConnectionInfo::default().set_db(config.db);
+        if let Some(user) = &config.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &config.password {
+            settings = settings.set_password(password);
+        }
+        Ok(Sentinel {
+            master: config.master.clone(),
+            sentinels,
+            tls: tls.cloned(),
+            use_tls: config
+                .nodes
+                .first()
+                .is_some_and(|u| u.starts_with("rediss://")),
+            settings,
+        })
+    }
+
+    /// The master's address, as the first sentinel that answers names it.
+    async fn ask(&self, within: Duration) -> Option<(String, u16)> {
+        for sentinel in &self.sentinels {
+            let answer = tokio::time::timeout(within, async {
+                let mut c = sentinel.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async::<Option<(String, u16)>>(&mut c)
+                    .await
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(addr))) => return Some(addr),
+                Ok(Ok(None)) => tracing::warn!(
+                    master = %self.master,
+                    "a sentinel does not know this master (redis.sentinel.master)"
+                ),
+                Ok(Err(e)) => tracing::debug!(error = %e, "a sentinel did not answer"),
+                Err(_) => tracing::debug!("a sentinel did not answer in time"),
+            }
+        }
+        None
+    }
+
+    /// Connects to the master the sentinels name, and checks with `ROLE`
+    /// that it is one (a sentinel may lag a failover).
+    async fn connect_master(
+        &self,
+        link: &RedisLink,
+    ) -> Result<((String, u16), redis::Client, ConnectionManager), String> {
+        let (host, port) = self
+            .ask(link.connect_timeout)
+            .await
+            .ok_or_else(|| format!("no sentinel named a master for `{}`", self.master))?;
+        let addr = if self.use_tls {
+            redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host.clone(), port)
+        };
+        let info = redis::IntoConnectionInfo::into_connection_info(addr)
+            .map_err(|e| e.to_string())?
+            .set_redis_settings(self.settings.clone());
+        let client = client_for(info, self.tls.as_ref()).map_err(|e| e.to_string())?;
+        let mut m = ConnectionManager::new_with_config(client.clone(), link.manager_config())
+            .await
+            .map_err(|e| e.to_string())?;
+        let role: Vec<Value> = redis::cmd("ROLE")
+            .query_async(&mut m)
+            .await
+            .map_err(|e| e.to_string())?;
+        match role.first() {
+            Some(Value::BulkString(b)) if b.as_slice() == b"master" => {}
+            Some(Value::SimpleString(s)) if s == "master" => {}
+            _ => return Err(format!("{host}:{port} is not a master yet")),
+        }
+        Ok(((host, port), client, m))
     }
 }

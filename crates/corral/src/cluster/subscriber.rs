@@ -3,12 +3,22 @@
 //! waits), and the cluster-wide invalidation channel. Waiters subscribe
 //! before they re-check L2, so no notice falls between check and wait;
 //! a lost notice is covered by the waiters' polling.
+//!
+//! One node (or the master Sentinel names): a RESP2 pub/sub connection of
+//! its own, reconnected when it drops or Sentinel names another master. A
+//! Cluster: the cluster connection's RESP3 pushes; fill notices are sharded
+//! (`SSUBSCRIBE`, on the node that owns the key's slot, so a notice never
+//! crosses the cluster bus), the invalidation channel is classic (every
+//! instance hears it, whichever node it is subscribed on); the cluster
+//! client resubscribes after a failover or a slot move.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
+use redis::cluster_async::ClusterConnection;
+use redis::{PushKind, Value};
 use tokio::sync::broadcast;
 
 use crate::cluster::protocol::{ClusterNotice, FillNotice};
@@ -21,6 +31,42 @@ struct Channel {
 
 type OnNotice = Box<dyn Fn(ClusterNotice) + Send + Sync>;
 
+/// Where subscriptions to fill channels are sent.
+#[derive(Clone)]
+enum Sink {
+    Node(PubSubSink),
+    /// `sharded: false`: the servers have no sharded pub/sub; fill notices
+    /// are off and waiters poll.
+    Cluster {
+        conn: ClusterConnection,
+        sharded: bool,
+    },
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Sink::Node(s) => s.subscribe(channel).await,
+            Sink::Cluster {
+                conn,
+                sharded: true,
+            } => conn.ssubscribe(channel).await,
+            Sink::Cluster { .. } => Ok(()),
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Sink::Node(s) => s.unsubscribe(channel).await,
+            Sink::Cluster {
+                conn,
+                sharded: true,
+            } => conn.sunsubscribe(channel).await,
+            Sink::Cluster { .. } => Ok(()),
+        }
+    }
+}
+
 /// The shared subscriber and its local registry of waiters.
 pub struct Subscriber {
     link: Arc<RedisLink>,
@@ -29,7 +75,7 @@ pub struct Subscriber {
     bans_key: String,
     on_notice: OnNotice,
     channels: Mutex<HashMap<String, Channel>>,
-    sink: Mutex<Option<PubSubSink>>,
+    sink: Mutex<Option<Sink>>,
 }
 
 impl Subscriber {
@@ -48,7 +94,13 @@ impl Subscriber {
             sink: Mutex::new(None),
         });
         let s = Arc::clone(&sub);
-        tokio::spawn(async move { s.run().await });
+        tokio::spawn(async move {
+            if s.link.is_cluster() {
+                s.run_cluster().await
+            } else {
+                s.run().await
+            }
+        });
         sub
     }
 
@@ -62,15 +114,59 @@ impl Subscriber {
         }
     }
 
+    /// Hands a fill notice to the local waiters of `channel`.
+    fn fill(&self, channel: &str, payload: &str) {
+        if let Some(notice) = FillNotice::decode(payload) {
+            let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(c) = map.get(channel) {
+                let _ = c.tx.send(notice);
+            }
+        }
+    }
+
+    /// Bans issued while this instance was away (or before it started)
+    /// still apply to what L2 holds.
+    async fn replay_bans(&self) {
+        if let Ok(bans) = self
+            .link
+            .query::<Vec<String>>(redis::cmd("HKEYS").arg(&self.bans_key))
+            .await
+        {
+            for b in bans {
+                self.deliver(&b);
+            }
+        }
+    }
+
+    fn fill_channels(&self) -> Vec<String> {
+        self.channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn set_sink(&self, sink: Option<Sink>) {
+        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = sink;
+    }
+
     async fn run(self: Arc<Self>) {
         let mut retry = Reconnect::new();
         let mut was_connected = false;
+        let mut epochs = self.link.epochs();
         loop {
-            let connected = tokio::time::timeout(
-                self.link.connect_timeout() * 2,
-                self.link.client().get_async_pubsub(),
-            )
-            .await;
+            epochs.borrow_and_update();
+            let Some(client) = self.link.node_client() else {
+                // Sentinel has not named a master yet.
+                if epochs.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let connected =
+                tokio::time::timeout(self.link.connect_timeout() * 2, client.get_async_pubsub())
+                    .await;
             let pubsub = match connected {
                 Ok(Ok(p)) => p,
                 _ => {
@@ -80,13 +176,7 @@ impl Subscriber {
             };
             retry.reset();
             let (mut sink, mut stream) = pubsub.split();
-            let mut names: Vec<String> = self
-                .channels
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .keys()
-                .cloned()
-                .collect();
+            let mut names = self.fill_channels();
             names.push(self.invalidate_channel.clone());
             match tokio::time::timeout(self.link.connect_timeout(), sink.subscribe(&names)).await {
                 Ok(Ok(())) => {}
@@ -101,7 +191,7 @@ impl Subscriber {
                 }
             }
             tracing::debug!(channels = names.len(), "subscribed");
-            *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink);
+            self.set_sink(Some(Sink::Node(sink)));
             tracing::info!("Redis subscriber connected");
             if was_connected {
                 // Invalidations sent while we were away are lost: drop
@@ -112,18 +202,14 @@ impl Subscriber {
                 (self.on_notice)(ClusterNotice::All);
             }
             was_connected = true;
-            // Bans issued while this instance was away (or before it
-            // started) still apply to what L2 holds.
-            if let Ok(bans) = self
-                .link
-                .query::<Vec<String>>(redis::cmd("HKEYS").arg(&self.bans_key))
-                .await
-            {
-                for b in bans {
-                    self.deliver(&b);
-                }
-            }
-            while let Some(msg) = stream.next().await {
+            self.replay_bans().await;
+            loop {
+                let msg = tokio::select! {
+                    msg = stream.next() => msg,
+                    // Sentinel named another master: subscribe there.
+                    _ = epochs.changed() => None,
+                };
+                let Some(msg) = msg else { break };
                 let channel = msg.get_channel_name().to_owned();
                 let Ok(payload) = msg.get_payload::<String>() else {
                     continue;
@@ -133,15 +219,88 @@ impl Subscriber {
                     self.deliver(&payload);
                     continue;
                 }
-                if let Some(notice) = FillNotice::decode(&payload) {
-                    let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Some(c) = map.get(&channel) {
-                        let _ = c.tx.send(notice);
+                self.fill(&channel, &payload);
+            }
+            self.set_sink(None);
+            tracing::warn!("Redis subscriber disconnected; waiters poll until it is back");
+        }
+    }
+
+    /// Cluster mode: subscribes on the cluster connection once it exists
+    /// and reads its pushes. The client resubscribes by itself after a
+    /// node's connection drops; what was published meanwhile is lost, so
+    /// L1 is dropped and bans replayed once it has.
+    async fn run_cluster(self: Arc<Self>) {
+        let Some(mut pushes) = self.link.take_pushes() else {
+            return;
+        };
+        let mut epochs = self.link.epochs();
+        let mut conn = loop {
+            if let Some(c) = self.link.cluster_connection() {
+                break c;
+            }
+            if epochs.changed().await.is_err() {
+                return;
+            }
+        };
+        let sharded = self.link.sharded();
+        let mut retry = Reconnect::new();
+        loop {
+            match tokio::time::timeout(
+                self.link.connect_timeout(),
+                conn.subscribe(&self.invalidate_channel),
+            )
+            .await
+            {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "Redis Cluster subscribe failed; retrying")
+                }
+                Err(_) => tracing::warn!("Redis Cluster subscribe timed out; retrying"),
+            }
+            retry.wait().await;
+        }
+        let mut sink = Sink::Cluster { conn, sharded };
+        for channel in self.fill_channels() {
+            let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
+        }
+        self.set_sink(Some(sink));
+        tracing::info!(sharded, "Redis Cluster subscriber connected");
+        self.replay_bans().await;
+        let mut gap = false;
+        while let Some(push) = pushes.recv().await {
+            match push.kind {
+                PushKind::Message | PushKind::SMessage => {
+                    let (Some(channel), Some(payload)) = (
+                        push.data.first().and_then(text),
+                        push.data.get(1).and_then(text),
+                    ) else {
+                        continue;
+                    };
+                    if channel == self.invalidate_channel {
+                        tracing::debug!(payload = %payload, "invalidation notice");
+                        self.deliver(&payload);
+                    } else {
+                        self.fill(&channel, &payload);
                     }
                 }
+                PushKind::Disconnection => {
+                    tracing::warn!(
+                        "a Redis Cluster node's connection dropped; dropping L1, invalidations may be missed until it is resubscribed"
+                    );
+                    (self.on_notice)(ClusterNotice::All);
+                    gap = true;
+                }
+                PushKind::Subscribe | PushKind::SSubscribe if gap => {
+                    tracing::warn!(
+                        "resubscribed after a disconnect: dropping L1, invalidations may have been missed"
+                    );
+                    (self.on_notice)(ClusterNotice::All);
+                    self.replay_bans().await;
+                    gap = false;
+                }
+                _ => {}
             }
-            *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            tracing::warn!("Redis subscriber disconnected; waiters poll until it is back");
         }
     }
 
@@ -235,5 +394,14 @@ impl Drop for NoticeWatch {
 impl crate::cluster::tier::Notices for NoticeWatch {
     fn next(&mut self) -> futures_util::future::BoxFuture<'_, Option<FillNotice>> {
         Box::pin(NoticeWatch::next(self))
+    }
+}
+
+/// A push's channel or payload as text.
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
     }
 }

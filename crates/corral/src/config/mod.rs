@@ -224,8 +224,8 @@ const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
 /// Redis, shared by every instance (`redis:` section, optional).
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host[:port][/db]`, as written (trimmed).
-    pub url: String,
+    /// Which Redis: one node, a Cluster or the master Sentinel names.
+    pub servers: RedisServers,
     /// Deadline for each Redis command; positive.
     pub op_timeout: Duration,
     /// Deadline for (re)connecting; positive.
@@ -247,6 +247,57 @@ pub struct RedisConfig {
     /// `rediss://` only: the CA (else the platform's roots) and an optional
     /// client certificate, as PEM bytes read at load.
     pub tls: Option<RedisTls>,
+}
+
+/// How corral finds Redis: exactly one of `redis.url`, `redis.cluster`
+/// and `redis.sentinel`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisServers {
+    /// `url`: `redis[s]://[user:password@]host[:port][/db]`, as written
+    /// (trimmed).
+    Node(String),
+    /// `cluster`: seed nodes of a Redis/Valkey Cluster (one scheme, db 0);
+    /// the rest of the cluster is discovered from them.
+    Cluster(Vec<String>),
+    /// `sentinel`: the master the sentinels name, followed through
+    /// failovers.
+    Sentinel(SentinelConfig),
+}
+
+impl RedisServers {
+    /// Whether corral speaks TLS to Redis (`rediss://`).
+    pub fn tls(&self) -> bool {
+        let first = match self {
+            RedisServers::Node(url) => Some(url),
+            RedisServers::Cluster(nodes) => nodes.first(),
+            RedisServers::Sentinel(s) => s.nodes.first(),
+        };
+        first.is_some_and(|u| u.starts_with("rediss://"))
+    }
+}
+
+impl std::fmt::Debug for RedisServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisServers::Node(_) => f.write_str("Node(..)"),
+            RedisServers::Cluster(n) => write!(f, "Cluster({} seed nodes)", n.len()),
+            RedisServers::Sentinel(s) => write!(f, "Sentinel({:?})", s.master),
+        }
+    }
+}
+
+/// `redis.sentinel:`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelConfig {
+    /// The master's name, as the sentinels monitor it.
+    pub master: String,
+    /// The sentinels, `redis[s]://[user:password@]host[:port]` (port 26379
+    /// when left out); their scheme is the master's too.
+    pub nodes: Vec<String>,
+    /// The master's credentials and database.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
 }
 
 /// `redis.tls:`.
@@ -1057,7 +1108,10 @@ routes:
 ",
         ));
         let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
-        assert_eq!(redis.url, "redis://corral:s3cret@redis.internal:6380/2");
+        assert_eq!(
+            redis.servers,
+            RedisServers::Node("redis://corral:s3cret@redis.internal:6380/2".into())
+        );
         assert_eq!(redis.op_timeout, Duration::from_millis(20));
         assert_eq!(redis.connect_timeout, Duration::from_millis(500));
         assert_eq!(redis.lease_ttl, Duration::from_millis(100));
@@ -1082,7 +1136,10 @@ routes:
     fn redis_defaults_fill_every_field_but_url() {
         let config = config(&redis_with("  url: redis://127.0.0.1\n"));
         let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
-        assert_eq!(redis.url, "redis://127.0.0.1");
+        assert_eq!(
+            redis.servers,
+            RedisServers::Node("redis://127.0.0.1".into())
+        );
         assert_redis_defaults(&redis);
 
         // A breaker mapping with one field keeps the other's default.
@@ -1123,22 +1180,129 @@ routes:
         let redis = config(&text)
             .redis
             .unwrap_or_else(|| panic!("uncommented block has no redis section"));
-        assert_eq!(redis.url, "redis://127.0.0.1:6379/0");
+        assert_eq!(
+            redis.servers,
+            RedisServers::Node("redis://127.0.0.1:6379/0".into())
+        );
         assert_redis_defaults(&redis);
     }
 
     #[test]
     fn rediss_is_accepted_and_tls_on_plain_redis_is_refused() {
         let c = config(&redis_with("  url: rediss://redis.internal:6380\n"));
-        assert!(
-            c.redis
-                .as_ref()
-                .is_some_and(|r| r.url.starts_with("rediss://"))
-        );
+        assert!(c.redis.as_ref().is_some_and(|r| r.servers.tls()));
         let error = refused(&redis_with(
             "  url: redis://redis.internal:6379\n  tls: { ca_file: /nonexistent }\n",
         ));
         assert_eq!(error.field, "redis.tls");
+    }
+
+    #[test]
+    fn a_cluster_is_its_seed_nodes_and_sentinel_its_master_name_and_sentinels() {
+        let c = config(&redis_with(
+            "  cluster: [redis://10.0.0.1:7000, redis://:s3cret@10.0.0.2:7000/0]\n",
+        ));
+        let redis = c.redis.unwrap_or_else(|| panic!("no redis"));
+        assert_eq!(
+            redis.servers,
+            RedisServers::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://:s3cret@10.0.0.2:7000/0".into()
+            ])
+        );
+        assert!(!redis.servers.tls());
+        assert_redis_defaults(&redis);
+
+        let c = config(&redis_with(
+            "  sentinel:\n    master: cache-primary\n    nodes: [rediss://s1:26379, rediss://s2:26379]\n    username: corral\n    password: s3cret\n    db: 2\n",
+        ));
+        let redis = c.redis.unwrap_or_else(|| panic!("no redis"));
+        assert_eq!(
+            redis.servers,
+            RedisServers::Sentinel(SentinelConfig {
+                master: "cache-primary".into(),
+                nodes: vec!["rediss://s1:26379".into(), "rediss://s2:26379".into()],
+                username: Some("corral".into()),
+                password: Some("s3cret".into()),
+                db: 2,
+            })
+        );
+        assert!(redis.servers.tls(), "the sentinels' scheme is the master's");
+        assert!(!format!("{:?}", redis.servers).contains("s3cret"));
+    }
+
+    #[test]
+    fn cluster_and_sentinel_mistakes_name_their_line_and_field() {
+        for (fields, line, column, field, hint) in [
+            (
+                "  url: redis://a\n  cluster: [redis://b]\n",
+                10,
+                12,
+                "redis.cluster",
+                "redis.url is set too",
+            ),
+            ("  cluster: []\n", 9, 12, "redis.cluster", "no seed nodes"),
+            (
+                "  cluster: [redis://a:7000, rediss://b:7000]\n",
+                9,
+                29,
+                "redis.cluster[1]",
+                "mixes redis:// and rediss://",
+            ),
+            (
+                "  cluster: [redis://a:7000/3]\n",
+                9,
+                13,
+                "redis.cluster[0]",
+                "only database 0",
+            ),
+            (
+                "  sentinel: { nodes: [redis://s1] }\n",
+                9,
+                13,
+                "redis.sentinel.master",
+                "required field is missing",
+            ),
+            (
+                "  sentinel: { master: m, nodes: [] }\n",
+                9,
+                33,
+                "redis.sentinel.nodes",
+                "no sentinels",
+            ),
+            (
+                "  sentinel: { master: m, nodes: [redis://s1:26379/1] }\n",
+                9,
+                34,
+                "redis.sentinel.nodes[0]",
+                "a sentinel has no database",
+            ),
+            (
+                "  sentinel: { master: m, nodes: [redis://s1], db: x }\n",
+                9,
+                51,
+                "redis.sentinel.db",
+                "not a database number",
+            ),
+            (
+                "  sentinel: { master: 'two words', nodes: [redis://s1] }\n",
+                9,
+                23,
+                "redis.sentinel.master",
+                "one word",
+            ),
+            (
+                "  cluster: [redis://a]\n  tls: { ca_file: /nonexistent }\n",
+                10,
+                8,
+                "redis.tls",
+                "rediss:// URLs only",
+            ),
+        ] {
+            let error = refused(&redis_with(fields));
+            let message = assert_at(&error, line, column, field);
+            assert!(message.contains(hint), "{fields}: {message}");
+        }
     }
 
     #[test]
@@ -1163,7 +1327,14 @@ routes:
     fn missing_redis_url_is_refused() {
         let error = refused(&redis_with("  op_timeout: 10ms\n"));
         let message = assert_at(&error, 9, 3, "redis.url");
-        assert_eq!(message, "required field is missing");
+        assert!(
+            message.starts_with("required field is missing"),
+            "{message}"
+        );
+        assert!(
+            message.contains("redis.cluster or redis.sentinel"),
+            "{message}"
+        );
 
         let error = refused(&redis_with("  url:\n"));
         let message = assert_at(&error, 9, 3, "redis.url");
@@ -1180,9 +1351,9 @@ routes:
         let error = refused(&redis_with("  url: redis://127.0.0.1\n  bogus: 1\n"));
         assert_at(&error, 10, 3, "redis.bogus");
         assert!(
-            error
-                .message
-                .starts_with("unknown field `bogus` (expected one of: url, op_timeout"),
+            error.message.starts_with(
+                "unknown field `bogus` (expected one of: url, cluster, sentinel, op_timeout"
+            ),
             "{error}"
         );
 

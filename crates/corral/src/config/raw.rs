@@ -121,6 +121,8 @@ pub struct RawCache {
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub url: Option<Text>,
+    pub cluster: Option<Spanned<Vec<Text>>>,
+    pub sentinel: Option<Spanned<RawSentinel>>,
     pub op_timeout: Option<Text>,
     pub connect_timeout: Option<Text>,
     pub lease_ttl: Option<Text>,
@@ -129,6 +131,16 @@ pub struct RawRedis {
     pub breaker: Option<RawBreaker>,
     pub instances: Option<Text>,
     pub tls: Option<Spanned<RawRedisTls>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    pub master: Option<Text>,
+    pub nodes: Option<Spanned<Vec<Text>>>,
+    pub username: Option<Text>,
+    pub password: Option<Text>,
+    pub db: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,8 +20,8 @@ use super::{
     CacheConfig, CircuitConfig, CoalesceConfig, Config, ConfigError, DEFAULT_BREAKER_FAILURES,
     DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_FILLS,
     DEFAULT_MAX_OBJECT_SIZE, DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX,
-    DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RouteCacheConfig,
-    RouteConfig, ServerConfig, StaleWindow, TimeoutsConfig,
+    DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RedisServers,
+    RouteCacheConfig, RouteConfig, SentinelConfig, ServerConfig, StaleWindow, TimeoutsConfig,
 };
 use super::{
     CallersConfig, DEFAULT_JWT_LEEWAY, DEFAULT_LOCAL_BUCKETS, DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
@@ -408,8 +408,7 @@ impl Resolver<'_> {
     fn redis(&self, raw: &Spanned<RawRedis>) -> Result<RedisConfig, ConfigError> {
         let at = &raw.referenced;
         let raw = &raw.value;
-        let url = self.required(&raw.url, at, "redis.url")?;
-        let url = redis_url(&url.value).map_err(|m| self.error(&url.referenced, "redis.url", m))?;
+        let servers = self.redis_servers(at, raw)?;
         let op_timeout = self.duration(
             raw.op_timeout.as_ref(),
             "redis.op_timeout",
@@ -464,7 +463,7 @@ impl Resolver<'_> {
             Some(t) => whole_u32(&t.value, 1, "instances")
                 .map_err(|m| self.error(&t.referenced, "redis.instances", m))?,
         };
-        let tls = match (&raw.tls, url.starts_with("rediss://")) {
+        let tls = match (&raw.tls, servers.tls()) {
             (None, _) => None,
             (Some(t), false) => {
                 return Err(self.error(
@@ -507,7 +506,7 @@ impl Resolver<'_> {
         Ok(RedisConfig {
             tls,
             instances,
-            url,
+            servers,
             op_timeout: op_timeout.value,
             connect_timeout: connect_timeout.value,
             lease_ttl: lease_ttl.value,
@@ -516,6 +515,113 @@ impl Resolver<'_> {
             breaker_failures,
             breaker_open_for,
         })
+    }
+
+    /// Exactly one of `url`, `cluster` and `sentinel`.
+    fn redis_servers(&self, at: &Location, raw: &RawRedis) -> Result<RedisServers, ConfigError> {
+        let given: Vec<(&str, Location)> = [
+            ("redis.url", raw.url.as_ref().map(|t| t.referenced)),
+            ("redis.cluster", raw.cluster.as_ref().map(|t| t.referenced)),
+            (
+                "redis.sentinel",
+                raw.sentinel.as_ref().map(|t| t.referenced),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, at)| at.map(|at| (field, at)))
+        .collect();
+        if let [_, (field, second), ..] = given.as_slice() {
+            return Err(self.error(
+                second,
+                field,
+                format!(
+                    "{} is set too: give one of redis.url (one node), redis.cluster or redis.sentinel",
+                    given[0].0
+                ),
+            ));
+        }
+        if let Some(url) = &raw.url {
+            let url =
+                redis_url(&url.value).map_err(|m| self.error(&url.referenced, "redis.url", m))?;
+            return Ok(RedisServers::Node(url));
+        }
+        if let Some(seeds) = &raw.cluster {
+            if seeds.value.is_empty() {
+                return Err(self.error(
+                    &seeds.referenced,
+                    "redis.cluster",
+                    "no seed nodes: list one or more nodes of the cluster",
+                ));
+            }
+            let nodes = self.list(&seeds.value, "redis.cluster", cluster_node_url)?;
+            self.one_scheme(&seeds.value, &nodes, "redis.cluster")?;
+            return Ok(RedisServers::Cluster(nodes));
+        }
+        if let Some(sentinel) = &raw.sentinel {
+            let s = &sentinel.value;
+            let master = self.required(&s.master, &sentinel.referenced, "redis.sentinel.master")?;
+            let name = master.value.trim();
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(self.error(
+                    &master.referenced,
+                    "redis.sentinel.master",
+                    "the master's name is one word, as in the sentinels' `sentinel monitor NAME …`",
+                ));
+            }
+            let listed = self.required(&s.nodes, &sentinel.referenced, "redis.sentinel.nodes")?;
+            if listed.value.is_empty() {
+                return Err(self.error(
+                    &listed.referenced,
+                    "redis.sentinel.nodes",
+                    "no sentinels: list the address of each",
+                ));
+            }
+            let nodes = self.list(&listed.value, "redis.sentinel.nodes", sentinel_node_url)?;
+            self.one_scheme(&listed.value, &nodes, "redis.sentinel.nodes")?;
+            let db = match &s.db {
+                None => 0,
+                Some(t) => t.value.trim().parse::<u32>().map_err(|_| {
+                    self.error(
+                        &t.referenced,
+                        "redis.sentinel.db",
+                        format!("`{}` is not a database number", t.value),
+                    )
+                })?,
+            };
+            let text = |t: &Option<Text>| t.as_ref().map(|t| t.value.clone());
+            return Ok(RedisServers::Sentinel(SentinelConfig {
+                master: name.to_owned(),
+                nodes,
+                username: text(&s.username),
+                password: text(&s.password),
+                db: i64::from(db),
+            }));
+        }
+        // `url:` with nothing after it: point at that line.
+        if NodePaths::index(self.text)
+            .key_position("redis.url")
+            .is_some()
+        {
+            self.required(&raw.url, at, "redis.url")?;
+        }
+        Err(self.error(
+            at,
+            "redis.url",
+            "required field is missing: give redis.url (one node), redis.cluster or redis.sentinel",
+        ))
+    }
+
+    /// Every node of a list speaks TLS, or none does.
+    fn one_scheme(&self, raw: &[Text], urls: &[String], field: &str) -> Result<(), ConfigError> {
+        let tls = |u: &String| u.starts_with("rediss://");
+        match urls.iter().position(|u| tls(u) != tls(&urls[0])) {
+            None => Ok(()),
+            Some(i) => Err(self.error(
+                &raw[i].referenced,
+                &format!("{field}[{i}]"),
+                "mixes redis:// and rediss://: every node is reached the same way",
+            )),
+        }
     }
 
     fn breaker(&self, raw: &RawBreaker) -> Result<(u32, Duration), ConfigError> {
@@ -1675,6 +1781,37 @@ fn redis_url(text: &str) -> Result<String, String> {
     text.into_connection_info()
         .map_err(|e| format!("not a usable Redis URL: {e}"))?;
     Ok(text.to_owned())
+}
+
+/// The database a checked Redis URL names (its path without `/`), if any.
+fn url_db(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    let db = uri.path().trim_start_matches('/');
+    (!db.is_empty()).then(|| db.to_owned())
+}
+
+/// A seed node of a Cluster: a Redis URL without a database (a cluster
+/// has only database 0).
+fn cluster_node_url(text: &str) -> Result<String, String> {
+    let url = redis_url(text)?;
+    match url_db(&url) {
+        Some(db) if db != "0" => Err(format!(
+            "a cluster has only database 0, not /{db}: leave the path out"
+        )),
+        _ => Ok(url),
+    }
+}
+
+/// A sentinel: a Redis URL without a database (the master's is
+/// `redis.sentinel.db`).
+fn sentinel_node_url(text: &str) -> Result<String, String> {
+    let url = redis_url(text)?;
+    match url_db(&url) {
+        Some(db) => Err(format!(
+            "a sentinel has no database: leave /{db} out and set redis.sentinel.db for the master's"
+        )),
+        None => Ok(url),
+    }
 }
 
 fn key_prefix(text: &str) -> Result<String, String> {

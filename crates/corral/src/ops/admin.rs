@@ -44,6 +44,8 @@ struct Ready<'a> {
     draining: bool,
     routes: usize,
     redis: &'a str,
+    /// `node`, `cluster`, `sentinel` or `off`.
+    redis_mode: &'a str,
 }
 
 /// One JSON object and a newline: the admin endpoints' bodies.
@@ -55,6 +57,7 @@ pub fn json_line(value: &impl serde::Serialize) -> String {
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let redis = s.app.l2.as_ref().map_or("off", |l2| l2.link.status());
+    let redis_mode = s.app.l2.as_ref().map_or("off", |l2| l2.link.mode());
     let draining = s.draining.load(Ordering::Acquire);
     let status = if draining {
         StatusCode::SERVICE_UNAVAILABLE
@@ -66,6 +69,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         draining,
         routes: s.app.routes().len(),
         redis,
+        redis_mode,
     });
     (status, [(header::CONTENT_TYPE, "application/json")], body)
 }

@@ -105,7 +105,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let redis = |c: &Config| {
         c.redis
             .as_ref()
-            .map(|r| (r.url.clone(), r.key_prefix.clone()))
+            .map(|r| (r.servers.clone(), r.key_prefix.clone()))
     };
     if redis(old) != redis(new) {
         fields.push("redis");

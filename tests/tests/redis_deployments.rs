@@ -1,0 +1,298 @@
+//! The shared cache on Redis as production deploys it: a six-node Redis (or
+//! Valkey) Cluster and a Sentinel deployment. The lab (five instances, a
+//! thousand concurrent requests on one cold key) reaches the origin once on
+//! each; a primary killed mid-burst costs no client an error, and corral
+//! uses the cluster again after the failover (on the very slot that moved);
+//! with Sentinel, corral follows the master the sentinels promote.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use corral_tests::shared::{
+    cacheable, post_on_a_purges_b, spawn_bursts, wait_for_key, wait_no_lease, wait_shared_again,
+};
+use corral_tests::{
+    Answer, Client, Config, DEADLINE, Keyspace, Origin, Proxy, Redis, RedisCluster, RedisSentinels,
+    Reply, Route, RunningOrigin, RunningProxy, assert_every_answer, tally,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+const INSTANCES: usize = 5;
+const PER_INSTANCE: usize = 200;
+const BREAKER_OPEN_FOR: Duration = Duration::from_secs(1);
+
+/// One route `api` to `origin` and an uncached `warm` route, with the
+/// `redis:` fields given (`cluster: […]` or `sentinel: {…}`) and a short
+/// breaker. The Redis deadline is raised from the 50 ms default, as in
+/// shared_cache.rs: two shared cores under a 1000-connection burst.
+fn config(origin: &RunningOrigin, servers: (&str, String)) -> Config {
+    Config::new()
+        .route(Route::new("api", origin.url()))
+        .route(
+            Route::new("warm", origin.url())
+                .path_prefix("/warm")
+                .cache("enabled", "false"),
+        )
+        .redis_field(servers.0, &servers.1)
+        .redis_field("op_timeout", "250ms")
+        .redis_field(
+            "breaker",
+            &format!(
+                "{{ failures: 5, open_for: {}ms }}",
+                BREAKER_OPEN_FOR.as_millis()
+            ),
+        )
+}
+
+fn yaml_list(items: &[String]) -> String {
+    format!("[{}]", items.join(", "))
+}
+
+/// The lab: 200 connections per instance opened first (through the
+/// uncached route), then 200 concurrent GETs of `path` on each of the five
+/// instances. Asserts one origin request and one body for all 1000.
+async fn lab(origin: &RunningOrigin, client: &Client, proxies: &[RunningProxy], path: &str) {
+    let warm_urls: Vec<String> = proxies.iter().map(|p| p.url("/warm")).collect();
+    join_all(warm_urls.iter().map(|url| client.warm(PER_INSTANCE, url))).await;
+    let per_proxy = spawn_bursts(client, proxies, PER_INSTANCE, path)
+        .await
+        .expect("burst task");
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    assert_eq!(answers.len(), INSTANCES * PER_INSTANCE);
+    assert_eq!(
+        origin.hits(path),
+        1,
+        "{path}: answers: {:#?}",
+        tally(answers.iter().copied())
+    );
+    assert_every_answer(answers.iter().copied(), 200, "the one answer");
+}
+
+async fn readyz(client: &Client, proxy: &RunningProxy) -> String {
+    client.get(&proxy.admin_url("/readyz")).await.text()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lab_on_a_six_node_cluster_reaches_origin_once_with_sharded_notices() {
+    let cluster = RedisCluster::start().await;
+    let origin = Origin::new()
+        .route("/warm", Reply::ok("warm"))
+        .route("/cold", cacheable("the one answer").delay(ms(600)))
+        .start()
+        .await;
+    let proxies = Proxy::new(config(&origin, ("cluster", yaml_list(&cluster.seeds()))))
+        .instances(INSTANCES)
+        .start_all()
+        .await;
+    let client = Client::new();
+    assert!(
+        readyz(&client, &proxies[0])
+            .await
+            .contains(r#""redis":"connected","redis_mode":"cluster""#)
+    );
+
+    // While the leader fetches, the waiters of the other instances listen
+    // on the key's sharded channel, on the primary that owns its slot, and
+    // on no classic channel of any node.
+    let watch_channels = async {
+        let lease = wait_for_key(&cluster, "*:lease:*", DEADLINE).await;
+        let owner = cluster.primary_of(&lease).await;
+        let fill_channel = lease.replace(":lease:", ":fill:");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let sharded: Vec<String> = cluster
+                .node(owner)
+                .command(
+                    redis::cmd("PUBSUB").arg("SHARDCHANNELS").arg("*:fill:*"),
+                    "PUBSUB SHARDCHANNELS",
+                )
+                .await;
+            if sharded.contains(&fill_channel) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nobody subscribed to the sharded channel {fill_channel} on its primary: {sharded:?}"
+            );
+            tokio::time::sleep(ms(20)).await;
+        }
+        for i in 0..6 {
+            let classic: Vec<String> = cluster
+                .node(i)
+                .command(
+                    redis::cmd("PUBSUB").arg("CHANNELS").arg("*:fill:*"),
+                    "PUBSUB CHANNELS",
+                )
+                .await;
+            assert!(
+                classic.is_empty(),
+                "node {i}: classic fill channels {classic:?}"
+            );
+        }
+        (lease, owner)
+    };
+    let ((), (lease, owner)) =
+        tokio::join!(lab(&origin, &client, &proxies, "/cold"), watch_channels);
+    wait_no_lease(&cluster, ms(2000)).await;
+    let entry = lease.replace(":lease:", ":e:");
+    assert_eq!(cluster.keys("*:e:*").await, std::slice::from_ref(&entry));
+    assert_eq!(cluster.primary_of(&entry).await, owner, "one slot per key");
+
+    // A purge on one instance reaches another (the invalidation script
+    // runs on the key's slot, the notice on the classic channel).
+    post_on_a_purges_b(
+        &origin,
+        &client,
+        &proxies[1],
+        &proxies[3],
+        "/cold",
+        "purged on the cluster",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_mid_burst_costs_no_error_and_its_slot_is_used_again_after_failover() {
+    let mut cluster = RedisCluster::start().await;
+    let origin = Origin::new()
+        .route("/cold", cacheable("still served").delay(ms(600)))
+        .start()
+        .await;
+    let proxies = Proxy::new(config(&origin, ("cluster", yaml_list(&cluster.seeds()))))
+        .instances(INSTANCES)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let bursts = spawn_bursts(&client, &proxies, 40, "/cold");
+    origin.wait_hits("/cold", 1, DEADLINE).await;
+    let lease = wait_for_key(&cluster, "*:lease:*", DEADLINE).await;
+    let slot = cluster.slot(&lease).await;
+    let primary = cluster.primary_of(&lease).await;
+    cluster.kill(primary);
+
+    let per_proxy = bursts.await.expect("burst task");
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    assert_eq!(answers.len(), INSTANCES * 40);
+    assert_every_answer(answers.iter().copied(), 200, "still served");
+    assert!(
+        origin.hits("/cold") <= INSTANCES,
+        "origin saw {} requests; answers: {:#?}",
+        origin.hits("/cold"),
+        tally(answers.iter().copied())
+    );
+
+    let promoted = cluster.wait_failover(slot, primary, ms(15_000)).await;
+    // Shared again (the breaker closed, the client found the new map) ...
+    let (a, b, c) = (&proxies[0], &proxies[1], &proxies[2]);
+    wait_shared_again(&origin, &client, a, b, BREAKER_OPEN_FOR + ms(10_000)).await;
+    // ... and on the slot that failed over: a purge of /cold runs there,
+    // B refetches and stores it on the promoted replica, C reads it back.
+    post_on_a_purges_b(&origin, &client, a, b, "/cold", "after the failover").await;
+    let hits = origin.hits("/cold");
+    let entry = lease.replace(":lease:", ":e:");
+    wait_for_key(cluster.node(promoted), &entry, DEADLINE).await;
+    let from_c = client.get(&c.url("/cold")).await;
+    assert_eq!(from_c.status, 200);
+    assert_eq!(from_c.text(), "after the failover");
+    assert!(from_c.cache_status().is_hit(), "{}", from_c.cache_status());
+    assert_eq!(origin.hits("/cold"), hits, "C read the promoted replica");
+}
+
+/// Fills fresh paths through `proxy` until one lands on `master` (a new
+/// entry key there): the instance writes to that master now.
+async fn wait_writes_to(
+    origin: &RunningOrigin,
+    client: &Client,
+    proxy: &RunningProxy,
+    master: &Redis,
+    tag: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    let mut attempt = 0;
+    loop {
+        let before = master.keys("*:e:*").await.len();
+        let path = format!("/follow-{tag}-{attempt}");
+        origin.set_route(&path, cacheable("followed"));
+        let answer = client.get(&proxy.url(&path)).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.cache_status());
+        let settle = Instant::now() + ms(500);
+        while Instant::now() < settle {
+            if master.keys("*:e:*").await.len() > before {
+                return;
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "instance {tag} wrote nothing to the new master within {within:?}\n{}",
+            proxy.log()
+        );
+        attempt += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_and_after() {
+    let mut deployment = RedisSentinels::start().await;
+    let origin = Origin::new()
+        .route("/warm", Reply::ok("warm"))
+        .route("/before", cacheable("the one answer").delay(ms(300)))
+        .route("/after", cacheable("the one answer").delay(ms(300)))
+        .start()
+        .await;
+    let sentinel = format!(
+        "{{ master: {}, nodes: {} }}",
+        corral_tests::redis_deployments::SENTINEL_MASTER,
+        yaml_list(&deployment.nodes())
+    );
+    let proxies = Proxy::new(config(&origin, ("sentinel", sentinel)))
+        .instances(INSTANCES)
+        .start_all()
+        .await;
+    let client = Client::new();
+    assert!(
+        readyz(&client, &proxies[0])
+            .await
+            .contains(r#""redis":"connected","redis_mode":"sentinel""#)
+    );
+
+    lab(&origin, &client, &proxies, "/before").await;
+    wait_no_lease(&deployment.master, ms(2000)).await;
+    assert_eq!(deployment.master.keys("*:e:*").await.len(), 1);
+
+    deployment.fail_over(ms(15_000)).await;
+    for (i, proxy) in proxies.iter().enumerate() {
+        wait_writes_to(
+            &origin,
+            &client,
+            proxy,
+            &deployment.replica,
+            &i.to_string(),
+            BREAKER_OPEN_FOR + ms(10_000),
+        )
+        .await;
+    }
+    assert!(
+        proxies[0]
+            .log()
+            .contains("Sentinel named another master; following it"),
+        "{}",
+        proxies[0].log()
+    );
+
+    let before = deployment.replica.keys("*:e:*").await.len();
+    lab(&origin, &client, &proxies, "/after").await;
+    wait_no_lease(&deployment.replica, ms(2000)).await;
+    assert_eq!(
+        deployment.replica.keys("*:e:*").await.len(),
+        before + 1,
+        "/after is stored on the promoted master"
+    );
+}
