@@ -15,7 +15,7 @@ use corral_tests::shared::{
 };
 use corral_tests::{
     Answer, Client, Config, DEADLINE, Keyspace, Origin, Proxy, Redis, RedisCluster, RedisSentinels,
-    Reply, Route, RunningOrigin, RunningProxy, assert_every_answer, tally,
+    Reply, Route, RunningOrigin, RunningProxy, assert_every_answer, eventually, tally,
 };
 
 fn ms(n: u64) -> Duration {
@@ -245,6 +245,7 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
         .route("/warm", Reply::ok("warm"))
         .route("/before", cacheable("the one answer").delay(ms(300)))
         .route("/after", cacheable("the one answer").delay(ms(300)))
+        .route("/alone", cacheable("alone"))
         .start()
         .await;
     let sentinel = format!(
@@ -262,6 +263,32 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
             .await
             .contains(r#""redis":"connected","redis_mode":"sentinel""#)
     );
+
+    // A master name the sentinels do not monitor: corral serves alone and
+    // says why, and no client sees an error.
+    let misnamed = format!(
+        "{{ master: not-monitored, nodes: {} }}",
+        yaml_list(&deployment.nodes())
+    );
+    let lone = Proxy::new(config(&origin, ("sentinel", misnamed)))
+        .without_waiting_for_redis()
+        .start()
+        .await;
+    let answer = client.get(&lone.url("/alone")).await;
+    assert_eq!(answer.status, 200);
+    assert!(
+        readyz(&client, &lone)
+            .await
+            .contains(r#""redis":"connecting","redis_mode":"sentinel""#)
+    );
+    eventually(DEADLINE, "a log line names the unknown master", || {
+        let log = lone.log();
+        async move {
+            log.contains("a sentinel does not monitor this master: check redis.sentinel.master")
+        }
+    })
+    .await;
+    drop(lone);
 
     lab(&origin, &client, &proxies, "/before").await;
     wait_no_lease(&deployment.master, ms(2000)).await;

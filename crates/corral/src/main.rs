@@ -319,7 +319,7 @@ async fn serve(
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
-    let app = Arc::new(app::App::new(&config).context("invalid redis.url")?);
+    let app = Arc::new(app::App::new(&config).context("invalid redis section")?);
     let admin_state = Arc::new(admin::AdminState {
         app: Arc::clone(&app),
         metrics,

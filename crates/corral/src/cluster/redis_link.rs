@@ -92,6 +92,10 @@ enum Target {
 struct Sentinel {
     master: String,
     sentinels: Vec<redis::Client>,
+    /// One connection per sentinel, kept between checks.
+    held: Mutex<Vec<Option<redis::aio::MultiplexedConnection>>>,
+    /// A sentinel said it does not know `master` (logged once).
+    unknown_logged: AtomicBool,
     tls: Option<RedisTls>,
     use_tls: bool,
     settings: redis::RedisConnectionInfo,
@@ -508,6 +512,8 @@ impl Sentinel {
         }
         Ok(Sentinel {
             master: config.master.clone(),
+            held: Mutex::new(vec![None; sentinels.len()]),
+            unknown_logged: AtomicBool::new(false),
             sentinels,
             tls: tls.cloned(),
             use_tls: config
@@ -518,29 +524,68 @@ impl Sentinel {
         })
     }
 
-    /// The master's address, as the first sentinel that answers names it.
+    /// The master's address, as most of the sentinels that answer within
+    /// `within` name it (all are asked at once, so a dead or unreachable
+    /// sentinel costs no more than the deadline; a stale one is outvoted).
     async fn ask(&self, within: Duration) -> Option<(String, u16)> {
-        for sentinel in &self.sentinels {
-            let answer = tokio::time::timeout(within, async {
-                let mut c = sentinel.get_multiplexed_async_connection().await?;
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&self.master)
-                    .query_async::<Option<(String, u16)>>(&mut c)
-                    .await
-            })
-            .await;
-            match answer {
-                Ok(Ok(Some(addr))) => return Some(addr),
-                Ok(Ok(None)) => tracing::warn!(
-                    master = %self.master,
-                    "a sentinel does not know this master (redis.sentinel.master)"
-                ),
-                Ok(Err(e)) => tracing::debug!(error = %e, "a sentinel did not answer"),
-                Err(_) => tracing::debug!("a sentinel did not answer in time"),
+        let answers = futures_util::future::join_all(
+            (0..self.sentinels.len()).map(|i| self.ask_one(i, within)),
+        )
+        .await;
+        let mut votes: Vec<((String, u16), usize)> = Vec::new();
+        for addr in answers.into_iter().flatten() {
+            match votes.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((addr, 1)),
             }
         }
-        None
+        // The most named; on a tie, the one the first answering sentinel named.
+        let most = votes.iter().map(|(_, n)| *n).max()?;
+        votes.into_iter().find(|(_, n)| *n == most).map(|(a, _)| a)
+    }
+
+    /// One sentinel's answer, on the connection kept for it.
+    async fn ask_one(&self, i: usize, within: Duration) -> Option<(String, u16)> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner)[i].clone();
+        let sentinel = &self.sentinels[i];
+        let answer = tokio::time::timeout(within, async {
+            let mut c = match held {
+                Some(c) => c,
+                None => sentinel.get_multiplexed_async_connection().await?,
+            };
+            let named = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.master)
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await?;
+            Ok::<_, redis::RedisError>((named, c))
+        })
+        .await;
+        let kept = match &answer {
+            Ok(Ok((_, c))) => Some(c.clone()),
+            _ => None,
+        };
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)[i] = kept;
+        match answer {
+            Ok(Ok((Some(addr), _))) => Some(addr),
+            Ok(Ok((None, _))) => {
+                if !self.unknown_logged.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        master = %self.master,
+                        "a sentinel does not monitor this master: check redis.sentinel.master"
+                    );
+                }
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "a sentinel did not answer");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("a sentinel did not answer in time");
+                None
+            }
+        }
     }
 
     /// Connects to the master the sentinels name, and checks with `ROLE`

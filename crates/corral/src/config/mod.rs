@@ -1185,6 +1185,32 @@ routes:
             RedisServers::Node("redis://127.0.0.1:6379/0".into())
         );
         assert_redis_defaults(&redis);
+
+        // The documented alternatives, each in place of `url`.
+        let without_url = text.replace("  url: redis://127.0.0.1:6379/0\n", "");
+        assert_ne!(without_url, text, "the example's url line moved");
+        let cluster = config(&without_url.replace("  # cluster: [", "  cluster: ["))
+            .redis
+            .unwrap_or_else(|| panic!("no redis section"));
+        assert!(
+            matches!(&cluster.servers, RedisServers::Cluster(n) if n.len() == 3),
+            "{:?}",
+            cluster.servers
+        );
+        let mut sentinel = without_url.replace("  # sentinel:\n", "  sentinel:\n");
+        for key in ["master", "nodes", "username", "password", "db"] {
+            sentinel = sentinel.replace(&format!("  #   {key}:"), &format!("    {key}:"));
+        }
+        let sentinel = config(&sentinel)
+            .redis
+            .unwrap_or_else(|| panic!("no redis section"));
+        match &sentinel.servers {
+            RedisServers::Sentinel(s) => {
+                assert_eq!((s.master.as_str(), s.nodes.len(), s.db), ("mymaster", 3, 0));
+                assert_eq!(s.username.as_deref(), Some("corral"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
