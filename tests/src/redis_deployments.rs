@@ -5,6 +5,7 @@
 //! failure prints what the servers logged.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -35,6 +36,25 @@ impl Keyspace for Redis {
     }
 }
 
+/// Certificate, key and CA files.
+type TlsFiles<'a> = (&'a Path, &'a Path, &'a Path);
+
+/// The arguments of a TLS port (no client certificate asked for; replicas
+/// and sentinels reach their master over TLS too), and that port.
+fn tls_args((cert, key, ca): TlsFiles<'_>) -> (Vec<String>, u16) {
+    let port = free_addr_for_restarts().expect("a free TLS port").port();
+    let mut args = vec!["--tls-port".to_owned(), port.to_string()];
+    for (flag, path) in [
+        ("--tls-cert-file", cert),
+        ("--tls-key-file", key),
+        ("--tls-ca-cert-file", ca),
+    ] {
+        args.extend([flag.to_owned(), path.display().to_string()]);
+    }
+    args.extend(["--tls-auth-clients", "no", "--tls-replication", "yes"].map(str::to_owned));
+    (args, port)
+}
+
 /// Six `--cluster-enabled` nodes joined into one cluster with one replica
 /// per primary, a 1 s node timeout (so a failover fits in a test).
 pub struct RedisCluster {
@@ -43,6 +63,19 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Every node also listens with TLS (`--tls-port`; `--tls-cluster yes`,
+    /// so `CLUSTER SLOTS` names TLS ports to TLS clients, and replicas sync
+    /// over TLS, `--tls-replication yes`) with the server
+    /// certificate and key; no client certificate is asked for. The plain
+    /// ports stay for the harness.
+    pub async fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Self {
+        Self::start_with(Some((cert, key, ca))).await
+    }
+
+    async fn start_with(tls: Option<TlsFiles<'_>>) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..6 {
             // The bus port is given, not port + 10000 (which may be taken
@@ -61,7 +94,16 @@ impl RedisCluster {
                 "--repl-diskless-sync-delay",
                 "0",
             ];
-            nodes.push(Redis::start_args(args.iter().map(|s| (*s).to_owned()).collect()).await);
+            let mut args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+            match tls {
+                None => nodes.push(Redis::start_args(args).await),
+                Some(files) => {
+                    let (tls_args, port) = tls_args(files);
+                    args.extend(tls_args);
+                    args.extend(["--tls-cluster".to_owned(), "yes".to_owned()]);
+                    nodes.push(Redis::start_args_tls(args, port).await);
+                }
+            }
         }
         let cluster = RedisCluster { nodes };
         let mut create = tokio::process::Command::new("redis-cli");
@@ -88,6 +130,20 @@ impl RedisCluster {
     /// Every node's URL, as `redis.cluster` seeds.
     pub fn seeds(&self) -> Vec<String> {
         self.nodes.iter().map(Redis::url).collect()
+    }
+
+    /// Every node's `rediss://127.0.0.1:TLSPORT`, for a cluster started
+    /// with TLS.
+    pub fn tls_seeds(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "rediss://127.0.0.1:{}",
+                    n.tls_port().expect("started with TLS")
+                )
+            })
+            .collect()
     }
 
     /// The node at `index`.
@@ -280,26 +336,53 @@ pub struct RedisSentinels {
 
 impl RedisSentinels {
     pub async fn start() -> Self {
-        let master = Redis::start_args(vec![
+        Self::start_with(None).await
+    }
+
+    /// Master, replica and sentinels also listen with TLS; the sentinels
+    /// monitor the master's TLS port (so they name it) and reach it, and
+    /// the replica its master, over TLS.
+    pub async fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Self {
+        Self::start_with(Some((cert, key, ca))).await
+    }
+
+    async fn start_with(tls: Option<TlsFiles<'_>>) -> Self {
+        let start = |mut args: Vec<String>| async move {
+            match tls {
+                None => Redis::start_args(args).await,
+                Some(files) => {
+                    let (tls, port) = tls_args(files);
+                    args.extend(tls);
+                    Redis::start_args_tls(args, port).await
+                }
+            }
+        };
+        let master = start(vec![
             "--repl-diskless-sync-delay".to_owned(),
             "0".to_owned(),
         ])
         .await;
-        let replica = Redis::start_args(vec![
+        let replica = start(vec![
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
-            master.port().to_string(),
+            advertised(&master).to_string(),
         ])
         .await;
         let config = format!(
             "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
              sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
-            master.port()
+            advertised(&master)
         );
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            sentinels.push(Redis::start_sentinel(&config).await);
+            sentinels.push(match tls {
+                None => Redis::start_sentinel(&config).await,
+                Some(files) => {
+                    let (args, port) = tls_args(files);
+                    Redis::start_sentinel_with(&config, args, Some(port)).await
+                }
+            });
         }
         let deployment = RedisSentinels {
             master,
@@ -310,11 +393,15 @@ impl RedisSentinels {
         deployment
     }
 
-    /// The sentinels' URLs, as `redis.sentinel.nodes`.
+    /// The sentinels' URLs, as `redis.sentinel.nodes`: `rediss://` to
+    /// their TLS ports when started with TLS.
     pub fn nodes(&self) -> Vec<String> {
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port()))
+            .map(|s| match s.tls_port() {
+                Some(port) => format!("rediss://127.0.0.1:{port}"),
+                None => format!("redis://127.0.0.1:{}", s.port()),
+            })
             .collect()
     }
 
@@ -383,7 +470,7 @@ impl RedisSentinels {
     pub async fn fail_over(&mut self, within: Duration) {
         self.master.kill();
         let deadline = Instant::now() + within;
-        while self.named_master_port().await != self.replica.port() {
+        while self.named_master_port().await != advertised(&self.replica) {
             assert!(
                 Instant::now() < deadline,
                 "the sentinels did not promote the replica within {within:?}\n{}",
@@ -401,4 +488,9 @@ impl RedisSentinels {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// The port a server is known by: its TLS port when it has one.
+fn advertised(redis: &Redis) -> u16 {
+    redis.tls_port().unwrap_or_else(|| redis.port())
 }

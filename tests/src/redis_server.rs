@@ -72,13 +72,22 @@ impl Redis {
     /// Spawns a sentinel (`--sentinel`) whose config file holds `config`
     /// (`sentinel monitor …` lines).
     pub async fn start_sentinel(config: &str) -> Self {
+        Self::start_sentinel_with(config, Vec::new(), None).await
+    }
+
+    /// A sentinel with more arguments (TLS) and the TLS port they set.
+    pub async fn start_sentinel_with(
+        config: &str,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+    ) -> Self {
         let conf = TempDir::new("sentinel-conf").expect("a scratch dir for sentinel.conf");
         let path = conf.path().join("sentinel.conf");
         std::fs::write(&path, config).expect("write sentinel.conf");
         Self::start_full(
             vec![path.display().to_string(), "--sentinel".to_owned()],
-            Vec::new(),
-            None,
+            extra,
+            tls_port,
             Some(conf),
         )
         .await
@@ -102,6 +111,16 @@ impl Redis {
         extra.push("--tls-auth-clients".to_owned());
         extra.push(if auth_clients { "yes" } else { "no" }.to_owned());
         Self::start_with(extra, Some(tls_port)).await
+    }
+
+    /// Spawns a server with more arguments and a TLS port they configure.
+    pub async fn start_args_tls(extra: Vec<String>, tls_port: u16) -> Self {
+        Self::start_with(extra, Some(tls_port)).await
+    }
+
+    /// The TLS port, for a server started with one.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// `rediss://localhost:TLSPORT/0`.

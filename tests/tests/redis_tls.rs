@@ -1,13 +1,19 @@
 //! `rediss://`: the shared cache over TLS to a real redis-server started
 //! with `--tls-port` and certificates the harness makes, with and without
 //! a client certificate; a wrong CA or a missing client certificate never
-//! becomes a client error (corral serves alone, as with Redis down).
+//! becomes a client error (corral serves alone, as with Redis down). And a
+//! six-node Cluster reached over TLS only, as managed services run it, and
+//! a Sentinel deployment over TLS followed through a failover.
 
 use std::time::Duration;
 
+use corral_tests::shared::wait_shared_again;
 use corral_tests::temp::TempDir;
 use corral_tests::tls::Pki;
-use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, eventually};
+use corral_tests::{
+    Client, Config, DEADLINE, Keyspace, Origin, Proxy, Redis, RedisCluster, RedisSentinels, Reply,
+    Route, eventually,
+};
 
 fn cacheable() -> Reply {
     Reply::ok("shared over tls").header("cache-control", "max-age=60")
@@ -86,4 +92,82 @@ async fn rediss_with_a_private_ca_shares_the_cache_and_a_client_certificate_when
         })
         .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_reached_over_tls_shares_the_cache() {
+    let dir = TempDir::new("corral-cluster-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let server = pki.issue("redis", &["127.0.0.1", "localhost"], false);
+    let cluster = RedisCluster::start_tls(&server.cert, &server.key, &pki.ca_file("ca")).await;
+    let origin = Origin::new().route("/c", cacheable()).start().await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis_field("cluster", &format!("[{}]", cluster.tls_seeds().join(", ")))
+        .redis_field(
+            "tls",
+            &format!("{{ ca_file: {} }}", pki.ca_file("ca").display()),
+        );
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    let first = client.get(&proxies[0].url("/c")).await;
+    assert_eq!(first.text(), "shared over tls");
+    eventually(DEADLINE, "the entry is in the cluster", || {
+        let cluster = &cluster;
+        async move { cluster.keys("corral:*:e:*").await.len() == 1 }
+    })
+    .await;
+    let second = client.get(&proxies[1].url("/c")).await;
+    assert_eq!(second.text(), "shared over tls");
+    assert_eq!(
+        second.cache_status().detail(),
+        Some("l2"),
+        "filled from the cluster by the other instance"
+    );
+    assert_eq!(origin.hits("/c"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_names_a_tls_master_and_corral_follows_its_failover() {
+    let dir = TempDir::new("corral-sentinel-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let server = pki.issue("redis", &["127.0.0.1", "localhost"], false);
+    let mut deployment =
+        RedisSentinels::start_tls(&server.cert, &server.key, &pki.ca_file("ca")).await;
+    let origin = Origin::new().route("/c", cacheable()).start().await;
+    let sentinel = format!(
+        "{{ master: {}, nodes: [{}] }}",
+        corral_tests::redis_deployments::SENTINEL_MASTER,
+        deployment.nodes().join(", ")
+    );
+    assert!(sentinel.contains("rediss://"), "{sentinel}");
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis_field("sentinel", &sentinel)
+        .redis_field(
+            "tls",
+            &format!("{{ ca_file: {} }}", pki.ca_file("ca").display()),
+        )
+        .redis_field("breaker", "{ failures: 5, open_for: 1s }");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    let first = client.get(&proxies[0].url("/c")).await;
+    assert_eq!(first.text(), "shared over tls");
+    let second = client.get(&proxies[1].url("/c")).await;
+    assert_eq!(second.cache_status().detail(), Some("l2"));
+    assert_eq!(deployment.master.keys("corral:*:e:*").await.len(), 1);
+
+    deployment.fail_over(Duration::from_secs(15)).await;
+    wait_shared_again(
+        &origin,
+        &client,
+        &proxies[0],
+        &proxies[1],
+        Duration::from_secs(12),
+    )
+    .await;
+    assert!(
+        deployment.replica.keys("corral:*:e:*").await.len() >= 2,
+        "the promoted master holds what was shared after the failover"
+    );
 }
