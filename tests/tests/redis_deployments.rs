@@ -49,6 +49,14 @@ fn config(origin: &RunningOrigin, servers: (&str, String)) -> Config {
         )
 }
 
+/// The five instances of the lab, started and connected to Redis.
+async fn fleet(origin: &RunningOrigin, servers: (&str, String)) -> Vec<RunningProxy> {
+    Proxy::new(config(origin, servers))
+        .instances(INSTANCES)
+        .start_all()
+        .await
+}
+
 fn yaml_list(items: &[String]) -> String {
     format!("[{}]", items.join(", "))
 }
@@ -85,10 +93,7 @@ async fn the_lab_on_a_six_node_cluster_reaches_origin_once_with_sharded_notices(
         .route("/cold", cacheable("the one answer").delay(ms(600)))
         .start()
         .await;
-    let proxies = Proxy::new(config(&origin, ("cluster", yaml_list(&cluster.seeds()))))
-        .instances(INSTANCES)
-        .start_all()
-        .await;
+    let proxies = fleet(&origin, ("cluster", yaml_list(&cluster.seeds()))).await;
     let client = Client::new();
     assert!(
         readyz(&client, &proxies[0])
@@ -163,10 +168,7 @@ async fn a_primary_killed_mid_burst_costs_no_error_and_its_slot_is_used_again_af
         .route("/cold", cacheable("still served").delay(ms(600)))
         .start()
         .await;
-    let proxies = Proxy::new(config(&origin, ("cluster", yaml_list(&cluster.seeds()))))
-        .instances(INSTANCES)
-        .start_all()
-        .await;
+    let proxies = fleet(&origin, ("cluster", yaml_list(&cluster.seeds()))).await;
     let client = Client::new();
 
     let bursts = spawn_bursts(&client, &proxies, 40, "/cold");
@@ -253,10 +255,7 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
         corral_tests::redis_deployments::SENTINEL_MASTER,
         yaml_list(&deployment.nodes())
     );
-    let proxies = Proxy::new(config(&origin, ("sentinel", sentinel)))
-        .instances(INSTANCES)
-        .start_all()
-        .await;
+    let proxies = fleet(&origin, ("sentinel", sentinel)).await;
     let client = Client::new();
     assert!(
         readyz(&client, &proxies[0])

@@ -12,7 +12,7 @@ use corral_tests::temp::TempDir;
 use corral_tests::tls::Pki;
 use corral_tests::{
     Client, Config, DEADLINE, Keyspace, Origin, Proxy, Redis, RedisCluster, RedisSentinels, Reply,
-    Route, eventually,
+    Route, RunningOrigin, RunningProxy, eventually,
 };
 
 fn cacheable() -> Reply {
@@ -54,14 +54,7 @@ async fn rediss_with_a_private_ca_shares_the_cache_and_a_client_certificate_when
         async move { !redis.keys("corral:*:e:*").await.is_empty() }
     })
     .await;
-    let second = client.get(&proxies[1].url("/c")).await;
-    assert_eq!(second.text(), "shared over tls");
-    assert_eq!(
-        second.cache_status().detail(),
-        Some("l2"),
-        "filled from Redis by the other instance"
-    );
-    assert_eq!(origin.hits("/c"), 1);
+    second_reads_what_the_first_stored(&client, &proxies[1], &origin).await;
 
     // Without the client certificate (or trusting another CA) corral never
     // gets in: it serves alone, says so, and no client sees an error.
@@ -94,6 +87,35 @@ async fn rediss_with_a_private_ca_shares_the_cache_and_a_client_certificate_when
     }
 }
 
+/// `/c`, fetched through one instance, is read from Redis by `second`:
+/// one origin request for both.
+async fn second_reads_what_the_first_stored(
+    client: &Client,
+    second: &RunningProxy,
+    origin: &RunningOrigin,
+) {
+    let answer = client.get(&second.url("/c")).await;
+    assert_eq!(answer.text(), "shared over tls");
+    assert_eq!(
+        answer.cache_status().detail(),
+        Some("l2"),
+        "filled from Redis by the other instance"
+    );
+    assert_eq!(origin.hits("/c"), 1);
+}
+
+/// One route to `origin`, Redis given by `servers` (`cluster: […]` or
+/// `sentinel: {…}`) and reached over TLS trusting `pki`'s CA alone.
+fn trusting_ca(origin: &RunningOrigin, pki: &Pki, servers: (&str, String)) -> Config {
+    Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis_field(servers.0, &servers.1)
+        .redis_field(
+            "tls",
+            &format!("{{ ca_file: {} }}", pki.ca_file("ca").display()),
+        )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_reached_over_tls_shares_the_cache() {
     let dir = TempDir::new("corral-cluster-tls").expect("temp dir");
@@ -101,13 +123,11 @@ async fn a_cluster_reached_over_tls_shares_the_cache() {
     let server = pki.issue("redis", &["127.0.0.1", "localhost"], false);
     let cluster = RedisCluster::start_tls(&server.cert, &server.key, &pki.ca_file("ca")).await;
     let origin = Origin::new().route("/c", cacheable()).start().await;
-    let config = Config::new()
-        .route(Route::new("api", origin.url()))
-        .redis_field("cluster", &format!("[{}]", cluster.tls_seeds().join(", ")))
-        .redis_field(
-            "tls",
-            &format!("{{ ca_file: {} }}", pki.ca_file("ca").display()),
-        );
+    let config = trusting_ca(
+        &origin,
+        &pki,
+        ("cluster", format!("[{}]", cluster.tls_seeds().join(", "))),
+    );
     let proxies = Proxy::new(config).instances(2).start_all().await;
     let client = Client::new();
     let first = client.get(&proxies[0].url("/c")).await;
@@ -117,14 +137,7 @@ async fn a_cluster_reached_over_tls_shares_the_cache() {
         async move { cluster.keys("corral:*:e:*").await.len() == 1 }
     })
     .await;
-    let second = client.get(&proxies[1].url("/c")).await;
-    assert_eq!(second.text(), "shared over tls");
-    assert_eq!(
-        second.cache_status().detail(),
-        Some("l2"),
-        "filled from the cluster by the other instance"
-    );
-    assert_eq!(origin.hits("/c"), 1);
+    second_reads_what_the_first_stored(&client, &proxies[1], &origin).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,13 +154,7 @@ async fn sentinel_over_tls_names_a_tls_master_and_corral_follows_its_failover() 
         deployment.nodes().join(", ")
     );
     assert!(sentinel.contains("rediss://"), "{sentinel}");
-    let config = Config::new()
-        .route(Route::new("api", origin.url()))
-        .redis_field("sentinel", &sentinel)
-        .redis_field(
-            "tls",
-            &format!("{{ ca_file: {} }}", pki.ca_file("ca").display()),
-        )
+    let config = trusting_ca(&origin, &pki, ("sentinel", sentinel))
         .redis_field("breaker", "{ failures: 5, open_for: 1s }");
     let proxies = Proxy::new(config).instances(2).start_all().await;
     let client = Client::new();
