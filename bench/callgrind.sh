@@ -4,6 +4,7 @@
 # the hit path (wall-clock benchmarks on 2 shared cores move by +-15%).
 #
 #   bench/callgrind.sh [SIZE] [N]     # default 1024-byte body, 5000 hits
+#   SERVER_YAML='server: { runtime: per_core, workers: 1 }' bench/callgrind.sh 1024 20000
 #
 # Runs target/release/corral under valgrind twice in front of the demo
 # origin (loopback, ports 3960/8260/9260), once serving 1000 hits and once
@@ -22,6 +23,7 @@ for tool in valgrind curl oha; do command -v "$tool" >/dev/null || { echo "$tool
 cat >"$work/corral.yaml" <<YAML
 listen: 127.0.0.1:8260
 admin: 127.0.0.1:9260
+${SERVER_YAML:-}
 cache: { memory: 256MiB, max_object_size: 8MiB }
 routes:
   - name: bench

@@ -14,6 +14,7 @@ mod routes;
 mod sealed;
 mod telemetry;
 
+use crate::config::RuntimeMode;
 use crate::http::server;
 use crate::ops::{admin, purge, reload};
 use crate::telemetry::{access_log, log_sink, metrics};
@@ -176,10 +177,20 @@ fn main() -> ExitCode {
                 };
             init_logs(log_format);
             let max_connections = budget_descriptors(config.server.max_connections);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            // per_core: this runtime is the control thread (admin
+            // listener, reloads, Redis, signals); the client threads have
+            // their own (http/server.rs).
+            let mut builder = match (config.server.runtime, config.server.workers) {
+                (RuntimeMode::PerCore, _) => tokio::runtime::Builder::new_current_thread(),
+                (RuntimeMode::Shared, workers) => {
+                    let mut b = tokio::runtime::Builder::new_multi_thread();
+                    if let Some(n) = workers {
+                        b.worker_threads(n);
+                    }
+                    b
+                }
+            };
+            let runtime = match builder.enable_all().build() {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("corral: cannot start the runtime: {e}");
@@ -304,15 +315,41 @@ async fn serve(
     purge_token: Option<String>,
     max_connections: usize,
 ) -> anyhow::Result<()> {
-    let listener = client_listener(config.listen)
-        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
-    let tls_listener = match &config.listen_tls {
+    // per_core: one listening socket per worker thread on the same
+    // address (SO_REUSEPORT: the kernel spreads connections over them),
+    // bound here so that a taken port fails the start.
+    let sockets = match config.server.runtime {
+        RuntimeMode::Shared => 1,
+        RuntimeMode::PerCore => config
+            .server
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    let reuseport = config.server.runtime == RuntimeMode::PerCore;
+    let mut listeners: Vec<(std::net::TcpListener, Option<std::net::TcpListener>)> =
+        Vec::with_capacity(sockets);
+    // After the first socket, the others take its address (a configured
+    // port 0 becomes the one the first was given).
+    let (mut plain_addr, mut tls_addr) =
+        (config.listen, config.listen_tls.as_ref().map(|t| t.addr));
+    for _ in 0..sockets {
+        let plain = client_listener(plain_addr, reuseport)
+            .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+        plain_addr = plain.local_addr()?;
+        let secure = match tls_addr {
+            None => None,
+            Some(addr) => {
+                let l = client_listener(addr, reuseport)
+                    .with_context(|| format!("cannot listen on {addr} (listen_tls.addr)"))?;
+                tls_addr = Some(l.local_addr()?);
+                Some(l)
+            }
+        };
+        listeners.push((plain, secure));
+    }
+    let listener_tls = match &config.listen_tls {
         None => None,
-        Some(t) => Some((
-            client_listener(t.addr)
-                .with_context(|| format!("cannot listen on {} (listen_tls.addr)", t.addr))?,
-            http::tls::ListenerTls::load(t)?,
-        )),
+        Some(t) => Some(http::tls::ListenerTls::load(t)?),
     };
     let admin_listener = TcpListener::bind(config.admin)
         .await
@@ -357,15 +394,39 @@ async fn serve(
         tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
-    server::serve(
-        listener,
-        tls_listener,
-        app,
-        &config.server,
-        max_connections,
-        shutdown_rx,
-    )
-    .await;
+    match config.server.runtime {
+        RuntimeMode::Shared => {
+            let (plain, secure) = listeners.pop().context("no listener")?;
+            let plain = TcpListener::from_std(plain).context("the client listener")?;
+            let secure = match (secure, listener_tls) {
+                (Some(s), Some(tls)) => Some((
+                    TcpListener::from_std(s).context("the TLS client listener")?,
+                    tls,
+                )),
+                _ => None,
+            };
+            server::serve(
+                plain,
+                secure,
+                app,
+                &config.server,
+                max_connections,
+                shutdown_rx,
+            )
+            .await;
+        }
+        RuntimeMode::PerCore => {
+            server::serve_per_core(
+                listeners,
+                listener_tls,
+                app,
+                &config.server,
+                max_connections,
+                shutdown_rx,
+            )
+            .await;
+        }
+    }
     let _ = admin.await;
     tracing::info!("corral stopped");
     Ok(())
@@ -373,15 +434,23 @@ async fn serve(
 
 /// The client listener, with a deep accept queue: a stampede is a burst of
 /// connections too, and an overflowing queue costs a client a 1 s SYN retry.
-fn client_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+/// Returned unregistered (a std listener), for the runtime that serves it;
+/// `reuseport`: one of several sockets on the address (per_core).
+fn client_listener(
+    addr: std::net::SocketAddr,
+    reuseport: bool,
+) -> std::io::Result<std::net::TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    if reuseport {
+        socket.set_reuseport(true)?;
+    }
     socket.bind(addr)?;
-    socket.listen(8192)
+    socket.listen(8192)?.into_std()
 }
 
 /// Waits for SIGTERM (true: drain first) or SIGINT (false: stop now).

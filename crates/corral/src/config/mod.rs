@@ -182,6 +182,24 @@ pub struct ServerConfig {
     /// Every client connection opens with a PROXY protocol header (v1 or
     /// v2) from a TCP load balancer; its address is the peer.
     pub listen_proxy_protocol: bool,
+    /// How client connections are scheduled over threads.
+    pub runtime: RuntimeMode,
+    /// Threads serving clients (`server.workers`); `None`: one per
+    /// available core (or `TOKIO_WORKER_THREADS` with `shared`).
+    pub workers: Option<usize>,
+}
+
+/// `server.runtime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RuntimeMode {
+    /// One work-stealing runtime: any thread may run any connection.
+    #[default]
+    Shared,
+    /// One thread per worker, each with its own listener socket
+    /// (`SO_REUSEPORT`) and event loop, serving each of its connections
+    /// from accept to close (as nginx's worker processes do); the cache,
+    /// flights and Redis stay one per process.
+    PerCore,
 }
 
 impl Default for ServerConfig {
@@ -197,6 +215,8 @@ impl Default for ServerConfig {
             purge_token: None,
             trusted_proxies: Default::default(),
             listen_proxy_protocol: false,
+            runtime: RuntimeMode::Shared,
+            workers: None,
         }
     }
 }
@@ -1221,6 +1241,42 @@ routes:
             "  url: redis://redis.internal:6379\n  tls: { ca_file: /nonexistent }\n",
         ));
         assert_eq!(error.field, "redis.tls");
+    }
+
+    #[test]
+    fn the_runtime_is_shared_unless_per_core_is_asked_with_bounded_workers() {
+        let c = config(&route_with(""));
+        assert_eq!(
+            (c.server.runtime, c.server.workers),
+            (RuntimeMode::Shared, None)
+        );
+        let c = config(&format!(
+            "server:\n  runtime: per_core\n  workers: 8\n{}",
+            route_with("")
+        ));
+        assert_eq!(
+            (c.server.runtime, c.server.workers),
+            (RuntimeMode::PerCore, Some(8))
+        );
+        for (fields, column, field, hint) in [
+            (
+                "  runtime: threads\n",
+                12,
+                "server.runtime",
+                "write shared or per_core",
+            ),
+            ("  workers: 0\n", 12, "server.workers", "at least 1"),
+            (
+                "  workers: 4096\n",
+                12,
+                "server.workers",
+                "more than the 1024 allowed",
+            ),
+        ] {
+            let error = refused(&format!("server:\n{fields}{}", route_with("")));
+            let message = assert_at(&error, 2, column, field);
+            assert!(message.contains(hint), "{fields}: {message}");
+        }
     }
 
     #[test]

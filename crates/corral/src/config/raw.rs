@@ -106,6 +106,8 @@ pub struct RawServer {
     pub purge_token: Option<Text>,
     pub trusted_proxies: Option<Vec<Text>>,
     pub listen_proxy_protocol: Option<bool>,
+    pub runtime: Option<Text>,
+    pub workers: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,7 +21,8 @@ use super::{
     DEFAULT_BREAKER_OPEN_FOR, DEFAULT_L2_MAX_OBJECT_SIZE, DEFAULT_MAX_FILLS,
     DEFAULT_MAX_OBJECT_SIZE, DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX,
     DEFAULT_REDIS_LEASE_TTL, DEFAULT_REDIS_OP_TIMEOUT, OnTimeout, RedisConfig, RedisServers,
-    RouteCacheConfig, RouteConfig, SentinelConfig, ServerConfig, StaleWindow, TimeoutsConfig,
+    RouteCacheConfig, RouteConfig, RuntimeMode, SentinelConfig, ServerConfig, StaleWindow,
+    TimeoutsConfig,
 };
 use super::{
     CallersConfig, DEFAULT_JWT_LEEWAY, DEFAULT_LOCAL_BUCKETS, DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
@@ -35,6 +36,9 @@ const MIN_HEADER_SIZE: u64 = 8 * 1024;
 const MAX_TTL_JITTER: u8 = 50;
 /// Shorter leases would expire between the watchdog's renewals under ordinary jitter.
 const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+/// `server.workers` at most: more threads than any machine has cores.
+const MAX_WORKERS: u32 = 1024;
+
 /// Keeps keys short and readable in `redis-cli`.
 const MAX_KEY_PREFIX_CHARS: usize = 64;
 
@@ -343,7 +347,37 @@ impl Resolver<'_> {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
+        let runtime = match &raw.runtime {
+            None => RuntimeMode::Shared,
+            Some(t) => match t.value.trim() {
+                "shared" => RuntimeMode::Shared,
+                "per_core" => RuntimeMode::PerCore,
+                other => {
+                    return Err(self.error(
+                        &t.referenced,
+                        "server.runtime",
+                        format!("`{other}` is not a runtime: write shared or per_core"),
+                    ));
+                }
+            },
+        };
+        let workers = match &raw.workers {
+            None => None,
+            Some(t) => match whole_u32(&t.value, 1, "threads") {
+                Ok(n) if n <= MAX_WORKERS => Some(usize::try_from(n).unwrap_or(1)),
+                Ok(n) => {
+                    return Err(self.error(
+                        &t.referenced,
+                        "server.workers",
+                        format!("{n} threads is more than the {MAX_WORKERS} allowed"),
+                    ));
+                }
+                Err(m) => return Err(self.error(&t.referenced, "server.workers", m)),
+            },
+        };
         Ok(ServerConfig {
+            runtime,
+            workers,
             trusted_proxies,
             listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
             purge_token,

@@ -284,6 +284,7 @@ pub async fn serve_on(
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
+        crate::telemetry::metrics::connection_accepted();
         let activity = Activity::new();
         let router = router.clone();
         let builder = Arc::clone(&builder);

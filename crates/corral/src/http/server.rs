@@ -7,6 +7,8 @@
 use std::sync::Arc;
 
 use axum::Router;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -23,16 +25,12 @@ use crate::http::proxy;
 /// still answers 431 past this.
 const HYPER_BUF: u64 = 256 * 1024;
 
-/// Serves proxy traffic on `listener` until `shutdown` turns true, then
-/// lets in-flight requests finish within the configured grace.
-pub async fn serve(
-    listener: TcpListener,
-    tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
+/// The router, connection limits and hyper builder every listener shares.
+fn parts(
     app: Arc<App>,
     config: &ServerConfig,
     max_connections: usize,
-    shutdown: watch::Receiver<bool>,
-) {
+) -> (Router, Limits, auto::Builder<TokioExecutor>) {
     let router = Router::new().fallback(proxy::handle).with_state(app);
     let limits = Limits {
         header_read_timeout: config.header_read_timeout,
@@ -46,8 +44,50 @@ pub async fn serve(
         config.max_header_size,
         config.max_header_size.max(HYPER_BUF),
     );
+    (router, limits, builder)
+}
+
+/// Serves proxy traffic on `listener` until `shutdown` turns true, then
+/// lets in-flight requests finish within the configured grace.
+pub async fn serve(
+    listener: TcpListener,
+    tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
+    app: Arc<App>,
+    config: &ServerConfig,
+    max_connections: usize,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (router, limits, builder) = parts(app, config, max_connections);
     // One connection limit for both listeners.
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    if let Some((_, tls)) = &tls_listener {
+        tls.spawn_watch();
+    }
+    serve_listeners(
+        listener,
+        tls_listener,
+        router,
+        builder,
+        limits,
+        shutdown,
+        config.shutdown_grace,
+        slots,
+    )
+    .await;
+}
+
+/// The plain listener and the TLS one (if any) of one runtime.
+#[allow(clippy::too_many_arguments)]
+async fn serve_listeners(
+    listener: TcpListener,
+    tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
+    grace: std::time::Duration,
+    slots: Arc<tokio::sync::Semaphore>,
+) {
     let plain = connection::serve_on(
         "client",
         listener,
@@ -55,14 +95,13 @@ pub async fn serve(
         builder.clone(),
         limits,
         shutdown.clone(),
-        config.shutdown_grace,
+        grace,
         Arc::clone(&slots),
         None,
     );
     match tls_listener {
         None => plain.await,
         Some((tls_listener, tls)) => {
-            tls.spawn_watch();
             let secure = connection::serve_on(
                 "client-tls",
                 tls_listener,
@@ -70,11 +109,87 @@ pub async fn serve(
                 builder,
                 limits,
                 shutdown,
-                config.shutdown_grace,
+                grace,
                 slots,
                 Some(tls),
             );
             tokio::join!(plain, secure);
         }
+    }
+}
+
+/// `server.runtime: per_core`: one thread per pair of sockets, each with a
+/// current-thread runtime that accepts on its own sockets and serves each
+/// connection from accept to close, so a connection's work never moves
+/// between cores. They share the process's cache, flights, Redis link
+/// and connection limit. Returns when every thread has drained.
+pub async fn serve_per_core(
+    listeners: Vec<(std::net::TcpListener, Option<std::net::TcpListener>)>,
+    tls: Option<Arc<crate::http::tls::ListenerTls>>,
+    app: Arc<App>,
+    config: &ServerConfig,
+    max_connections: usize,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (router, limits, builder) = parts(app, config, max_connections);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    if let Some(tls) = &tls {
+        tls.spawn_watch();
+    }
+    let mut done = Vec::new();
+    for (worker, (plain, secure)) in listeners.into_iter().enumerate() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        done.push(rx);
+        let (router, builder, shutdown, slots, tls) = (
+            router.clone(),
+            builder.clone(),
+            shutdown.clone(),
+            Arc::clone(&slots),
+            tls.clone(),
+        );
+        let grace = config.shutdown_grace;
+        let spawned = std::thread::Builder::new()
+            .name(format!("corral-worker-{worker}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(worker, error = %e, "cannot start a worker's runtime");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let registered = TcpListener::from_std(plain).and_then(|p| {
+                        let s = match (secure, tls) {
+                            (Some(s), Some(tls)) => Some((TcpListener::from_std(s)?, tls)),
+                            _ => None,
+                        };
+                        Ok((p, s))
+                    });
+                    match registered {
+                        Ok((plain, secure)) => {
+                            tracing::debug!(worker, "worker accepting");
+                            crate::telemetry::metrics::worker_started(worker);
+                            serve_listeners(
+                                plain, secure, router, builder, limits, shutdown, grace, slots,
+                            )
+                            .await;
+                        }
+                        Err(e) => {
+                            tracing::error!(worker, error = %e, "a worker cannot use its listener")
+                        }
+                    }
+                });
+                let _ = tx.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(worker, error = %e, "cannot start a worker thread");
+        }
+    }
+    for rx in done {
+        let _ = rx.await;
     }
 }

@@ -208,6 +208,30 @@ pub fn fill_cancelled(route: &str) {
     counter!("corral_fills_cancelled_total", "route" => route.to_owned()).increment(1);
 }
 
+thread_local! {
+    /// `per_core`: this worker thread's accepted-connections counter.
+    static WORKER_ACCEPTS: std::cell::RefCell<Option<metrics::Counter>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `per_core`: the calling thread is worker `worker`; the connections it
+/// accepts are counted in `corral_worker_connections_total{worker}`
+/// (registered at 0 here).
+pub fn worker_started(worker: usize) {
+    let c = counter!("corral_worker_connections_total", "worker" => worker.to_string());
+    c.increment(0);
+    WORKER_ACCEPTS.with(|w| *w.borrow_mut() = Some(c));
+}
+
+/// A client connection accepted (counted per worker with `per_core`).
+pub fn connection_accepted() {
+    WORKER_ACCEPTS.with(|w| {
+        if let Some(c) = &*w.borrow() {
+            c.increment(1);
+        }
+    });
+}
+
 /// A connection corral closed for a reason of its own (a deadline, abuse).
 pub fn connection_closed(reason: &'static str) {
     counter!("corral_connections_closed_total", "reason" => reason).increment(1);
