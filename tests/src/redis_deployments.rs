@@ -197,6 +197,17 @@ impl RedisCluster {
         }
     }
 
+    /// The indexes of the nodes that are primaries now.
+    pub async fn primaries(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (i, node) in self.live() {
+            if Self::is_primary(node).await {
+                out.push(i);
+            }
+        }
+        out
+    }
+
     /// The slot of `key`.
     pub async fn slot(&self, key: &str) -> u16 {
         let (_, node) = self.live().next().expect("a live node");

@@ -3,13 +3,15 @@
 //! thousand concurrent requests on one cold key) reaches the origin once on
 //! each; a primary killed mid-burst costs no client an error, and corral
 //! uses the cluster again after the failover (on the very slot that moved);
-//! with Sentinel, corral follows the master the sentinels promote.
+//! with Sentinel, corral follows the master the sentinels promote; a slot
+//! moving between primaries mid-traffic costs no client an error.
 
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
+use corral_tests::lifecycle::scrape;
 use corral_tests::shared::{
     cacheable, post_on_a_purges_b, spawn_bursts, wait_for_key, wait_no_lease, wait_shared_again,
 };
@@ -321,4 +323,136 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
         before + 1,
         "/after is stored on the promoted master"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moving_between_primaries_costs_no_client_an_error() {
+    let cluster = RedisCluster::start().await;
+    let origin = Origin::new()
+        .route("/moving", cacheable("moved along"))
+        .start()
+        .await;
+    // Four instances, so that each step reads Redis with an empty L1.
+    let proxies = Proxy::new(config(&origin, ("cluster", yaml_list(&cluster.seeds()))))
+        .instances(4)
+        .start_all()
+        .await;
+    let client = Client::new();
+    let first = client.get(&proxies[0].url("/moving")).await;
+    assert_eq!(first.text(), "moved along");
+    let entry = wait_for_key(&cluster, "*:e:*", DEADLINE).await;
+    let slot = cluster.slot(&entry).await;
+    let src = cluster.primary_of(&entry).await;
+    let dst = cluster
+        .primaries()
+        .await
+        .into_iter()
+        .find(|i| *i != src)
+        .expect("another primary");
+    let id = |i: usize| {
+        let cluster = &cluster;
+        async move {
+            cluster
+                .node(i)
+                .command::<String>(redis::cmd("CLUSTER").arg("MYID"), "CLUSTER MYID")
+                .await
+        }
+    };
+    let (src_id, dst_id) = (id(src).await, id(dst).await);
+    let setslot = |node: usize, state: &'static str, owner: String| {
+        let cluster = &cluster;
+        async move {
+            let _: () = cluster
+                .node(node)
+                .command(
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg(state)
+                        .arg(&owner),
+                    "CLUSTER SETSLOT",
+                )
+                .await;
+        }
+    };
+    setslot(dst, "IMPORTING", src_id.clone()).await;
+    setslot(src, "MIGRATING", dst_id.clone()).await;
+
+    // Mid-migration, the entry's keys still on the source: served.
+    let during = client.get(&proxies[1].url("/moving")).await;
+    assert_eq!(
+        (during.status.as_u16(), during.text().as_str()),
+        (200, "moved along")
+    );
+
+    // Every key of the slot moves, then the slot is the destination's.
+    let keys: Vec<String> = cluster
+        .node(src)
+        .command(
+            redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100),
+            "CLUSTER GETKEYSINSLOT",
+        )
+        .await;
+    assert!(keys.contains(&entry), "{keys:?}");
+    let _: () = cluster
+        .node(src)
+        .command(
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(cluster.node(dst).port())
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys),
+            "MIGRATE",
+        )
+        .await;
+    let between = client.get(&proxies[2].url("/moving")).await;
+    assert_eq!(
+        (between.status.as_u16(), between.text().as_str()),
+        (200, "moved along")
+    );
+    for node in cluster.primaries().await {
+        setslot(node, "NODE", dst_id.clone()).await;
+    }
+    assert_eq!(cluster.primary_of(&entry).await, dst);
+
+    // After the move, an instance with an empty L1 finds the entry on its
+    // new primary (the client follows MOVED and refreshes its map).
+    let after = client.get(&proxies[3].url("/moving")).await;
+    assert_eq!(
+        (after.status.as_u16(), after.text().as_str()),
+        (200, "moved along")
+    );
+    assert_eq!(
+        after.cache_status().detail(),
+        Some("l2"),
+        "{}",
+        after.cache_status()
+    );
+    // Mid-migration the probes of that slot's keys were answered TRYAGAIN
+    // (some of a URI's keys were missing on the source, or moved): those
+    // two requests went to the origin, counted as a resharding, not as a
+    // Redis failure for the breaker.
+    assert_eq!(origin.hits("/moving"), 3);
+    for proxy in &proxies[1..3] {
+        let metrics = scrape(proxy).await;
+        assert!(
+            metrics.sum("corral_redis_errors_total", &[("kind", "tryagain")]) >= 1.0,
+            "{}",
+            proxy.log()
+        );
+        assert_eq!(
+            metrics.sum("corral_redis_errors_total", &[("kind", "error")]),
+            0.0
+        );
+        assert_eq!(
+            metrics.sum("corral_redis_errors_total", &[("kind", "timeout")]),
+            0.0
+        );
+    }
 }

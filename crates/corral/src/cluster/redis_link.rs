@@ -162,8 +162,16 @@ impl RedisLink {
                 let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.op_timeout.max(Duration::from_millis(10)) * 20)
+                    // Redirects and TRYAGAIN are retried twice within
+                    // a fraction of the command's deadline (the client's
+                    // default waits over a second, past any op_timeout).
                     .retries(2)
-                    .max_retry_wait(200)
+                    .min_retry_wait(1)
+                    .max_retry_wait(
+                        u64::try_from(config.op_timeout.as_millis() / 4)
+                            .unwrap_or(u64::MAX)
+                            .max(2),
+                    )
                     .use_protocol(redis::ProtocolVersion::RESP3)
                     .push_sender(tx);
                 if let Some(tls) = tls {
@@ -409,6 +417,15 @@ impl RedisLink {
             Ok(Ok(v)) => {
                 self.breaker.success();
                 Ok(v)
+            }
+            // A cluster moving the slot of this request's keys: healthy,
+            // just not able to answer this one now. The request goes on
+            // without Redis; the breaker is no verdict on a resharding.
+            Ok(Err(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
+            {
+                metrics::redis_error("tryagain");
+                Err(L2Error::Redis(e))
             }
             Ok(Err(e)) => {
                 self.breaker.failure();
