@@ -63,7 +63,12 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, &[]).await
+    }
+
+    /// With more arguments for every node (e.g. `--cluster-replica-no-failover yes`).
+    pub async fn start_args(extra: &[&str]) -> Self {
+        Self::start_with(None, extra).await
     }
 
     /// Every node also listens with TLS (`--tls-port`; `--tls-cluster yes`,
@@ -72,10 +77,10 @@ impl RedisCluster {
     /// certificate and key; no client certificate is asked for. The plain
     /// ports stay for the harness.
     pub async fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Self {
-        Self::start_with(Some((cert, key, ca))).await
+        Self::start_with(Some((cert, key, ca)), &[]).await
     }
 
-    async fn start_with(tls: Option<TlsFiles<'_>>) -> Self {
+    async fn start_with(tls: Option<TlsFiles<'_>>, extra: &[&str]) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..6 {
             // The bus port is given, not port + 10000 (which may be taken
@@ -94,7 +99,7 @@ impl RedisCluster {
                 "--repl-diskless-sync-delay",
                 "0",
             ];
-            let mut args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+            let mut args: Vec<String> = args.iter().chain(extra).map(|s| (*s).to_owned()).collect();
             match tls {
                 None => nodes.push(Redis::start_args(args).await),
                 Some(files) => {

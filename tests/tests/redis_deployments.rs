@@ -4,7 +4,8 @@
 //! each; a primary killed mid-burst costs no client an error, and corral
 //! uses the cluster again after the failover (on the very slot that moved);
 //! with Sentinel, corral follows the master the sentinels promote; a slot
-//! moving between primaries mid-traffic costs no client an error.
+//! moving between primaries mid-traffic costs no client an error, and a
+//! frozen primary opens its own breaker while the other shards stay in use.
 
 use std::time::Duration;
 
@@ -455,4 +456,62 @@ async fn a_slot_moving_between_primaries_costs_no_client_an_error() {
             0.0
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_opens_its_own_breaker_and_the_other_shards_stay_in_use() {
+    const PATHS: usize = 60;
+    // No failover, and the healthy shards keep serving while one is down.
+    let cluster = RedisCluster::start_args(&[
+        "--cluster-replica-no-failover",
+        "yes",
+        "--cluster-require-full-coverage",
+        "no",
+    ])
+    .await;
+    let origin = Origin::new().start().await;
+    let config = config(&origin, ("cluster", yaml_list(&cluster.seeds())))
+        .redis_field("breaker", "{ failures: 5, open_for: 60s }");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let primaries = cluster.primaries().await;
+    let frozen = primaries[0];
+    cluster.node(frozen).pause();
+
+    // Keys spread over the three shards by their hash: about a third are
+    // the frozen primary's.
+    for n in 0..PATHS {
+        let path = format!("/k-{n}");
+        origin.set_route(&path, cacheable(&path));
+        let answer = client.get(&proxy.url(&path)).await;
+        assert_eq!((answer.status.as_u16(), answer.text()), (200, path));
+    }
+    let metrics = scrape(&proxy).await;
+    let timeouts = metrics.sum("corral_redis_errors_total", &[("kind", "timeout")]);
+    let skipped = metrics.sum("corral_redis_errors_total", &[("kind", "breaker_open")]);
+    // The frozen primary's breaker opened after 5 timeouts (a few more
+    // were already in flight: a request's fill also writes its entry and
+    // its notice); its keys were served without Redis from then on,
+    // without waiting. One breaker for the whole cluster either opens for
+    // every key (and the count below falls) or keeps being reset by the
+    // healthy shards while every frozen key waits out op_timeout.
+    assert!(
+        (5.0..=10.0).contains(&timeouts) && skipped >= 1.0,
+        "timeouts {timeouts}, skipped {skipped}\n{}",
+        proxy.log()
+    );
+    assert!(proxy.log().contains("redis circuit breaker opened"));
+    // The other two primaries kept being used: the keys that hash to them
+    // were stored (about two thirds of the paths).
+    let mut stored = 0;
+    for &i in &primaries[1..] {
+        stored += cluster.node(i).keys("*:e:*").await.len();
+    }
+    assert!(
+        stored >= PATHS / 2,
+        "{stored} of {PATHS} stored on the healthy shards"
+    );
+    let readyz = readyz(&client, &proxy).await;
+    assert!(readyz.contains(r#""redis":"connected""#), "{readyz}");
+    cluster.node(frozen).resume();
 }

@@ -34,6 +34,9 @@ pub struct Breaker {
     failures: u32,
     open_for: Duration,
     inner: Mutex<Inner>,
+    /// What it guards, for its log lines: `redis`, or a cluster primary's
+    /// address.
+    name: String,
 }
 
 #[derive(Debug)]
@@ -68,6 +71,11 @@ impl Breaker {
     /// Opens after `failures` consecutive failures (at least 1 is used) and
     /// stays open for `open_for` (at most a year) before letting a probe through.
     pub fn new(failures: u32, open_for: Duration) -> Self {
+        Self::named(failures, open_for, "redis")
+    }
+
+    /// A breaker whose log lines name what it guards.
+    pub fn named(failures: u32, open_for: Duration, name: &str) -> Self {
         Breaker {
             failures: failures.max(1),
             open_for: open_for.min(MAX_OPEN_FOR),
@@ -75,6 +83,7 @@ impl Breaker {
                 phase: Phase::Closed { failures: 0 },
                 opened: 0,
             }),
+            name: name.to_owned(),
         }
     }
 
@@ -179,16 +188,18 @@ impl Breaker {
             }) => tracing::warn!(
                 failures,
                 open_for_ms,
+                guards = %self.name,
                 "redis circuit breaker opened after consecutive failures"
             ),
             Some(Change::Opened {
                 after_failures: None,
             }) => tracing::warn!(
                 open_for_ms,
+                guards = %self.name,
                 "redis circuit breaker re-opened: the probe failed"
             ),
             Some(Change::Closed) => {
-                tracing::info!("redis circuit breaker closed: the probe succeeded");
+                tracing::info!(guards = %self.name, "redis circuit breaker closed: the probe succeeded");
             }
             None => {}
         }

@@ -9,5 +9,6 @@ pub mod l2;
 pub mod lease;
 pub mod protocol;
 pub mod redis_link;
+pub mod shards;
 pub mod subscriber;
 pub mod tier;

@@ -26,7 +26,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, PushInfo, RedisFuture, Script, Value};
 use tokio::sync::{mpsc, watch};
 
-use crate::cluster::breaker::Breaker;
+use crate::cluster::breaker::{Breaker, BreakerState};
+use crate::cluster::shards::{self, ShardBreakers};
 use crate::config::{RedisConfig, RedisServers, RedisTls, SentinelConfig};
 use crate::telemetry::metrics;
 
@@ -120,7 +121,11 @@ pub struct RedisLink {
     sharded: AtomicBool,
     pub op_timeout: Duration,
     connect_timeout: Duration,
-    breaker: Breaker,
+    /// The link's breaker: every command of one node or Sentinel, and a
+    /// cluster's commands whose slot is not mapped yet.
+    breaker: Arc<Breaker>,
+    /// Cluster mode: one breaker per primary.
+    shards: Option<ShardBreakers>,
 }
 
 /// A client for `url` with `redis.tls`'s certificates when set.
@@ -185,6 +190,8 @@ impl RedisLink {
             Target::Node(client) => Some(client.clone()),
             _ => None,
         };
+        let shards = matches!(target, Target::Cluster(_))
+            .then(|| ShardBreakers::new(config.breaker_failures, config.breaker_open_for));
         Ok(Arc::new(RedisLink {
             target,
             conn: RwLock::new(None),
@@ -195,7 +202,11 @@ impl RedisLink {
             sharded: AtomicBool::new(false),
             op_timeout: config.op_timeout,
             connect_timeout: config.connect_timeout,
-            breaker: Breaker::new(config.breaker_failures, config.breaker_open_for),
+            breaker: Arc::new(Breaker::new(
+                config.breaker_failures,
+                config.breaker_open_for,
+            )),
+            shards,
         }))
     }
 
@@ -324,8 +335,10 @@ impl RedisLink {
                 }
                 retry.wait().await;
             }
-            if matches!(link.target, Target::Sentinel(_)) {
-                link.follow_sentinel().await;
+            match link.target {
+                Target::Sentinel(_) => link.follow_sentinel().await,
+                Target::Cluster(_) => link.follow_slots().await,
+                Target::Node(_) => {}
             }
         });
     }
@@ -363,11 +376,13 @@ impl RedisLink {
         }
     }
 
-    /// Whether the breaker is open now, and how often it opened.
+    /// Whether a breaker is open now (the link's, or a cluster primary's),
+    /// and how often any opened.
     pub fn breaker_state(&self) -> (bool, u64) {
+        let (shards_open, _, shards_opened) = self.shards.as_ref().map_or((0, 0, 0), |s| s.state());
         (
-            self.breaker.state() == crate::cluster::breaker::BreakerState::Open,
-            self.breaker.opened_count(),
+            self.breaker.state() == BreakerState::Open || shards_open > 0,
+            self.breaker.opened_count() + shards_opened,
         )
     }
 
@@ -378,19 +393,35 @@ impl RedisLink {
             .is_some()
     }
 
-    /// For /readyz: connected, connecting or breaker-open.
+    /// For /readyz: connected, connecting or breaker-open (the link's
+    /// breaker, or every primary's; some open is still `connected`, the
+    /// metrics tell).
     pub fn status(&self) -> &'static str {
+        let all_shards_open = self
+            .shards
+            .as_ref()
+            .is_some_and(|s| matches!(s.state(), (open, known, _) if known > 0 && open == known));
         if !self.is_connected() {
             "connecting"
-        } else if self.breaker_state().0 {
+        } else if self.breaker.state() == BreakerState::Open || all_shards_open {
             "breaker-open"
         } else {
             "connected"
         }
     }
 
-    fn connection(&self) -> Result<Conn, L2Error> {
-        if !self.breaker.allow() {
+    /// The breaker that guards a command on `key` (its first key).
+    fn breaker_for(&self, key: Option<&[u8]>) -> Arc<Breaker> {
+        match (&self.shards, key) {
+            (Some(shards), Some(key)) => shards
+                .for_key(key)
+                .unwrap_or_else(|| Arc::clone(&self.breaker)),
+            _ => Arc::clone(&self.breaker),
+        }
+    }
+
+    fn connection(&self, breaker: &Breaker) -> Result<Conn, L2Error> {
+        if !breaker.allow() {
             metrics::redis_error("breaker_open");
             return Err(L2Error::BreakerOpen);
         }
@@ -402,7 +433,7 @@ impl RedisLink {
         match conn {
             Some(c) => Ok(c),
             None => {
-                self.breaker.failure();
+                breaker.failure();
                 metrics::redis_error("not_connected");
                 Err(L2Error::NotConnected)
             }
@@ -411,11 +442,12 @@ impl RedisLink {
 
     fn settle<T>(
         &self,
+        breaker: &Breaker,
         r: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, L2Error> {
         match r {
             Ok(Ok(v)) => {
-                self.breaker.success();
+                breaker.success();
                 Ok(v)
             }
             // A cluster moving the slot of this request's keys: healthy,
@@ -428,23 +460,61 @@ impl RedisLink {
                 Err(L2Error::Redis(e))
             }
             Ok(Err(e)) => {
-                self.breaker.failure();
+                breaker.failure();
                 metrics::redis_error("error");
                 Err(L2Error::Redis(e))
             }
             Err(_) => {
-                self.breaker.failure();
+                breaker.failure();
                 metrics::redis_error("timeout");
                 Err(L2Error::Timeout(self.op_timeout))
             }
         }
     }
 
+    /// Reads the cluster's slot map into the per-primary breakers now and
+    /// every [`shards::REFRESH`] (a failover or a resharding changes it).
+    async fn follow_slots(self: Arc<Self>) {
+        let Some(shards) = &self.shards else {
+            return;
+        };
+        loop {
+            let conn = self
+                .conn
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let Some(mut conn) = conn {
+                let answer = tokio::time::timeout(
+                    self.op_timeout * 4,
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query_async::<Value>(&mut conn),
+                )
+                .await;
+                if let Ok(Ok(answer)) = answer {
+                    let ranges = shards::parse_slots(&answer);
+                    if !ranges.is_empty() {
+                        shards.update(ranges);
+                    }
+                }
+            }
+            tokio::time::sleep(shards::REFRESH).await;
+        }
+    }
+
     /// Runs one command under the deadline.
+    /// On a cluster, the breaker is that of the primary serving the
+    /// command's first argument (its key, or a sharded channel).
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, L2Error> {
-        let mut conn = self.connection()?;
+        let key = match cmd.args_iter().nth(1) {
+            Some(redis::Arg::Simple(k)) if self.shards.is_some() => Some(k),
+            _ => None,
+        };
+        let breaker = self.breaker_for(key);
+        let mut conn = self.connection(&breaker)?;
         let r = tokio::time::timeout(self.op_timeout, cmd.query_async(&mut conn)).await;
-        self.settle(r)
+        self.settle(&breaker, r)
     }
 
     /// Runs a Lua script under the deadline; `args` are already encoded
@@ -455,7 +525,8 @@ impl RedisLink {
         keys: &[&str],
         args: &[Vec<u8>],
     ) -> Result<T, L2Error> {
-        let mut conn = self.connection()?;
+        let breaker = self.breaker_for(keys.first().map(|k| k.as_bytes()));
+        let mut conn = self.connection(&breaker)?;
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(*k);
@@ -464,7 +535,7 @@ impl RedisLink {
             inv.arg(a.as_slice());
         }
         let r = tokio::time::timeout(self.op_timeout, inv.invoke_async(&mut conn)).await;
-        self.settle(r)
+        self.settle(&breaker, r)
     }
 }
 
