@@ -25,12 +25,22 @@ use crate::http::proxy;
 /// still answers 431 past this.
 const HYPER_BUF: u64 = 256 * 1024;
 
-/// The router, connection limits and hyper builder every listener shares.
-fn parts(
+/// What every listener shares: the router, the connection limits, the
+/// hyper builder and the one connection limit (the slots); the TLS
+/// certificate files are watched from here on.
+struct Shared {
+    router: Router,
+    limits: Limits,
+    builder: auto::Builder<TokioExecutor>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+fn shared(
     app: Arc<App>,
     config: &ServerConfig,
     max_connections: usize,
-) -> (Router, Limits, auto::Builder<TokioExecutor>) {
+    tls: Option<&Arc<crate::http::tls::ListenerTls>>,
+) -> Shared {
     let router = Router::new().fallback(proxy::handle).with_state(app);
     let limits = Limits {
         header_read_timeout: config.header_read_timeout,
@@ -44,7 +54,15 @@ fn parts(
         config.max_header_size,
         config.max_header_size.max(HYPER_BUF),
     );
-    (router, limits, builder)
+    if let Some(tls) = tls {
+        tls.spawn_watch();
+    }
+    Shared {
+        router,
+        limits,
+        builder,
+        slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+    }
 }
 
 /// Serves proxy traffic on `listener` until `shutdown` turns true, then
@@ -57,21 +75,21 @@ pub async fn serve(
     max_connections: usize,
     shutdown: watch::Receiver<bool>,
 ) {
-    let (router, limits, builder) = parts(app, config, max_connections);
-    // One connection limit for both listeners.
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    if let Some((_, tls)) = &tls_listener {
-        tls.spawn_watch();
-    }
+    let s = shared(
+        app,
+        config,
+        max_connections,
+        tls_listener.as_ref().map(|(_, tls)| tls),
+    );
     serve_listeners(
         listener,
         tls_listener,
-        router,
-        builder,
-        limits,
+        s.router,
+        s.builder,
+        s.limits,
         shutdown,
         config.shutdown_grace,
-        slots,
+        s.slots,
     )
     .await;
 }
@@ -131,11 +149,12 @@ pub async fn serve_per_core(
     max_connections: usize,
     shutdown: watch::Receiver<bool>,
 ) {
-    let (router, limits, builder) = parts(app, config, max_connections);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    if let Some(tls) = &tls {
-        tls.spawn_watch();
-    }
+    let Shared {
+        router,
+        limits,
+        builder,
+        slots,
+    } = shared(app, config, max_connections, tls.as_ref());
     let mut done = Vec::new();
     for (worker, (plain, secure)) in listeners.into_iter().enumerate() {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
