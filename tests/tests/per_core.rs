@@ -132,3 +132,41 @@ async fn sigterm_drains_every_worker() {
         proxy.report()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_serves_the_tls_listener_too() {
+    use corral_tests::temp::TempDir;
+    use corral_tests::tls::{Pki, tls_get};
+    let dir = TempDir::new("corral-per-core-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let cert = pki.issue("listener", &["corral.test"], false);
+    let origin = Origin::new()
+        .route("/hello", Reply::ok("hello"))
+        .start()
+        .await;
+    let addr = corral_tests::ports::free_addr().expect("free port");
+    let proxy = Proxy::new(per_core(origin.url()).top(
+        "listen_tls",
+        &format!(
+            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    ))
+    .start()
+    .await;
+    let ca = pki.ca_file("ca");
+    for _ in 0..20 {
+        let answer = tls_get(addr, &ca, "corral.test", &[b"h2", b"http/1.1"], "/hello")
+            .await
+            .expect("a TLS request");
+        assert_eq!((answer.status, answer.body.as_str()), (200, "hello"));
+    }
+    let metrics = scrape(&proxy).await;
+    let per_worker: Vec<f64> = ["0", "1"]
+        .iter()
+        .map(|w| metrics.value(WORKERS, &[("worker", w)]).unwrap_or(0.0))
+        .collect();
+    assert_eq!(per_worker.iter().sum::<f64>(), 20.0, "{per_worker:?}");
+    assert!(per_worker.iter().all(|n| *n > 0.0), "{per_worker:?}");
+}
