@@ -352,18 +352,33 @@ pub struct RedisSentinels {
 
 impl RedisSentinels {
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, None).await
     }
 
     /// Master, replica and sentinels also listen with TLS; the sentinels
     /// monitor the master's TLS port (so they name it) and reach it, and
     /// the replica its master, over TLS.
     pub async fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Self {
-        Self::start_with(Some((cert, key, ca))).await
+        Self::start_with(Some((cert, key, ca)), None).await
     }
 
-    async fn start_with(tls: Option<TlsFiles<'_>>) -> Self {
+    /// Master and replica ask for `password` (`--requirepass`, and
+    /// `--masterauth` for the replica's sync); the sentinels are told it
+    /// (`sentinel auth-pass`) and ask for none themselves.
+    pub async fn start_auth(password: &str) -> Self {
+        Self::start_with(None, Some(password)).await
+    }
+
+    async fn start_with(tls: Option<TlsFiles<'_>>, password: Option<&str>) -> Self {
+        let auth: Vec<String> = match password {
+            Some(p) => ["--requirepass", p, "--masterauth", p]
+                .map(str::to_owned)
+                .to_vec(),
+            None => Vec::new(),
+        };
+        let auth = &auth;
         let start = |mut args: Vec<String>| async move {
+            args.extend(auth.iter().cloned());
             match tls {
                 None => Redis::start_args(args).await,
                 Some(files) => {
@@ -384,12 +399,15 @@ impl RedisSentinels {
             advertised(&master).to_string(),
         ])
         .await;
-        let config = format!(
+        let mut config = format!(
             "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
              sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
             advertised(&master)
         );
+        if let Some(p) = password {
+            config.push_str(&format!("sentinel auth-pass {SENTINEL_MASTER} {p}\n"));
+        }
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             sentinels.push(match tls {

@@ -170,9 +170,18 @@ impl Redis {
         panic!("{failure}");
     }
 
-    /// `redis://127.0.0.1:PORT/0`, for the proxy's `redis.url`.
+    /// `redis://127.0.0.1:PORT/0`, for the proxy's `redis.url`
+    /// (`redis://:PASSWORD@…` for a server started with `--requirepass`).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let password = self
+            .extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| self.extra.get(i + 1));
+        match password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/0", self.port),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
     }
 
     /// The port it listens on (kept across restarts).

@@ -515,3 +515,58 @@ async fn a_frozen_primary_opens_its_own_breaker_and_the_other_shards_stay_in_use
     assert!(readyz.contains(r#""redis":"connected""#), "{readyz}");
     cluster.node(frozen).resume();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_master_is_reached_through_sentinel_with_its_password() {
+    const PASSWORD: &str = "s3cret-for-the-master";
+    let deployment = RedisSentinels::start_auth(PASSWORD).await;
+    let origin = Origin::new()
+        .route("/auth", cacheable("behind a password"))
+        .start()
+        .await;
+    let sentinel = |password: &str| {
+        format!(
+            "{{ master: {}, nodes: {}{password} }}",
+            corral_tests::redis_deployments::SENTINEL_MASTER,
+            yaml_list(&deployment.nodes())
+        )
+    };
+    let with = format!(", password: {PASSWORD}");
+    let proxies = Proxy::new(config(&origin, ("sentinel", sentinel(&with))))
+        .instances(2)
+        .start_all()
+        .await;
+    let client = Client::new();
+    let first = client.get(&proxies[0].url("/auth")).await;
+    assert_eq!(first.text(), "behind a password");
+    wait_for_key(&deployment.master, "*:e:*", DEADLINE).await;
+    let second = client.get(&proxies[1].url("/auth")).await;
+    assert_eq!(
+        second.cache_status().detail(),
+        Some("l2"),
+        "{}",
+        second.cache_status()
+    );
+    assert_eq!(origin.hits("/auth"), 1);
+
+    // Without it: the master refuses, corral serves alone and says why.
+    let lone = Proxy::new(config(&origin, ("sentinel", sentinel(""))))
+        .without_waiting_for_redis()
+        .start()
+        .await;
+    let alone = client.get(&lone.url("/auth")).await;
+    assert_eq!(
+        (alone.status.as_u16(), alone.text().as_str()),
+        (200, "behind a password")
+    );
+    assert!(
+        readyz(&client, &lone)
+            .await
+            .contains(r#""redis":"connecting""#)
+    );
+    eventually(DEADLINE, "a log line says why Redis is not used", || {
+        let log = lone.log();
+        async move { log.contains("cannot connect to Redis yet") && log.contains("NOAUTH") }
+    })
+    .await;
+}
