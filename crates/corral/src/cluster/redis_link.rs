@@ -305,16 +305,27 @@ impl RedisLink {
                 tracing::info!(sharded_pubsub = sharded, "connected to the Redis Cluster");
             }
             Target::Sentinel(s) => {
-                let (addr, client, m) = s.connect_master(self).await?;
-                *self.node.write().unwrap_or_else(PoisonError::into_inner) = Some(client);
-                *self
-                    .master_addr
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(addr.clone());
-                self.install(Conn::Node(m));
-                tracing::info!(master = %s.master, host = %addr.0, port = addr.1, "connected to the master Sentinel names");
+                let named = s
+                    .ask(self.connect_timeout)
+                    .await
+                    .ok_or_else(|| format!("no sentinel named a master for `{}`", s.master))?;
+                self.move_to_master(s, named).await?;
             }
         }
+        Ok(())
+    }
+
+    /// Connects to the master the sentinels named and makes it the one
+    /// every command and the subscriber use.
+    async fn move_to_master(&self, s: &Sentinel, named: (String, u16)) -> Result<(), String> {
+        let (client, m) = s.connect_master(self, &named).await?;
+        *self.node.write().unwrap_or_else(PoisonError::into_inner) = Some(client);
+        tracing::info!(master = %s.master, host = %named.0, port = named.1, "connected to the master Sentinel names");
+        *self
+            .master_addr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(named);
+        self.install(Conn::Node(m));
         Ok(())
     }
 
@@ -362,7 +373,9 @@ impl RedisLink {
             if current.as_ref() == Some(&named) {
                 continue;
             }
-            match tokio::time::timeout(self.connect_timeout * 2, self.connect()).await {
+            match tokio::time::timeout(self.connect_timeout * 2, self.move_to_master(s, named))
+                .await
+            {
                 Ok(Ok(())) => tracing::warn!(
                     master = %s.master,
                     from = ?current,
@@ -676,25 +689,22 @@ impl Sentinel {
         }
     }
 
-    /// Connects to the master the sentinels name, and checks with `ROLE`
-    /// that it is one (a sentinel may lag a failover).
+    /// Connects to the master the sentinels named (`host`, `port`), and
+    /// checks with `ROLE` that it is one (a sentinel may lag a failover).
     async fn connect_master(
         &self,
         link: &RedisLink,
-    ) -> Result<((String, u16), redis::Client, ConnectionManager), String> {
-        let (host, port) = self
-            .ask(link.connect_timeout)
-            .await
-            .ok_or_else(|| format!("no sentinel named a master for `{}`", self.master))?;
+        (host, port): &(String, u16),
+    ) -> Result<(redis::Client, ConnectionManager), String> {
         let addr = if self.use_tls {
             redis::ConnectionAddr::TcpTls {
                 host: host.clone(),
-                port,
+                port: *port,
                 insecure: false,
                 tls_params: None,
             }
         } else {
-            redis::ConnectionAddr::Tcp(host.clone(), port)
+            redis::ConnectionAddr::Tcp(host.clone(), *port)
         };
         let info = redis::IntoConnectionInfo::into_connection_info(addr)
             .map_err(|e| e.to_string())?
@@ -712,6 +722,6 @@ impl Sentinel {
             Some(Value::SimpleString(s)) if s == "master" => {}
             _ => return Err(format!("{host}:{port} is not a master yet")),
         }
-        Ok(((host, port), client, m))
+        Ok((client, m))
     }
 }
