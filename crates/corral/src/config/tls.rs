@@ -50,6 +50,17 @@ fn err(field: &'static str, message: impl Into<String>) -> TlsError {
     }
 }
 
+/// The certificates of a PEM file named by `field`: at least one.
+fn certificates(pem: &[u8], field: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(field, format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(err(field, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -96,13 +107,7 @@ pub fn build(files: &TlsFiles) -> Result<UpstreamTls, TlsError> {
         let roots = match &files.ca {
             Some(pem) => {
                 let mut roots = RootCertStore::empty();
-                let certs = CertificateDer::pem_slice_iter(pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| err("ca_file", format!("not PEM certificates: {e}")))?;
-                if certs.is_empty() {
-                    return Err(err("ca_file", "holds no PEM certificate"));
-                }
-                for c in certs {
+                for c in certificates(pem, "ca_file")? {
                     roots
                         .add(c)
                         .map_err(|e| err("ca_file", format!("a certificate is unusable: {e}")))?;
@@ -121,12 +126,7 @@ pub fn build(files: &TlsFiles) -> Result<UpstreamTls, TlsError> {
     let config = match (&files.client_cert, &files.client_key) {
         (None, None) => builder.with_no_client_auth(),
         (Some(cert), Some(key)) => {
-            let chain = CertificateDer::pem_slice_iter(cert)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| err("client_cert", format!("not PEM certificates: {e}")))?;
-            if chain.is_empty() {
-                return Err(err("client_cert", "holds no PEM certificate"));
-            }
+            let chain = certificates(cert, "client_cert")?;
             let key = PrivateKeyDer::from_pem_slice(key)
                 .map_err(|e| err("client_key", format!("no PEM private key: {e}")))?;
             builder
@@ -197,12 +197,7 @@ impl ServerCertVerifier for NoVerification {
 /// The listener's certificate and key (`listen_tls`), checked: a PEM
 /// chain and its private key, offered with ALPN h2 and http/1.1.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<rustls::ServerConfig, TlsError> {
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err("cert_file", format!("not PEM certificates: {e}")))?;
-    if chain.is_empty() {
-        return Err(err("cert_file", "holds no PEM certificate"));
-    }
+    let chain = certificates(cert_pem, "cert_file")?;
     let key = PrivateKeyDer::from_pem_slice(key_pem)
         .map_err(|e| err("key_file", format!("no PEM private key: {e}")))?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
