@@ -580,15 +580,12 @@ impl Resolver<'_> {
             return Ok(RedisServers::Node(url));
         }
         if let Some(seeds) = &raw.cluster {
-            if seeds.value.is_empty() {
-                return Err(self.error(
-                    &seeds.referenced,
-                    "redis.cluster",
-                    "no seed nodes: list one or more nodes of the cluster",
-                ));
-            }
-            let nodes = self.list(&seeds.value, "redis.cluster", cluster_node_url)?;
-            self.one_scheme(&seeds.value, &nodes, "redis.cluster")?;
+            let nodes = self.nodes(
+                seeds,
+                "redis.cluster",
+                "no seed nodes: list one or more nodes of the cluster",
+                cluster_node_url,
+            )?;
             return Ok(RedisServers::Cluster(nodes));
         }
         if let Some(sentinel) = &raw.sentinel {
@@ -603,15 +600,12 @@ impl Resolver<'_> {
                 ));
             }
             let listed = self.required(&s.nodes, &sentinel.referenced, "redis.sentinel.nodes")?;
-            if listed.value.is_empty() {
-                return Err(self.error(
-                    &listed.referenced,
-                    "redis.sentinel.nodes",
-                    "no sentinels: list the address of each",
-                ));
-            }
-            let nodes = self.list(&listed.value, "redis.sentinel.nodes", sentinel_node_url)?;
-            self.one_scheme(&listed.value, &nodes, "redis.sentinel.nodes")?;
+            let nodes = self.nodes(
+                listed,
+                "redis.sentinel.nodes",
+                "no sentinels: list the address of each",
+                sentinel_node_url,
+            )?;
             let db = match &s.db {
                 None => 0,
                 Some(t) => t.value.trim().parse::<u32>().map_err(|_| {
@@ -645,13 +639,24 @@ impl Resolver<'_> {
         ))
     }
 
-    /// Every node of a list speaks TLS, or none does.
-    fn one_scheme(&self, raw: &[Text], urls: &[String], field: &str) -> Result<(), ConfigError> {
+    /// A list of Redis nodes (`field`): not empty, each one `check`ed, and
+    /// every one reached with TLS or none.
+    fn nodes(
+        &self,
+        listed: &Spanned<Vec<Text>>,
+        field: &str,
+        when_empty: &str,
+        check: fn(&str) -> Result<String, String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        if listed.value.is_empty() {
+            return Err(self.error(&listed.referenced, field, when_empty));
+        }
+        let urls = self.list(&listed.value, field, check)?;
         let tls = |u: &String| u.starts_with("rediss://");
         match urls.iter().position(|u| tls(u) != tls(&urls[0])) {
-            None => Ok(()),
+            None => Ok(urls),
             Some(i) => Err(self.error(
-                &raw[i].referenced,
+                &listed.value[i].referenced,
                 &format!("{field}[{i}]"),
                 "mixes redis:// and rediss://: every node is reached the same way",
             )),
