@@ -109,8 +109,6 @@ pub struct RedisLink {
     /// The client of the node the subscriber connects to: the one node, or
     /// the master Sentinel named last. `None` in cluster mode.
     node: RwLock<Option<redis::Client>>,
-    /// The master's address (Sentinel), for logs and to notice a switch.
-    master_addr: Mutex<Option<(String, u16)>>,
     /// Bumped on every (re)connection that the subscriber must follow: the
     /// cluster connection is ready, or Sentinel named another master.
     epoch: watch::Sender<u64>,
@@ -196,7 +194,6 @@ impl RedisLink {
             target,
             conn: RwLock::new(None),
             node: RwLock::new(node),
-            master_addr: Mutex::new(None),
             epoch: watch::channel(0).0,
             pushes: Mutex::new(pushes),
             sharded: AtomicBool::new(false),
@@ -321,10 +318,6 @@ impl RedisLink {
         let (client, m) = s.connect_master(self, &named).await?;
         *self.node.write().unwrap_or_else(PoisonError::into_inner) = Some(client);
         tracing::info!(master = %s.master, host = %named.0, port = named.1, "connected to the master Sentinel names");
-        *self
-            .master_addr
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(named);
         self.install(Conn::Node(m));
         Ok(())
     }
@@ -365,11 +358,16 @@ impl RedisLink {
             let Some(named) = s.ask(self.connect_timeout).await else {
                 continue;
             };
+            // Where the node client (the master followed last) points.
             let current = self
-                .master_addr
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+                .node_client()
+                .and_then(|c| match c.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port)
+                    | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                        Some((host.clone(), *port))
+                    }
+                    _ => None,
+                });
             if current.as_ref() == Some(&named) {
                 continue;
             }
