@@ -1,7 +1,7 @@
 //! Runs `corral check --config FILE` and reports its exit status and stderr.
 
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 use crate::paths::corral_bin;
 use crate::temp::TempDir;
@@ -30,20 +30,15 @@ pub async fn corral_check(yaml: &str) -> (ExitStatus, String) {
 /// Runs `corral check --config path`, failing the test after [`crate::DEADLINE`].
 pub async fn corral_check_file(path: &Path) -> CheckOutcome {
     let bin = corral_bin();
-    let child = tokio::process::Command::new(&bin)
-        .arg("check")
-        .arg("--config")
-        .arg(path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {} check: {e}", bin.display()));
-    let output = tokio::time::timeout(crate::DEADLINE, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("corral check {} did not finish", path.display()))
-        .expect("wait for corral check");
+    let output = crate::command::output_within(
+        tokio::process::Command::new(&bin)
+            .arg("check")
+            .arg("--config")
+            .arg(path),
+        crate::DEADLINE,
+        &format!("{} check --config {}", bin.display(), path.display()),
+    )
+    .await;
     CheckOutcome {
         status: output.status,
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -7,6 +7,7 @@
 pub mod cache_status;
 pub mod check;
 pub mod client;
+pub mod command;
 pub mod config;
 pub mod fd_limit;
 pub mod origin;

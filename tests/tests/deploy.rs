@@ -8,9 +8,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
+use corral_tests::command::output_within;
 use corral_tests::paths::{corral_bin, workspace_root};
 use corral_tests::ports::closed_port;
 use corral_tests::temp::TempDir;
@@ -1313,19 +1313,14 @@ async fn systemd_analyze_verifies_the_unit_when_installed() {
     let bin = corral_bin();
     let text = unit_text().replace("/usr/local/bin/corral", &bin.display().to_string());
     std::fs::write(&unit, text).expect("write the unit copy");
-    let child = tokio::process::Command::new(analyze)
-        .arg("verify")
-        .arg(&unit)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn systemd-analyze");
-    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .expect("systemd-analyze verify finished")
-        .expect("wait for systemd-analyze");
+    let output = output_within(
+        tokio::process::Command::new(analyze)
+            .arg("verify")
+            .arg(&unit),
+        DEADLINE,
+        "systemd-analyze verify",
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     // verify exits 0 on unknown keys but names them: any line about the unit fails.
     let complaints: Vec<&str> = stderr
@@ -1465,21 +1460,16 @@ fn every_file_the_dockerfile_copies_is_in_the_build_context() {
 /// Runs deploy/docker/http-probe against `target` and `path`.
 async fn http_probe(target: &str, path: &str) -> std::process::ExitStatus {
     let script = deploy_dir().join("docker").join("http-probe");
-    let child = tokio::process::Command::new("bash")
-        .arg(&script)
-        .arg(target)
-        .arg(path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn bash http-probe");
-    tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .expect("http-probe finished within 10s")
-        .expect("wait for http-probe")
-        .status
+    output_within(
+        tokio::process::Command::new("bash")
+            .arg(&script)
+            .arg(target)
+            .arg(path),
+        Duration::from_secs(10),
+        "bash http-probe",
+    )
+    .await
+    .status
 }
 
 #[tokio::test]
@@ -1720,21 +1710,16 @@ grep " ${2}\$" "$STUB_DIR/hosts" || exit 2
     )
     .expect("a PATH");
     let run = || async {
-        let child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(body)
-            .env("PATH", &path_var)
-            .env("STUB_DIR", scratch.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn sh");
-        let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
-            .await
-            .expect("the create script finished (every stub node answers at once)")
-            .expect("wait for sh");
+        let output = output_within(
+            tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(body)
+                .env("PATH", &path_var)
+                .env("STUB_DIR", scratch.path()),
+            DEADLINE,
+            "the create script (every stub node answers at once)",
+        )
+        .await;
         let calls = std::fs::read_to_string(scratch.path().join("calls")).unwrap_or_default();
         (output, calls)
     };
