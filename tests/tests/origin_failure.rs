@@ -58,10 +58,11 @@ async fn a_failing_refresh_inside_stale_while_revalidate_backs_off() {
             .all(|a| a.status == 200 && a.text() == "kept")
     );
     let asked = origin.hits("/swr") - before;
-    // The first failure backs the key off for a second, the second for two:
-    // two seconds of requests reach the origin at most twice (574c533: 73-77).
+    // The first failure is retried by the next request; the second backs
+    // the key off for a second, the third for two: two seconds of requests
+    // reach the origin at most three times (574c533: 73-77).
     assert!(
-        (1..=2).contains(&asked),
+        (1..=3).contains(&asked),
         "{asked} refreshes reached the failing origin in 2 s"
     );
     let backed_off = answers
@@ -91,15 +92,17 @@ async fn each_key_reaches_the_failing_origin_once_per_back_off_across_instances(
     origin.set_mode(OriginMode::InternalError);
     let client = Client::new();
     // 2.5 s of requests on every instance at once, a cold key, the origin
-    // down: back-offs of about 1 s then 2 s allow at most 2 origin requests
-    // in all, however many instances ask.
+    // down: one failure retried, then back-offs of about 1 s and 2 s (the
+    // count of failures is shared through Redis) allow at most 4 origin
+    // requests in all, however many instances ask; one more when two
+    // instances read the count before either wrote it.
     let started = Instant::now();
     let urls: Vec<String> = proxies.iter().map(|p| p.url("/k")).collect();
     let answers = join_all(urls.iter().map(|url| paced(&client, url, 50, ms(2500)))).await;
     let elapsed = started.elapsed();
     let asked = origin.hits("/k");
     assert!(
-        (1..=3).contains(&asked),
+        (1..=5).contains(&asked),
         "{asked} requests reached the failing origin from {INSTANCES} instances in {elapsed:?}"
     );
     for a in answers.iter().flatten() {

@@ -1,11 +1,17 @@
-//! Leaving a failing origin alone. When a fetch for a key fails (a 5xx, a
-//! refused connection, a timeout) the key goes into back-off: until it
-//! ends, nothing corral does for that key reaches the origin (no fill, no
-//! background or early refresh), and callers get the stale copy or an
-//! error at once. Each failure in a row doubles the period, up to a cap,
-//! with jitter so that keys failing together do not retry together; the
-//! first success ends it. A back-off is a pair of numbers so that
-//! instances can share it through Redis.
+//! Leaving a failing origin alone. When fetches for a key fail (a 5xx, a
+//! refused connection, a timeout) `after` times in a row, the key goes into
+//! back-off: until it ends, nothing corral does for that key reaches the
+//! origin (no fill, no background or early refresh), and callers get the
+//! stale copy or an error at once. Each further failure in a row doubles
+//! the period, up to a cap, with jitter so that keys failing together do
+//! not retry together; the first success ends it. A back-off is a pair of
+//! numbers so that instances can share it through Redis.
+//!
+//! `after` is 2 by default: one failed answer is not reused (RFC 9111 §3
+//! keeps a 5xx without freshness out of the cache, and a caller after it
+//! is owed a fresh attempt), a second in a row is an origin failing. The
+//! callers who waited on a failed fetch share its answer whatever `after`
+//! says; what the threshold decides is whether the next caller asks again.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +24,8 @@ pub struct BackoffPolicy {
     pub min: Duration,
     /// No period is longer.
     pub max: Duration,
+    /// Failures in a row before the first period (at least 1).
+    pub after: u32,
 }
 
 impl Default for BackoffPolicy {
@@ -25,16 +33,21 @@ impl Default for BackoffPolicy {
         BackoffPolicy {
             min: Duration::from_secs(1),
             max: Duration::from_secs(30),
+            after: 2,
         }
     }
 }
 
 impl BackoffPolicy {
-    /// The period after `failures` failures in a row: `min` doubled for
-    /// each failure after the first, capped at `max`, less up to a quarter
-    /// at random (never below `min`).
+    /// The period after `failures` failures in a row: none before `after`
+    /// of them, then `min` doubled for each failure past `after`, capped at
+    /// `max`, less up to a quarter at random (never below `min`).
     pub fn period(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(30);
+        let after = self.after.max(1);
+        if failures < after {
+            return Duration::ZERO;
+        }
+        let doublings = (failures - after).min(30);
         let full = self
             .min
             .saturating_mul(1u32 << doublings)
@@ -108,6 +121,7 @@ mod tests {
         let p = BackoffPolicy {
             min: Duration::from_secs(1),
             max: Duration::from_secs(30),
+            after: 1,
         };
         for (failures, full) in [(1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (60, 30)] {
             for _ in 0..50 {
@@ -120,12 +134,31 @@ mod tests {
                 );
             }
         }
-        assert_eq!(p.period(0), Duration::from_secs(1));
+        assert_eq!(p.period(0), Duration::ZERO);
+    }
+
+    #[test]
+    fn by_default_the_second_failure_in_a_row_starts_the_back_off() {
+        let p = BackoffPolicy::default();
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let first = p.after_failure(None, now);
+        assert_eq!(first.failures, 1);
+        assert!(!first.active(now), "the next caller asks again");
+        let second = p.after_failure(Some(first), now);
+        assert_eq!(second.failures, 2);
+        assert!(second.active(now));
+        assert!(second.remaining(now) >= Duration::from_millis(750));
+        assert!(second.remaining(now) <= Duration::from_secs(1));
+        let third = p.after_failure(Some(second), second.until);
+        assert!(third.remaining(second.until) >= Duration::from_millis(1500));
     }
 
     #[test]
     fn each_failure_in_a_row_counts() {
-        let p = BackoffPolicy::default();
+        let p = BackoffPolicy {
+            after: 1,
+            ..BackoffPolicy::default()
+        };
         let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
         let first = p.after_failure(None, now);
         assert_eq!(first.failures, 1);

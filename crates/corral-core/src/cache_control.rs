@@ -17,6 +17,9 @@ pub struct CacheControl {
     pub public: bool,
     pub must_revalidate: bool,
     pub proxy_revalidate: bool,
+    /// §5.2.2.3: store only if the status is understood; then `no-store`
+    /// is ignored.
+    pub must_understand: bool,
     pub stale_while_revalidate: Option<u64>,
     pub stale_if_error: Option<u64>,
 }
@@ -59,6 +62,7 @@ impl CacheControl {
             "public" => self.public = true,
             "must-revalidate" => self.must_revalidate = true,
             "proxy-revalidate" => self.proxy_revalidate = true,
+            "must-understand" => self.must_understand = true,
             _ => {}
         }
     }
@@ -93,8 +97,39 @@ pub fn targeted_value(headers: &HeaderMap, fields: &[http::HeaderName]) -> Optio
             .map(|v| v.to_str().ok())
             .collect::<Option<Vec<_>>>()?
             .join(", ");
-        valid_dictionary(&text).then_some(text)
+        valid_dictionary(&text).then(|| booleans_resolved(&text))
     })
+}
+
+/// The directives of a valid targeted field as Cache-Control reads them:
+/// a boolean member that is false (`no-store=?0`) is left out, a true one
+/// (`no-store=?1`) is written bare.
+fn booleans_resolved(text: &str) -> String {
+    if !text.contains('?') {
+        return text.to_owned();
+    }
+    split_directives(text)
+        .filter(|m| !m.ends_with("=?0"))
+        .map(|m| m.strip_suffix("=?1").unwrap_or(m))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// RFC 9213 §2.1: the directives whose values have a type; a targeted
+/// field in which one has a value of another type is invalid (ignored as a
+/// whole, like any field that does not parse).
+fn typed_right(key: &str, value: Option<&str>) -> bool {
+    match key {
+        "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error" => value
+            .is_some_and(|v| {
+                !v.is_empty() && v.len() <= 15 && v.bytes().all(|b| b.is_ascii_digit())
+            }),
+        "no-store" | "no-cache" | "private" | "public" | "must-revalidate"
+        | "proxy-revalidate" | "must-understand" | "immutable" => {
+            value.is_none_or(|v| v == "?1" || v == "?0")
+        }
+        _ => true,
+    }
 }
 
 fn valid_dictionary(text: &str) -> bool {
@@ -130,7 +165,7 @@ fn valid_dictionary(text: &str) -> bool {
                     .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
             integer || string || token || v == "?0" || v == "?1"
         });
-        key_ok && value_ok
+        key_ok && value_ok && typed_right(key, value)
     })
 }
 
@@ -211,11 +246,11 @@ mod tests {
         h.insert(CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
         h.insert(
             &cdn,
-            http::HeaderValue::from_static("max-age=60, stale-if-error=\"x, y\""),
+            http::HeaderValue::from_static("max-age=60, x-ext=\"x, y\""),
         );
         assert_eq!(
             targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
-            Some("max-age=60, stale-if-error=\"x, y\"")
+            Some("max-age=60, x-ext=\"x, y\"")
         );
         h.insert(&own, http::HeaderValue::from_static("max-age=5"));
         assert_eq!(
@@ -223,14 +258,37 @@ mod tests {
             Some("max-age=5")
         );
         // Invalid (uppercase key, empty, stray syntax): the next one.
-        for bad in ["MAX-AGE=5", "", " , ", "max-age=5 6", "=5", "max-age=--5"] {
+        // Invalid (uppercase key, empty, stray syntax, a value of the wrong
+        // type for its directive): the next one.
+        for bad in [
+            "MAX-AGE=5",
+            "",
+            " , ",
+            "max-age=5 6",
+            "=5",
+            "max-age=--5",
+            "max-age=\"5\"",
+            "max-age=-5",
+            "max-age",
+            "max-age=5, no-store=1",
+            "private=\"x\"",
+        ] {
             h.insert(&own, http::HeaderValue::from_static(bad));
             assert_eq!(
                 targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
-                Some("max-age=60, stale-if-error=\"x, y\""),
+                Some("max-age=60, x-ext=\"x, y\""),
                 "{bad:?}"
             );
         }
+        // Booleans: ?1 is the bare directive, ?0 its absence.
+        h.insert(
+            &own,
+            http::HeaderValue::from_static("max-age=5, no-store=?0, must-revalidate=?1"),
+        );
+        assert_eq!(
+            targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
+            Some("max-age=5, must-revalidate")
+        );
         assert_eq!(targeted_value(&HeaderMap::new(), &[own, cdn]), None);
     }
 }

@@ -384,13 +384,34 @@ fn later(t: SystemTime, d: Duration) -> SystemTime {
     t.checked_add(d.min(MAX_RESIDENCY * 1000)).unwrap_or(t)
 }
 
+/// Fields a 304 never changes in the stored response (RFC 9111 §3.2): the
+/// framing, the fields that describe the stored bytes themselves (their
+/// coding, range and digests: the 304 comes without them, so a new value
+/// would describe a body nobody has), the validator the 304 was selected
+/// by (§4.3.4: a 304 answers for the stored response whose validator was
+/// sent; it cannot rename it), and Set-Cookie, which a shared entry never
+/// carries.
+const KEPT_ON_304: [&str; 10] = [
+    "content-length",
+    "transfer-encoding",
+    "content-encoding",
+    "content-range",
+    "content-md5",
+    "content-digest",
+    "repr-digest",
+    "digest",
+    "etag",
+    "set-cookie",
+];
+
 /// The stored headers updated by a 304's: each field the 304 carries
-/// replaces the stored field of that name (RFC 9111 §3.2), except framing.
+/// replaces the stored field of that name (RFC 9111 §3.2), except those in
+/// [`KEPT_ON_304`].
 pub fn merge_not_modified(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut headers = stored.clone();
     let names: Vec<&HeaderName> = not_modified
         .keys()
-        .filter(|n| **n != CONTENT_LENGTH && **n != TRANSFER_ENCODING && **n != SET_COOKIE)
+        .filter(|n| !KEPT_ON_304.contains(&n.as_str()))
         .collect();
     for name in names {
         headers.remove(name);
@@ -460,6 +481,12 @@ mod tests {
         let mut h304 = HeaderMap::new();
         h304.insert("x-a", HeaderValue::from_static("2"));
         h304.insert("content-length", HeaderValue::from_static("0"));
+        // What describes the stored bytes, and the validator the 304
+        // answered for, are never taken from it.
+        h304.insert("etag", HeaderValue::from_static("\"other\""));
+        h304.insert("content-encoding", HeaderValue::from_static("gzip"));
+        h304.insert("content-range", HeaderValue::from_static("bytes 0-1/5"));
+        h304.insert("content-md5", HeaderValue::from_static("N7UdGUp1E+RbVvZSTy1R8g=="));
         let fr = Freshness {
             ttl: Duration::from_secs(60),
             swr: Duration::ZERO,
@@ -477,6 +504,9 @@ mod tests {
             r.headers.get("etag").map(|v| v.as_bytes()),
             Some(&b"\"v1\""[..])
         );
+        for kept in ["content-encoding", "content-range", "content-md5"] {
+            assert_eq!(r.headers.get(kept), None, "{kept}");
+        }
         assert_eq!(r.state(later), EntryState::Fresh);
         assert_eq!(r.body, e.body);
     }

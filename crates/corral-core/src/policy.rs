@@ -197,7 +197,14 @@ impl RoutePolicy {
         if *method == http::Method::POST && !self.store_post {
             return Decision::Pass(PassReason::NotStorable);
         }
-        if cc.no_store {
+        // §5.2.2.3: `must-understand` stores only statuses corral
+        // understands, and for those overrides `no-store`.
+        let understood = rfc9111::understood_status(res.status);
+        if cc.must_understand && !understood {
+            return Decision::Pass(PassReason::NotStorable);
+        }
+        let must_understand_overrides = cc.must_understand && cc.no_store;
+        if cc.no_store && !must_understand_overrides {
             return Decision::Pass(PassReason::NoStore);
         }
         if cc.private {
@@ -229,7 +236,10 @@ impl RoutePolicy {
         // What the crate reads wrongly is normalised first (directive
         // case, Age lists, the three date formats, unknown statuses): see
         // rfc9111.rs.
-        let res_for_policy = rfc9111::for_the_crate(&res_for_policy);
+        let mut res_for_policy = rfc9111::for_the_crate(&res_for_policy);
+        if must_understand_overrides {
+            res_for_policy = rfc9111::without_no_store(&res_for_policy);
+        }
         let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
         let Some(status) = rfc9111::status_for_the_crate(res.status, explicit || cc.public) else {
             return Decision::Pass(PassReason::NotStorable);
@@ -344,6 +354,40 @@ mod tests {
             Decision::Store { freshness } => Some(freshness.ttl),
             Decision::Pass(_) => None,
         }
+    }
+
+    #[test]
+    fn must_understand_stores_understood_statuses_only_and_overrides_no_store() {
+        let p = RoutePolicy::default();
+        let cc = |v| [("cache-control", v)];
+        // An unknown status is not stored, whatever its freshness.
+        for status in [299, 499, 599] {
+            assert!(
+                matches!(
+                    decide_status(&p, status, &cc("max-age=3600, must-understand")),
+                    Decision::Pass(PassReason::NotStorable)
+                ),
+                "{status}"
+            );
+        }
+        // An understood one is, and its no-store (for caches that do not
+        // understand must-understand) is ignored, in any case and order.
+        for v in [
+            "max-age=3600, must-understand",
+            "no-store, max-age=3600, must-understand",
+            "max-age=3600, Must-Understand, No-Store",
+        ] {
+            assert_eq!(
+                ttl(decide_status(&p, 200, &cc(v))).map(|t| t.as_secs()),
+                Some(3600),
+                "{v}"
+            );
+        }
+        // Without must-understand, no-store still wins.
+        assert!(matches!(
+            decide_status(&p, 200, &cc("no-store, max-age=3600")),
+            Decision::Pass(PassReason::NoStore)
+        ));
     }
 
     #[test]

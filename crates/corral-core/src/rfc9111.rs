@@ -12,6 +12,7 @@
 //! | any final status may be stored when the response says so (§3) | only the statuses it knows | an unknown final status with explicit freshness (or `public`) is evaluated as a 200 |
 //! | heuristic freshness (§4.2.2) | uncapped | capped at [`HEURISTIC_MAX`] |
 //! | `no-cache` responses may be stored and revalidated (§5.2.2.4) | not stored | stored when they carry a validator (see `policy.rs`) |
+//! | `must-understand` (§5.2.2.3) | unknown | not stored with a status corral does not understand; `no-store` ignored with one it does |
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -78,6 +79,47 @@ pub fn status_for_the_crate(status: StatusCode, explicit_or_public: bool) -> Opt
         return None;
     }
     explicit_or_public.then_some(StatusCode::OK)
+}
+
+/// RFC 9111 §5.2.2.3: whether corral understands `status` for
+/// `must-understand`: the final statuses RFC 9110 defines, whose caching
+/// requirements corral follows. A response with `must-understand` and any
+/// other status is not stored; with one of these, its `no-store` is
+/// ignored.
+pub fn understood_status(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200..=206 | 300..=305 | 307 | 308 | 400..=417 | 421 | 422 | 426 | 500..=505
+    )
+}
+
+/// The response headers with the `no-store` directive taken out of every
+/// Cache-Control line: what the crate must see for a `must-understand`
+/// response whose status corral understands (§5.2.2.3), since the crate
+/// knows nothing of `must-understand`.
+pub fn without_no_store(headers: &HeaderMap) -> HeaderMap {
+    let mut h = headers.clone();
+    let lines: Vec<HeaderValue> = headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| {
+            let Ok(text) = v.to_str() else {
+                return Some(v.clone());
+            };
+            let kept: Vec<&str> = text
+                .split(',')
+                .filter(|d| !d.trim().eq_ignore_ascii_case("no-store"))
+                .collect();
+            let joined = kept.join(",");
+            (!joined.trim().is_empty())
+                .then(|| HeaderValue::from_str(joined.trim()).unwrap_or_else(|_| v.clone()))
+        })
+        .collect();
+    h.remove(CACHE_CONTROL);
+    for line in lines {
+        h.append(CACHE_CONTROL, line);
+    }
+    h
 }
 
 /// Whether the crate can give `status` a heuristic lifetime: RFC 9110

@@ -378,14 +378,24 @@ async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<
     });
     let now = app.clock.now();
     let scope = fill.pass_scope();
-    if let Some(theirs) = probe.backoff.filter(|b| b.active(now))
-        && app
-            .l1
-            .active_backoff(&scope, now)
-            .is_none_or(|ours| ours.until < theirs.until)
-    {
-        app.l1
-            .set_backoff(scope, theirs, fill.route.backoff.memory());
+    // Another instance's record of the key's failures: the longer period
+    // and the longer run of failures in a row count (a failure that has
+    // not started a period yet still counts toward `backoff.after`).
+    if let Some(theirs) = probe.backoff {
+        let merged = match app.l1.last_backoff(&scope) {
+            None => Some(theirs),
+            Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
+                Some(corral_core::Backoff {
+                    until: theirs.until.max(ours.until),
+                    failures: theirs.failures.max(ours.failures),
+                })
+            }
+            Some(_) => None,
+        };
+        if let Some(merged) = merged {
+            app.l1
+                .set_backoff(scope, merged, fill.route.backoff.memory());
+        }
     }
     if let Some(e) = &probe.entry
         && !can_serve(fill, &probe)
@@ -485,8 +495,10 @@ async fn publish_result(
         Fetched::Shared => FillNotice::Pass,
         Fetched::Failed => {
             // Before the notice: the waiting instances read it on Failed.
+            // Written whether or not a period has started, so that every
+            // instance counts the same failures in a row.
             let now = fill.app.clock.now();
-            if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
+            if let Some(backoff) = fill.app.l1.last_backoff(&fill.pass_scope()) {
                 let _ = tier
                     .set_backoff(keys, &backoff, fill.route.backoff.memory(), now)
                     .await;

@@ -806,7 +806,7 @@ async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
             SLOW,
         ),
         None,
-        &format!("{NO_EARLY_REFRESH}    backoff: {{ min: 10s, max: 60s }}\n"),
+        &format!("{NO_EARLY_REFRESH}    backoff: {{ min: 10s, max: 60s, after: 1 }}\n"),
     );
     h.get("/a").await;
     tokio::time::advance(Duration::from_secs(2)).await;
@@ -835,6 +835,65 @@ async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
     tokio::time::advance(Duration::from_secs(11)).await;
     h.stampede("/a", 10).await;
     assert_eq!(h.origin.hits(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_one_failure_is_retried_and_the_second_in_a_row_backs_off() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unreachable, SLOW),
+        Some(FakeTier::new()),
+        "    backoff: { min: 10s, max: 60s }\n",
+    );
+    let keys = h.keys("/a");
+    let first = h.get("/a").await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY);
+    // Every instance learns of the failure; no period has started.
+    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = recorded.expect("the failure written to L2");
+    assert_eq!(recorded.failures, 1);
+    assert!(!recorded.active(h.clock.now()));
+    // So the next caller asks the origin again,
+    let second = h.get("/a").await;
+    assert_eq!(second.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(h.origin.hits(), 2);
+    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = recorded.expect("the failures written to L2");
+    assert_eq!(recorded.failures, 2);
+    assert!(recorded.active(h.clock.now()));
+    // and after the second failure in a row nobody does.
+    let answers = h.stampede("/a", 20).await;
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(a.cache_status.contains("detail=backoff"), "{}", a.cache_status);
+    }
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_another_instance_saw_counts_toward_the_back_off() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unreachable, SLOW),
+        Some(FakeTier::new()),
+        "    backoff: { min: 10s, max: 60s }\n",
+    );
+    let keys = h.keys("/a");
+    let policy = h
+        .app
+        .routes()
+        .find("api.test", "/a")
+        .expect("unit-test setup")
+        .backoff;
+    let theirs = policy.after_failure(None, h.clock.now());
+    assert!(!theirs.active(h.clock.now()));
+    tier(&h).records().backoffs.insert(keys.backoff(), theirs);
+    // This instance's first failure is the key's second in a row.
+    assert_eq!(h.get("/a").await.status, StatusCode::BAD_GATEWAY);
+    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    assert_eq!(recorded.map(|b| b.failures), Some(2));
+    let next = h.get("/a").await;
+    assert_eq!(next.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(next.cache_status.contains("detail=backoff"), "{}", next.cache_status);
+    assert_eq!(h.origin.hits(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -984,7 +1043,7 @@ async fn a_failed_fetch_records_the_back_off_for_every_instance() {
     let h = harness(
         ScriptedOrigin::new(Reply::Unreachable, SLOW),
         Some(FakeTier::new()),
-        "    backoff: { min: 10s, max: 60s }\n",
+        "    backoff: { min: 10s, max: 60s, after: 1 }\n",
     );
     let got = h.get("/a").await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
@@ -1079,7 +1138,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     let h = harness(
         ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
         Some(FakeTier::new()),
-        NO_EARLY_REFRESH,
+        &format!("{NO_EARLY_REFRESH}    backoff: {{ after: 1 }}\n"),
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();

@@ -252,6 +252,7 @@ pub struct RawCoalescePost {
 pub struct RawBackoff {
     pub min: Option<Text>,
     pub max: Option<Text>,
+    pub after: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1220,9 +1220,15 @@ impl Resolver<'_> {
         self.positive(&min, &min_field)?;
         let max = self.duration(raw.max.as_ref(), &max_field, defaults.max)?;
         self.ordered((&min, &min_field), (&max, &max_field), describe_duration)?;
+        let after = match &raw.after {
+            None => defaults.after,
+            Some(t) => whole_u32(&t.value, 1, "failures")
+                .map_err(|m| self.error(&t.referenced, &format!("{prefix}.after"), m))?,
+        };
         Ok(corral_core::BackoffPolicy {
             min: min.value,
             max: max.value,
+            after,
         })
     }
 
