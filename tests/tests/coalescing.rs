@@ -116,7 +116,10 @@ async fn an_uncacheable_500_is_shared_by_the_coalesced_burst_and_not_stored() {
     // in a row puts the key in back-off for a second: corral answers for
     // the origin.
     let retried = client.get(&proxy.url("/fail")).await;
-    assert_eq!((retried.status.as_u16(), retried.text()), (500, "kaput".to_owned()));
+    assert_eq!(
+        (retried.status.as_u16(), retried.text()),
+        (500, "kaput".to_owned())
+    );
     assert_eq!(origin.hits("/fail"), 2);
     let during = client.get(&proxy.url("/fail")).await;
     assert_eq!(during.status, 503);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use corral_tests::raw::exchange_bytes;
 use corral_tests::raw_origin::response;
 use corral_tests::{Client, Config, Proxy, RawOrigin, RawRequest};
 
@@ -237,7 +238,10 @@ async fn must_understand_stores_only_understood_statuses_and_overrides_no_store(
     // §5.2.2.3. Failed on 4bc6830: the 599 was stored and served as a hit,
     // and the understood 200 was refused for its no-store.
     let origin = origin_with(|r| match r.target() {
-        "/599" => (599, h(&[("cache-control", "max-age=3600, must-understand")])),
+        "/599" => (
+            599,
+            h(&[("cache-control", "max-age=3600, must-understand")]),
+        ),
         _ => (
             200,
             h(&[("cache-control", "no-store, must-understand, max-age=3600")]),
@@ -254,9 +258,16 @@ async fn must_understand_stores_only_understood_statuses_and_overrides_no_store(
     assert_eq!(hits(&origin, "/599"), 2, "an unknown status is not stored");
     for _ in 0..2 {
         let a = client.get(&proxy.url("/200")).await;
-        assert_eq!((a.status.as_u16(), a.text()), (200, "body-of-/200".to_owned()));
+        assert_eq!(
+            (a.status.as_u16(), a.text()),
+            (200, "body-of-/200".to_owned())
+        );
     }
-    assert_eq!(hits(&origin, "/200"), 1, "no-store gives way to must-understand");
+    assert_eq!(
+        hits(&origin, "/200"),
+        1,
+        "no-store gives way to must-understand"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -293,7 +304,10 @@ async fn a_304_updates_every_stored_field_but_the_framing() {
     client.get(&proxy.url("/u304")).await;
     tokio::time::sleep(PAST_ONE_SECOND).await;
     let a = client.get(&proxy.url("/u304")).await;
-    assert_eq!((a.status.as_u16(), a.text()), (200, "body-of-/u304".to_owned()));
+    assert_eq!(
+        (a.status.as_u16(), a.text()),
+        (200, "body-of-/u304".to_owned())
+    );
     let seen = origin.requests();
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].header("if-none-match"), Some("\"etag-a\""));
@@ -788,4 +802,99 @@ async fn cache_group_invalidation_reaches_every_instance() {
     )
     .await;
     assert_eq!(hits(&origin, "/articles/1"), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Interim responses (§3, RFC 9110 §15.2)
+// ---------------------------------------------------------------------------
+
+/// An origin that sends `103 Early Hints` before every final answer.
+async fn hinting_origin() -> RawOrigin {
+    RawOrigin::start(|r| {
+        let mut out = b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\nx-interim: yes\r\n\r\n".to_vec();
+        out.extend(response(
+            200,
+            &[("cache-control", "max-age=3600")],
+            &format!("body-of-{}", r.target()),
+        ));
+        out
+    })
+    .await
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_reach_the_caller_before_the_answer_and_are_never_stored() {
+    // Failed on 4bc6830: corral's client dropped the 103.
+    let origin = hinting_origin().await;
+    let proxy = proxy_for(&origin).await;
+    let get = |path: &str, version: &str| {
+        format!("GET {path} {version}\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+    };
+    let within = Duration::from_secs(10);
+    let first =
+        text(&exchange_bytes(proxy.addr(), get("/hints", "HTTP/1.1").as_bytes(), within).await);
+    let (interim, last) = first
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {first:?}"));
+    assert_eq!(
+        interim,
+        "HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\nx-interim: yes"
+    );
+    assert!(last.starts_with("HTTP/1.1 200 OK\r\n"), "{first:?}");
+    assert!(last.ends_with("body-of-/hints"), "{first:?}");
+    // Its fields are the interim answer's only.
+    assert!(
+        !last.contains("x-interim") && !last.contains("link:"),
+        "{first:?}"
+    );
+
+    // The stored answer has neither the 103 nor its fields.
+    let again =
+        text(&exchange_bytes(proxy.addr(), get("/hints", "HTTP/1.1").as_bytes(), within).await);
+    assert!(again.starts_with("HTTP/1.1 200 OK\r\n"), "{again:?}");
+    assert!(again.contains("; hit"), "{again:?}");
+    assert!(
+        !again.contains("103") && !again.contains("x-interim"),
+        "{again:?}"
+    );
+    assert_eq!(hits(&origin, "/hints"), 1);
+
+    // An HTTP/1.0 client never gets a 1xx.
+    let old =
+        text(&exchange_bytes(proxy.addr(), get("/hints10", "HTTP/1.0").as_bytes(), within).await);
+    assert!(
+        old.starts_with("HTTP/1.0 200 OK\r\n") || old.starts_with("HTTP/1.1 200 OK\r\n"),
+        "{old:?}"
+    );
+    assert!(!old.contains("103"), "{old:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_of_a_pipelined_request_follow_the_answer_before_it() {
+    let origin = hinting_origin().await;
+    let proxy = proxy_for(&origin).await;
+    // Two requests in one write: the second one's 103 must come after
+    // every byte of the first answer, never inside it.
+    let both = "GET /one HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\nGET /two HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n";
+    let got = text(&exchange_bytes(proxy.addr(), both.as_bytes(), Duration::from_secs(10)).await);
+    let hint =
+        "HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\nx-interim: yes\r\n\r\n";
+    let first_body = got
+        .find("body-of-/one")
+        .unwrap_or_else(|| panic!("{got:?}"));
+    let second_hint = got.rfind(hint).unwrap_or_else(|| panic!("{got:?}"));
+    let second_head = got
+        .rfind("HTTP/1.1 200 OK")
+        .unwrap_or_else(|| panic!("{got:?}"));
+    assert!(got.starts_with(hint), "{got:?}");
+    assert!(
+        first_body < second_hint && second_hint < second_head,
+        "{got:?}"
+    );
+    assert!(got.ends_with("body-of-/two"), "{got:?}");
+    assert_eq!(got.matches(hint).count(), 2, "{got:?}");
 }

@@ -120,14 +120,13 @@ fn booleans_resolved(text: &str) -> String {
 /// whole, like any field that does not parse).
 fn typed_right(key: &str, value: Option<&str>) -> bool {
     match key {
-        "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error" => value
-            .is_some_and(|v| {
+        "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error" => {
+            value.is_some_and(|v| {
                 !v.is_empty() && v.len() <= 15 && v.bytes().all(|b| b.is_ascii_digit())
-            }),
-        "no-store" | "no-cache" | "private" | "public" | "must-revalidate"
-        | "proxy-revalidate" | "must-understand" | "immutable" => {
-            value.is_none_or(|v| v == "?1" || v == "?0")
+            })
         }
+        "no-store" | "no-cache" | "private" | "public" | "must-revalidate" | "proxy-revalidate"
+        | "must-understand" | "immutable" => value.is_none_or(|v| v == "?1" || v == "?0"),
         _ => true,
     }
 }

@@ -110,6 +110,7 @@ pub async fn serve(
             body: body.clone(),
             early: Default::default(),
             declared: Default::default(),
+            interim: crate::origin::interim::Sender::current(),
         };
 
         let seen = found.as_ref().map(|entry| {

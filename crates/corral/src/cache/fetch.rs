@@ -92,7 +92,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     }
     // The target is the key's: what is stored is exactly what was asked for.
     let target = fill.primary.uri().target();
-    let req = match upstream_request(
+    let mut req = match upstream_request(
         route,
         head,
         method.clone(),
@@ -104,6 +104,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
+    crate::origin::interim::forward_to(fill.interim.clone(), &mut req);
     let uri = req.uri().clone();
     let retry = fill.body.is_none();
     let res = match route.upstream.send(req, retry, deadline, slot).await {

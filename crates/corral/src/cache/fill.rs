@@ -172,6 +172,10 @@ pub struct FillRequest {
     /// the fetch reads it (the shared tier's leader tells the other
     /// instances at once when it is too large for L2).
     pub declared: Declared,
+    /// Where the origin's interim (1xx) answers go: the caller who made
+    /// this fill, when its client can take them; never a background
+    /// refresh.
+    pub interim: Option<crate::origin::interim::Sender>,
 }
 
 /// See [`FillRequest::declared`].
@@ -221,6 +225,7 @@ impl FillRequest {
             body: self.body.clone(),
             early: Default::default(),
             declared: Default::default(),
+            interim: None,
         }
     }
 

@@ -864,7 +864,11 @@ async fn by_default_one_failure_is_retried_and_the_second_in_a_row_backs_off() {
     let answers = h.stampede("/a", 20).await;
     for a in &answers {
         assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(a.cache_status.contains("detail=backoff"), "{}", a.cache_status);
+        assert!(
+            a.cache_status.contains("detail=backoff"),
+            "{}",
+            a.cache_status
+        );
     }
     assert_eq!(h.origin.hits(), 2);
 }
@@ -892,7 +896,11 @@ async fn a_failure_another_instance_saw_counts_toward_the_back_off() {
     assert_eq!(recorded.map(|b| b.failures), Some(2));
     let next = h.get("/a").await;
     assert_eq!(next.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(next.cache_status.contains("detail=backoff"), "{}", next.cache_status);
+    assert!(
+        next.cache_status.contains("detail=backoff"),
+        "{}",
+        next.cache_status
+    );
     assert_eq!(h.origin.hits(), 1);
 }
 

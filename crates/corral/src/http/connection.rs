@@ -183,6 +183,8 @@ struct Tracked {
     router: Router,
     activity: Arc<Activity>,
     peer: SocketAddr,
+    /// The connection's interim channel (see `interim.rs`).
+    interim: Arc<crate::origin::interim::Shared>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -195,8 +197,11 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
         let mut req = req.map(Body::new);
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let router = self.router.clone();
+        // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
+        // hyper has no way to send them on h2.
+        let interim = (req.version() == http::Version::HTTP_11).then(|| Arc::clone(&self.interim));
         Box::pin(async move {
-            let res = router.oneshot(req).await?;
+            let res = crate::origin::interim::serve(interim, router.oneshot(req)).await?;
             guard.answered = true;
             Ok(res.map(|inner| TrackedBody {
                 inner,
@@ -312,15 +317,18 @@ pub async fn serve_on(
             } else {
                 (peer, Bytes::new())
             };
+            let interim = crate::origin::interim::Shared::new();
             let service = Tracked {
                 router,
                 activity: Arc::clone(&activity),
                 peer,
+                interim: Arc::clone(&interim),
             };
             let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
             match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(client), service);
+                    let io = crate::origin::interim::InterimIo::new(client, interim);
+                    let conn = builder.serve_connection(TokioIo::new(io), service);
                     watch_over(conn, &activity, &limits, shutdown).await;
                 }
                 Some(tls) => {
@@ -331,7 +339,8 @@ pub async fn serve_on(
                     .await;
                     match accepted {
                         Ok(Ok(stream)) => {
-                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            let io = crate::origin::interim::InterimIo::new(stream, interim);
+                            let conn = builder.serve_connection(TokioIo::new(io), service);
                             watch_over(conn, &activity, &limits, shutdown).await;
                         }
                         Ok(Err(e)) => {

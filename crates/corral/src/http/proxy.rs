@@ -401,7 +401,7 @@ async fn forward_uncached(
     let deadline = Instant::now() + route.upstream.total;
     let bodyless = head.body == RequestBody::None;
     let body = if bodyless { Body::empty() } else { body };
-    let req = match upstream_request(
+    let mut req = match upstream_request(
         route,
         head,
         head.method.clone(),
@@ -420,6 +420,7 @@ async fn forward_uncached(
             );
         }
     };
+    crate::origin::interim::forward_to(crate::origin::interim::Sender::current(), &mut req);
     let res = match route.upstream.send(req, bodyless, deadline, slot).await {
         Ok(r) => r,
         Err(e) => {

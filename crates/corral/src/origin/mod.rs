@@ -1,7 +1,10 @@
 //! Talking to the origin: the upstream request built from the validated
-//! head (`request`) and the pooled client with its deadlines (`upstream`).
-//! Used by `http` (pass-through) and `cache` (fills).
+//! head (`request`), the pooled client with its deadlines (`upstream`), and
+//! the origin's interim (1xx) answers passed on to the caller (`interim`).
+//! Used by `http` (pass-through, and the connection's interim writes) and
+//! `cache` (fills).
 
+pub mod interim;
 pub mod pool;
 pub mod request;
 pub mod upstream;

@@ -232,6 +232,11 @@ pub fn connection_accepted() {
     });
 }
 
+/// An interim (1xx) answer of the origin passed on to the client.
+pub fn interim_forwarded(status: u16) {
+    counter!("corral_interim_responses_total", "status" => status.to_string()).increment(1);
+}
+
 /// A connection corral closed for a reason of its own (a deadline, abuse).
 pub fn connection_closed(reason: &'static str) {
     counter!("corral_connections_closed_total", "reason" => reason).increment(1);
