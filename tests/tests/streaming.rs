@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use corral_tests::{Client, Config, DEADLINE, Proxy};
+use corral_tests::{Client, Config, DEADLINE, Proxy, Route};
 
 const CHUNK: usize = 64 * 1024;
 const CHUNKS: usize = 16; // 1 MiB
@@ -200,7 +200,10 @@ async fn every_coalesced_caller_reads_the_body_while_it_arrives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_cut_off_mid_way_fails_every_caller_and_is_not_stored() {
     let origin = GatedOrigin::start().await;
-    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    // The key backs off from its first failure, so that the request after
+    // the cut is answered without the origin (the default retries once).
+    let route = Route::new("api", origin.url.clone()).field("backoff", "{ after: 1 }");
+    let proxy = Proxy::new(Config::new().route(route)).start().await;
     let client = Client::new();
     let url = proxy.url("/cut");
     let h2 = reqwest::Client::builder()
