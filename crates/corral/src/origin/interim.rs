@@ -83,6 +83,18 @@ struct Budget {
 }
 
 impl Sender {
+    /// A request's channel on its connection's `shared` state, open.
+    fn new(shared: Arc<Shared>) -> Sender {
+        Sender {
+            shared,
+            budget: Arc::new(Mutex::new(Budget {
+                open: true,
+                count: 0,
+                bytes: 0,
+            })),
+        }
+    }
+
     /// The channel of the request being served on this task, if any.
     pub fn current() -> Option<Sender> {
         CALLER.try_with(Sender::clone).ok()
@@ -158,14 +170,7 @@ pub async fn serve<F: Future>(shared: Option<Arc<Shared>>, service: F) -> F::Out
     let Some(shared) = shared else {
         return service.await;
     };
-    let sender = Sender {
-        shared: Arc::clone(&shared),
-        budget: Arc::new(Mutex::new(Budget {
-            open: true,
-            count: 0,
-            bytes: 0,
-        })),
-    };
+    let sender = Sender::new(Arc::clone(&shared));
     let service = CALLER.scope(sender.clone(), service);
     tokio::pin!(service);
     let out = std::future::poll_fn(|cx| {
@@ -294,14 +299,7 @@ mod tests {
         let shared = Shared::new();
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let mut io = InterimIo::new(client, Arc::clone(&shared));
-        let sender = Sender {
-            shared: Arc::clone(&shared),
-            budget: Arc::new(Mutex::new(Budget {
-                open: true,
-                count: 0,
-                bytes: 0,
-            })),
-        };
+        let sender = Sender::new(Arc::clone(&shared));
         // The previous answer's tail, written before the flush.
         io.write_all(b"tail-of-previous").await.expect("write");
         let mut h = HeaderMap::new();
@@ -325,14 +323,7 @@ mod tests {
     #[tokio::test]
     async fn a_closed_or_spent_channel_forwards_nothing() {
         let shared = Shared::new();
-        let sender = Sender {
-            shared: Arc::clone(&shared),
-            budget: Arc::new(Mutex::new(Budget {
-                open: true,
-                count: 0,
-                bytes: 0,
-            })),
-        };
+        let sender = Sender::new(Arc::clone(&shared));
         for _ in 0..20 {
             sender.forward(StatusCode::PROCESSING, &HeaderMap::new());
         }
