@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
 
@@ -40,10 +41,16 @@ tokio::task_local! {
     static CALLER: Sender;
 }
 
-/// What a connection's stream and its requests share.
+/// What a connection's stream and its requests share. hyper serves an
+/// HTTP/1.1 connection's requests one at a time, so one request at a time
+/// is open here; a late call from an earlier request is told apart by its
+/// number.
 #[derive(Debug, Default)]
 pub struct Shared {
     state: Mutex<State>,
+    /// Interim bytes are queued: the stream's writes look at the queue
+    /// only then (a hit never takes the lock on its writes).
+    pending: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +63,13 @@ struct State {
     /// The request's service: woken when an interim response is queued (so
     /// that hyper flushes) and when the queue empties.
     service: Option<Waker>,
+    /// The number of the request being served, and whether it still takes
+    /// interim responses (not once its final answer is out).
+    request: u64,
+    open: bool,
+    /// What it was sent so far, against the bounds.
+    count: u32,
+    bytes: usize,
 }
 
 impl Shared {
@@ -66,35 +80,26 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Opens the channel for the next request; its number.
+    fn open(&self) -> u64 {
+        let mut state = self.lock();
+        state.request += 1;
+        state.open = true;
+        state.count = 0;
+        state.bytes = 0;
+        state.request
+    }
 }
 
 /// One request's way to pass interim responses on.
 #[derive(Debug, Clone)]
 pub struct Sender {
     shared: Arc<Shared>,
-    budget: Arc<Mutex<Budget>>,
-}
-
-#[derive(Debug)]
-struct Budget {
-    open: bool,
-    count: u32,
-    bytes: usize,
+    request: u64,
 }
 
 impl Sender {
-    /// A request's channel on its connection's `shared` state, open.
-    fn new(shared: Arc<Shared>) -> Sender {
-        Sender {
-            shared,
-            budget: Arc::new(Mutex::new(Budget {
-                open: true,
-                count: 0,
-                bytes: 0,
-            })),
-        }
-    }
-
     /// The channel of the request being served on this task, if any.
     pub fn current() -> Option<Sender> {
         CALLER.try_with(Sender::clone).ok()
@@ -111,27 +116,23 @@ impl Sender {
             return;
         }
         let bytes = encode(status, headers);
-        {
-            let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
-            if !budget.open
-                || budget.count >= MAX_INTERIM
-                || budget.bytes + bytes.len() > MAX_INTERIM_BYTES
-            {
-                return;
-            }
-            budget.count += 1;
-            budget.bytes += bytes.len();
-        }
-        crate::telemetry::metrics::interim_forwarded(status.as_u16());
         let mut state = self.shared.lock();
+        if !state.open
+            || state.request != self.request
+            || state.count >= MAX_INTERIM
+            || state.bytes + bytes.len() > MAX_INTERIM_BYTES
+        {
+            return;
+        }
+        state.count += 1;
+        state.bytes += bytes.len();
         state.queue.push_back(bytes);
+        self.shared.pending.store(true, Ordering::Release);
         if let Some(w) = state.service.take() {
             w.wake();
         }
-    }
-
-    fn close(&self) {
-        self.budget.lock().unwrap_or_else(|e| e.into_inner()).open = false;
+        drop(state);
+        crate::telemetry::metrics::interim_forwarded(status.as_u16());
     }
 }
 
@@ -170,17 +171,29 @@ pub async fn serve<F: Future>(shared: Option<Arc<Shared>>, service: F) -> F::Out
     let Some(shared) = shared else {
         return service.await;
     };
-    let sender = Sender::new(Arc::clone(&shared));
-    let service = CALLER.scope(sender.clone(), service);
+    let sender = Sender {
+        request: shared.open(),
+        shared: Arc::clone(&shared),
+    };
+    let service = CALLER.scope(sender, service);
     tokio::pin!(service);
     let out = std::future::poll_fn(|cx| {
-        shared.lock().service = Some(cx.waker().clone());
+        {
+            let mut state = shared.lock();
+            if !state
+                .service
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                state.service = Some(cx.waker().clone());
+            }
+        }
         service.as_mut().poll(cx)
     })
     .await;
-    sender.close();
     std::future::poll_fn(|cx| {
         let mut state = shared.lock();
+        state.open = false;
         if state.queue.is_empty() {
             state.service = None;
             Poll::Ready(())
@@ -211,6 +224,9 @@ impl<S: AsyncWrite + Unpin> InterimIo<S> {
     /// Writes queued interim bytes: all of them (`all`), or only the rest
     /// of one already started.
     fn poll_drain(&mut self, cx: &mut Context<'_>, all: bool) -> Poll<io::Result<()>> {
+        if !self.shared.pending.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
         let mut state = self.shared.lock();
         let mut wrote = false;
         loop {
@@ -233,11 +249,11 @@ impl<S: AsyncWrite + Unpin> InterimIo<S> {
                 state.started = true;
             }
         }
-        if wrote
-            && state.queue.is_empty()
-            && let Some(w) = state.service.take()
-        {
-            w.wake();
+        if state.queue.is_empty() {
+            self.shared.pending.store(false, Ordering::Release);
+            if wrote && let Some(w) = state.service.take() {
+                w.wake();
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -299,7 +315,10 @@ mod tests {
         let shared = Shared::new();
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let mut io = InterimIo::new(client, Arc::clone(&shared));
-        let sender = Sender::new(Arc::clone(&shared));
+        let sender = Sender {
+            request: shared.open(),
+            shared: Arc::clone(&shared),
+        };
         // The previous answer's tail, written before the flush.
         io.write_all(b"tail-of-previous").await.expect("write");
         let mut h = HeaderMap::new();
@@ -321,16 +340,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_closed_or_spent_channel_forwards_nothing() {
+    async fn a_closed_spent_or_earlier_channel_forwards_nothing() {
         let shared = Shared::new();
-        let sender = Sender::new(Arc::clone(&shared));
+        let sender = Sender {
+            request: shared.open(),
+            shared: Arc::clone(&shared),
+        };
         for _ in 0..20 {
             sender.forward(StatusCode::PROCESSING, &HeaderMap::new());
         }
         assert_eq!(shared.lock().queue.len(), MAX_INTERIM as usize);
         shared.lock().queue.clear();
-        sender.close();
+        // The next request's channel: the earlier one's calls are ignored.
+        let next = Sender {
+            request: shared.open(),
+            shared: Arc::clone(&shared),
+        };
         sender.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
         assert!(shared.lock().queue.is_empty());
+        next.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
+        assert_eq!(shared.lock().queue.len(), 1);
+        shared.lock().open = false;
+        next.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
+        assert_eq!(
+            shared.lock().queue.len(),
+            1,
+            "closed once the answer is out"
+        );
     }
 }
