@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | directive names are case-insensitive (§5.2) | matches them case-sensitively | names lowercased |
 //! | `Age` is a list; use the first member (§5.1) | ignores a list | first member of the first line |
-//! | HTTP-date has three formats (RFC 9110 §5.6.7) | reads only RFC 2822, leniently | all three, strictly; an invalid `Expires` is "already expired" (§5.3), an invalid `Date` or `Last-Modified` is dropped |
+//! | HTTP-date has three formats (RFC 9110 §5.6.7) | reads only RFC 2822, leniently | all three, strictly but in any case (§4.2); an invalid `Expires` is "already expired" (§5.3), an invalid `Date` or `Last-Modified` is dropped |
 //! | any final status may be stored when the response says so (§3) | only the statuses it knows | an unknown final status with explicit freshness (or `public`) is evaluated as a 200 |
 //! | heuristic freshness (§4.2.2) | uncapped | capped at [`HEURISTIC_MAX`] |
 //! | `no-cache` responses may be stored and revalidated (§5.2.2.4) | not stored | stored when they carry a validator (see `policy.rs`) |
@@ -208,9 +208,11 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// An HTTP-date (RFC 9110 §5.6.7) in any of its three formats, read as the
-/// grammar writes it: exact spacing, exact case, a real calendar date.
-/// `None` for anything else (including leading or trailing whitespace,
-/// which the field parser has already removed).
+/// grammar writes it: exact spacing, a real calendar date, GMT; names of
+/// days and months and `GMT` in any case (RFC 9111 §4.2: "a cache
+/// recipient SHOULD match the field value case-insensitively"). `None` for
+/// anything else (including leading or trailing whitespace, which the
+/// field parser has already removed).
 ///
 /// - IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`
 /// - rfc850-date: `Sunday, 06-Nov-94 08:49:37 GMT` (a two-digit year more
@@ -223,13 +225,13 @@ pub fn parse_http_date(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
     if b.len() == 29 && b.get(3) == Some(&b',') {
         // IMF-fixdate
-        if !DAYS.contains(&&s[0..3]) || &s[3..5] != ", " || b[7] != b' ' || b[11] != b' ' {
+        if !named(&DAYS, &s[0..3]) || &s[3..5] != ", " || b[7] != b' ' || b[11] != b' ' {
             return None;
         }
         let day = digits(&s[5..7])?;
         let month = month(&s[8..11])?;
         let year = digits(&s[12..16])?;
-        if b[16] != b' ' || &s[25..] != " GMT" {
+        if b[16] != b' ' || !s[25..].eq_ignore_ascii_case(" GMT") {
             return None;
         }
         let (h, m, sec) = time_of_day(&s[17..25])?;
@@ -237,7 +239,7 @@ pub fn parse_http_date(s: &str) -> Option<SystemTime> {
     }
     if b.len() == 24 && b.get(3) == Some(&b' ') {
         // asctime-date: day-name SP month SP ( 2DIGIT / ( SP DIGIT ) ) SP time SP year
-        if !DAYS.contains(&&s[0..3]) || b[7] != b' ' || b[10] != b' ' || b[19] != b' ' {
+        if !named(&DAYS, &s[0..3]) || b[7] != b' ' || b[10] != b' ' || b[19] != b' ' {
             return None;
         }
         let month = month(&s[4..7])?;
@@ -252,11 +254,11 @@ pub fn parse_http_date(s: &str) -> Option<SystemTime> {
     }
     // rfc850-date: day-name-l "," SP 2DIGIT "-" month "-" 2DIGIT SP time SP "GMT"
     let (name, rest) = s.split_once(", ")?;
-    if !LONG_DAYS.contains(&name) || rest.len() != 22 {
+    if !named(&LONG_DAYS, name) || rest.len() != 22 {
         return None;
     }
     let r = rest.as_bytes();
-    if r[2] != b'-' || r[6] != b'-' || r[9] != b' ' || &rest[18..] != " GMT" {
+    if r[2] != b'-' || r[6] != b'-' || r[9] != b' ' || !rest[18..].eq_ignore_ascii_case(" GMT") {
         return None;
     }
     let day = digits(&rest[0..2])?;
@@ -281,7 +283,15 @@ fn digits(s: &str) -> Option<u64> {
 }
 
 fn month(s: &str) -> Option<u64> {
-    MONTHS.iter().position(|m| *m == s).map(|i| i as u64 + 1)
+    MONTHS
+        .iter()
+        .position(|m| m.eq_ignore_ascii_case(s))
+        .map(|i| i as u64 + 1)
+}
+
+/// Whether `s` is one of `names`, in any case.
+fn named(names: &[&str], s: &str) -> bool {
+    names.iter().any(|n| n.eq_ignore_ascii_case(s))
 }
 
 fn time_of_day(s: &str) -> Option<(u64, u64, u64)> {
@@ -353,6 +363,10 @@ mod tests {
         assert_eq!(parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT"), t);
         assert_eq!(parse_http_date("Sun Nov  6 08:49:37 1994"), t);
         assert_eq!(parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT"), at(0));
+        // §4.2: names and GMT in any case.
+        assert_eq!(parse_http_date("sun, 06 nov 1994 08:49:37 gmt"), t);
+        assert_eq!(parse_http_date("SUNDAY, 06-NOV-94 08:49:37 GmT"), t);
+        assert_eq!(parse_http_date("SUN NOV  6 08:49:37 1994"), t);
         assert_eq!(
             parse_http_date("Tue, 29 Feb 2000 23:59:60 GMT"),
             at(951_868_800)
@@ -371,8 +385,10 @@ mod tests {
             "Sun, 06  Nov 1994 08:49:37 GMT",
             "Sun, 06 Nov 1994  08:49:37 GMT",
             "Sun, 6 Nov 1994 08:49:37 GMT",
-            "sun, 06 nov 1994 08:49:37 gmt",
             "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sun, 06 Nov 1994 08:49:37 utc",
+            "Sunx, 06 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Novx 1994 08:49:37 GMT",
             "Sun, 06 Nov 1994 24:00:00 GMT",
             "Sun, 31 Nov 1994 08:49:37 GMT",
             "Sun, 29 Feb 1900 08:49:37 GMT",

@@ -1212,6 +1212,22 @@ proptest! {
         prop_assert!(read_year <= now_year + 50 && read_year + 100 > now_year + 50, "{}", read);
     }
 
+    /// RFC 9111 §4.2: a cache reads a date's names and `GMT` in any case.
+    #[test]
+    fn http_dates_are_read_in_any_case(
+        (secs, ..) in civil_second(),
+        flips in proptest::collection::vec(any::<bool>(), 29),
+    ) {
+        let t = UNIX_EPOCH + Duration::from_secs(secs);
+        let imf = httpdate::fmt_http_date(t);
+        let cased: String = imf
+            .chars()
+            .zip(flips)
+            .map(|(c, up)| if up { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() })
+            .collect();
+        prop_assert_eq!(corral_core::rfc9111::parse_http_date(&cased), Some(t), "{}", cased);
+    }
+
     /// Whitespace the grammar does not have makes a date invalid.
     #[test]
     fn http_dates_with_extra_whitespace_are_invalid(
