@@ -22,11 +22,12 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
+use futures_util::task::AtomicWaker;
 use http::{HeaderMap, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -44,13 +45,22 @@ tokio::task_local! {
 /// What a connection's stream and its requests share. hyper serves an
 /// HTTP/1.1 connection's requests one at a time, so one request at a time
 /// is open here; a late call from an earlier request is told apart by its
-/// number.
+/// number. A request that gets no interim response (every hit) takes no
+/// lock: the atomics below are all it touches.
 #[derive(Debug, Default)]
 pub struct Shared {
     state: Mutex<State>,
     /// Interim bytes are queued: the stream's writes look at the queue
-    /// only then (a hit never takes the lock on its writes).
+    /// only then.
     pending: AtomicBool,
+    /// The number of the request that takes interim responses now; 0 when
+    /// none does (its final answer is out).
+    open: AtomicU64,
+    /// The last number given.
+    last: AtomicU64,
+    /// The request's service: woken when an interim response is queued (so
+    /// that hyper flushes) and when the queue empties.
+    service: AtomicWaker,
 }
 
 #[derive(Debug, Default)]
@@ -60,14 +70,8 @@ struct State {
     /// The front of `queue` is partly written: it is finished before any
     /// of hyper's bytes.
     started: bool,
-    /// The request's service: woken when an interim response is queued (so
-    /// that hyper flushes) and when the queue empties.
-    service: Option<Waker>,
-    /// The number of the request being served, and whether it still takes
-    /// interim responses (not once its final answer is out).
-    request: u64,
-    open: bool,
-    /// What it was sent so far, against the bounds.
+    /// Whose bounds `count` and `bytes` are, and how much of them is used.
+    budget_of: u64,
     count: u32,
     bytes: usize,
 }
@@ -83,12 +87,13 @@ impl Shared {
 
     /// Opens the channel for the next request; its number.
     fn open(&self) -> u64 {
-        let mut state = self.lock();
-        state.request += 1;
-        state.open = true;
-        state.count = 0;
-        state.bytes = 0;
-        state.request
+        let request = self.last.fetch_add(1, Ordering::Relaxed) + 1;
+        self.open.store(request, Ordering::Release);
+        request
+    }
+
+    fn close(&self) {
+        self.open.store(0, Ordering::Release);
     }
 }
 
@@ -117,21 +122,25 @@ impl Sender {
         }
         let bytes = encode(status, headers);
         let mut state = self.shared.lock();
-        if !state.open
-            || state.request != self.request
-            || state.count >= MAX_INTERIM
-            || state.bytes + bytes.len() > MAX_INTERIM_BYTES
-        {
+        // Checked under the lock: the service closes the channel before it
+        // looks at the queue under the lock for the last time.
+        if self.shared.open.load(Ordering::Acquire) != self.request {
+            return;
+        }
+        if state.budget_of != self.request {
+            state.budget_of = self.request;
+            state.count = 0;
+            state.bytes = 0;
+        }
+        if state.count >= MAX_INTERIM || state.bytes + bytes.len() > MAX_INTERIM_BYTES {
             return;
         }
         state.count += 1;
         state.bytes += bytes.len();
         state.queue.push_back(bytes);
         self.shared.pending.store(true, Ordering::Release);
-        if let Some(w) = state.service.take() {
-            w.wake();
-        }
         drop(state);
+        self.shared.service.wake();
         crate::telemetry::metrics::interim_forwarded(status.as_u16());
     }
 }
@@ -178,31 +187,27 @@ pub async fn serve<F: Future>(shared: Option<Arc<Shared>>, service: F) -> F::Out
     let service = CALLER.scope(sender, service);
     tokio::pin!(service);
     let out = std::future::poll_fn(|cx| {
-        {
-            let mut state = shared.lock();
-            if !state
-                .service
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                state.service = Some(cx.waker().clone());
-            }
-        }
+        shared.service.register(cx.waker());
         service.as_mut().poll(cx)
     })
     .await;
-    std::future::poll_fn(|cx| {
-        let mut state = shared.lock();
-        state.open = false;
-        if state.queue.is_empty() {
-            state.service = None;
-            Poll::Ready(())
-        } else {
-            state.service = Some(cx.waker().clone());
-            Poll::Pending
-        }
-    })
-    .await;
+    {
+        // Closed under the lock, so no interim response is queued after
+        // the look below.
+        let _state = shared.lock();
+        shared.close();
+    }
+    if shared.pending.load(Ordering::Acquire) {
+        std::future::poll_fn(|cx| {
+            shared.service.register(cx.waker());
+            if shared.pending.load(Ordering::Acquire) {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+    }
     out
 }
 
@@ -251,8 +256,8 @@ impl<S: AsyncWrite + Unpin> InterimIo<S> {
         }
         if state.queue.is_empty() {
             self.shared.pending.store(false, Ordering::Release);
-            if wrote && let Some(w) = state.service.take() {
-                w.wake();
+            if wrote {
+                self.shared.service.wake();
             }
         }
         Poll::Ready(Ok(()))
@@ -360,7 +365,7 @@ mod tests {
         assert!(shared.lock().queue.is_empty());
         next.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
         assert_eq!(shared.lock().queue.len(), 1);
-        shared.lock().open = false;
+        shared.close();
         next.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
         assert_eq!(
             shared.lock().queue.len(),
