@@ -43,6 +43,7 @@ pub async fn serve(
     ctx: RequestHead,
     body: Option<bytes::Bytes>,
     mut gate: Option<Arc<crate::limits::Gate>>,
+    interim: Option<crate::origin::interim::Sender>,
 ) -> Answer {
     let head = ctx.method == Method::HEAD;
     let ctx = Arc::new(ctx);
@@ -110,7 +111,7 @@ pub async fn serve(
             body: body.clone(),
             early: Default::default(),
             declared: Default::default(),
-            interim: crate::origin::interim::Sender::current(),
+            interim: interim.clone(),
         };
 
         let seen = found.as_ref().map(|entry| {

@@ -580,8 +580,15 @@ impl Harness {
                 .find("api.test", path)
                 .expect("unit-test setup"),
         );
-        let answer =
-            cache_path::serve(Arc::clone(&self.app), route, self.head(path), None, None).await;
+        let answer = cache_path::serve(
+            Arc::clone(&self.app),
+            route,
+            self.head(path),
+            None,
+            None,
+            None,
+        )
+        .await;
         let (parts, body) = answer.response.into_parts();
         Got {
             status: parts.status,

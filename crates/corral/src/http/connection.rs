@@ -177,6 +177,14 @@ impl HttpBody for TrackedBody {
     }
 }
 
+/// Who sent a request, for its handler: the connection's peer, and the
+/// channel for the origin's interim answers when the client can take them.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub interim: Option<crate::origin::interim::Sender>,
+}
+
 /// The router as a hyper service that counts each request on `activity`.
 #[derive(Clone)]
 struct Tracked {
@@ -195,13 +203,23 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let mut guard = self.activity.begin();
         let mut req = req.map(Body::new);
-        req.extensions_mut().insert(ConnectInfo(self.peer));
-        let router = self.router.clone();
         // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
         // hyper has no way to send them on h2.
-        let interim = (req.version() == http::Version::HTTP_11).then(|| Arc::clone(&self.interim));
+        let interim = (req.version() == http::Version::HTTP_11)
+            .then(|| crate::origin::interim::Sender::open(&self.interim));
+        req.extensions_mut().insert(ConnectInfo(Peer {
+            addr: self.peer,
+            interim: interim.clone(),
+        }));
+        let router = self.router.clone();
         Box::pin(async move {
-            let res = crate::origin::interim::serve(interim, router.oneshot(req)).await?;
+            if let Some(interim) = &interim {
+                interim.begin().await;
+            }
+            let res = router.oneshot(req).await?;
+            if let Some(interim) = interim {
+                interim.finish().await;
+            }
             guard.answered = true;
             Ok(res.map(|inner| TrackedBody {
                 inner,

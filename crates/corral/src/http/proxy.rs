@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
+
+use crate::origin::interim::Sender as Interim;
 use bytes::{Bytes, BytesMut};
 use corral_core::{CacheStatus, Detail, Forward};
 use futures_util::StreamExt;
@@ -31,9 +33,13 @@ use corral_core::head::{RequestBody, RequestHead};
 
 pub async fn handle(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(peer): ConnectInfo<crate::http::connection::Peer>,
     req: Request<Body>,
 ) -> Response<Body> {
+    let crate::http::connection::Peer {
+        addr: peer,
+        interim,
+    } = peer;
     let started = Instant::now();
     let method = req.method().clone();
     // Who sent it, read from the original headers before anything is
@@ -52,7 +58,7 @@ pub async fn handle(
             response: mut res,
             label,
         },
-    ) = route_request(app, peer, &client, req).await;
+    ) = route_request(app, peer, interim, &client, req).await;
     if let Some(r) = &route {
         r.strip_own_fields(res.headers_mut());
     }
@@ -105,6 +111,7 @@ fn count_vouchers(trust: &crate::app::Trust, client: &corral_core::client_addr::
 async fn route_request(
     app: Arc<App>,
     peer: SocketAddr,
+    interim: Option<Interim>,
     client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Answer) {
@@ -225,11 +232,12 @@ async fn route_request(
             head,
             None,
             gate.clone(),
+            interim,
         )
         .await;
         (Some(route), res)
     } else {
-        route_through(app, route, head, body, gate.clone()).await
+        route_through(app, route, head, body, gate.clone(), interim).await
     };
     if let Some(g) = gate {
         tallies.extend(g.take_tallies());
@@ -246,6 +254,7 @@ async fn route_through(
     head: RequestHead,
     body: Body,
     gate: Option<Arc<Gate>>,
+    interim: Option<Interim>,
 ) -> (Option<Arc<Route>>, Answer) {
     // A POST on a route that coalesces them: a body small enough is read
     // whole and keyed (identical in-flight POSTs share one origin
@@ -269,6 +278,7 @@ async fn route_through(
                     head,
                     Some(bytes),
                     gate,
+                    interim,
                 )
                 .await;
                 drop(hold);
@@ -306,7 +316,7 @@ async fn route_through(
             Detail::RequestBody
         }
     });
-    let res = forward_uncached(&app, &route, &head, body, fwd, detail).await;
+    let res = forward_uncached(&app, &route, &head, body, fwd, detail, interim).await;
     (Some(route), res)
 }
 
@@ -393,6 +403,7 @@ async fn forward_uncached(
     body: Body,
     fwd: Forward,
     detail: Option<Detail>,
+    interim: Option<Interim>,
 ) -> Answer {
     let slot = match route.upstream.slot().await {
         Ok(s) => s,
@@ -420,7 +431,7 @@ async fn forward_uncached(
             );
         }
     };
-    crate::origin::interim::forward_to(crate::origin::interim::Sender::current(), &mut req);
+    crate::origin::interim::forward_to(interim, &mut req);
     let res = match route.upstream.send(req, bodyless, deadline, slot).await {
         Ok(r) => r,
         Err(e) => {

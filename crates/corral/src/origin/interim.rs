@@ -19,15 +19,13 @@
 //! from a coalesced flight or the cache do not.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Buf, Bytes};
-use futures_util::task::AtomicWaker;
 use http::{HeaderMap, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -35,12 +33,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const MAX_INTERIM: u32 = 8;
 /// And at most this many bytes of them.
 const MAX_INTERIM_BYTES: usize = 16 * 1024;
-
-tokio::task_local! {
-    /// The interim channel of the request being served on this task, if
-    /// its client can take 1xx responses.
-    static CALLER: Sender;
-}
 
 /// What a connection's stream and its requests share. hyper serves an
 /// HTTP/1.1 connection's requests one at a time, so one request at a time
@@ -58,18 +50,24 @@ pub struct Shared {
     open: AtomicU64,
     /// The last number given.
     last: AtomicU64,
-    /// The request's service: woken when an interim response is queued (so
-    /// that hyper flushes) and when the queue empties.
-    service: AtomicWaker,
+    /// The connection's task is in `State::service` (it is the same task
+    /// for every request of the connection).
+    registered: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Interim response bytes not yet written, in order.
-    queue: VecDeque<Bytes>,
+    /// Interim response bytes not yet written, in order, each with the
+    /// number of its request: one whose request has closed is dropped,
+    /// never written after that request's final answer.
+    queue: VecDeque<(u64, Bytes)>,
     /// The front of `queue` is partly written: it is finished before any
     /// of hyper's bytes.
     started: bool,
+    /// The connection's task, which serves the request: woken when an
+    /// interim response is queued (so that hyper flushes) and when the
+    /// queue empties.
+    service: Option<Waker>,
     /// Whose bounds `count` and `bytes` are, and how much of them is used.
     budget_of: u64,
     count: u32,
@@ -105,9 +103,53 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// The channel of the request being served on this task, if any.
-    pub fn current() -> Option<Sender> {
-        CALLER.try_with(Sender::clone).ok()
+    /// Opens the connection's channel for its next request.
+    pub fn open(shared: &Arc<Shared>) -> Sender {
+        Sender {
+            request: shared.open(),
+            shared: Arc::clone(shared),
+        }
+    }
+
+    /// Notes the task serving the request, to wake when an interim answer
+    /// is queued: hyper writes only when its connection's task runs. Once
+    /// per connection: its requests are all served by its task.
+    pub async fn begin(&self) {
+        if self.shared.registered.load(Ordering::Acquire) {
+            return;
+        }
+        std::future::poll_fn(|cx| {
+            self.register(cx.waker());
+            self.shared.registered.store(true, Ordering::Release);
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    fn register(&self, waker: &Waker) {
+        let mut state = self.shared.lock();
+        if !state.service.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            state.service = Some(waker.clone());
+        }
+    }
+
+    /// The final answer is ready: waits until every interim answer queued
+    /// for it is written, then closes the channel. One queued after the
+    /// look is dropped by the stream (its request is closed by then), so
+    /// none is written after the final answer.
+    pub async fn finish(self) {
+        if self.shared.pending.load(Ordering::Acquire) {
+            std::future::poll_fn(|cx| {
+                self.register(cx.waker());
+                if self.shared.pending.load(Ordering::Acquire) {
+                    Poll::Pending
+                } else {
+                    Poll::Ready(())
+                }
+            })
+            .await;
+        }
+        self.shared.close();
     }
 
     /// Queues an interim response from the origin for the client. Ignored
@@ -122,8 +164,6 @@ impl Sender {
         }
         let bytes = encode(status, headers);
         let mut state = self.shared.lock();
-        // Checked under the lock: the service closes the channel before it
-        // looks at the queue under the lock for the last time.
         if self.shared.open.load(Ordering::Acquire) != self.request {
             return;
         }
@@ -137,10 +177,12 @@ impl Sender {
         }
         state.count += 1;
         state.bytes += bytes.len();
-        state.queue.push_back(bytes);
+        state.queue.push_back((self.request, bytes));
         self.shared.pending.store(true, Ordering::Release);
+        if let Some(w) = &state.service {
+            w.wake_by_ref();
+        }
         drop(state);
-        self.shared.service.wake();
         crate::telemetry::metrics::interim_forwarded(status.as_u16());
     }
 }
@@ -173,44 +215,6 @@ fn encode(status: StatusCode, headers: &HeaderMap) -> Bytes {
     Bytes::from(out)
 }
 
-/// Serves one request's `service` with an interim channel when the client
-/// can take 1xx responses (`shared` given), and hands back its final
-/// answer only once every interim response queued for it is written.
-pub async fn serve<F: Future>(shared: Option<Arc<Shared>>, service: F) -> F::Output {
-    let Some(shared) = shared else {
-        return service.await;
-    };
-    let sender = Sender {
-        request: shared.open(),
-        shared: Arc::clone(&shared),
-    };
-    let service = CALLER.scope(sender, service);
-    tokio::pin!(service);
-    let out = std::future::poll_fn(|cx| {
-        shared.service.register(cx.waker());
-        service.as_mut().poll(cx)
-    })
-    .await;
-    {
-        // Closed under the lock, so no interim response is queued after
-        // the look below.
-        let _state = shared.lock();
-        shared.close();
-    }
-    if shared.pending.load(Ordering::Acquire) {
-        std::future::poll_fn(|cx| {
-            shared.service.register(cx.waker());
-            if shared.pending.load(Ordering::Acquire) {
-                Poll::Pending
-            } else {
-                Poll::Ready(())
-            }
-        })
-        .await;
-    }
-    out
-}
-
 /// A connection's stream with the interim responses of its requests
 /// written in their place (see the module's notes).
 #[derive(Debug)]
@@ -233,14 +237,24 @@ impl<S: AsyncWrite + Unpin> InterimIo<S> {
             return Poll::Ready(Ok(()));
         }
         let mut state = self.shared.lock();
+        // Something left the queue (written or dropped): the service may
+        // wait for it to empty.
         let mut wrote = false;
         loop {
             if !all && !state.started {
                 break;
             }
-            let Some(front) = state.queue.front_mut() else {
+            let open = self.shared.open.load(Ordering::Acquire);
+            let started = state.started;
+            let Some((request, front)) = state.queue.front_mut() else {
                 break;
             };
+            if *request != open && !started {
+                // Its request's final answer has gone to hyper.
+                state.queue.pop_front();
+                wrote = true;
+                continue;
+            }
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, front))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
@@ -256,8 +270,8 @@ impl<S: AsyncWrite + Unpin> InterimIo<S> {
         }
         if state.queue.is_empty() {
             self.shared.pending.store(false, Ordering::Release);
-            if wrote {
-                self.shared.service.wake();
+            if wrote && let Some(w) = &state.service {
+                w.wake_by_ref();
             }
         }
         Poll::Ready(Ok(()))
@@ -320,10 +334,7 @@ mod tests {
         let shared = Shared::new();
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let mut io = InterimIo::new(client, Arc::clone(&shared));
-        let sender = Sender {
-            request: shared.open(),
-            shared: Arc::clone(&shared),
-        };
+        let sender = Sender::open(&shared);
         // The previous answer's tail, written before the flush.
         io.write_all(b"tail-of-previous").await.expect("write");
         let mut h = HeaderMap::new();
@@ -345,22 +356,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_interim_answer_of_a_closed_request_is_dropped_not_written() {
+        // Queued just after its request's last look at the queue: the
+        // final answer may already be hyper's, so the 1xx must not follow.
+        let shared = Shared::new();
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let mut io = InterimIo::new(client, Arc::clone(&shared));
+        let first = Sender::open(&shared);
+        first.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
+        shared.close();
+        let _second = Sender::open(&shared);
+        io.write_all(b"HTTP/1.1 200 OK\r\n").await.expect("write");
+        io.flush().await.expect("flush");
+        assert!(shared.lock().queue.is_empty());
+        assert!(!shared.pending.load(Ordering::Acquire));
+        drop(io);
+        let mut got = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut got)
+            .await
+            .expect("read");
+        assert_eq!(got, b"HTTP/1.1 200 OK\r\n");
+    }
+
+    #[tokio::test]
     async fn a_closed_spent_or_earlier_channel_forwards_nothing() {
         let shared = Shared::new();
-        let sender = Sender {
-            request: shared.open(),
-            shared: Arc::clone(&shared),
-        };
+        let sender = Sender::open(&shared);
         for _ in 0..20 {
             sender.forward(StatusCode::PROCESSING, &HeaderMap::new());
         }
         assert_eq!(shared.lock().queue.len(), MAX_INTERIM as usize);
         shared.lock().queue.clear();
         // The next request's channel: the earlier one's calls are ignored.
-        let next = Sender {
-            request: shared.open(),
-            shared: Arc::clone(&shared),
-        };
+        let next = Sender::open(&shared);
         sender.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
         assert!(shared.lock().queue.is_empty());
         next.forward(StatusCode::EARLY_HINTS, &HeaderMap::new());
