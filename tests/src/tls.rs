@@ -243,6 +243,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct TlsAnswer {
     pub alpn: Option<Vec<u8>>,
+    /// The interim (1xx) answers before the final one, as statuses (seen
+    /// over HTTP/1.1 only: hyper's h2 client does not report them).
+    pub interim: Vec<u16>,
     pub status: u16,
     pub body: String,
     pub server_cert: Vec<u8>,
@@ -288,10 +291,20 @@ pub async fn tls_get(
         .and_then(|c| c.first())
         .map(|c| c.as_ref().to_vec())
         .unwrap_or_default();
-    let req = Request::get(format!("https://{server_name}{path}"))
+    let mut req = Request::get(format!("https://{server_name}{path}"))
         .header("host", server_name)
         .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
+    let interim = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let interim = Arc::clone(&interim);
+        hyper::ext::on_informational(&mut req, move |res| {
+            interim
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(res.status().as_u16());
+        });
+    }
     let res = if negotiated.as_deref() == Some(b"h2") {
         let (mut send, conn) = hyper::client::conn::http2::handshake(
             hyper_util::rt::TokioExecutor::new(),
@@ -315,8 +328,10 @@ pub async fn tls_get(
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
+    let interim = interim.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(TlsAnswer {
         alpn: negotiated,
+        interim,
         status,
         body: String::from_utf8_lossy(&body).into_owned(),
         server_cert,

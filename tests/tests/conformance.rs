@@ -901,3 +901,39 @@ async fn early_hints_of_a_pipelined_request_follow_the_answer_before_it() {
     assert!(got.ends_with("body-of-/two"), "{got:?}");
     assert_eq!(got.matches(hint).count(), 2, "{got:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
+    use corral_tests::temp::TempDir;
+    use corral_tests::tls::{Pki, tls_get};
+    let dir = TempDir::new("corral-early-hints-tls").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let cert = pki.issue("listener", &["corral.test"], false);
+    let origin = hinting_origin().await;
+    let addr = corral_tests::ports::free_addr().expect("free port");
+    let _proxy = Proxy::new(Config::single(origin.url()).top(
+        "listen_tls",
+        &format!(
+            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    ))
+    .start()
+    .await;
+    let ca = pki.ca_file("ca");
+    // Cold keys, so that each request reaches the origin.
+    let h1 = tls_get(addr, &ca, "corral.test", &[b"http/1.1"], "/tls-h1")
+        .await
+        .expect("a TLS HTTP/1.1 request");
+    assert_eq!(h1.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert_eq!((h1.status, h1.body.as_str()), (200, "body-of-/tls-h1"));
+    assert_eq!(h1.interim, [103], "the 103 goes through TLS too");
+    let h2 = tls_get(addr, &ca, "corral.test", &[b"h2"], "/tls-h2")
+        .await
+        .expect("a TLS h2 request");
+    assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]));
+    assert_eq!((h2.status, h2.body.as_str()), (200, "body-of-/tls-h2"));
+    assert!(h2.interim.is_empty(), "{:?}", h2.interim);
+    assert_eq!(hits(&origin, "/tls-h1") + hits(&origin, "/tls-h2"), 2);
+}
