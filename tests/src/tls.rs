@@ -38,6 +38,17 @@ pub struct Issued {
     pub key: PathBuf,
 }
 
+impl Issued {
+    /// corral's `listen_tls` value serving this certificate on `addr`.
+    pub fn listen_tls(&self, addr: std::net::SocketAddr) -> String {
+        format!(
+            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+}
+
 impl Pki {
     /// A new CA named `name`, its certificate at `dir/<name>.pem`.
     pub fn new(dir: &Path, name: &str) -> Self {

@@ -911,16 +911,9 @@ async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
     let cert = pki.issue("listener", &["corral.test"], false);
     let origin = hinting_origin().await;
     let addr = corral_tests::ports::free_addr().expect("free port");
-    let _proxy = Proxy::new(Config::single(origin.url()).top(
-        "listen_tls",
-        &format!(
-            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
-            cert.cert.display(),
-            cert.key.display()
-        ),
-    ))
-    .start()
-    .await;
+    let _proxy = Proxy::new(Config::single(origin.url()).top("listen_tls", &cert.listen_tls(addr)))
+        .start()
+        .await;
     let ca = pki.ca_file("ca");
     // Cold keys, so that each request reaches the origin.
     let h1 = tls_get(addr, &ca, "corral.test", &[b"http/1.1"], "/tls-h1")

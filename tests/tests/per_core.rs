@@ -145,16 +145,9 @@ async fn every_worker_serves_the_tls_listener_too() {
         .start()
         .await;
     let addr = corral_tests::ports::free_addr().expect("free port");
-    let proxy = Proxy::new(per_core(origin.url()).top(
-        "listen_tls",
-        &format!(
-            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
-            cert.cert.display(),
-            cert.key.display()
-        ),
-    ))
-    .start()
-    .await;
+    let proxy = Proxy::new(per_core(origin.url()).top("listen_tls", &cert.listen_tls(addr)))
+        .start()
+        .await;
     let ca = pki.ca_file("ca");
     for _ in 0..20 {
         let answer = tls_get(addr, &ca, "corral.test", &[b"h2", b"http/1.1"], "/hello")

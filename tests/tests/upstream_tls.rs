@@ -196,16 +196,9 @@ async fn the_tls_listener_speaks_http1_and_h2_and_follows_its_certificate_files(
         .start()
         .await;
     let addr = corral_tests::ports::free_addr().expect("free port");
-    let proxy = Proxy::new(Config::single(origin.url()).top(
-        "listen_tls",
-        &format!(
-            "{{ addr: {addr}, cert_file: {}, key_file: {} }}",
-            first.cert.display(),
-            first.key.display()
-        ),
-    ))
-    .start()
-    .await;
+    let proxy = Proxy::new(Config::single(origin.url()).top("listen_tls", &first.listen_tls(addr)))
+        .start()
+        .await;
     let ca = pki.ca_file("ca");
     let h1 = tls_get(addr, &ca, "corral.test", &[b"http/1.1"], "/hello")
         .await
