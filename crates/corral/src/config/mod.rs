@@ -777,6 +777,19 @@ routes:
     }
 
     #[test]
+    fn backoff_after_counts_failures_in_a_row_and_is_at_least_one() {
+        let routes = |c: &Config| c.routes[0].backoff;
+        assert_eq!(routes(&config(&route_with(""))).after, 2, "the default");
+        let set = config(&route_with("    backoff: { min: 2s, after: 1 }\n"));
+        assert_eq!(routes(&set).after, 1);
+        assert_eq!(routes(&set).min, std::time::Duration::from_secs(2));
+        let error = refused(&route_with("    backoff: { after: 0 }\n"));
+        assert_at(&error, 8, 23, "routes[0].backoff.after");
+        let error = refused(&route_with("    backoff: { after: twice }\n"));
+        assert_at(&error, 8, 23, "routes[0].backoff.after");
+    }
+
+    #[test]
     fn unknown_field_in_flow_mapping_and_at_top_level() {
         let error = refused(&route_with("    coalesce: { enabled: true, wait: 5s }\n"));
         assert_at(&error, 8, 32, "routes[0].coalesce.wait");
