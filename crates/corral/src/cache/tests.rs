@@ -30,6 +30,7 @@ use crate::cluster::protocol::{FillNotice, Keys, Layout};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
 use crate::origin::upstream::UpstreamError;
+use crate::routes::Route;
 
 // ---------------------------------------------------------------------
 // The origin: answers from a script, counts what reached it.
@@ -247,6 +248,11 @@ impl FakeTier {
 
     fn records(&self) -> std::sync::MutexGuard<'_, Records> {
         self.0.records.lock().expect("not poisoned")
+    }
+
+    /// The back-off record L2 holds for `keys`.
+    fn backoff(&self, keys: &Keys) -> Option<Backoff> {
+        self.records().backoffs.get(&keys.backoff()).copied()
     }
 
     fn failing(&self) -> Result<(), L2Error> {
@@ -562,6 +568,18 @@ struct Got {
     body: Bytes,
 }
 
+/// Every answer is the 503 of a key in back-off, made without the origin.
+fn assert_backed_off(answers: &[Got]) {
+    for a in answers {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            a.cache_status.contains("detail=backoff"),
+            "{}",
+            a.cache_status
+        );
+    }
+}
+
 impl Harness {
     fn head(&self, path: &str) -> RequestHead {
         let (mut parts, ()) = Request::get(path)
@@ -573,16 +591,20 @@ impl Harness {
             .expect("unit-test setup")
     }
 
-    async fn get(&self, path: &str) -> Got {
-        let route = Arc::clone(
+    /// The route `path` on `api.test` takes.
+    fn route(&self, path: &str) -> Arc<Route> {
+        Arc::clone(
             self.app
                 .routes()
                 .find("api.test", path)
                 .expect("unit-test setup"),
-        );
+        )
+    }
+
+    async fn get(&self, path: &str) -> Got {
         let answer = cache_path::serve(
             Arc::clone(&self.app),
-            route,
+            self.route(path),
             self.head(path),
             None,
             None,
@@ -627,12 +649,7 @@ impl Harness {
 
     /// The shared tier's keys of `path`'s one variant (no Vary, anonymous).
     fn keys(&self, path: &str) -> Keys {
-        let route = self
-            .app
-            .routes()
-            .find("api.test", path)
-            .expect("unit-test setup")
-            .clone();
+        let route = self.route(path);
         let uri = UriKey::new("api.test", path, None, &route.query_filter);
         let primary = PrimaryKey::new(&route.name, uri);
         let variant = primary.variant(None, &Vary::None.values(&HeaderMap::new()));
@@ -656,12 +673,7 @@ impl Harness {
         );
         let (parts, ()) = response.into_parts();
         let at = self.clock.now() - age;
-        let route = self
-            .app
-            .routes()
-            .find("api.test", "/")
-            .expect("unit-test setup")
-            .clone();
+        let route = self.route("/");
         let uri: http::Uri = "http://api.test/".parse().expect("unit-test setup");
         let Decision::Store { freshness } = route.policy.evaluate(&Method::GET, &uri, &parts, at)
         else {
@@ -855,7 +867,7 @@ async fn by_default_one_failure_is_retried_and_the_second_in_a_row_backs_off() {
     let first = h.get("/a").await;
     assert_eq!(first.status, StatusCode::BAD_GATEWAY);
     // Every instance learns of the failure; no period has started.
-    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = tier(&h).backoff(&keys);
     let recorded = recorded.expect("the failure written to L2");
     assert_eq!(recorded.failures, 1);
     assert!(!recorded.active(h.clock.now()));
@@ -863,20 +875,13 @@ async fn by_default_one_failure_is_retried_and_the_second_in_a_row_backs_off() {
     let second = h.get("/a").await;
     assert_eq!(second.status, StatusCode::BAD_GATEWAY);
     assert_eq!(h.origin.hits(), 2);
-    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = tier(&h).backoff(&keys);
     let recorded = recorded.expect("the failures written to L2");
     assert_eq!(recorded.failures, 2);
     assert!(recorded.active(h.clock.now()));
     // and after the second failure in a row nobody does.
     let answers = h.stampede("/a", 20).await;
-    for a in &answers {
-        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            a.cache_status.contains("detail=backoff"),
-            "{}",
-            a.cache_status
-        );
-    }
+    assert_backed_off(&answers);
     assert_eq!(h.origin.hits(), 2);
 }
 
@@ -888,18 +893,13 @@ async fn a_failure_another_instance_saw_counts_toward_the_back_off() {
         "    backoff: { min: 10s, max: 60s }\n",
     );
     let keys = h.keys("/a");
-    let policy = h
-        .app
-        .routes()
-        .find("api.test", "/a")
-        .expect("unit-test setup")
-        .backoff;
+    let policy = h.route("/a").backoff;
     let theirs = policy.after_failure(None, h.clock.now());
     assert!(!theirs.active(h.clock.now()));
     tier(&h).records().backoffs.insert(keys.backoff(), theirs);
     // This instance's first failure is the key's second in a row.
     assert_eq!(h.get("/a").await.status, StatusCode::BAD_GATEWAY);
-    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = tier(&h).backoff(&keys);
     assert_eq!(recorded.map(|b| b.failures), Some(2));
     let next = h.get("/a").await;
     assert_eq!(next.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -1063,7 +1063,7 @@ async fn a_failed_fetch_records_the_back_off_for_every_instance() {
     let got = h.get("/a").await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
     let keys = h.keys("/a");
-    let recorded = tier(&h).records().backoffs.get(&keys.backoff()).copied();
+    let recorded = tier(&h).backoff(&keys);
     let recorded = recorded.expect("back-off written to L2");
     assert!(recorded.active(h.clock.now()));
     assert_eq!(tier(&h).published(), vec![FillNotice::Failed]);
@@ -1158,12 +1158,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     let keys = h.keys("/a");
     let t = tier(&h).clone();
     t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
-    let policy = h
-        .app
-        .routes()
-        .find("api.test", "/a")
-        .expect("unit-test setup")
-        .backoff;
+    let policy = h.route("/a").backoff;
     let backoff = policy.after_failure(None, h.clock.now());
     let (t2, k2) = (t.clone(), keys.clone());
     tokio::spawn(async move {
@@ -1174,14 +1169,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     let answers = h.stampede("/a", 20).await;
     // No stale copy anywhere: every caller gets the 503 of a key in
     // back-off, and the failing origin gets nothing from this instance.
-    for a in &answers {
-        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            a.cache_status.contains("detail=backoff"),
-            "{}",
-            a.cache_status
-        );
-    }
+    assert_backed_off(&answers);
     assert_eq!(h.origin.hits(), 0);
 }
 
@@ -1291,7 +1279,7 @@ async fn a_write_retires_the_uri_here_and_on_every_instance() {
     h.get("/a").await;
     h.get("/b").await;
     assert_eq!(h.origin.hits(), 2);
-    let route = Arc::clone(h.app.routes().find("api.test", "/a").expect("route"));
+    let route = h.route("/a");
     let mut post = h.head("/a");
     post.method = Method::POST;
     let mut response = HeaderMap::new();
