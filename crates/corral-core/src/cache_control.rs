@@ -115,18 +115,49 @@ fn booleans_resolved(text: &str) -> String {
         .join(", ")
 }
 
+/// The kind of a targeted field member's value (RFC 8941 bare items).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Item {
+    Integer { negative: bool },
+    Boolean,
+    String,
+    Token,
+}
+
+/// What `v` is as a bare item; `None` when it is none.
+fn item(v: &str) -> Option<Item> {
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    if !digits.is_empty() && digits.len() <= 15 && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Item::Integer {
+            negative: digits.len() != v.len(),
+        });
+    }
+    if v == "?0" || v == "?1" {
+        return Some(Item::Boolean);
+    }
+    if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
+        return Some(Item::String);
+    }
+    let token = v
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*')
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+    token.then_some(Item::Token)
+}
+
 /// RFC 9213 §2.1: the directives whose values have a type; a targeted
 /// field in which one has a value of another type is invalid (ignored as a
-/// whole, like any field that does not parse).
-fn typed_right(key: &str, value: Option<&str>) -> bool {
+/// whole, like any field that does not parse). `value` is `None` for a
+/// bare member.
+fn typed_right(key: &str, value: Option<Item>) -> bool {
     match key {
         "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error" => {
-            value.is_some_and(|v| {
-                !v.is_empty() && v.len() <= 15 && v.bytes().all(|b| b.is_ascii_digit())
-            })
+            value == Some(Item::Integer { negative: false })
         }
         "no-store" | "no-cache" | "private" | "public" | "must-revalidate" | "proxy-revalidate"
-        | "must-understand" | "immutable" => value.is_none_or(|v| v == "?1" || v == "?0"),
+        | "must-understand" | "immutable" => matches!(value, None | Some(Item::Boolean)),
         _ => true,
     }
 }
@@ -150,21 +181,12 @@ fn valid_dictionary(text: &str) -> bool {
                     || b.is_ascii_digit()
                     || matches!(b, b'_' | b'-' | b'.' | b'*')
             });
-        let value_ok = value.is_none_or(|v| {
-            let digits = v.strip_prefix('-').unwrap_or(v);
-            let integer = !digits.is_empty()
-                && digits.len() <= 15
-                && digits.bytes().all(|b| b.is_ascii_digit());
-            let string = v.len() >= 2 && v.starts_with('"') && v.ends_with('"');
-            let token = v
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*')
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
-            integer || string || token || v == "?0" || v == "?1"
-        });
-        key_ok && value_ok && typed_right(key, value)
+        let value = match value.map(item) {
+            None => None,
+            Some(None) => return false,
+            Some(kind) => kind,
+        };
+        key_ok && typed_right(key, value)
     })
 }
 
@@ -256,7 +278,6 @@ mod tests {
             targeted_value(&h, &[own.clone(), cdn.clone()]).as_deref(),
             Some("max-age=5")
         );
-        // Invalid (uppercase key, empty, stray syntax): the next one.
         // Invalid (uppercase key, empty, stray syntax, a value of the wrong
         // type for its directive): the next one.
         for bad in [
