@@ -238,7 +238,7 @@ impl RoutePolicy {
         // rfc9111.rs.
         let mut res_for_policy = rfc9111::for_the_crate(&res_for_policy);
         if must_understand_overrides {
-            res_for_policy = rfc9111::without_no_store(&res_for_policy);
+            rfc9111::drop_no_store(&mut res_for_policy);
         }
         let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
         let Some(status) = rfc9111::status_for_the_crate(res.status, explicit || cc.public) else {

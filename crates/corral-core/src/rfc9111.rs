@@ -32,20 +32,7 @@ const UNDERSTOOD: [u16; 14] = [
 /// The response headers as the crate should read them.
 pub fn for_the_crate(headers: &HeaderMap) -> HeaderMap {
     let mut h = headers.clone();
-    let lines: Vec<HeaderValue> = headers
-        .get_all(CACHE_CONTROL)
-        .iter()
-        .map(|v| match v.to_str() {
-            Ok(text) => HeaderValue::from_str(&lowercase_names(text)).unwrap_or_else(|_| v.clone()),
-            Err(_) => v.clone(),
-        })
-        .collect();
-    if !lines.is_empty() {
-        h.remove(CACHE_CONTROL);
-        for line in lines {
-            h.append(CACHE_CONTROL, line);
-        }
-    }
+    rewrite_cache_control(&mut h, lowercase_names);
     sanitize_age(&mut h);
     if let Some(v) = h.get(EXPIRES) {
         let when = first_date(v).unwrap_or(UNIX_EPOCH);
@@ -93,12 +80,26 @@ pub fn understood_status(status: StatusCode) -> bool {
     )
 }
 
-/// The response headers with the `no-store` directive taken out of every
-/// Cache-Control line: what the crate must see for a `must-understand`
-/// response whose status corral understands (§5.2.2.3), since the crate
-/// knows nothing of `must-understand`.
-pub fn without_no_store(headers: &HeaderMap) -> HeaderMap {
-    let mut h = headers.clone();
+/// Takes the `no-store` directive out of every Cache-Control line: what
+/// the crate must see for a `must-understand` response whose status corral
+/// understands (§5.2.2.3), since the crate knows nothing of
+/// `must-understand`.
+pub fn drop_no_store(headers: &mut HeaderMap) {
+    rewrite_cache_control(headers, |text| {
+        text.split(',')
+            .filter(|d| !d.trim().eq_ignore_ascii_case("no-store"))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+}
+
+/// Replaces each readable Cache-Control line with `rewrite` of its text,
+/// in place and in order; a line rewritten to nothing is dropped, an
+/// unreadable one (or one whose rewrite is not a field value) kept as is.
+fn rewrite_cache_control(headers: &mut HeaderMap, rewrite: impl Fn(&str) -> String) {
+    if !headers.contains_key(CACHE_CONTROL) {
+        return;
+    }
     let lines: Vec<HeaderValue> = headers
         .get_all(CACHE_CONTROL)
         .iter()
@@ -106,20 +107,15 @@ pub fn without_no_store(headers: &HeaderMap) -> HeaderMap {
             let Ok(text) = v.to_str() else {
                 return Some(v.clone());
             };
-            let kept: Vec<&str> = text
-                .split(',')
-                .filter(|d| !d.trim().eq_ignore_ascii_case("no-store"))
-                .collect();
-            let joined = kept.join(",");
-            (!joined.trim().is_empty())
-                .then(|| HeaderValue::from_str(joined.trim()).unwrap_or_else(|_| v.clone()))
+            let new = rewrite(text);
+            let new = new.trim();
+            (!new.is_empty()).then(|| HeaderValue::from_str(new).unwrap_or_else(|_| v.clone()))
         })
         .collect();
-    h.remove(CACHE_CONTROL);
+    headers.remove(CACHE_CONTROL);
     for line in lines {
-        h.append(CACHE_CONTROL, line);
+        headers.append(CACHE_CONTROL, line);
     }
-    h
 }
 
 /// Whether the crate can give `status` a heuristic lifetime: RFC 9110
