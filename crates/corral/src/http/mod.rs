@@ -1,7 +1,8 @@
 //! The HTTP front end: listeners and the life of a client connection
 //! (`server`, `connection`, `client_stream`; the origin's 1xx answers are
-//! written under hyper by `origin::interim`) and the one request handler (`proxy`). Uses `cache` for
-//! GET/HEAD and `origin` to pass everything else through.
+//! written under hyper by `origin::interim`) and the one request handler
+//! (`proxy`). Uses `cache` for GET/HEAD and `origin` to pass everything
+//! else through.
 
 pub mod client_stream;
 pub mod connection;

@@ -162,9 +162,14 @@ impl Sender {
         {
             return;
         }
+        let open = || self.shared.open.load(Ordering::Acquire) == self.request;
+        if !open() {
+            // The answer is out: not even encoded.
+            return;
+        }
         let bytes = encode(status, headers);
         let mut state = self.shared.lock();
-        if self.shared.open.load(Ordering::Acquire) != self.request {
+        if !open() {
             return;
         }
         if state.budget_of != self.request {
