@@ -543,3 +543,98 @@ async fn a_post_answer_is_stored_only_when_the_route_and_the_origin_allow_it() {
     post_burst(&client, &plain.url("/search"), 1, "{q}", JSON).await;
     assert_eq!(origin.hits("/search"), 5);
 }
+
+/// Two users whose credential is a cookie nobody named in `identity` send
+/// the same GraphQL body at once. Whatever the answer says (private,
+/// no-store, a Set-Cookie, nothing at all), neither gets the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_posts_of_two_cookie_users_never_share_an_answer() {
+    const ALICE: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("cookie", "session=alice"),
+    ];
+    const BOB: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("cookie", "session=bob"),
+    ];
+    let answer = |headers: &[(&str, &str)]| {
+        let mut reply = Reply::echo_header("for ", "cookie").delay(ms(400));
+        for (n, v) in headers {
+            reply = reply.header(n, v);
+        }
+        reply
+    };
+    let origin = Origin::new()
+        .route_method(http::Method::POST, "/none", answer(&[]))
+        .route_method(
+            http::Method::POST,
+            "/private",
+            answer(&[("cache-control", "private, max-age=60")]),
+        )
+        .route_method(
+            http::Method::POST,
+            "/no-store",
+            answer(&[("cache-control", "no-store")]),
+        )
+        .route_method(
+            http::Method::POST,
+            "/set-cookie",
+            answer(&[("set-cookie", "csrf=1")]),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(post_config(&origin, true)).start().await;
+    let client = Client::new();
+    for path in ["/none", "/private", "/no-store", "/set-cookie"] {
+        let url = proxy.url(path);
+        let (alice, bob) = tokio::join!(
+            post_burst(&client, &url, 5, "{\"query\":\"{ me }\"}", ALICE),
+            post_burst(&client, &url, 5, "{\"query\":\"{ me }\"}", BOB),
+        );
+        assert_every_answer(&alice, 200, "for session=alice");
+        assert_every_answer(&bob, 200, "for session=bob");
+        // No user's cookie reaches another through a shared answer.
+        for a in alice.iter().chain(&bob) {
+            let cookie = a.header("set-cookie");
+            assert!(
+                cookie.is_none() || cookie == Some("csrf=1"),
+                "{path}: {cookie:?}"
+            );
+        }
+        let hits = origin.hits(path);
+        if path == "/none" {
+            // One caller's identical POSTs still share: one each.
+            assert_eq!(hits, 2, "{path}: {:#?}", tally(&alice));
+        } else {
+            // The caller's own answer: every waiter fetched alone.
+            assert_eq!(hits, 10, "{path}: {:#?}", tally(&alice));
+        }
+    }
+}
+
+/// A GraphQL mutation is a write: identical ones of one caller each reach
+/// the origin, while the same caller's identical queries still share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_graphql_mutations_each_reach_the_origin() {
+    let origin = Origin::new()
+        .route_method(
+            http::Method::POST,
+            "/graphql",
+            Reply::echo_body().delay(ms(400)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(post_config(&origin, true)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/graphql");
+    const MUTATION: &str = "{\"query\":\"mutation { like(post: 1) }\"}";
+    const QUERY: &str = "{\"query\":\"{ likes(post: 1) }\"}";
+    let (writes, reads) = tokio::join!(
+        post_burst(&client, &url, 6, MUTATION, JSON),
+        post_burst(&client, &url, 6, QUERY, JSON),
+    );
+    assert_every_answer(&writes, 200, MUTATION);
+    assert_every_answer(&reads, 200, QUERY);
+    // Six mutations, one query.
+    assert_eq!(origin.hits("/graphql"), 7, "{:#?}", tally(&writes));
+}

@@ -11,6 +11,7 @@ use http::header::{CONTENT_LENGTH, EXPECT, HOST, HeaderName};
 use http::{HeaderMap, Method, Uri, Version};
 
 use crate::hop_by_hop;
+use crate::path::BadPath;
 
 /// Why a request head was refused (each is a 400 with this Cache-Status detail).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,9 @@ pub enum BadHead {
     ConflictingHost,
     /// A request target corral cannot key (not origin-, absolute- or asterisk-form).
     InvalidTarget,
+    /// A path that could name one resource to corral and another to the
+    /// origin (see [`crate::path`]).
+    Path(BadPath),
 }
 
 impl BadHead {
@@ -35,6 +39,7 @@ impl BadHead {
             BadHead::InvalidHost => "invalid-host",
             BadHead::ConflictingHost => "conflicting-host",
             BadHead::InvalidTarget => "invalid-target",
+            BadHead::Path(p) => p.detail(),
         }
     }
 }
@@ -60,7 +65,9 @@ pub struct RequestHead {
     /// without Host, or a request whose Host field is present but empty
     /// (RFC 9112 §3.2 allows it when the target has no authority).
     pub host: String,
-    /// Starts with `/` (or is `*` for `OPTIONS *`).
+    /// Starts with `/` (or is `*` for `OPTIONS *`), in its one normal form
+    /// ([`crate::path::normalize`]): what the route is chosen on, what the
+    /// key holds and what the origin is asked for.
     pub path: String,
     pub query: Option<String>,
     /// End-to-end headers only: hop-by-hop (and every header `Connection`
@@ -262,14 +269,16 @@ pub fn parse_authority(raw: &[u8]) -> Option<String> {
 }
 
 /// The path and query of the target. The path always starts with `/`
-/// (an absolute-form target with an empty path means `/`), or is `*`.
+/// (an absolute-form target with an empty path means `/`), or is `*`, and
+/// is normalized; the query is kept as sent (the key sorts it).
 fn target(uri: &Uri) -> Result<(String, Option<String>), BadHead> {
     let path = uri.path();
     let path = if path.is_empty() { "/" } else { path };
     if !path.starts_with('/') && path != "*" {
         return Err(BadHead::InvalidTarget);
     }
-    Ok((path.to_owned(), uri.query().map(str::to_owned)))
+    let path = crate::path::normalize(path).map_err(BadHead::Path)?;
+    Ok((path.into_owned(), uri.query().map(str::to_owned)))
 }
 
 #[cfg(test)]

@@ -75,6 +75,21 @@ impl IdentityRules {
 
     /// The caller's identity, or `None` for an anonymous request.
     pub fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
+        self.identify_with(headers, false)
+    }
+
+    /// The identity of a caller whose POST is coalesced: as [`identify`],
+    /// and when the route names no identity cookie, the whole Cookie
+    /// field too. A browser's POST carries its session in a cookie nobody
+    /// named; without this, two users' identical GraphQL bodies would share
+    /// one answer (and one user's mutation would stand for another's).
+    ///
+    /// [`identify`]: IdentityRules::identify
+    pub fn identify_post(&self, headers: &HeaderMap) -> Option<Identity> {
+        self.identify_with(headers, true)
+    }
+
+    fn identify_with(&self, headers: &HeaderMap, whole_cookie: bool) -> Option<Identity> {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         let mut found = false;
         let mut authorization_only = true;
@@ -109,6 +124,15 @@ impl IdentityRules {
                 h.update(b"cookie\x00");
                 h.update(&(pair.len() as u64).to_le_bytes());
                 h.update(pair);
+            }
+        }
+        if whole_cookie && self.cookies.is_empty() {
+            for value in headers.get_all(COOKIE) {
+                found = true;
+                authorization_only = false;
+                h.update(b"cookie-field\x00");
+                h.update(&(value.len() as u64).to_le_bytes());
+                h.update(value.as_bytes());
             }
         }
         found.then(|| Identity {

@@ -5,7 +5,7 @@
 //! Each item has one path: the data and semantics modules are private and
 //! their API is re-exported here (`corral_core::StoredResponse`); the
 //! modules that are namespaces of free functions or of one step of the
-//! request (`client_addr`, `envelope`, `head`, `hop_by_hop`, `miss`,
+//! request (`client_addr`, `envelope`, `graphql`, `head`, `hop_by_hop`, `miss`, `path`,
 //! `proxy_protocol`, `range`, `rfc9111`, `xfetch`, and `caller` and
 //! `rate_limit` for the limits that count callers) are public and not
 //! re-exported.
@@ -22,11 +22,13 @@ mod clock;
 mod entry;
 pub mod envelope;
 mod flight;
+pub mod graphql;
 pub mod head;
 pub mod hop_by_hop;
 mod identity;
 mod key;
 pub mod miss;
+pub mod path;
 mod policy;
 pub mod proxy_protocol;
 pub mod range;

@@ -194,9 +194,6 @@ impl RoutePolicy {
             }
         };
         let cc = CacheControl::parse(&res.headers);
-        if *method == http::Method::POST && !self.store_post {
-            return Decision::Pass(PassReason::NotStorable);
-        }
         // §5.2.2.3: `must-understand` stores only statuses corral
         // understands, and for those overrides `no-store`.
         let understood = rfc9111::understood_status(res.status);
@@ -219,6 +216,13 @@ impl RoutePolicy {
                 return Decision::Pass(PassReason::SetCookie);
             }
             res_for_policy.remove(SET_COOKIE);
+        }
+        // After the rules above: they also decide whether the answer to a
+        // coalesced POST may be shared with its waiters (a `private`,
+        // `no-store` or Set-Cookie answer is the caller's own), so an
+        // unstorable POST must not hide them.
+        if *method == http::Method::POST && !self.store_post {
+            return Decision::Pass(PassReason::NotStorable);
         }
         let declared_len = res
             .headers

@@ -327,7 +327,7 @@ fn host() -> impl Strategy<Value = HostSpelling> {
 }
 
 fn path() -> impl Strategy<Value = &'static str> {
-    select(&["/", "/a", "/A", "/a/b/", "/a%2Fb", "/~x;p=1"][..])
+    select(&["/", "/a", "/A", "/a/b/", "/a%2Cb", "/~x;p=1"][..])
 }
 
 proptest! {
@@ -1369,5 +1369,136 @@ proptest! {
         h.insert(&name, value(&junk));
         let read = corral_core::string_list(&h, &name);
         prop_assert!(read.len() <= 128 && read.iter().all(|g| g.len() <= 256));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Paths: routing, the key and the upstream target read one normal form
+// ---------------------------------------------------------------------------
+
+/// A path built from pieces that spell the same thing many ways (encoded
+/// dots, repeated slashes, dot segments, escapes of either case) and pieces
+/// an origin could read as a separator or a climb.
+fn raw_path() -> impl Strategy<Value = String> {
+    const PIECES: [&str; 22] = [
+        "a", "static", "api", ".", "..", "%2e", "%2E", "%2e%2e", ".%2e", "%2f", "%5c", "", "%41",
+        "%7e", "%20", "%c3%a9", "%c0%ae", "%00", "..;", "x;y", "é", "%zz",
+    ];
+    (
+        prop::collection::vec(select(&PIECES[..]), 0..8),
+        any::<bool>(),
+    )
+        .prop_map(|(pieces, slash)| {
+            let mut p = String::new();
+            for piece in pieces {
+                p.push('/');
+                p.push_str(piece);
+            }
+            if slash || p.is_empty() {
+                p.push('/');
+            }
+            p
+        })
+}
+
+/// Every escape decoded: the bytes an origin that decodes reads.
+fn fully_decoded(p: &str) -> Vec<u8> {
+    let b = p.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(v) = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// How an origin that normalizes (nginx, a file server) resolves a path:
+/// decode every escape, merge slashes, resolve `.` and `..` (a `..` at the
+/// root stays at the root, as such origins do).
+fn origin_resolves(p: &str) -> Vec<u8> {
+    let decoded = fully_decoded(p);
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let pieces: Vec<&[u8]> = decoded.split(|&b| b == b'/').skip(1).collect();
+    let mut trailing = false;
+    for (i, seg) in pieces.iter().enumerate() {
+        let last = i + 1 == pieces.len();
+        match *seg {
+            b"" => trailing = last,
+            b"." => trailing = last,
+            b".." => {
+                segments.pop();
+                trailing = last;
+            }
+            s => {
+                segments.push(s);
+                trailing = false;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for s in segments {
+        out.push(b'/');
+        out.extend_from_slice(s);
+    }
+    if trailing || out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+fn head_for(path: &str) -> Option<RequestHead> {
+    let (mut parts, ()) = http::Request::builder()
+        .method("GET")
+        .uri(format!("{path}?b=2&a=1"))
+        .header(HOST, "site.test")
+        .body(())
+        .ok()?
+        .into_parts();
+    RequestHead::parse(&mut parts, peer(), RequestBody::None).ok()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// For any path a client sends: corral either refuses it, or routes,
+    /// keys and forwards one form that resolves at a normalizing origin to
+    /// exactly what the client's path resolves to there. So a route prefix
+    /// matched by corral is the prefix the origin serves, and no path can
+    /// name one resource to corral and another to the origin.
+    #[test]
+    fn routing_the_key_and_the_upstream_target_read_one_path(raw in raw_path()) {
+        let Ok(normal) = corral_core::path::normalize(&raw) else {
+            prop_assert!(head_for(&raw).is_none() || http::Uri::try_from(raw.as_str()).is_err());
+            return Ok(());
+        };
+        // Idempotent: the form forwarded is the form routed on.
+        let again = corral_core::path::normalize(&normal).map(|p| p.into_owned());
+        prop_assert_eq!(again.as_deref(), Ok(&*normal));
+        // Nothing left an origin could resolve differently.
+        prop_assert!(!normal.contains("//") && !normal.contains("/./") && !normal.contains("/../"));
+        prop_assert!(!normal.ends_with("/.") && !normal.ends_with("/.."));
+        prop_assert!(!normal.to_ascii_lowercase().contains("%2f"));
+        // The origin resolves the forwarded form as it resolves the raw one.
+        prop_assert_eq!(origin_resolves(&normal), origin_resolves(&raw));
+        prop_assert_eq!(fully_decoded(&normal), origin_resolves(&raw));
+        // The head holds it, and the key's target is built from it.
+        if let Some(head) = head_for(&raw) {
+            prop_assert_eq!(&head.path, &*normal);
+            let key = UriKey::new(&head.host, &head.path, head.query.as_deref(), &QueryFilter::default());
+            let target: http::Uri = key.target().parse().expect("a target");
+            prop_assert_eq!(target.path(), &*normal);
+            prop_assert_eq!(target.query(), Some("a=1&b=2"));
+        }
     }
 }

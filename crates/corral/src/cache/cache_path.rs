@@ -70,7 +70,12 @@ pub async fn serve(
         }
         None => PrimaryKey::new(&route.name, uri),
     };
-    let identity = route.identity.identify(&ctx.headers);
+    // A coalesced POST is keyed on the whole Cookie field unless the route
+    // names its identity cookies: see `IdentityRules::identify_post`.
+    let identity = match &body {
+        Some(_) => route.identity.identify_post(&ctx.headers),
+        None => route.identity.identify(&ctx.headers),
+    };
     let pass_scope = primary.pass_scope(identity.as_ref());
 
     let mut miss = Miss::new();

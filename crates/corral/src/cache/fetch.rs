@@ -225,14 +225,16 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             })
         }
         Decision::Pass(reason)
-            if (status.is_server_error() || fill.body.is_some()) && shareable(reason) =>
+            if (status.is_server_error() || fill.body.is_some())
+                && shareable(reason, fill.body.is_some()) =>
         {
             // An error every waiter shares (without the leader's cookies),
             // not a reason to stop coalescing: the next request tries the
-            // origin again. So is any answer to a coalesced POST: identical
-            // in-flight POSTs share one origin request whether or not the
-            // answer may be stored. A `private` answer is the caller's own:
-            // waiters fetch alone.
+            // origin again. So is an answer to a coalesced POST that RFC
+            // 9111 would let a shared cache keep but for the method:
+            // identical in-flight POSTs of one caller share one origin
+            // request. A `private` answer is the caller's own, and so is a
+            // POST's `no-store` or Set-Cookie one: waiters fetch alone.
             match read_body(body, declared).await {
                 Buffered::Full(bytes) => {
                     let own = parts.clone();
@@ -266,12 +268,16 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
 
 /// True when an answer with this pass reason may be fanned out to a
 /// flight's waiters: not one the origin made `private` (the caller's own),
-/// not one framed ambiguously.
-fn shareable(reason: PassReason) -> bool {
-    !matches!(
-        reason,
-        PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar
-    )
+/// not one framed ambiguously; for a coalesced `post`, not one that says
+/// `no-store` or sets a cookie either. (A GET's shared 5xx loses its
+/// Set-Cookie in [`SharedResponse::from_origin`]; a POST's answer is the
+/// point of the request, and a cookie set with it belongs to its caller.)
+fn shareable(reason: PassReason, post: bool) -> bool {
+    match reason {
+        PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar => false,
+        PassReason::NoStore | PassReason::SetCookie => !post,
+        _ => true,
+    }
 }
 
 /// The Content-Length the origin declared, if any.

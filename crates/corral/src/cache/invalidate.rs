@@ -77,11 +77,14 @@ pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: 
         if !same_origin || !uri.path().starts_with('/') {
             continue;
         }
+        // Keys hold the normal form of a path; one no request could have
+        // is in no key.
+        let Ok(path) = corral_core::path::normalize(uri.path()) else {
+            continue;
+        };
         let routes = app.routes();
-        let target = routes
-            .find(&ctx.host, uri.path())
-            .map_or(route, |r| r.as_ref());
-        let key = UriKey::new(&ctx.host, uri.path(), uri.query(), &target.query_filter);
+        let target = routes.find(&ctx.host, &path).map_or(route, |r| r.as_ref());
+        let key = UriKey::new(&ctx.host, &path, uri.query(), &target.query_filter);
         everywhere(app, &target.name, key).await;
     }
 }

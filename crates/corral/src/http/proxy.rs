@@ -257,9 +257,9 @@ async fn route_through(
     interim: Option<Interim>,
 ) -> (Option<Arc<Route>>, Answer) {
     // A POST on a route that coalesces them: a body small enough is read
-    // whole and keyed (identical in-flight POSTs share one origin
-    // request); a larger one, or one the fill memory cannot hold now,
-    // passes through untouched.
+    // whole and keyed (identical in-flight POSTs of one caller share one
+    // origin request); a larger one, one the fill memory cannot hold now,
+    // or a GraphQL mutation passes through on its own.
     let mut body = body;
     if head.method == Method::POST
         && route.cache_enabled
@@ -267,6 +267,16 @@ async fn route_through(
     {
         let mut hold = app.fill_memory.hold();
         match read_up_to(body, max, head.body, route.upstream.total, &mut hold).await {
+            // A GraphQL write reaches the origin once per request sent.
+            Read::Whole(bytes) if corral_core::graphql::may_write(&bytes) => {
+                drop(hold);
+                if let Some(g) = &gate
+                    && let Err(answer) = g.admit().await
+                {
+                    return (Some(route), answer);
+                }
+                body = Body::from(bytes);
+            }
             Read::Whole(bytes) => {
                 // `hold` counts the body until the flight is over.
                 // Range is defined for GET only (RFC 9110 §14.2).

@@ -158,11 +158,14 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     let host = corral_core::head::parse_authority(authority.as_bytes())
         .filter(|h| !h.is_empty())
         .ok_or("url must name a valid host")?;
+    // The path in the form requests are routed and keyed on.
+    let path = corral_core::path::normalize(uri.path())
+        .map_err(|_| "url's path is refused as a request's would be (encoded '/', '..' above the root, bad escapes)")?;
     let routes = app.routes();
     let route = routes
-        .find(&host, uri.path())
+        .find(&host, &path)
         .ok_or("no route serves this url")?;
-    let key = UriKey::new(&host, uri.path(), uri.query(), &route.query_filter);
+    let key = UriKey::new(&host, &path, uri.query(), &route.query_filter);
     let readable = key.readable().to_owned();
     if soft {
         crate::cache::invalidate::ban(app, BanTarget::Uri(readable.clone()), true).await;
