@@ -633,3 +633,58 @@ async fn ambiguous_request_framing_never_reaches_the_origin_as_sent() {
     assert_eq!(seen[0].body, b"abc");
     assert_framing_matches(&origin);
 }
+
+/// A broken exchange is retried only for what is idempotent as the origin
+/// reads it: a DELETE that a method override makes a POST is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_method_override_is_never_retried() {
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&seen);
+    // Every odd request: the connection closes before any answer.
+    let origin = RawOrigin::start(move |_| {
+        if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 2 == 0 {
+            Vec::new()
+        } else {
+            response(200, &[], "done")
+        }
+    })
+    .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let plain = b"DELETE /item/1 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+    let answer = exchange_full(proxy.addr(), plain, DEADLINE).await;
+    assert_eq!(
+        answer.status, 200,
+        "a plain DELETE is retried: {}",
+        answer.head
+    );
+    assert_eq!(origin.requests().len(), 2);
+    let overridden = b"DELETE /item/1 HTTP/1.1\r\nHost: h\r\nX-HTTP-Method-Override: POST\r\nConnection: close\r\n\r\n";
+    let answer = exchange_full(proxy.addr(), overridden, DEADLINE).await;
+    assert_eq!(answer.status, 502, "{}", answer.head);
+    let requests = origin.requests();
+    assert_eq!(requests.len(), 3, "sent once: {requests:?}");
+    assert_eq!(requests[2].header("x-http-method-override"), Some("POST"));
+}
+
+/// corral does not tunnel: CONNECT is answered here, never asked of the
+/// origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_is_refused_without_asking_the_origin() {
+    let origin = echo_origin().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    for req in [
+        &b"CONNECT internal.test:22 HTTP/1.1\r\nHost: internal.test:22\r\nConnection: close\r\n\r\n"[..],
+        b"CONNECT h:443 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = exchange_full(proxy.addr(), req, DEADLINE).await;
+        assert_eq!(answer.status, 501, "{}", answer.head);
+        assert!(
+            answer
+                .header("cache-status")
+                .is_some_and(|s| s.contains("detail=method-unsupported")),
+            "{}",
+            answer.head
+        );
+    }
+    assert!(origin.requests().is_empty(), "{:?}", origin.requests());
+}

@@ -72,6 +72,8 @@ pub enum Detail {
     NoRoute,
     /// An Upgrade request: corral does not tunnel.
     UpgradeUnsupported,
+    /// CONNECT: corral does not tunnel either.
+    MethodUnsupported,
     /// The request head is larger than `max_header_size`.
     RequestHeadTooLarge,
     /// The request head is invalid.
@@ -108,6 +110,7 @@ impl Detail {
             Detail::RequestBody => "request-body",
             Detail::NoRoute => "no-route",
             Detail::UpgradeUnsupported => "upgrade-unsupported",
+            Detail::MethodUnsupported => "method-unsupported",
             Detail::RequestHeadTooLarge => "request-head-too-large",
             Detail::BadRequest(bad) => bad.detail(),
             Detail::Pass(reason) => reason.as_str(),

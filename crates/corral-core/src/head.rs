@@ -107,10 +107,11 @@ const PROXY_CONTROL: [&str; 14] = [
     "front-end-https",
 ];
 
-/// Headers that make some frameworks treat a GET as another method: on a
-/// cacheable request they would store a POST's (or DELETE's) answer under
-/// the GET's key.
-const METHOD_OVERRIDE: [&str; 3] = [
+/// Headers that make some frameworks treat a request as another method:
+/// on a cacheable request they would store a POST's (or DELETE's) answer
+/// under the GET's key, and on an idempotent one they make a retry resend
+/// what may be a POST.
+pub const METHOD_OVERRIDE: [&str; 3] = [
     "x-http-method-override",
     "x-http-method",
     "x-method-override",

@@ -777,6 +777,24 @@ routes:
     }
 
     #[test]
+    fn an_ip_limit_counts_one_ipv6_customer_by_its_64_unless_told() {
+        let limit = |c: &Config| {
+            (
+                c.routes[0].limits[0].ipv4_prefix,
+                c.routes[0].limits[0].ipv6_prefix,
+            )
+        };
+        let plain = config(&route_with(
+            "    limits: [{ name: a, key: ip, rate: 3/min }]\n",
+        ));
+        assert_eq!(limit(&plain), (32, 64), "the defaults");
+        let each = config(&route_with(
+            "    limits: [{ name: a, key: ip, rate: 3/min, ipv6_prefix: 128 }]\n",
+        ));
+        assert_eq!(limit(&each), (32, 128));
+    }
+
+    #[test]
     fn backoff_after_counts_failures_in_a_row_and_is_at_least_one() {
         let routes = |c: &Config| c.routes[0].backoff;
         assert_eq!(routes(&config(&route_with(""))).after, 2, "the default");

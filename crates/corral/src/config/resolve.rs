@@ -1153,24 +1153,27 @@ impl Resolver<'_> {
                 Some(t) => whole_u32(&t.value, 1, "requests")
                     .map_err(|m| self.error(&t.referenced, &format!("{lp}.burst"), m))?,
             };
-            let prefix_len = |t: &Option<Text>, max: u8, field: &str| -> Result<u8, ConfigError> {
-                match t {
-                    None => Ok(max),
-                    Some(t) => whole_number(&t.value, 1, "bits")
-                        .ok()
-                        .and_then(|n| u8::try_from(n).ok())
-                        .filter(|n| *n <= max)
-                        .ok_or_else(|| {
-                            self.error(
-                                &t.referenced,
-                                &format!("{lp}.{field}"),
-                                format!("`{}` is not a prefix length from 1 to {max}", t.value),
-                            )
-                        }),
-                }
-            };
-            let ipv4_prefix = prefix_len(&l.ipv4_prefix, 32, "ipv4_prefix")?;
-            let ipv6_prefix = prefix_len(&l.ipv6_prefix, 128, "ipv6_prefix")?;
+            let prefix_len =
+                |t: &Option<Text>, default: u8, max: u8, field: &str| -> Result<u8, ConfigError> {
+                    match t {
+                        None => Ok(default),
+                        Some(t) => whole_number(&t.value, 1, "bits")
+                            .ok()
+                            .and_then(|n| u8::try_from(n).ok())
+                            .filter(|n| *n <= max)
+                            .ok_or_else(|| {
+                                self.error(
+                                    &t.referenced,
+                                    &format!("{lp}.{field}"),
+                                    format!("`{}` is not a prefix length from 1 to {max}", t.value),
+                                )
+                            }),
+                    }
+                };
+            let ipv4_prefix = prefix_len(&l.ipv4_prefix, 32, 32, "ipv4_prefix")?;
+            // A /64 is what one IPv6 customer is handed (RFC 6177): counted
+            // per address, a customer gets a new bucket per address it makes up.
+            let ipv6_prefix = prefix_len(&l.ipv6_prefix, 64, 128, "ipv6_prefix")?;
             if key_kind == LimitKey::Account
                 && let Some(t) = l.ipv4_prefix.as_ref().or(l.ipv6_prefix.as_ref())
             {

@@ -127,6 +127,19 @@ async fn route_request(
             ),
         );
     }
+    if parts.method == Method::CONNECT {
+        // A tunnel, which a reverse proxy does not open: answered here,
+        // as nginx does, never asked of the origin.
+        return (
+            None,
+            respond::error(
+                StatusCode::NOT_IMPLEMENTED,
+                Forward::Bypass,
+                Detail::MethodUnsupported,
+                None,
+            ),
+        );
+    }
     if wants_upgrade(&parts.headers) {
         // corral does not tunnel: say so, rather than forward a request
         // whose Upgrade it would have to drop.

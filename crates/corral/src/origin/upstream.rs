@@ -380,6 +380,14 @@ fn clone_bodyless(req: &Request<Body>) -> Option<Request<Body>> {
     if !idempotent || req.body().size_hint().exact() != Some(0) {
         return None;
     }
+    // `DELETE` with `X-HTTP-Method-Override: POST` is a POST to many
+    // frameworks: never sent twice.
+    if corral_core::head::METHOD_OVERRIDE
+        .iter()
+        .any(|h| req.headers().contains_key(*h))
+    {
+        return None;
+    }
     let mut b = Request::builder()
         .method(req.method().clone())
         .uri(req.uri().clone())
