@@ -688,3 +688,59 @@ async fn connect_is_refused_without_asking_the_origin() {
     }
     assert!(origin.requests().is_empty(), "{:?}", origin.requests());
 }
+
+/// The origin is told the scheme the client used, and the two schemes
+/// never share an entry: an origin that redirects plain callers to https
+/// (Rails `force_ssl`) would otherwise send TLS callers round in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_listener_tells_the_origin_its_scheme_and_schemes_never_share_an_entry() {
+    use corral_tests::temp::TempDir;
+    use corral_tests::tls::{Pki, tls_get};
+    let dir = TempDir::new("corral-scheme").expect("temp dir");
+    let pki = Pki::new(dir.path(), "ca");
+    let cert = pki.issue("listener", &["corral.test"], false);
+    let origin = RawOrigin::start(|r| match r.header("x-forwarded-proto") {
+        Some("https") => response(200, &[("cache-control", "max-age=60")], "secure page"),
+        proto => {
+            let body = format!("proto={proto:?}");
+            response(
+                301,
+                &[
+                    ("cache-control", "max-age=60"),
+                    ("location", "https://corral.test/page"),
+                ],
+                &body,
+            )
+        }
+    })
+    .await;
+    let tls_addr = corral_tests::ports::free_addr().expect("free port");
+    let proxy =
+        Proxy::new(Config::single(origin.url()).top("listen_tls", &cert.listen_tls(tls_addr)))
+            .start()
+            .await;
+    let ca = pki.ca_file("ca");
+    let plain = b"GET /page HTTP/1.1\r\nHost: corral.test\r\nConnection: close\r\n\r\n";
+    // The plain caller is redirected, and that redirect is stored...
+    for _ in 0..2 {
+        let answer = exchange_full(proxy.addr(), plain, DEADLINE).await;
+        assert_eq!(answer.status, 301, "{}", answer.head);
+    }
+    // ...but never served to a TLS caller, over HTTP/1.1 or h2.
+    for alpn in [&b"http/1.1"[..], b"h2", b"http/1.1"] {
+        let secure = tls_get(tls_addr, &ca, "corral.test", &[alpn], "/page")
+            .await
+            .expect("a TLS request");
+        assert_eq!((secure.status, secure.body.as_str()), (200, "secure page"));
+    }
+    let protos: Vec<Option<String>> = origin
+        .requests()
+        .iter()
+        .map(|r| r.header("x-forwarded-proto").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        protos,
+        [Some("http".to_owned()), Some("https".to_owned())],
+        "one fill per scheme"
+    );
+}

@@ -83,6 +83,9 @@ pub struct RequestHead {
     /// The real client address: the peer unless trusted proxies say.
     pub client: IpAddr,
     pub body: RequestBody,
+    /// The request came over TLS: `X-Forwarded-Proto: https`, and a key
+    /// of its own (an origin may answer differently per scheme).
+    pub tls: bool,
 }
 
 /// Headers a client must never set for the origin: they claim what a trusted
@@ -140,6 +143,7 @@ impl RequestHead {
             peer,
             client: peer,
             body,
+            tls: false,
         })
     }
 

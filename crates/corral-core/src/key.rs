@@ -191,10 +191,19 @@ pub struct PrimaryKey {
 }
 
 impl PrimaryKey {
+    /// The key of a GET (or HEAD) that came in plain.
     pub fn new(route: &str, uri: UriKey) -> Self {
-        let mut readable = String::with_capacity(route.len() + 5 + uri.readable().len());
+        Self::get(route, uri, false)
+    }
+
+    /// The key of a GET (or HEAD), over TLS or not: the origin is told the
+    /// scheme (`X-Forwarded-Proto`) and may answer by it (a redirect to
+    /// https, `Secure` cookies, absolute links), so each scheme has its own
+    /// entries. The plain key is the same as before schemes were keyed.
+    pub fn get(route: &str, uri: UriKey, tls: bool) -> Self {
+        let mut readable = String::with_capacity(route.len() + 11 + uri.readable().len());
         readable.push_str(route);
-        readable.push_str(" GET ");
+        readable.push_str(if tls { " GET https " } else { " GET " });
         readable.push_str(uri.readable());
         let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
         PrimaryKey {
@@ -207,7 +216,13 @@ impl PrimaryKey {
     /// The key of a coalesced POST: the route, the URI, and a digest of
     /// the body with its Content-Type, so two POSTs share a key only when
     /// they would ask the origin the same thing. Never the key of a GET.
-    pub fn post(route: &str, uri: UriKey, content_type: Option<&[u8]>, body: &[u8]) -> Self {
+    pub fn post(
+        route: &str,
+        uri: UriKey,
+        tls: bool,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+    ) -> Self {
         let mut hasher = blake3::Hasher::new();
         let ct = content_type.unwrap_or(b"");
         hasher.update(&(ct.len() as u64).to_le_bytes());
@@ -216,7 +231,7 @@ impl PrimaryKey {
         let body_digest = hasher.finalize();
         let mut readable = String::with_capacity(route.len() + 80 + uri.readable().len());
         readable.push_str(route);
-        readable.push_str(" POST ");
+        readable.push_str(if tls { " POST https " } else { " POST " });
         readable.push_str(uri.readable());
         readable.push_str(" body=");
         readable.push_str(&body_digest.to_hex()[..16]);
@@ -443,25 +458,40 @@ mod tests {
     #[test]
     fn post_keys_differ_by_body_and_content_type_and_never_match_a_get() {
         let uri = || UriKey::new("h", "/graphql", None, &QueryFilter::new::<&str>(&[]));
-        let a = PrimaryKey::post("api", uri(), Some(b"application/json"), b"{q}");
+        let a = PrimaryKey::post("api", uri(), false, Some(b"application/json"), b"{q}");
         assert_eq!(
             a,
-            PrimaryKey::post("api", uri(), Some(b"application/json"), b"{q}")
+            PrimaryKey::post("api", uri(), false, Some(b"application/json"), b"{q}")
         );
         assert_ne!(
             a,
-            PrimaryKey::post("api", uri(), Some(b"application/json"), b"{r}")
+            PrimaryKey::post("api", uri(), false, Some(b"application/json"), b"{r}")
         );
         assert_ne!(
             a,
-            PrimaryKey::post("api", uri(), Some(b"text/plain"), b"{q}")
+            PrimaryKey::post("api", uri(), false, Some(b"text/plain"), b"{q}")
         );
-        assert_ne!(a, PrimaryKey::post("api", uri(), None, b"{q}"));
+        assert_ne!(a, PrimaryKey::post("api", uri(), false, None, b"{q}"));
         // The length prefix keeps content type and body apart.
         assert_ne!(
-            PrimaryKey::post("api", uri(), Some(b"ab"), b"c"),
-            PrimaryKey::post("api", uri(), Some(b"a"), b"bc")
+            PrimaryKey::post("api", uri(), false, Some(b"ab"), b"c"),
+            PrimaryKey::post("api", uri(), false, Some(b"a"), b"bc")
         );
         assert_ne!(a.digest(), PrimaryKey::new("api", uri()).digest());
+        // Each scheme has its own entries; the plain key did not change.
+        let tls = PrimaryKey::post("api", uri(), true, Some(b"application/json"), b"{q}");
+        assert_ne!(a.digest(), tls.digest());
+        assert_ne!(
+            PrimaryKey::get("api", uri(), true).digest(),
+            PrimaryKey::new("api", uri()).digest()
+        );
+        assert_eq!(
+            PrimaryKey::get("api", uri(), false),
+            PrimaryKey::new("api", uri())
+        );
+        assert_eq!(
+            PrimaryKey::new("api", uri()).readable(),
+            "api GET h/graphql"
+        );
     }
 }

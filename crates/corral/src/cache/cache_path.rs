@@ -30,7 +30,7 @@ pub fn passes(app: &App, route: &Route, ctx: &RequestHead) -> bool {
         ctx.query.as_deref(),
         &route.query_filter,
     );
-    let primary = PrimaryKey::new(&route.name, uri);
+    let primary = PrimaryKey::get(&route.name, uri, ctx.tls);
     let identity = route.identity.identify(&ctx.headers);
     app.l1.is_pass(&primary.pass_scope(identity.as_ref()))
 }
@@ -66,9 +66,9 @@ pub async fn serve(
                 }
                 kind.push(0);
             }
-            PrimaryKey::post(&route.name, uri, Some(&kind), b)
+            PrimaryKey::post(&route.name, uri, ctx.tls, Some(&kind), b)
         }
-        None => PrimaryKey::new(&route.name, uri),
+        None => PrimaryKey::get(&route.name, uri, ctx.tls),
     };
     // A coalesced POST is keyed on the whole Cookie field unless the route
     // names its identity cookies: see `IdentityRules::identify_post`.

@@ -18,11 +18,15 @@ use crate::routes::Route;
 pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
     app.l1.invalidate_uri(&uri);
     if let Some(tier) = &app.tier {
-        let primary = PrimaryKey::new(route_name, uri.clone());
-        let result = tier.invalidate(&primary, &uri).await;
-        tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
-        if let Err(e) = result {
-            tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
+        // L1 indexes entries by URI, whatever the scheme; L2 by primary
+        // key, which holds the scheme: both schemes' entries go.
+        for tls in [false, true] {
+            let primary = PrimaryKey::get(route_name, uri.clone(), tls);
+            let result = tier.invalidate(&primary, &uri).await;
+            tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
+            if let Err(e) = result {
+                tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
+            }
         }
     }
 }

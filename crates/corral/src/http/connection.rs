@@ -183,6 +183,8 @@ impl HttpBody for TrackedBody {
 pub struct Peer {
     pub addr: SocketAddr,
     pub interim: Option<crate::origin::interim::Sender>,
+    /// The request came over `listen_tls`.
+    pub tls: bool,
 }
 
 /// The router as a hyper service that counts each request on `activity`.
@@ -193,6 +195,8 @@ struct Tracked {
     peer: SocketAddr,
     /// The connection's interim channel (see `interim.rs`).
     interim: Arc<crate::origin::interim::Shared>,
+    /// The connection is TLS (`listen_tls`).
+    tls: bool,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -210,6 +214,7 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
         req.extensions_mut().insert(ConnectInfo(Peer {
             addr: self.peer,
             interim: interim.clone(),
+            tls: self.tls,
         }));
         let router = self.router.clone();
         Box::pin(async move {
@@ -341,6 +346,7 @@ pub async fn serve_on(
                 activity: Arc::clone(&activity),
                 peer,
                 interim: Arc::clone(&interim),
+                tls: tls.is_some(),
             };
             let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
             match tls {

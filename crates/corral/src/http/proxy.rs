@@ -39,6 +39,7 @@ pub async fn handle(
     let crate::http::connection::Peer {
         addr: peer,
         interim,
+        tls,
     } = peer;
     let started = Instant::now();
     let method = req.method().clone();
@@ -58,7 +59,7 @@ pub async fn handle(
             response: mut res,
             label,
         },
-    ) = route_request(app, peer, interim, &client, req).await;
+    ) = route_request(app, peer, interim, tls, &client, req).await;
     if let Some(r) = &route {
         r.strip_own_fields(res.headers_mut());
     }
@@ -112,6 +113,7 @@ async fn route_request(
     app: Arc<App>,
     peer: SocketAddr,
     interim: Option<Interim>,
+    tls: bool,
     client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Answer) {
@@ -158,7 +160,10 @@ async fn route_request(
         peer.ip(),
         crate::origin::request::body_of(&body),
     ) {
-        Ok(h) => h.trusting(client),
+        Ok(h) => RequestHead {
+            tls,
+            ..h.trusting(client)
+        },
         Err(bad) => {
             // The stream may be out of step with the client after a head
             // like this: answer, then close.

@@ -64,7 +64,10 @@ pub fn upstream_request(
         }
         .map_err(bad)?,
     );
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(if head.tls { "https" } else { "http" }),
+    );
     if head.host.is_empty() {
         headers.remove(&X_FORWARDED_HOST);
     } else {
