@@ -1289,9 +1289,10 @@ async fn a_write_retires_the_uri_here_and_on_every_instance() {
         HeaderValue::from_static("http://elsewhere.test/a"),
     );
     crate::cache::invalidate::after_write(&h.app, &route, &post, &response).await;
-    // The target and its same-origin Location: two cluster invalidations
-    // (another site's URI is left alone), and both are fetched again.
-    assert_eq!(tier(&h).records().generation, 2);
+    // The target and its same-origin Location, each for both schemes:
+    // four cluster invalidations (another site's URI is left alone), and
+    // both are fetched again.
+    assert_eq!(tier(&h).records().generation, 4);
     h.get("/a").await;
     h.get("/b").await;
     assert_eq!(h.origin.hits(), 4);
