@@ -69,7 +69,8 @@ async fn trusted_hops_are_walked_and_a_spoofed_leftmost_entry_never_becomes_the_
             &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.2.3")],
         )
         .await;
-    // Without X-Forwarded-For, Forwarded's for= is read.
+    // These proxies write X-Forwarded-For: a Forwarded is not theirs and
+    // is never read, even without an X-Forwarded-For.
     client
         .get_with(
             &proxy.url("/t"),
@@ -84,19 +85,65 @@ async fn trusted_hops_are_walked_and_a_spoofed_leftmost_entry_never_becomes_the_
         forwarded(&origin, "/t"),
         [
             "198.51.100.7, 10.1.2.3, 127.0.0.1",
-            "2001:db8::7, 127.0.0.1",
+            "127.0.0.1",
             "127.0.0.1"
         ]
     );
     let lines = wait_for_access_lines(&proxy, 3, DEADLINE).await;
     let clients: Vec<&str> = lines.iter().map(|l| l.client.as_str()).collect();
-    assert_eq!(clients, ["198.51.100.7", "2001:db8::7", "127.0.0.1"]);
+    assert_eq!(clients, ["198.51.100.7", "127.0.0.1", "127.0.0.1"]);
     assert!(lines.iter().all(|l| l.peer == "127.0.0.1"));
     let metrics = scrape(&proxy).await;
     let vouched = |cidr| metrics.value("corral_trusted_proxy_requests_total", &[("cidr", cidr)]);
     assert_eq!(vouched("127.0.0.1/32"), Some(3.0));
     assert_eq!(vouched("10.0.0.0/8"), Some(1.0));
     assert_eq!(vouched("192.0.2.0/24"), Some(0.0));
+}
+
+/// A proxy that writes `Forwarded` and passes the client's own
+/// `X-Forwarded-For` through: with `trusted_header: forwarded`, only what
+/// the proxy wrote names the client, for the limits, the log and upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_header_the_trusted_proxies_write_names_the_client() {
+    let origin = Origin::new().route("/f", Reply::ok("f")).start().await;
+    let proxy = Proxy::new(
+        Config::single(origin.url())
+            .server("trusted_proxies", "[127.0.0.1/32]")
+            .server("trusted_header", "forwarded"),
+    )
+    .start()
+    .await;
+    let client = Client::new();
+    for claim in ["6.6.6.6", "7.7.7.7"] {
+        let answer = client
+            .get_with(
+                &proxy.url("/f"),
+                &[
+                    ("forwarded", "for=\"[2001:db8::7]:4711\""),
+                    ("x-forwarded-for", claim),
+                ],
+            )
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!(
+        forwarded(&origin, "/f"),
+        ["2001:db8::7, 127.0.0.1", "2001:db8::7, 127.0.0.1"]
+    );
+    let lines = wait_for_access_lines(&proxy, 2, DEADLINE).await;
+    assert!(lines.iter().all(|l| l.client == "2001:db8::7"), "{lines:?}");
+    let yaml = Config::single(origin.url())
+        .server("trusted_header", "x-real-ip")
+        .render(
+            "127.0.0.1:18080".parse().expect("addr"),
+            "127.0.0.1:18081".parse().expect("addr"),
+        );
+    let (status, stderr) = corral_check(&yaml).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("server.trusted_header") && stderr.contains("x-real-ip"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

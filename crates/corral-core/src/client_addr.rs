@@ -1,8 +1,10 @@
 //! The real client address behind trusted proxies.
 //!
 //! The address is the connection's peer, unless the peer is a trusted
-//! proxy: then the `X-Forwarded-For` list (or, without one, the `for=`
-//! parameters of `Forwarded`, RFC 7239) is walked from the right, each
+//! proxy: then the one header the proxies write ([`TrustedHeader`]: the
+//! `X-Forwarded-For` list, or the `for=` parameters of `Forwarded`, RFC
+//! 7239; never the other, which a proxy may pass through from the client
+//! unchanged) is walked from the right, each
 //! trusted hop vouching for the one to its left; the first address that is
 //! not trusted is the client. Nothing left of it can be verified (a client
 //! writes whatever it likes there), so it is dropped: the verified chain,
@@ -94,22 +96,49 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
+/// Which header the trusted proxies write (`server.trusted_header`). Only
+/// that one is read: a proxy that writes `Forwarded` and passes a client's
+/// own `X-Forwarded-For` through unchanged (or the other way round) would
+/// otherwise let the client name any address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TrustedHeader {
+    #[default]
+    XForwardedFor,
+    Forwarded,
+}
+
 /// The configured trust list; empty trusts nobody.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrustedProxies(Vec<Cidr>);
+pub struct TrustedProxies {
+    entries: Vec<Cidr>,
+    header: TrustedHeader,
+}
 
 impl TrustedProxies {
+    /// Proxies that write `X-Forwarded-For`.
     pub fn new(entries: Vec<Cidr>) -> Self {
-        TrustedProxies(entries)
+        TrustedProxies {
+            entries,
+            header: TrustedHeader::XForwardedFor,
+        }
+    }
+
+    /// The same proxies, believed in `header` alone.
+    pub fn believing(self, header: TrustedHeader) -> Self {
+        TrustedProxies { header, ..self }
     }
 
     pub fn entries(&self) -> &[Cidr] {
-        &self.0
+        &self.entries
+    }
+
+    pub fn header(&self) -> TrustedHeader {
+        self.header
     }
 
     /// The first entry that trusts `ip`.
     pub fn vouch(&self, ip: IpAddr) -> Option<usize> {
-        self.0.iter().position(|c| c.contains(ip))
+        self.entries.iter().position(|c| c.contains(ip))
     }
 }
 
@@ -154,10 +183,9 @@ pub fn resolve(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> C
     let Some(first) = trusted.vouch(peer) else {
         return alone;
     };
-    let listed = if headers.contains_key(&X_FORWARDED_FOR) {
-        forwarded_for_list(headers)
-    } else {
-        forwarded_list(headers)
+    let listed = match trusted.header {
+        TrustedHeader::XForwardedFor => forwarded_for_list(headers),
+        TrustedHeader::Forwarded => forwarded_list(headers),
     };
     let mut vouchers = vec![first];
     // Walked right to left: each trusted hop says who connected to it.
@@ -341,8 +369,32 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_for_is_read_when_there_is_no_x_forwarded_for() {
-        let t = trust(&["10.0.0.0/8"]);
+    fn only_the_header_the_proxies_write_is_read() {
+        let mut h = HeaderMap::new();
+        h.append(FORWARDED, HeaderValue::from_static("for=203.0.113.7"));
+        // The client's own X-Forwarded-For, passed through unchanged by a
+        // proxy that writes Forwarded.
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("6.6.6.6"));
+        let writes_forwarded = trust(&["10.0.0.0/8"]).believing(TrustedHeader::Forwarded);
+        let a = resolve(ip("10.0.0.2"), &h, &writes_forwarded);
+        assert_eq!(a.client, ip("203.0.113.7"));
+        // Proxies that write X-Forwarded-For: Forwarded is never read, even
+        // without an X-Forwarded-For.
+        let writes_xff = trust(&["10.0.0.0/8"]);
+        assert_eq!(
+            resolve(ip("10.0.0.2"), &h, &writes_xff).client,
+            ip("6.6.6.6")
+        );
+        h.remove(&X_FORWARDED_FOR);
+        assert_eq!(
+            resolve(ip("10.0.0.2"), &h, &writes_xff).client,
+            ip("10.0.0.2")
+        );
+    }
+
+    #[test]
+    fn forwarded_for_parameters_are_read_as_rfc_7239_writes_them() {
+        let t = trust(&["10.0.0.0/8"]).believing(TrustedHeader::Forwarded);
         let mut h = HeaderMap::new();
         h.append(
             FORWARDED,

@@ -347,6 +347,20 @@ impl Resolver<'_> {
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
+        let trusted_proxies = match &raw.trusted_header {
+            None => trusted_proxies,
+            Some(t) => trusted_proxies.believing(match t.value.trim() {
+                "x-forwarded-for" => corral_core::client_addr::TrustedHeader::XForwardedFor,
+                "forwarded" => corral_core::client_addr::TrustedHeader::Forwarded,
+                other => {
+                    return Err(self.error(
+                        &t.referenced,
+                        "server.trusted_header",
+                        format!("`{other}` is not one of x-forwarded-for, forwarded: name the header your proxies write"),
+                    ));
+                }
+            }),
+        };
         let runtime = match &raw.runtime {
             None => RuntimeMode::Shared,
             Some(t) => match t.value.trim() {
