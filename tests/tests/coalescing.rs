@@ -248,7 +248,7 @@ async fn waiters_past_the_lock_timeout_fetch_for_themselves_when_told_to() {
     let config = Config::new().route(
         Route::new("api", origin.url())
             .coalesce("lock_timeout", "300ms")
-            .coalesce("on_timeout", "fetch"),
+            .coalesce("on_timeout", "fetch_each"),
     );
 
     let (leader, followers, _) = leader_then_followers(config, &origin, 4).await;
@@ -258,10 +258,29 @@ async fn waiters_past_the_lock_timeout_fetch_for_themselves_when_told_to() {
         assert_eq!(answer.status, 200, "followers: {:#?}", tally(&followers));
         assert_eq!(answer.text(), "slow");
     }
-    assert!(
-        origin.hits("/slow") >= 2,
-        "waiters past the lock timeout went to the origin themselves"
+    assert_eq!(
+        origin.hits("/slow"),
+        5,
+        "each waiter past the lock timeout went to the origin itself"
     );
+}
+
+/// The default `on_timeout: fetch` is no stampede: the first waiter past
+/// the lock timeout fetches again, and the others wait on that fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_waiters_past_the_lock_timeout_hand_the_key_to_one_of_them() {
+    let origin = slow_origin().start().await;
+    let config =
+        Config::new().route(Route::new("api", origin.url()).coalesce("lock_timeout", "300ms"));
+
+    let (leader, followers, _) = leader_then_followers(config, &origin, 30).await;
+
+    assert_eq!(leader.text(), "slow");
+    for answer in &followers {
+        assert_eq!(answer.status, 200, "followers: {:#?}", tally(&followers));
+        assert_eq!(answer.text(), "slow");
+    }
+    assert_eq!(origin.hits("/slow"), 2, "the leader and one waiter: not 31");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,10 @@
 //! without limit), and a flight whose leader has held the key for
 //! `lock_age` without an answer is retired: its followers wake, the first
 //! of them to join again leads a new flight and the others follow that one
-//! (Pingora's age timeout). A flight that replaced a retired one is not
-//! retired again, so a slow origin sees two requests, not one per period.
+//! (Pingora's age timeout). A follower may also retire the flight when its
+//! own wait times out ([`Waiter::wait_with`]), for the same hand-over. A
+//! flight that replaced a retired one is not retired again, so a slow
+//! origin sees two requests, not one per period.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -212,7 +214,20 @@ pub struct Waiter<T> {
 impl<T: Clone> Waiter<T> {
     /// Waits for the outcome, at most `timeout`; with `lock_age`, the
     /// flight is retired once its leader has held it that long.
-    pub async fn wait(mut self, timeout: Duration, lock_age: Option<Duration>) -> WaitResult<T> {
+    pub async fn wait(self, timeout: Duration, lock_age: Option<Duration>) -> WaitResult<T> {
+        self.wait_with(timeout, lock_age, false).await
+    }
+
+    /// [`Waiter::wait`]; with `retire_on_timeout`, a wait that times out
+    /// retires the flight (unless it replaced a retired one) and ends
+    /// `Retired` rather than `TimedOut`: one waiter leads again, the others
+    /// follow it.
+    pub async fn wait_with(
+        mut self,
+        timeout: Duration,
+        lock_age: Option<Duration>,
+        retire_on_timeout: bool,
+    ) -> WaitResult<T> {
         let timed_out = tokio::time::Instant::now() + timeout;
         let retire_at = lock_age
             .filter(|_| self.slot.ages)
@@ -231,7 +246,7 @@ impl<T: Clone> Waiter<T> {
             })
         });
         match got {
-            Err(_) if retire_at.is_some() => {
+            Err(_) if retire_at.is_some() || (retire_on_timeout && self.slot.ages) => {
                 self.retire();
                 WaitResult::Retired
             }

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::app::App;
 use crate::cache::fill::{self, FillOutcome, FillRequest, LeaderOutcome};
 use crate::cache::respond::{self, Answer};
+use crate::config::OnTimeout;
 use crate::routes::Route;
 use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss, Next, WaitEnd};
@@ -197,7 +198,19 @@ pub async fn serve(
                 return respond::from_outcome(&outcome, true, app.clock.now(), head, &ctx.headers);
             }
         };
-        let (end, outcome) = match waiter.wait(route.lock_timeout, route.lock_age).await {
+        // Under `on_timeout: fetch`, a follower that times out hands the
+        // key to one waiter (itself, if first to look again), and the
+        // flight that waiter leads is waited on to its end: its exchange is
+        // bounded by the route's `timeouts.total`, and fetching beside it
+        // would be the stampede.
+        let retire_on_timeout = route.on_timeout == OnTimeout::Fetch;
+        let patience = if retire_on_timeout && miss.after_retirement() {
+            route.upstream.total + route.lock_timeout
+        } else {
+            route.lock_timeout
+        };
+        let waited = waiter.wait_with(patience, route.lock_age, retire_on_timeout);
+        let (end, outcome) = match waited.await {
             WaitResult::Done(outcome) => {
                 let end = match &outcome {
                     FillOutcome::Stored { entry, .. } => WaitEnd::Stored {
@@ -226,6 +239,10 @@ pub async fn serve(
                 return respond::from_outcome(&outcome, true, app.clock.now(), head, &ctx.headers);
             }
             (Next::LookAgain, _) => continue,
+            (Next::OnLockTimeout, _) if retire_on_timeout => {
+                let outcome = fill::gave_up(&fill_request(found));
+                return respond::from_outcome(&outcome, true, app.clock.now(), head, &ctx.headers);
+            }
             (Next::OnLockTimeout, _) => return on_lock_timeout(fill_request(found), head).await,
             (Next::FetchAlone | Next::Answer, _) => {
                 return lead(fill_request(found), None, head).await;

@@ -459,10 +459,12 @@ async fn take_slots(
 
 /// The route's `on_timeout` for a wait on another request's fill (local or
 /// on another instance) that ran past `lock_timeout`: the outcome to answer
-/// with, or `None` to fetch without waiting any more.
+/// with, or `None` to fetch without waiting any more. (A follower in this
+/// process under `fetch` never gets here on its first timeout: its flight
+/// is handed to one waiter instead; see [`gave_up`].)
 pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
     match fill.route.on_timeout {
-        OnTimeout::Fetch => None,
+        OnTimeout::Fetch | OnTimeout::FetchEach => None,
         OnTimeout::Stale => fill.stale().map(|entry| FillOutcome::Stale {
             entry,
             fwd_status: None,
@@ -477,6 +479,21 @@ pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
             detail: Some(Detail::LockTimeout),
         }),
     }
+}
+
+/// A follower under `on_timeout: fetch` whose wait on the flight one waiter
+/// led after a lock timeout outlived even that flight's exchange deadline:
+/// the stale copy if stale-if-error allows it, else 504. Never a fetch of
+/// its own: that would be the stampede.
+pub fn gave_up(fill: &FillRequest) -> FillOutcome {
+    stale_on_error(fill, Detail::LockTimeout).unwrap_or_else(|| FillOutcome::Shared {
+        response: Arc::new(SharedResponse::corral_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            Detail::LockTimeout,
+        )),
+        fwd: fill.fwd,
+        detail: Some(Detail::LockTimeout),
+    })
 }
 
 /// What waiters get when no fill slot came in time: the stale copy if it

@@ -758,6 +758,7 @@ async fn a_follower_past_lock_timeout_does_what_on_timeout_says() {
     for (on_timeout, status, hits) in [
         ("error", StatusCode::GATEWAY_TIMEOUT, 1),
         ("fetch", StatusCode::OK, 2),
+        ("fetch_each", StatusCode::OK, 2),
     ] {
         let h = harness(
             ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(10)),
@@ -1368,14 +1369,39 @@ async fn a_leader_past_lock_age_gives_the_key_to_one_waiter() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn without_lock_age_every_waiter_fetches_at_lock_timeout() {
+async fn by_default_a_slow_origin_gets_two_requests_per_key_not_one_per_waiter() {
+    // The origin takes 7 s; waiters wait 5 s (the defaults but the delay).
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(7)),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let started = Instant::now();
+    let answers = h.stampede("/a", 30).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == StatusCode::OK && a.body == "slow"),
+        "{:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    // The leader, and at lock_timeout one waiter: not 30.
+    assert_eq!(h.origin.hits(), 2);
+    // Everyone answered by the second fetch, at 5 s + 7 s.
+    assert_eq!(started.elapsed(), Duration::from_secs(12));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_fetch_each_every_waiter_fetches_at_lock_timeout() {
     let h = harness(
         ScriptedOrigin::new(Reply::Ok("max-age=60", "slow"), Duration::from_secs(5)),
         None,
-        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 1s }}\n"),
+        &format!(
+            "{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 1s, on_timeout: fetch_each }}\n"
+        ),
     );
     h.stampede("/a", 100).await;
-    // What lock_age is for: 1 + 99.
+    // The explicit option: 1 + 99.
     assert_eq!(h.origin.hits(), 100);
 }
 

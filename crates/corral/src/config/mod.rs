@@ -539,9 +539,14 @@ impl Default for CoalesceConfig {
 /// What a coalesced waiter does after `lock_timeout` (YAML: `fetch`, `stale`, `error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnTimeout {
-    /// Fetch from the upstream itself.
+    /// The first waiter to time out fetches again and the others wait on
+    /// that fetch to its end (bounded by `timeouts.total`). A slow origin
+    /// sees at most two requests per key per instance, not one per waiter.
     #[default]
     Fetch,
+    /// Every waiter fetches from the upstream itself (a stampede on a slow
+    /// origin; nginx's `proxy_cache_lock_timeout`).
+    FetchEach,
     /// Serve a stale copy if the cache holds one.
     Stale,
     /// Answer with an error instead of fetching.
@@ -1102,7 +1107,7 @@ routes:
         let message = assert_at(&error, 8, 29, "routes[0].coalesce.on_timeout");
         assert_eq!(
             message,
-            "unknown value `wait` (expected one of: fetch, stale, error)"
+            "unknown value `wait` (expected one of: fetch, fetch_each, stale, error)"
         );
     }
 

@@ -2010,10 +2010,11 @@ fn identity_cookie(text: &str) -> Result<String, String> {
 fn on_timeout(text: &str) -> Result<OnTimeout, String> {
     match text {
         "fetch" => Ok(OnTimeout::Fetch),
+        "fetch_each" => Ok(OnTimeout::FetchEach),
         "stale" => Ok(OnTimeout::Stale),
         "error" => Ok(OnTimeout::Error),
         _ => Err(format!(
-            "unknown value `{text}` (expected one of: fetch, stale, error)"
+            "unknown value `{text}` (expected one of: fetch, fetch_each, stale, error)"
         )),
     }
 }
