@@ -706,3 +706,88 @@ async fn limit_mistakes_name_their_line_and_field() {
         );
     }
 }
+
+/// Limits are checked one by one, the address first (a caller cannot make
+/// one up), and a request already refused writes nothing more: inventing
+/// an account per request behind an address over its limit creates no
+/// counter in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_one_limit_refuses_writes_no_counter_for_another() {
+    let origin = Origin::new()
+        .route("/k", Reply::ok("k").header("cache-control", "no-store"))
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    // The account limit is listed first on purpose.
+    let limits =
+        "[{ name: per-key, key: account, rate: 100/d }, { name: per-ip, key: ip, rate: 10/d }]";
+    let proxy = Proxy::new(shared_config(&origin, &redis, limits))
+        .start()
+        .await;
+    let client = Client::new();
+    let invented: Vec<_> = (0..60).map(|i| account(&format!("made-up-{i}"))).collect();
+    let got = one_by_one(&client, &proxy.url("/k"), &invented).await;
+    assert_eq!(count(&got, 200), 10);
+    assert_eq!(count(&got, 429), 50);
+    for refused in got.iter().filter(|a| a.status == 429) {
+        let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("JSON");
+        assert_eq!(body["limit"], "per-ip");
+    }
+    // One counter per allowed account, and the address's: not one per
+    // request.
+    assert_eq!(redis.keys("corral:rl:*").await.len(), 11);
+    assert_eq!(origin.hits("/k"), 10);
+}
+
+/// A request that a limit sparing hits refuses (the cache could not
+/// answer) is counted by none: the limits that count hits give their count
+/// back, and the 429 names only the limit that refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_once_the_cache_cannot_answer_is_counted_by_no_limit() {
+    let origin = Origin::new()
+        .route(
+            "/hit",
+            Reply::ok("hit").header("cache-control", "max-age=60"),
+        )
+        .route(
+            "/miss",
+            Reply::ok("miss").header("cache-control", "no-store"),
+        )
+        .start()
+        .await;
+    let limits = "[{ name: all, key: ip, rate: 5/h, count_hits: true }, { name: fetches, key: ip, rate: 2/h }]";
+    let proxy =
+        Proxy::new(Config::new().route(Route::new("api", origin.url()).field("limits", limits)))
+            .start()
+            .await;
+    let client = Client::new();
+    let mut got = Vec::new();
+    for path in [
+        "/hit", "/miss", "/miss", "/miss", "/miss", "/hit", "/hit", "/hit", "/hit",
+    ] {
+        got.push(client.get(&proxy.url(path)).await);
+    }
+    assert_eq!(
+        statuses(&got),
+        [200, 200, 429, 429, 429, 200, 200, 200, 429]
+    );
+    for refused in &got[2..5] {
+        let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("JSON");
+        assert_eq!(body["limit"], "fetches");
+        assert_eq!(
+            refused.header("ratelimit-policy"),
+            Some("\"fetches\";q=2;w=3600"),
+            "only the limit that refused it"
+        );
+        assert!(
+            refused
+                .header("ratelimit")
+                .is_some_and(|v| v.starts_with("\"fetches\";r=0;")),
+            "{:?}",
+            refused.header("ratelimit")
+        );
+    }
+    // The three 429s were given back to `all`: 5 = 2 + these 3 hits.
+    let body: serde_json::Value = serde_json::from_slice(&got[8].body).expect("JSON");
+    assert_eq!(body["limit"], "all");
+}

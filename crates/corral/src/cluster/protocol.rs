@@ -175,14 +175,24 @@ return {1, math.floor((tol - ahead) / e), 0, nxt - now}",
 });
 
 /// Gives back one request's step (`ARGV[1]` µs) of a GCRA state, for a
-/// request another limit refused. Keeps the key's expiry.
+/// request another limit refused. Keeps the key's expiry; a state given
+/// back to a full bucket (no earlier request still counted: what a key
+/// the refused request created comes back to) is deleted, so a refused
+/// request leaves no key behind.
 pub static RATE_REFUND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local tat = tonumber(redis.call('GET', KEYS[1]))
 if not tat then return 0 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl <= 0 then return 0 end
-redis.call('SET', KEYS[1], string.format('%d', tat - tonumber(ARGV[1])), 'PX', ttl)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local back = tat - tonumber(ARGV[1])
+if back <= now then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('SET', KEYS[1], string.format('%d', back), 'PX', ttl)
 return 1",
     )
 });

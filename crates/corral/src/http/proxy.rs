@@ -258,6 +258,19 @@ async fn route_request(
         route_through(app, route, head, body, gate.clone(), interim).await
     };
     if let Some(g) = gate {
+        if answer
+            .response
+            .extensions()
+            .get::<crate::limits::LimitedBy>()
+            .is_some()
+        {
+            // A limit that spares hits refused it once the cache could
+            // not answer: the limits that count hits give their count
+            // back, so it is counted by none, and its answer shows only
+            // the limit that refused it.
+            g.app.limiter.give_back(&tallies).await;
+            return (route, answer);
+        }
         tallies.extend(g.take_tallies());
     }
     crate::limits::annotate(answer.response.headers_mut(), &tallies);

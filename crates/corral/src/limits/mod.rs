@@ -5,8 +5,9 @@
 //! and its real address (`server.trusted_proxies`). Each limit names what
 //! it counts; the count is one GCRA state per (route, limit, caller), kept
 //! in Redis when there is Redis, so every instance adds to the same total,
-//! with one script call per limit (all of a request's limits go out at
-//! once on the multiplexed connection: one round trip). When Redis cannot
+//! with one script call per limit, one limit after another, least
+//! forgeable first, stopping at the first refusal ([`Limiter::check`]).
+//! When Redis cannot
 //! answer within `redis.op_timeout` (or its breaker is open), a limit
 //! either counts locally at 1/`redis.instances` of its rate (fail open,
 //! the default) or refuses with a 503 (`on_redis_down: refuse`). Redis
@@ -150,13 +151,29 @@ pub enum Phase {
     All,
 }
 
-/// What an allowed request is told of a limit that counted it.
+/// What an allowed request is told of a limit that counted it, and what
+/// to give back if it is refused after all.
 #[derive(Debug, Clone)]
 pub struct Tally {
     policy: Arc<str>,
     name: Arc<str>,
     remaining: u64,
     reset_us: u64,
+    key: [u8; 16],
+    local: bool,
+    emission_us: u64,
+    /// The `allowed` counter, counted once every limit of the phase
+    /// allowed the request.
+    counter: Option<metrics::Counter>,
+}
+
+/// The order limits are checked in: what a caller can forge last.
+fn forgeability(key: LimitKey) -> u8 {
+    match key {
+        LimitKey::Ip => 0,
+        LimitKey::AccountOrIp => 1,
+        LimitKey::Account => 2,
+    }
 }
 
 /// The process's counters: the local GCRA states (bounded, least used
@@ -190,80 +207,85 @@ impl Limiter {
     /// Counts the request against the limits of `phase`: the tallies for
     /// the RateLimit fields when every limit lets it through, else the
     /// answer (429, or 503 for a limit that refuses without Redis).
+    ///
+    /// One limit after another, least forgeable first (an address, then an
+    /// account or address, then an account, which a caller can make up;
+    /// the configured order within each), stopping at the first refusal:
+    /// a request already refused writes nothing more, so inventing an API
+    /// key per request behind a refusing address creates no counter. What
+    /// the limits before the refusal counted is given back.
     pub async fn check(
         &self,
         limits: &RouteLimits,
         who: &Who,
         phase: Phase,
     ) -> Result<Vec<Tally>, Answer> {
-        let applicable = limits.limits.iter().filter(|l| match phase {
-            Phase::All => true,
-            Phase::BeforeCache => l.config.count_hits,
-            Phase::Fetch => !l.config.count_hits,
-        });
-        let keyed: Vec<(&Limit, [u8; 16])> = applicable
+        let mut keyed: Vec<(&Limit, [u8; 16])> = limits
+            .limits
+            .iter()
+            .filter(|l| match phase {
+                Phase::All => true,
+                Phase::BeforeCache => l.config.count_hits,
+                Phase::Fetch => !l.config.count_hits,
+            })
             .filter_map(|l| key(&limits.route, l, who).map(|k| (l, k)))
             .collect();
-        if keyed.is_empty() {
-            return Ok(Vec::new());
-        }
-        let decisions =
-            futures_util::future::join_all(keyed.iter().map(|(l, k)| self.decide(l, k))).await;
-        // The first refusal, in the limits' order (the route's own first).
-        let refused = keyed
-            .iter()
-            .zip(&decisions)
-            .find_map(|((limit, _), d)| match d {
-                Counted::Decided { d, .. } if !d.allowed => Some(refusal(limit, d)),
-                Counted::Unavailable => Some(unavailable(limit)),
-                Counted::Decided { .. } => None,
-            });
-        for ((limit, _), d) in keyed.iter().zip(&decisions) {
-            // Indexes into LIMIT_OUTCOMES. A request another limit refused
-            // is counted as neither allowed nor limited by the limits that
-            // let it through (their count is given back below).
-            let i = match d {
-                Counted::Decided { d, .. } if d.allowed && refused.is_some() => continue,
+        keyed.sort_by_key(|(l, _)| forgeability(l.config.key));
+        let mut tallies = Vec::with_capacity(keyed.len());
+        for (limit, key) in keyed {
+            let counted = self.decide(limit, &key).await;
+            let (refused, outcome) = match &counted {
+                Counted::Decided { d, local, .. } if d.allowed => (None, 2 * usize::from(*local)),
                 Counted::Decided { d, local, .. } => {
-                    usize::from(!d.allowed) + 2 * usize::from(*local)
+                    (Some(refusal(limit, d)), 1 + 2 * usize::from(*local))
                 }
-                Counted::Unavailable => 4,
+                Counted::Unavailable => (Some(unavailable(limit)), 4),
             };
-            if let Some(c) = limit.counters.get(i) {
-                c.increment(1);
+            if let Some(answer) = refused {
+                // Indexes into LIMIT_OUTCOMES. The limits that let it
+                // through count it as neither allowed nor limited: their
+                // count is given back (nginx's limit_req does the same), so
+                // a caller refused on one route does not spend its global
+                // allowance.
+                if let Some(c) = limit.counters.get(outcome) {
+                    c.increment(1);
+                }
+                self.give_back(&tallies).await;
+                return Err(answer);
             }
-        }
-        if let Some(answer) = refused {
-            // What the other limits counted is given back (nginx's
-            // limit_req does the same): a caller refused on one route
-            // does not spend its global allowance.
-            let refunds = keyed
-                .iter()
-                .zip(&decisions)
-                .filter_map(|((_, k), d)| match d {
-                    Counted::Decided {
-                        d,
-                        local,
-                        emission_us,
-                    } if d.allowed => Some(self.refund(k, *local, *emission_us)),
-                    _ => None,
-                });
-            futures_util::future::join_all(refunds).await;
-            return Err(answer);
-        }
-        Ok(keyed
-            .iter()
-            .zip(decisions)
-            .filter_map(|((limit, _), d)| match d {
-                Counted::Decided { d, .. } => Some(Tally {
+            if let Counted::Decided {
+                d,
+                local,
+                emission_us,
+            } = counted
+            {
+                tallies.push(Tally {
                     policy: Arc::clone(&limit.policy),
                     name: Arc::clone(&limit.name),
                     remaining: d.remaining,
                     reset_us: d.reset_us,
-                }),
-                Counted::Unavailable => None,
-            })
-            .collect())
+                    key,
+                    local,
+                    emission_us,
+                    counter: limit.counters.get(outcome).cloned(),
+                });
+            }
+        }
+        for t in &tallies {
+            if let Some(c) = &t.counter {
+                c.increment(1);
+            }
+        }
+        Ok(tallies)
+    }
+
+    /// Gives back what `tallies` counted: the request was refused after
+    /// all (by a limit of a later phase), and is counted by none.
+    pub async fn give_back(&self, tallies: &[Tally]) {
+        let refunds = tallies
+            .iter()
+            .map(|t| self.refund(&t.key, t.local, t.emission_us));
+        futures_util::future::join_all(refunds).await;
     }
 
     /// Takes back one request's count from `key`.
