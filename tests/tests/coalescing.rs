@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use corral_tests::lifecycle::scrape;
 use corral_tests::raw::send_and_hold;
 use corral_tests::{
     Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, assert_every_answer, tally,
@@ -433,12 +434,11 @@ async fn identical_posts_in_flight_share_one_origin_request() {
     assert_eq!(origin.hits("/graphql"), 2);
 }
 
-/// Bodies read for a key are fill buffers: counted in `cache.fill_memory`,
-/// so POSTs on many connections cannot buffer without a bound. A body the
-/// budget cannot hold passes through, fetched alone, like one over
-/// `max_body`.
+/// Bodies read for a key are counted in `cache.post_memory`, so POSTs on
+/// many connections cannot buffer without a bound. A body the budget cannot
+/// hold passes through, fetched alone, like one over `max_body`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_post_body_the_fill_memory_cannot_hold_passes_through() {
+async fn a_post_body_the_post_memory_cannot_hold_passes_through() {
     static BIG: std::sync::LazyLock<&'static str> =
         std::sync::LazyLock::new(|| Box::leak("x".repeat(2048).into_boxed_str()));
     let origin = Origin::new()
@@ -446,8 +446,7 @@ async fn a_post_body_the_fill_memory_cannot_hold_passes_through() {
         .start()
         .await;
     let config = Config::new()
-        .cache("max_object_size", "1KiB")
-        .cache("fill_memory", "1KiB")
+        .cache("post_memory", "1KiB")
         .route(Route::new("api", origin.url()).coalesce("post", "{ max_body: 64KiB }"));
     let proxy = Proxy::new(config).start().await;
     let client = Client::new();
@@ -656,4 +655,80 @@ async fn identical_graphql_mutations_each_reach_the_origin() {
     assert_every_answer(&reads, 200, QUERY);
     // Six mutations, one query.
     assert_eq!(origin.hits("/graphql"), 7, "{:#?}", tally(&writes));
+}
+
+/// 63 of a declared 64 KiB, then nothing: a body that stalls.
+fn stalled_post() -> Vec<u8> {
+    let mut req =
+        b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n"
+            .to_vec();
+    req.extend(std::iter::repeat_n(b'x', 63 * 1024));
+    req
+}
+
+/// Stalled POST bodies have their own budget (`cache.post_memory`): however
+/// many a client holds open, every route's fills are still stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_post_bodies_never_starve_the_fills_of_other_requests() {
+    let big: &'static str = Box::leak("b".repeat(32 * 1024).into_boxed_str());
+    let origin = Origin::new()
+        .route_method(http::Method::POST, "/q", Reply::ok("q"))
+        .route("/big", Reply::ok(big).header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let config = Config::new()
+        .cache("max_object_size", "1MiB")
+        .cache("fill_memory", "1MiB")
+        .route(
+            Route::new("api", origin.url())
+                .coalesce("post", "{ max_body: 64KiB, read_timeout: 30s }"),
+        );
+    let proxy = Proxy::new(config).start().await;
+    // The POST budget (a sixteenth of fill_memory: 64 KiB) holds the first
+    // body; the others then pass through unbuffered. Without a budget of
+    // their own the bodies would take 1.2 MiB of the fills' 1 MiB.
+    let mut held = vec![send_and_hold(proxy.addr(), &stalled_post()).await];
+    corral_tests::eventually(DEADLINE, "the first stalled body is held", || async {
+        scrape(&proxy).await.value("corral_post_buffer_bytes", &[]) == Some(63.0 * 1024.0)
+    })
+    .await;
+    for _ in 1..20 {
+        held.push(send_and_hold(proxy.addr(), &stalled_post()).await);
+    }
+    let client = Client::new();
+    let first = client.get(&proxy.url("/big")).await;
+    assert_eq!(first.text().len(), big.len());
+    assert!(
+        first.cache_status().to_string().contains("stored"),
+        "{}",
+        first.cache_status()
+    );
+    assert!(client.get(&proxy.url("/big")).await.cache_status().is_hit());
+    assert_eq!(origin.hits("/big"), 1);
+    drop(held);
+}
+
+/// A coalesced POST's body must arrive within `coalesce.post.read_timeout`
+/// (5 s by default, well below `timeouts.total`): one that stalls is a 408
+/// and gives its memory back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_post_body_is_a_408_at_its_read_timeout() {
+    let origin = Origin::new()
+        .route_method(http::Method::POST, "/q", Reply::ok("q"))
+        .start()
+        .await;
+    let config = Config::new().route(
+        Route::new("api", origin.url()).coalesce("post", "{ max_body: 64KiB, read_timeout: 1s }"),
+    );
+    let proxy = Proxy::new(config).start().await;
+    let answer = corral_tests::exchange_full(proxy.addr(), &stalled_post(), DEADLINE).await;
+    assert_eq!(answer.status, 408, "{}", answer.head);
+    assert!(
+        answer
+            .header("cache-status")
+            .is_some_and(|s| s.contains("detail=request-body")),
+        "{}",
+        answer.head
+    );
+    assert_eq!(origin.hits("/q"), 0);
 }

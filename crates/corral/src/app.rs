@@ -32,6 +32,8 @@ pub struct App {
     pub clock: Arc<dyn Clock>,
     /// What fills may buffer at once (`cache.fill_memory`).
     pub fill_memory: Arc<Budget>,
+    /// What coalesced POST bodies may hold at once (`cache.post_memory`).
+    pub post_memory: Arc<Budget>,
     /// Fills under way in this instance (`cache.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
@@ -126,6 +128,7 @@ impl App {
             origin: Arc::new(UpstreamOrigin),
             clock: Arc::new(SystemClock),
             fill_memory: Budget::new(config.cache.fill_memory),
+            post_memory: Budget::new(config.cache.post_memory),
             fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
             trust: ArcSwap::from_pointee(Trust::new(config)),

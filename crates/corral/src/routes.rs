@@ -34,6 +34,8 @@ pub struct Route {
     pub lock_age: Option<Duration>,
     /// `coalesce.post.max_body`: POSTs up to this size are coalesced.
     pub post_max_body: Option<u64>,
+    /// `coalesce.post.read_timeout`.
+    pub post_read_timeout: Duration,
     /// Fills under way on this route (`coalesce.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// How long a key whose origin failed is left alone.
@@ -126,6 +128,7 @@ impl Route {
             max_waiters: rc.coalesce.max_waiters,
             lock_age: rc.coalesce.lock_age,
             post_max_body: rc.coalesce.post_max_body,
+            post_read_timeout: rc.coalesce.post_read_timeout,
             fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
             backoff: rc.backoff,
             circuit: corral_core::Circuit::new(corral_core::CircuitSettings {

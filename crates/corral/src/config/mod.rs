@@ -231,9 +231,17 @@ pub struct CacheConfig {
     /// Bytes all fills under way may buffer together; a fill that would
     /// pass it streams through uncached. At least `max_object_size`.
     pub fill_memory: u64,
+    /// Bytes the bodies of coalesced POSTs (read, or waiting for their
+    /// flight) may hold together: their own bound, so stalled bodies
+    /// cannot take the fills' memory.
+    pub post_memory: u64,
     /// Origin fetches the cache path may have under way at once.
     pub max_fills: usize,
 }
+
+/// Default `coalesce.post.read_timeout`: well below `timeouts.total`, so a
+/// body that trickles in holds its memory briefly.
+pub const DEFAULT_POST_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default `cache.max_fills`.
 const DEFAULT_MAX_FILLS: usize = 1024;
@@ -520,6 +528,9 @@ pub struct CoalesceConfig {
     /// coalesced (the body is part of the key); `None`: POST is never
     /// coalesced.
     pub post_max_body: Option<u64>,
+    /// `coalesce.post.read_timeout`: a coalesced POST's body must have
+    /// arrived whole within this, or it is a 408.
+    pub post_read_timeout: Duration,
 }
 
 impl Default for CoalesceConfig {
@@ -532,6 +543,7 @@ impl Default for CoalesceConfig {
             max_waiters: 10_000,
             lock_age: None,
             post_max_body: None,
+            post_read_timeout: DEFAULT_POST_READ_TIMEOUT,
         }
     }
 }
@@ -1096,6 +1108,25 @@ routes:
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(config.routes[0].coalesce.post_max_body, Some(64 * 1024));
         assert!(config.routes[0].cache.post);
+        assert_eq!(
+            config.routes[0].coalesce.post_read_timeout,
+            std::time::Duration::from_secs(5),
+            "well below timeouts.total"
+        );
+        assert_eq!(config.cache.post_memory, config.cache.fill_memory / 16);
+        let set = super::parse(
+            FILE,
+            &route_with("    coalesce: { post: { read_timeout: 2s } }\n"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            set.routes[0].coalesce.post_read_timeout,
+            std::time::Duration::from_secs(2)
+        );
+        let error = refused(&route_with(
+            "    coalesce: { post: { read_timeout: 0s } }\n",
+        ));
+        assert_at(&error, 8, 39, "routes[0].coalesce.post.read_timeout");
         let error = refused(&route_with("    coalesce: { post: { max_body: 2MiB } }\n"));
         let message = assert_at(&error, 8, 35, "routes[0].coalesce.post.max_body");
         assert!(message.contains("between 1 byte and 1MiB"), "{message}");

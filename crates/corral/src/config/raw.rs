@@ -117,6 +117,7 @@ pub struct RawCache {
     pub memory: Option<Text>,
     pub max_object_size: Option<Text>,
     pub fill_memory: Option<Text>,
+    pub post_memory: Option<Text>,
     pub max_fills: Option<Text>,
 }
 
@@ -246,6 +247,7 @@ pub struct RawCoalesce {
 #[serde(deny_unknown_fields)]
 pub struct RawCoalescePost {
     pub max_body: Option<Text>,
+    pub read_timeout: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

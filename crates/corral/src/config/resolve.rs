@@ -440,6 +440,15 @@ impl Resolver<'_> {
             (&fill_memory, "cache.fill_memory"),
             describe_size,
         )?;
+        // Coalesced POST bodies: a sixteenth of the fills' memory by default.
+        let post_memory = self.size(
+            raw.value.post_memory.as_ref(),
+            "cache.post_memory",
+            (fill_memory.value / 16).max(1),
+        )?;
+        if post_memory.value == 0 {
+            return Err(self.blame(&post_memory, "cache.post_memory", "must be greater than 0"));
+        }
         let max_fills = match &raw.value.max_fills {
             None => DEFAULT_MAX_FILLS,
             Some(t) => whole_number(&t.value, 1, "fills")
@@ -449,6 +458,7 @@ impl Resolver<'_> {
             memory: memory.value,
             max_object_size: max_object_size.value,
             fill_memory: fill_memory.value,
+            post_memory: post_memory.value,
             max_fills,
         })
     }
@@ -1501,6 +1511,15 @@ impl Resolver<'_> {
                 Some(size.value)
             }
         };
+        let post_read_timeout = match raw.post.as_ref().and_then(|p| p.read_timeout.as_ref()) {
+            None => defaults.post_read_timeout,
+            Some(text) => {
+                let field = format!("{prefix}.post.read_timeout");
+                let t = self.duration(Some(text), &field, defaults.post_read_timeout)?;
+                self.positive(&t, &field)?;
+                t.value
+            }
+        };
         let lock_age = match &raw.lock_age {
             None => defaults.lock_age,
             Some(text) => {
@@ -1525,6 +1544,7 @@ impl Resolver<'_> {
             max_waiters,
             lock_age,
             post_max_body,
+            post_read_timeout,
         })
     }
 

@@ -296,8 +296,10 @@ async fn route_through(
         && route.cache_enabled
         && let Some(max) = route.post_max_body
     {
-        let mut hold = app.fill_memory.hold();
-        match read_up_to(body, max, head.body, route.upstream.total, &mut hold).await {
+        // Counted in the POST bodies' own budget and read under their own
+        // deadline: stalled bodies hold no fill's memory, and not for long.
+        let mut hold = app.post_memory.hold();
+        match read_up_to(body, max, head.body, route.post_read_timeout, &mut hold).await {
             // A GraphQL write reaches the origin once per request sent.
             Read::Whole(bytes) if corral_core::graphql::may_write(&bytes) => {
                 drop(hold);
@@ -366,14 +368,14 @@ enum Read {
     Whole(Bytes),
     /// Over the limit: what was read, then the rest, as one body.
     TooLarge(Body),
-    /// The client's body broke off (400) or took longer than the route's
-    /// upstream budget to arrive (408).
+    /// The client's body broke off (400) or took longer than
+    /// `coalesce.post.read_timeout` to arrive (408).
     Failed(StatusCode),
 }
 
 /// Reads `body` whole if it holds at most `max` bytes, within `budget`,
-/// counting what it buffers in `hold` (the fill memory): a body the fill
-/// memory cannot take passes through like one over `max`.
+/// counting what it buffers in `hold` (`cache.post_memory`): a body that
+/// budget cannot take passes through like one over `max`.
 async fn read_up_to(
     body: Body,
     max: u64,
