@@ -265,3 +265,86 @@ async fn an_h2_client_resetting_every_stream_makes_corral_fetch_almost_nothing()
     // Honest clients are still served.
     assert_eq!(Client::new().get(&proxy.url("/r?k=x")).await.text(), "r");
 }
+
+/// HTTP/2 carries 128 streams on one connection, and each passed-through
+/// stream holds an upstream socket of its own: the descriptor budget counts
+/// those sockets, not connections. Four h2 connections keeping 50 POST
+/// bodies each open (to an origin that reads the whole body before it
+/// answers) get one upstream socket per connection and share the overflow
+/// (a quarter of max_connections); the other streams are told 503, and an
+/// honest client is served beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_with_open_bodies_hold_no_more_upstream_sockets_than_the_budget() {
+    // 512 descriptors: 128 for sealed bodies, 256 reserved, 128 left:
+    // 56 connections (2.25 descriptors each) and an overflow of 14.
+    const LIMIT: u64 = 512;
+    const OVERFLOW: usize = 14;
+    const CONNECTIONS: usize = 4;
+    const STREAMS: usize = 50;
+    let origin = Origin::new()
+        .route_method(http::Method::POST, "/upload", Reply::echo_body())
+        .route(
+            "/ok",
+            Reply::ok("served").header("cache-control", "no-store"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .open_files(LIMIT)
+        .start()
+        .await;
+    let before = open_descriptors(&proxy);
+    let mut drivers = Vec::new();
+    let mut answers = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let tcp = TcpStream::connect(proxy.addr()).await.expect("connect");
+        let (h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        drivers.push(tokio::spawn(connection));
+        for _ in 0..STREAMS {
+            let mut ready = h2.clone().ready().await.expect("h2 ready");
+            let req = http::Request::post("http://h/upload")
+                .body(())
+                .expect("request");
+            let (response, mut body) = ready.send_request(req, false).expect("send");
+            // A first piece of the body; the rest comes at the end.
+            body.send_data(bytes::Bytes::from_static(b"part"), false)
+                .expect("data");
+            bodies.push(body);
+            answers.push(tokio::spawn(async move {
+                response.await.map(|r| r.status().as_u16()).unwrap_or(0)
+            }));
+        }
+    }
+    let held = CONNECTIONS + OVERFLOW;
+    // Those that reached the origin are answered at once (it echoes the
+    // body as it reads it); the rest wait for a socket (5 s), then 503.
+    let mut statuses = Vec::new();
+    for a in answers {
+        let status = tokio::time::timeout(DEADLINE, a)
+            .await
+            .expect("every stream answered in time")
+            .expect("stream task");
+        statuses.push(status);
+    }
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let busy = statuses.iter().filter(|s| **s == 503).count();
+    assert_eq!(
+        (ok, busy),
+        (held, CONNECTIONS * STREAMS - held),
+        "{statuses:?}"
+    );
+    assert_eq!(origin.hits("/upload"), held, "no more reached the origin");
+    // The bodies still open hold their sockets, and the process about
+    // those: not one per stream.
+    let during = open_descriptors(&proxy);
+    assert!(
+        during < before + 2 * held + 10,
+        "corral holds {during} descriptors (from {before}) for {} open streams",
+        CONNECTIONS * STREAMS
+    );
+    // An honest client's connection has a socket of its own.
+    assert_eq!(Client::new().get(&proxy.url("/ok")).await.text(), "served");
+    drop(bodies);
+    drop(drivers);
+}

@@ -91,7 +91,8 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 
 /// Raises the open-file limit to its hard limit and splits it: a quarter
 /// to sealed bodies (one descriptor each), a reserve, and the rest to
-/// client connections, each of which may need one upstream connection too.
+/// client connections, each of which may need one upstream connection too,
+/// and to the overflow of upstream sockets HTTP/2 streams share.
 /// Returns the client connection limit (`server.max_connections` when set).
 fn budget_descriptors(configured: Option<usize>) -> usize {
     let limit = crate::sealed::raise_open_file_limit();
@@ -100,12 +101,16 @@ fn budget_descriptors(configured: Option<usize>) -> usize {
         None => crate::sealed::DEFAULT_MAX_LIVE,
     };
     crate::sealed::set_max_live(sealed);
+    // Each connection: its own socket and one upstream; and a quarter of a
+    // socket more, the overflow HTTP/2 streams beyond a connection's first
+    // share (origin/descriptors.rs): 2.25 descriptors a connection.
     let fitting = limit.map(|l| {
-        usize::try_from((l - l / 4).saturating_sub(RESERVED_DESCRIPTORS) / 2)
+        usize::try_from((l - l / 4).saturating_sub(RESERVED_DESCRIPTORS) * 4 / 9)
             .unwrap_or(usize::MAX)
             .max(16)
     });
     let connections = configured.or(fitting).unwrap_or(1024);
+    crate::origin::descriptors::set_overflow(connections / 4);
     if let (Some(c), Some(fit)) = (configured, fitting)
         && c > fit
     {

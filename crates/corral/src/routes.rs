@@ -162,6 +162,7 @@ impl Route {
                         shared.redis.clone(),
                     )
                 }),
+                rc.upstream_queue_timeout,
             ),
             requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
             limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits, global_limits),

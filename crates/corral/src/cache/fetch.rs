@@ -107,7 +107,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     crate::origin::interim::forward_to(fill.interim.clone(), &mut req);
     let uri = req.uri().clone();
     let retry = fill.body.is_none();
-    let res = match route.upstream.send(req, retry, deadline, slot).await {
+    let res = match route.upstream.send(req, retry, deadline, slot, None).await {
         Ok(r) => r,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };

@@ -185,6 +185,8 @@ pub struct Peer {
     pub interim: Option<crate::origin::interim::Sender>,
     /// The request came over `listen_tls`.
     pub tls: bool,
+    /// The connection's own upstream socket (see `origin::descriptors`).
+    pub upstream: crate::origin::descriptors::Own,
 }
 
 /// The router as a hyper service that counts each request on `activity`.
@@ -197,6 +199,7 @@ struct Tracked {
     interim: Arc<crate::origin::interim::Shared>,
     /// The connection is TLS (`listen_tls`).
     tls: bool,
+    upstream: crate::origin::descriptors::Own,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -215,6 +218,7 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
             addr: self.peer,
             interim: interim.clone(),
             tls: self.tls,
+            upstream: self.upstream.clone(),
         }));
         let router = self.router.clone();
         Box::pin(async move {
@@ -347,6 +351,7 @@ pub async fn serve_on(
                 peer,
                 interim: Arc::clone(&interim),
                 tls: tls.is_some(),
+                upstream: crate::origin::descriptors::Own::new(),
             };
             let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
             match tls {

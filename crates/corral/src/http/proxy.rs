@@ -40,6 +40,7 @@ pub async fn handle(
         addr: peer,
         interim,
         tls,
+        upstream,
     } = peer;
     let started = Instant::now();
     let method = req.method().clone();
@@ -59,7 +60,7 @@ pub async fn handle(
             response: mut res,
             label,
         },
-    ) = route_request(app, peer, interim, tls, &client, req).await;
+    ) = route_request(app, peer, interim, tls, upstream, &client, req).await;
     if let Some(r) = &route {
         r.strip_own_fields(res.headers_mut());
     }
@@ -114,6 +115,7 @@ async fn route_request(
     peer: SocketAddr,
     interim: Option<Interim>,
     tls: bool,
+    upstream: crate::origin::descriptors::Own,
     client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Answer) {
@@ -255,7 +257,7 @@ async fn route_request(
         .await;
         (Some(route), res)
     } else {
-        route_through(app, route, head, body, gate.clone(), interim).await
+        route_through(app, route, head, body, gate.clone(), interim, upstream).await
     };
     if let Some(g) = gate {
         if answer
@@ -286,6 +288,7 @@ async fn route_through(
     body: Body,
     gate: Option<Arc<Gate>>,
     interim: Option<Interim>,
+    upstream: crate::origin::descriptors::Own,
 ) -> (Option<Arc<Route>>, Answer) {
     // A POST on a route that coalesces them: a body small enough is read
     // whole and keyed (identical in-flight POSTs of one caller share one
@@ -359,7 +362,7 @@ async fn route_through(
             Detail::RequestBody
         }
     });
-    let res = forward_uncached(&app, &route, &head, body, fwd, detail, interim).await;
+    let res = forward_uncached(&app, &route, &head, body, fwd, detail, interim, &upstream).await;
     (Some(route), res)
 }
 
@@ -438,7 +441,10 @@ fn head_size(parts: &http::request::Parts) -> u64 {
     (line + fields) as u64
 }
 
-/// Streams a request through to the upstream and the answer back.
+/// Streams a request through to the upstream and the answer back, on an
+/// upstream socket counted for it (`own`, the client connection's, or the
+/// overflow's).
+#[allow(clippy::too_many_arguments)]
 async fn forward_uncached(
     app: &App,
     route: &Route,
@@ -447,14 +453,29 @@ async fn forward_uncached(
     fwd: Forward,
     detail: Option<Detail>,
     interim: Option<Interim>,
+    own: &crate::origin::descriptors::Own,
 ) -> Answer {
     let slot = match route.upstream.slot().await {
         Ok(s) => s,
         Err(e) => return busy(fwd, &e),
     };
+    let within = route.upstream.queue_timeout;
+    let Some(descriptor) = crate::origin::descriptors::take(own, within).await else {
+        tracing::debug!(route = %route.name, "no upstream socket free for a passed-through request: every client connection's own and the overflow are in use");
+        return busy(fwd, &crate::origin::upstream::UpstreamError::Busy(within));
+    };
     let deadline = Instant::now() + route.upstream.total;
     let bodyless = head.body == RequestBody::None;
-    let body = if bodyless { Body::empty() } else { body };
+    let descriptor = Arc::new(descriptor);
+    let body = if bodyless {
+        Body::empty()
+    } else {
+        // The socket stays busy while the client's body is still sent.
+        Body::new(crate::origin::descriptors::Counted::new(
+            body,
+            Arc::clone(&descriptor),
+        ))
+    };
     let mut req = match upstream_request(
         route,
         head,
@@ -475,7 +496,11 @@ async fn forward_uncached(
         }
     };
     crate::origin::interim::forward_to(interim, &mut req);
-    let res = match route.upstream.send(req, bodyless, deadline, slot).await {
+    let res = match route
+        .upstream
+        .send(req, bodyless, deadline, slot, Some(descriptor))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");

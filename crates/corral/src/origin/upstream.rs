@@ -117,6 +117,8 @@ pub struct Upstream {
     /// `upstream_concurrency`: a slot is held from before the request is
     /// sent until its answer's body ends.
     pub slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
+    /// How long a request waits for an upstream slot or socket.
+    pub queue_timeout: Duration,
 }
 
 impl Upstream {
@@ -127,6 +129,7 @@ impl Upstream {
         tls: Option<&crate::config::tls::UpstreamTls>,
         http2: bool,
         slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
+        queue_timeout: Duration,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(t.connect));
@@ -182,6 +185,7 @@ impl Upstream {
             response_headers: t.response_headers,
             total: t.total,
             slots,
+            queue_timeout,
         }
     }
 
@@ -196,12 +200,14 @@ impl Upstream {
         retryable: bool,
         deadline: Instant,
         slot: Option<crate::limits::slots::Slot>,
+        descriptor: Option<std::sync::Arc<crate::origin::descriptors::Permit>>,
     ) -> Result<Response<OriginBody>, UpstreamError> {
         let (res, server) = self.send_retrying(req, retryable, deadline).await?;
         let held = (self.pool.servers.len() > 1).then(|| self.pool.hold(server));
         Ok(res.map(|inner| OriginBody {
             inner,
             _slot: slot,
+            _descriptor: descriptor,
             _server: held,
         }))
     }
@@ -462,6 +468,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub struct OriginBody {
     inner: Incoming,
     _slot: Option<crate::limits::slots::Slot>,
+    /// The upstream socket counted for a passed-through exchange.
+    _descriptor: Option<std::sync::Arc<crate::origin::descriptors::Permit>>,
     /// Counts the request as outstanding to its server (least_outstanding).
     _server: Option<crate::origin::pool::OwnedOutstanding>,
 }
