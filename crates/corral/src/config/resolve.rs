@@ -902,14 +902,10 @@ impl Resolver<'_> {
             &queue_field,
             DEFAULT_UPSTREAM_QUEUE_TIMEOUT,
         )?;
+        // Also how long a passed-through request waits for an upstream
+        // socket (origin/descriptors.rs), so it applies without
+        // upstream_concurrency too.
         self.positive(&queue, &queue_field)?;
-        if raw.upstream_queue_timeout.is_some() && upstream_concurrency.is_none() {
-            return Err(self.blame(
-                &queue,
-                &queue_field,
-                "has no effect without upstream_concurrency",
-            ));
-        }
         let upstream_http2 = raw.upstream_http2.unwrap_or(false);
         if upstream_http2 && tls.is_none() {
             return Err(self.error(
