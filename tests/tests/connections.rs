@@ -348,3 +348,66 @@ async fn h2_streams_with_open_bodies_hold_no_more_upstream_sockets_than_the_budg
     drop(bodies);
     drop(drivers);
 }
+
+/// An `upstream_concurrency` slot measures origin work: a passed-through
+/// answer is read ahead of a client that reads slowly (up to
+/// max_object_size), so the slot is given back when the origin is done,
+/// and two clients that read nothing do not lock everyone else out of the
+/// route's two slots. The slow clients still get every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_do_not_hold_upstream_slots_past_the_origins_answer() {
+    // Larger than what the kernel buffers for a client that reads nothing
+    // (corral's send buffer grows to 4 MiB at most, see above).
+    const SIZE: usize = 12 * 1024 * 1024;
+    let origin = Origin::new()
+        .route(
+            "/big",
+            Reply::ok("x".repeat(SIZE)).header("cache-control", "no-store"),
+        )
+        .route(
+            "/small",
+            Reply::ok("small").header("cache-control", "no-store"),
+        )
+        .start()
+        .await;
+    let config = Config::new()
+        .cache("max_object_size", "16MiB")
+        .cache("fill_memory", "64MiB")
+        .route(
+            Route::new("api", origin.url())
+                .field("upstream_concurrency", "2")
+                .field("upstream_queue_timeout", "2s"),
+        );
+    let proxy = Proxy::new(config).start().await;
+    let mut stuck = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut s = socket.connect(proxy.addr()).await.expect("connect");
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("request");
+        stuck.push(s);
+    }
+    origin.wait_hits("/big", 2, DEADLINE).await;
+    // Both slots were taken; the origin's answers are read ahead, so they
+    // come back at once, and the next caller is served.
+    let next = Client::new().get(&proxy.url("/small")).await;
+    assert_eq!(next.status, 200, "{}", next.cache_status());
+    assert_eq!(next.text(), "small");
+    let ahead = scrape(&proxy).await.value("corral_ahead_buffer_bytes", &[]);
+    assert!(
+        ahead.is_some_and(|b| b > 0.0 && b <= 2.0 * SIZE as f64),
+        "{ahead:?}"
+    );
+    // The slow clients lose nothing.
+    for mut s in stuck {
+        let mut all = Vec::new();
+        tokio::time::timeout(DEADLINE, s.read_to_end(&mut all))
+            .await
+            .expect("read in time")
+            .expect("read");
+        let body = corral_tests::raw::find_head_end(&all).map_or(0, |at| all.len() - at);
+        assert_eq!(body, SIZE);
+    }
+}

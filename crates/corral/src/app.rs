@@ -34,6 +34,9 @@ pub struct App {
     pub fill_memory: Arc<Budget>,
     /// What coalesced POST bodies may hold at once (`cache.post_memory`).
     pub post_memory: Arc<Budget>,
+    /// What passed-through bodies may be read ahead of their clients at
+    /// once (as much as `cache.fill_memory`, a budget of its own).
+    pub ahead_memory: Arc<Budget>,
     /// Fills under way in this instance (`cache.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
@@ -129,6 +132,7 @@ impl App {
             clock: Arc::new(SystemClock),
             fill_memory: Budget::new(config.cache.fill_memory),
             post_memory: Budget::new(config.cache.post_memory),
+            ahead_memory: Budget::new(config.cache.fill_memory),
             fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
             trust: ArcSwap::from_pointee(Trust::new(config)),

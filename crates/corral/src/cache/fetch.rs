@@ -260,7 +260,11 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             if reason != PassReason::ConflictingFraming {
                 fill.mark_pass();
             }
-            let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
+            let body = Body::new(crate::origin::ahead::read_ahead(
+                DeadlineBody::new(body, deadline, route.upstream.total),
+                route.policy.max_object_size,
+                &app.ahead_memory,
+            ));
             Ended::Stream(reason, pass_response(parts, body, fwd, reason))
         }
     }

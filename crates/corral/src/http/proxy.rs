@@ -517,7 +517,13 @@ async fn forward_uncached(
     }
     let mut st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
     st.detail = detail;
-    let body = Body::new(DeadlineBody::new(body, deadline, route.upstream.total));
+    // Read ahead of a slow client: the exchange (its slot and socket) ends
+    // at the origin's pace.
+    let body = Body::new(crate::origin::ahead::read_ahead(
+        DeadlineBody::new(body, deadline, route.upstream.total),
+        route.policy.max_object_size,
+        &app.ahead_memory,
+    ));
     Answer::new(Response::from_parts(parts, body), &st, head.version)
 }
 

@@ -98,6 +98,7 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
         l1_side_bytes: app.l1.side_weighted_size(),
         fill_buffer_bytes: app.fill_memory.used(),
         post_buffer_bytes: app.post_memory.used(),
+        ahead_buffer_bytes: app.ahead_memory.used(),
         backoff_keys: app.l1.backoff_keys(),
         circuits: app
             .routes()

@@ -1,10 +1,12 @@
 //! Talking to the origin: the upstream request built from the validated
 //! head (`request`), the pooled client with its deadlines (`upstream`), and
 //! the origin's interim (1xx) answers passed on to the caller (`interim`),
-//! and the upstream sockets passed-through requests may hold (`descriptors`).
+//! the upstream sockets passed-through requests may hold (`descriptors`),
+//! and passed-through bodies read ahead of slow clients (`ahead`).
 //! Used by `http` (pass-through, and the connection's interim writes) and
 //! `cache` (fills).
 
+pub mod ahead;
 pub mod descriptors;
 pub mod interim;
 pub mod pool;

@@ -256,6 +256,7 @@ pub struct Gauges {
     pub l1_side_bytes: u64,
     pub fill_buffer_bytes: u64,
     pub post_buffer_bytes: u64,
+    pub ahead_buffer_bytes: u64,
     pub backoff_keys: usize,
     /// Each route's name and whether its origin circuit is open.
     pub circuits: Vec<(String, bool)>,
@@ -273,6 +274,7 @@ pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
     gauge!("corral_l1_side_bytes").set(g.l1_side_bytes as f64);
     gauge!("corral_fill_buffer_bytes").set(g.fill_buffer_bytes as f64);
     gauge!("corral_post_buffer_bytes").set(g.post_buffer_bytes as f64);
+    gauge!("corral_ahead_buffer_bytes").set(g.ahead_buffer_bytes as f64);
     gauge!("corral_origin_backoff_keys").set(g.backoff_keys as f64);
     for (route, open) in &g.circuits {
         gauge!("corral_origin_circuit_open", "route" => route.clone()).set(if *open {
