@@ -7,8 +7,9 @@
 # sends KEYS GETs of distinct, cacheable keys, each with 1 KiB of request
 # headers (bench/src/bin/memory-load.rs, 32 keep-alive connections), and
 # prints corral's resident memory (RSS) every tenth of the way, its L1 and
-# side-table bytes from /metrics, and the verdict against the target
-# RSS <= MEMORY + 64 MiB. Loopback only; the load is bounded by KEYS and by
+# side-table bytes from /metrics, what it holds at the end with its memfds
+# (sealed bodies, which RSS does not show), and the verdict against the
+# target: peak RSS and held memory <= MEMORY + 64 MiB. Loopback only; the load is bounded by KEYS and by
 # `timeout`. Knob: BENCH_NO_BUILD=1 uses the binaries in target/release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,14 +50,31 @@ echo "corral $(git rev-parse --short HEAD), cache.memory $memory, $keys keys wit
 echo "rss_mib at start: $idle"
 timeout 1800 target/release/memory-load "127.0.0.1:$port" "$corral" "$keys" 32 1024 | tee "$work/load.tsv"
 metrics=$(curl -fsS "http://127.0.0.1:$admin/metrics")
-grep -E '^corral_(l1_entries|l1_bytes|l1_side_bytes|fill_buffer_bytes) ' <<<"$metrics" || true
+grep -E '^corral_(l1_entries|l1_bytes|l1_side_bytes|fill_buffer_bytes|post_buffer_bytes|ahead_buffer_bytes|sealed_bodies|sealed_bytes) ' <<<"$metrics" || true
+# What the process holds beyond RSS: sealed bodies are memfds read with
+# sendfile, so their pages are in the machine's Shmem, not in VmRSS. Held =
+# VmRSS - RssShmem + the size of every memfd it keeps open.
+memfd_bytes=0
+for fd in /proc/$corral/fd/*; do
+  case "$(readlink "$fd" 2>/dev/null)" in
+    /memfd:*) memfd_bytes=$((memfd_bytes + $(stat -Lc %s "$fd" 2>/dev/null || echo 0))) ;;
+  esac
+done
+rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$corral/status")
+shmem_kb=$(awk '/^RssShmem/ {print $2}' "/proc/$corral/status")
+held_mib=$(python3 -c "print(f'{($rss_kb - ${shmem_kb:-0}) / 1024 + $memfd_bytes / 2**20:.1f}')")
+echo "at end: rss_mib $((rss_kb / 1024)), memfd_mib $((memfd_bytes / 1048576)), held_mib $held_mib (RSS without shared pages, plus memfds)"
+echo "held_mib_end	$held_mib" >>"$work/load.tsv"
 python3 - "$memory" "$work/load.tsv" <<'PY'
 import re, sys
 units = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
 m = re.fullmatch(r"(\d+)(KiB|MiB|GiB)", sys.argv[1])
 memory = int(m.group(1)) * units[m.group(2)] if m else int(sys.argv[1]) / 2**20
-peak = float([l.split("\t")[1] for l in open(sys.argv[2]) if l.startswith("peak_rss_mib")][0])
+lines = open(sys.argv[2]).read().splitlines()
+peak = float([l.split("\t")[1] for l in lines if l.startswith("peak_rss_mib")][0])
+held = float([l.split("\t")[1] for l in lines if l.startswith("held_mib_end")][0])
 target = memory + 64
-verdict = "met" if peak <= target else "MISSED"
-print(f"peak RSS {peak:.1f} MiB vs cache.memory {memory:.0f} MiB + 64 MiB = {target:.0f} MiB: {verdict}")
+worst = max(peak, held)
+verdict = "met" if worst <= target else "MISSED"
+print(f"peak RSS {peak:.1f} MiB, held at end (memfds included) {held:.1f} MiB vs cache.memory {memory:.0f} MiB + 64 MiB = {target:.0f} MiB: {verdict}")
 PY

@@ -274,6 +274,34 @@ impl RunningProxy {
         kb / 1024.0
     }
 
+    /// What the process really holds, in MiB: its resident memory less the
+    /// shared pages it maps (RssShmem), plus the whole size of every memfd
+    /// it holds open (sealed bodies: read with sendfile, their pages are
+    /// not in its RSS, but the machine's Shmem holds them all).
+    pub fn held_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the proxy's /proc status");
+        let kb = |field: &str| -> f64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let private = kb("VmRSS:") - kb("RssShmem:");
+        let mut memfd = 0u64;
+        if let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", self.pid())) {
+            for fd in fds.flatten() {
+                let is_memfd = std::fs::read_link(fd.path())
+                    .is_ok_and(|target| target.to_string_lossy().starts_with("/memfd:"));
+                if is_memfd && let Ok(meta) = std::fs::metadata(fd.path()) {
+                    memfd += meta.len();
+                }
+            }
+        }
+        private / 1024.0 + memfd as f64 / (1024.0 * 1024.0)
+    }
+
     /// The config file the process was started with.
     pub fn config_path(&self) -> &Path {
         &self.config_path

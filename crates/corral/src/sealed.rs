@@ -67,6 +67,12 @@ pub fn live() -> usize {
     imp::live()
 }
 
+/// Bytes of the sealed bodies alive now: those in L1 and those evicted
+/// but still pinned by clients reading them. Memory RSS does not show.
+pub fn live_bytes() -> usize {
+    imp::live_bytes()
+}
+
 /// Sends `data` to the socket `socket` with sendfile(2) when `data` lies
 /// inside a sealed body: `Some(result)` then, where the result is what
 /// `write` would return (a short count, or `WouldBlock` on a non-blocking
@@ -89,6 +95,9 @@ mod imp {
     use super::MIN_SEALED_LEN;
 
     static LIVE: AtomicUsize = AtomicUsize::new(0);
+    /// Bytes of every live sealed body: pages the process holds that its
+    /// RSS does not show (they are read by sendfile, not through the map).
+    static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
     static MAX_LIVE: AtomicUsize = AtomicUsize::new(super::DEFAULT_MAX_LIVE);
     static CAP_WARNED: AtomicBool = AtomicBool::new(false);
     static WARNED: AtomicBool = AtomicBool::new(false);
@@ -97,6 +106,10 @@ mod imp {
 
     pub(super) fn live() -> usize {
         LIVE.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn live_bytes() -> usize {
+        LIVE_BYTES.load(Ordering::Relaxed)
     }
 
     pub(super) fn set_max_live(max: usize) {
@@ -158,6 +171,7 @@ mod imp {
                 libc::munmap(self.ptr as *mut libc::c_void, self.len);
             }
             LIVE.fetch_sub(1, Ordering::Relaxed);
+            LIVE_BYTES.fetch_sub(self.len, Ordering::Relaxed);
         }
     }
 
@@ -224,6 +238,7 @@ mod imp {
             fd,
         };
         LIVE.fetch_add(1, Ordering::Relaxed);
+        LIVE_BYTES.fetch_add(data.len(), Ordering::Relaxed);
         match REGISTRY.write() {
             Ok(mut r) => {
                 r.insert(ptr as usize, (mapping.len, mapping.fd.as_raw_fd()));
@@ -265,6 +280,9 @@ mod imp {
     use bytes::Bytes;
 
     pub(super) fn live() -> usize {
+        0
+    }
+    pub(super) fn live_bytes() -> usize {
         0
     }
     pub(super) fn set_max_live(_: usize) {}

@@ -163,6 +163,9 @@ pub struct ServerConfig {
     /// How long a write to a client may stay blocked (the client reads
     /// nothing) before the connection is closed.
     pub send_timeout: Duration,
+    /// Bytes a second a client must read while an answer waits on it,
+    /// measured over `send_timeout`; 0: no minimum.
+    pub min_send_rate: u64,
     /// Client connections open at once; `None`: derived from the open-file
     /// limit at start. Past it, corral stops accepting (the kernel queues).
     pub max_connections: Option<usize>,
@@ -208,6 +211,7 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),
+            min_send_rate: DEFAULT_MIN_SEND_RATE,
             max_connections: None,
             max_header_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
@@ -242,6 +246,10 @@ pub struct CacheConfig {
 /// Default `coalesce.post.read_timeout`: well below `timeouts.total`, so a
 /// body that trickles in holds its memory briefly.
 pub const DEFAULT_POST_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default `server.min_send_rate`: 4 KiB a second (32 kbit/s), under any
+/// real client's pace, over a slow reader's that pins a body for hours.
+pub const DEFAULT_MIN_SEND_RATE: u64 = 4096;
 
 /// Default `cache.max_fills`.
 const DEFAULT_MAX_FILLS: usize = 1024;

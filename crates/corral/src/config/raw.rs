@@ -99,6 +99,7 @@ pub struct RawServer {
     pub header_read_timeout: Option<Text>,
     pub idle_timeout: Option<Text>,
     pub send_timeout: Option<Text>,
+    pub min_send_rate: Option<Text>,
     pub max_connections: Option<Text>,
     pub max_header_size: Option<Text>,
     pub shutdown_grace: Option<Text>,

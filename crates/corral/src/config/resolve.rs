@@ -283,6 +283,11 @@ impl Resolver<'_> {
             defaults.send_timeout,
         )?;
         self.positive(&send_timeout, "server.send_timeout")?;
+        let min_send_rate = self.size(
+            raw.min_send_rate.as_ref(),
+            "server.min_send_rate",
+            defaults.min_send_rate,
+        )?;
         let max_connections = match &raw.max_connections {
             None => None,
             Some(t) => Some(
@@ -398,6 +403,7 @@ impl Resolver<'_> {
             header_read_timeout: header_read_timeout.value,
             idle_timeout: idle_timeout.value,
             send_timeout: send_timeout.value,
+            min_send_rate: min_send_rate.value,
             max_connections,
             max_header_size: max_header_size.value,
             shutdown_grace: shutdown_grace.value,

@@ -47,7 +47,8 @@ impl ClientStream {
     fn track(&self, poll: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
         match &poll {
             Poll::Pending => self.activity.write_blocked(),
-            Poll::Ready(_) => self.activity.write_done(),
+            Poll::Ready(Ok(n)) => self.activity.write_done(*n),
+            Poll::Ready(Err(_)) => self.activity.write_done(0),
         }
         poll
     }

@@ -47,6 +47,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub send_timeout: Duration,
+    /// Bytes a second a client must take while writes wait on it; 0: none.
+    pub min_send_rate: u64,
     pub max_connections: usize,
     /// Each connection opens with a PROXY protocol header, read (within
     /// `header_read_timeout`) before HTTP; its address is the peer.
@@ -66,6 +68,10 @@ pub struct Activity {
     /// When a write began waiting for the client to read; `u64::MAX` when
     /// no write waits.
     write_blocked_since: AtomicU64,
+    /// Bytes written to the client so far.
+    written: AtomicU64,
+    /// Writes that had to wait for the client, so far.
+    stalls: AtomicU64,
     /// Wakes the watchdog when the connection turns abusive.
     alarm: tokio::sync::Notify,
 }
@@ -79,6 +85,8 @@ impl Activity {
             abandoned: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             write_blocked_since: AtomicU64::new(u64::MAX),
+            written: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
             alarm: tokio::sync::Notify::new(),
         })
     }
@@ -96,6 +104,7 @@ impl Activity {
     /// from now: it may be asleep until the idle deadline, because a
     /// response whose body is all in hyper's buffer counts as answered.
     pub fn write_blocked(&self) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
         if self.write_blocked_since.load(Ordering::Relaxed) == u64::MAX {
             self.write_blocked_since
                 .store(self.now_ms(), Ordering::Relaxed);
@@ -103,8 +112,9 @@ impl Activity {
         }
     }
 
-    /// A write went through.
-    pub fn write_done(&self) {
+    /// A write of `n` bytes went through.
+    pub fn write_done(&self, n: usize) {
+        self.written.fetch_add(n as u64, Ordering::Relaxed);
         if self.write_blocked_since.load(Ordering::Relaxed) != u64::MAX {
             self.write_blocked_since.store(u64::MAX, Ordering::Relaxed);
         }
@@ -125,6 +135,49 @@ impl Activity {
     fn abusive(&self) -> bool {
         let abandoned = self.abandoned.load(Ordering::Relaxed);
         abandoned >= ABANDON_FLOOR && abandoned * 2 > self.started.load(Ordering::Relaxed)
+    }
+}
+
+/// The client's reading pace, measured by the watchdog in windows of
+/// `send_timeout` (Varnish's and nginx's `send_timeout` bound one write;
+/// this bounds how long a client that reads a little at a time can keep
+/// an answer, and the body it pins, in progress).
+#[derive(Debug, Default)]
+struct Pace {
+    /// The window under way: when it began, and the bytes written and the
+    /// stalled writes counted then.
+    window: Option<(Instant, u64, u64)>,
+}
+
+impl Pace {
+    fn window_end(&self, limits: &Limits) -> Option<Instant> {
+        self.window.map(|(start, _, _)| start + limits.send_timeout)
+    }
+
+    /// True when, over the last whole window, writes waited on the client
+    /// and it took fewer than `min_send_rate` bytes a second, while an
+    /// answer was still in progress. A window starts once a write waits.
+    fn too_slow(&mut self, activity: &Activity, limits: &Limits, now: Instant) -> bool {
+        if limits.min_send_rate == 0 {
+            return false;
+        }
+        let written = activity.written.load(Ordering::Relaxed);
+        let stalls = activity.stalls.load(Ordering::Relaxed);
+        let busy = activity.in_flight.load(Ordering::Acquire) > 0
+            || activity.write_blocked_since.load(Ordering::Relaxed) != u64::MAX;
+        let Some((start, from, stalled)) = self.window else {
+            if busy && stalls > 0 {
+                self.window = Some((now, written, stalls));
+            }
+            return false;
+        };
+        if now < start + limits.send_timeout {
+            return false;
+        }
+        let owed = limits.min_send_rate as f64 * limits.send_timeout.as_secs_f64();
+        let slow = busy && stalls > stalled && ((written - from) as f64) < owed;
+        self.window = busy.then_some((now, written, stalls));
+        slow
     }
 }
 
@@ -431,6 +484,7 @@ async fn watch_over<I>(
     let mut conn = std::pin::pin!(conn);
     // Once told to close, the connection has this long to finish.
     let mut closing: Option<Instant> = None;
+    let mut pace = Pace::default();
     let busy_recheck = (limits.send_timeout / 4).max(Duration::from_millis(250));
     loop {
         let now = Instant::now();
@@ -448,6 +502,9 @@ async fn watch_over<I>(
         }
         if let Some(hard) = closing {
             next = next.min(hard);
+        }
+        if let Some(end) = pace.window_end(limits) {
+            next = next.min(end);
         }
         tokio::select! {
             r = conn.as_mut() => {
@@ -474,6 +531,11 @@ async fn watch_over<I>(
             tracing::debug!("closing a connection whose client read nothing for send_timeout");
             return;
         }
+        if pace.too_slow(activity, limits, now) {
+            crate::telemetry::metrics::connection_closed("slow-reader");
+            tracing::debug!("closing a connection whose client reads slower than min_send_rate");
+            return;
+        }
         if closing.is_none() {
             let idle = activity.in_flight.load(Ordering::Acquire) == 0;
             let first = activity.started.load(Ordering::Relaxed) == 0;
@@ -497,5 +559,80 @@ async fn watch_over<I>(
                 closing = Some(now + CLOSE_GRACE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(min_send_rate: u64) -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(10),
+            min_send_rate,
+            max_connections: 16,
+            proxy_protocol: false,
+        }
+    }
+
+    /// The client takes `bytes` over the next window, with writes waiting
+    /// on it throughout.
+    fn window(activity: &Activity, bytes: usize) {
+        activity.write_blocked();
+        activity.write_done(bytes);
+        activity.write_blocked();
+    }
+
+    #[test]
+    fn a_client_below_min_send_rate_over_a_whole_window_is_too_slow() {
+        let l = limits(4096);
+        let a = Activity::new();
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        let t0 = Instant::now();
+        let mut pace = Pace::default();
+        // The first stall opens a window; nothing is judged before its end.
+        a.write_blocked();
+        assert!(!pace.too_slow(&a, &l, t0));
+        assert_eq!(pace.window_end(&l), Some(t0 + l.send_timeout));
+        window(&a, 1024);
+        assert!(!pace.too_slow(&a, &l, t0 + Duration::from_secs(5)));
+        // 40 KiB in 10 s is 4 KiB/s: enough. The next window is opened.
+        window(&a, 39 * 1024);
+        assert!(!pace.too_slow(&a, &l, t0 + l.send_timeout));
+        // 4 KiB every 2 s (the attack): 20 KiB in 10 s, too slow.
+        window(&a, 20 * 1024);
+        assert!(pace.too_slow(&a, &l, t0 + 2 * l.send_timeout));
+    }
+
+    #[test]
+    fn a_slow_origin_a_finished_answer_or_no_minimum_is_never_too_slow() {
+        let t0 = Instant::now();
+        // No write waited on the client in the window: the origin is slow.
+        let a = Activity::new();
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        let mut pace = Pace::default();
+        a.write_blocked();
+        a.write_done(10);
+        assert!(!pace.too_slow(&a, &limits(4096), t0));
+        assert!(!pace.too_slow(&a, &limits(4096), t0 + Duration::from_secs(10)));
+        // The answer is done (nothing in flight, no write waiting).
+        let a = Activity::new();
+        let mut pace = Pace::default();
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        a.write_blocked();
+        assert!(!pace.too_slow(&a, &limits(4096), t0));
+        a.write_done(10);
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
+        assert!(!pace.too_slow(&a, &limits(4096), t0 + Duration::from_secs(10)));
+        // min_send_rate: 0.
+        let a = Activity::new();
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        let mut pace = Pace::default();
+        a.write_blocked();
+        assert!(!pace.too_slow(&a, &limits(0), t0));
+        window(&a, 1);
+        assert!(!pace.too_slow(&a, &limits(0), t0 + Duration::from_secs(10)));
     }
 }

@@ -46,6 +46,7 @@ fn shared(
         header_read_timeout: config.header_read_timeout,
         idle_timeout: config.idle_timeout,
         send_timeout: config.send_timeout,
+        min_send_rate: config.min_send_rate,
         max_connections,
         proxy_protocol: config.listen_proxy_protocol,
     };

@@ -106,6 +106,7 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
             .map(|r| (r.name.clone(), r.circuit.is_open()))
             .collect(),
         sealed_bodies: crate::sealed::live(),
+        sealed_bytes: crate::sealed::live_bytes(),
         flights: app.flights.len(),
         redis: app.l2.as_ref().map(|l2| {
             let (open, opened) = l2.link.breaker_state();
@@ -130,6 +131,7 @@ pub async fn serve(
         header_read_timeout: server.header_read_timeout,
         idle_timeout: server.idle_timeout,
         send_timeout: server.send_timeout,
+        min_send_rate: server.min_send_rate,
         max_connections: ADMIN_CONNECTIONS,
         proxy_protocol: false,
     };

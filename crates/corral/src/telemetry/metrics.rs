@@ -261,6 +261,7 @@ pub struct Gauges {
     /// Each route's name and whether its origin circuit is open.
     pub circuits: Vec<(String, bool)>,
     pub sealed_bodies: usize,
+    pub sealed_bytes: usize,
     pub flights: usize,
     /// With Redis: breaker open, times it opened, connected.
     pub redis: Option<(bool, u64, bool)>,
@@ -284,6 +285,7 @@ pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
         });
     }
     gauge!("corral_sealed_bodies").set(g.sealed_bodies as f64);
+    gauge!("corral_sealed_bytes").set(g.sealed_bytes as f64);
     counter!("corral_log_lines_dropped_total")
         .absolute(crate::telemetry::log_sink::dropped_total());
     gauge!("corral_flights_in_progress").set(g.flights as f64);
