@@ -89,6 +89,7 @@ impl IdentityRules {
         self.identify_with(headers, true)
     }
 
+    #[inline]
     fn identify_with(&self, headers: &HeaderMap, whole_cookie: bool) -> Option<Identity> {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         let mut found = false;

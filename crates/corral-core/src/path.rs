@@ -61,18 +61,33 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, BadPath> {
         .map_err(|_| BadPath::Invalid)
 }
 
+/// Bytes that may make a path not normal: looked up once a byte, so the
+/// common path (letters, digits, `-`, `_`, single slashes) costs a table
+/// read per byte on the hit path.
+static SPECIAL: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0x80;
+    while i < 256 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'%' as usize] = true;
+    t[b'\\' as usize] = true;
+    t[b';' as usize] = true;
+    t[b'/' as usize] = true;
+    t[0] = true;
+    t
+};
+
 /// True when `path` has nothing to decode, merge or remove: no `%`, no
 /// `\`, no `//`, no segment that starts with `.`, no `;` and only ASCII.
 fn is_normal(p: &[u8]) -> bool {
-    let mut prev = 0u8;
-    for &b in p {
-        match b {
-            b'%' | b'\\' | b';' | 0 | 0x80..=0xff => return false,
-            b'/' if prev == b'/' => return false,
-            b'.' if prev == b'/' => return false,
-            _ => {}
+    let mut rest = p;
+    while let Some(at) = rest.iter().position(|&b| SPECIAL[usize::from(b)]) {
+        if rest[at] != b'/' || matches!(rest.get(at + 1), Some(b'/' | b'.')) {
+            return false;
         }
-        prev = b;
+        rest = &rest[at + 1..];
     }
     true
 }

@@ -292,7 +292,7 @@ async fn route_through(
 ) -> (Option<Arc<Route>>, Answer) {
     // A POST on a route that coalesces them: a body small enough is read
     // whole and keyed (identical in-flight POSTs of one caller share one
-    // origin request); a larger one, one the fill memory cannot hold now,
+    // origin request); a larger one, one the POST budget cannot hold now,
     // or a GraphQL mutation passes through on its own.
     let mut body = body;
     if head.method == Method::POST
