@@ -642,7 +642,10 @@ async fn a_request_with_a_method_override_is_never_retried() {
     let count = std::sync::Arc::clone(&seen);
     // Every odd request: the connection closes before any answer.
     let origin = RawOrigin::start(move |_| {
-        if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 2 == 0 {
+        if count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            .is_multiple_of(2)
+        {
             Vec::new()
         } else {
             response(200, &[], "done")

@@ -124,7 +124,7 @@ impl HttpBody for ReadAhead {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.hint.clone()
+        self.hint
     }
 }
 
