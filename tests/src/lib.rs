@@ -30,7 +30,9 @@ pub use client::{Answer, Client, assert_every_answer, tally};
 pub use config::{Config, Route};
 pub use origin::{Origin, OriginMode, RunningOrigin, SeenRequest};
 pub use proxy::{Proxy, RunningProxy};
-pub use raw::{RawAnswer, RawResponse, exchange, exchange_bytes, exchange_full};
+pub use raw::{
+    RawAnswer, RawResponse, exchange, exchange_bytes, exchange_full, send_as_slow_reader,
+};
 pub use raw_origin::{RawOrigin, RawRequest};
 pub use redis_deployments::{Keyspace, RedisCluster, RedisSentinels};
 pub use redis_server::Redis;

@@ -76,6 +76,28 @@ pub async fn send_and_hold(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
     stream
 }
 
+/// Opens a connection whose receive buffer is pinned small (4 KiB), sends
+/// `bytes` and reads nothing: a client that reads slowly or not at all, so
+/// the server's writes wait on it once the kernel's buffers are full.
+pub async fn send_as_slow_reader(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut stream = socket
+        .connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .write_all(bytes)
+        .await
+        .unwrap_or_else(|e| panic!("write to {addr}: {e}"));
+    stream
+}
+
 /// Sends `bytes` and returns every byte the server sent until it closed the
 /// connection, within `within` (empty: it closed without answering).
 pub async fn exchange_bytes(addr: SocketAddr, bytes: &[u8], within: Duration) -> Vec<u8> {

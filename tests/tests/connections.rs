@@ -175,13 +175,11 @@ async fn a_client_that_reads_nothing_is_cut_off_after_send_timeout() {
     // holds the host without its port, so `Host: 127.0.0.1` below is the
     // same key as this request.
     assert_eq!(Client::new().get(&proxy.url("/big")).await.body.len(), SIZE);
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut stuck = socket.connect(proxy.addr()).await.expect("connect");
-    stuck
-        .write_all(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .expect("request");
+    let stuck = corral_tests::send_as_slow_reader(
+        proxy.addr(),
+        b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while closed_for(&proxy, "send-timeout").await < 1.0 {
         assert!(
@@ -381,13 +379,8 @@ async fn slow_readers_do_not_hold_upstream_slots_past_the_origins_answer() {
     let proxy = Proxy::new(config).start().await;
     let mut stuck = Vec::new();
     for _ in 0..2 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-        let mut s = socket.connect(proxy.addr()).await.expect("connect");
-        s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("request");
-        stuck.push(s);
+        let request = b"GET /big HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+        stuck.push(corral_tests::send_as_slow_reader(proxy.addr(), request).await);
     }
     origin.wait_hits("/big", 2, DEADLINE).await;
     // Both slots were taken; the origin's answers are read ahead, so they

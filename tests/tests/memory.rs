@@ -147,14 +147,8 @@ async fn bodies_pinned_by_slow_readers_are_counted_and_given_back() {
         // next keys evict its entry.
         let warm = client.get(&proxy.url(&format!("/b?k={i}"))).await;
         assert_eq!(warm.body.len(), BODY);
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-        let mut s = socket.connect(proxy.addr()).await.expect("connect");
         let req = format!("GET /b?k={i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
-            .await
-            .expect("request");
-        readers.push(s);
+        readers.push(corral_tests::send_as_slow_reader(proxy.addr(), req.as_bytes()).await);
     }
     assert_eq!(origin.hits("/b"), READERS, "the slow readers' were hits");
     // Every body is still held by its reader, evicted or not.

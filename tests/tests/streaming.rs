@@ -290,13 +290,9 @@ async fn a_body_cut_off_mid_way_fails_every_caller_and_is_not_stored() {
 /// 4 KiB receive buffer: it holds its connection's writes back, nothing
 /// else.
 async fn stalled_reader(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("rcvbuf");
-    let mut tcp = socket.connect(addr).await.expect("connect");
-    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .expect("request");
+    use tokio::io::AsyncReadExt;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let mut tcp = corral_tests::send_as_slow_reader(addr, request.as_bytes()).await;
     let mut head = [0u8; 1];
     tcp.read_exact(&mut head).await.expect("the answer began");
     tcp
