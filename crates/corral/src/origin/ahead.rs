@@ -53,11 +53,16 @@ where
     tokio::spawn(async move {
         let mut body = body;
         loop {
-            // The origin's pace: the next frame as soon as it arrives.
-            let Some(frame) = body.frame().await else {
+            // The origin's pace: the next frame as soon as it arrives. A
+            // client that went away ends the exchange at once, not at the
+            // origin's next frame (a long poll may send none for minutes).
+            let next = tokio::select! {
+                f = body.frame() => f,
+                () = tx.closed() => None,
+            };
+            let Some(frame) = next.map(|f| f.map_err(Into::into)) else {
                 break;
             };
-            let frame = frame.map_err(Into::into);
             let len = match &frame {
                 Ok(f) => f.data_ref().map_or(0, |d| d.len() as u64),
                 Err(_) => 0,
@@ -66,24 +71,25 @@ where
                 .unwrap_or(u32::MAX)
                 .min(room_kib);
             let mut hold = budget.hold();
-            let (room_permit, hold) = if hold.grow(len) {
-                match Arc::clone(&room).acquire_many_owned(kib).await {
-                    Ok(p) => (Some(p), Some(hold)),
-                    Err(_) => break,
-                }
+            let (want, hold) = if hold.grow(len) {
+                (kib, Some(hold))
             } else {
                 // The budget is spent: wait until this client has taken
-                // everything read ahead of it, then hand it over as
-                // the client's pace allows.
-                match Arc::clone(&room).acquire_many_owned(room_kib).await {
-                    Ok(p) => (Some(p), None),
+                // everything read ahead of it, then hand it over as the
+                // client's pace allows.
+                (room_kib, None)
+            };
+            let room_permit = tokio::select! {
+                p = Arc::clone(&room).acquire_many_owned(want) => match p {
+                    Ok(p) => p,
                     Err(_) => break,
-                }
+                },
+                () = tx.closed() => break,
             };
             let failed = frame.is_err();
             let sent = tx.send(Ahead {
                 frame,
-                _room: room_permit,
+                _room: Some(room_permit),
                 _hold: hold,
             });
             if sent.is_err() || failed {
@@ -184,6 +190,38 @@ mod tests {
         let got = body.collect().await.expect("body").to_bytes();
         assert_eq!(got.len(), 16 * 4096);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_ends_the_exchange_without_another_frame() {
+        let budget = Budget::new(1 << 20);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        // A body that never sends a frame (a long poll), and says when it
+        // is dropped.
+        struct Silent(Option<tokio::sync::oneshot::Sender<()>>);
+        impl HttpBody for Silent {
+            type Data = Bytes;
+            type Error = BoxError;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+                Poll::Pending
+            }
+        }
+        impl Drop for Silent {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let body = read_ahead(Silent(Some(tx)), 1 << 20, &budget);
+        drop(body);
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx)
+            .await
+            .expect("the origin's body was dropped with its client")
+            .expect("dropped, not leaked");
     }
 
     #[tokio::test]
