@@ -53,33 +53,38 @@ struct Limit {
 }
 
 impl RouteLimits {
-    /// The route's own limits, then the global ones.
+    /// The route's own limits, then the global ones, in the order they are
+    /// checked: least forgeable first ([`forgeability`]), that order kept
+    /// within each kind.
     pub fn new(route: &str, own: &[LimitConfig], global: &[LimitConfig]) -> Self {
         let all = || {
             own.iter()
                 .map(|l| (l, false))
                 .chain(global.iter().map(|l| (l, true)))
         };
+        let mut limits: Vec<Limit> = all()
+            .map(|(l, global)| Limit {
+                global,
+                gcra: Gcra::new(l.rate, l.burst),
+                policy: format!(
+                    "\"{}\";q={};w={}",
+                    l.name,
+                    l.rate.count,
+                    l.rate.period.as_secs()
+                )
+                .into(),
+                name: l.name.as_str().into(),
+                counters: crate::telemetry::metrics::rate_limit_counters(route, &l.name),
+                config: l.clone(),
+            })
+            .collect();
+        // A stable sort: the configured order within each kind.
+        limits.sort_by_key(|l| forgeability(l.config.key));
         RouteLimits {
             route: route.to_owned(),
             counts_accounts: all().any(|(l, _)| l.key != LimitKey::Ip),
             spares_hits: all().any(|(l, _)| !l.count_hits),
-            limits: all()
-                .map(|(l, global)| Limit {
-                    global,
-                    gcra: Gcra::new(l.rate, l.burst),
-                    policy: format!(
-                        "\"{}\";q={};w={}",
-                        l.name,
-                        l.rate.count,
-                        l.rate.period.as_secs()
-                    )
-                    .into(),
-                    name: l.name.as_str().into(),
-                    counters: crate::telemetry::metrics::rate_limit_counters(route, &l.name),
-                    config: l.clone(),
-                })
-                .collect(),
+            limits,
         }
     }
 
@@ -220,7 +225,7 @@ impl Limiter {
         who: &Who,
         phase: Phase,
     ) -> Result<Vec<Tally>, Answer> {
-        let mut keyed: Vec<(&Limit, [u8; 16])> = limits
+        let keyed: Vec<(&Limit, [u8; 16])> = limits
             .limits
             .iter()
             .filter(|l| match phase {
@@ -230,7 +235,6 @@ impl Limiter {
             })
             .filter_map(|l| key(&limits.route, l, who).map(|k| (l, k)))
             .collect();
-        keyed.sort_by_key(|(l, _)| forgeability(l.config.key));
         let mut tallies = Vec::with_capacity(keyed.len());
         for (limit, key) in keyed {
             let counted = self.decide(limit, &key).await;
