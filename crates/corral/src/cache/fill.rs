@@ -470,14 +470,19 @@ pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
             fwd_status: None,
             detail: Detail::LockTimeout,
         }),
-        OnTimeout::Error => Some(FillOutcome::Shared {
-            response: Arc::new(SharedResponse::corral_error(
-                StatusCode::GATEWAY_TIMEOUT,
-                Detail::LockTimeout,
-            )),
-            fwd: fill.fwd,
-            detail: Some(Detail::LockTimeout),
-        }),
+        OnTimeout::Error => Some(lock_timeout_error(fill)),
+    }
+}
+
+/// The 504 every waiter past its lock timeout shares.
+fn lock_timeout_error(fill: &FillRequest) -> FillOutcome {
+    FillOutcome::Shared {
+        response: Arc::new(SharedResponse::corral_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            Detail::LockTimeout,
+        )),
+        fwd: fill.fwd,
+        detail: Some(Detail::LockTimeout),
     }
 }
 
@@ -486,14 +491,7 @@ pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
 /// the stale copy if stale-if-error allows it, else 504. Never a fetch of
 /// its own: that would be the stampede.
 pub fn gave_up(fill: &FillRequest) -> FillOutcome {
-    stale_on_error(fill, Detail::LockTimeout).unwrap_or_else(|| FillOutcome::Shared {
-        response: Arc::new(SharedResponse::corral_error(
-            StatusCode::GATEWAY_TIMEOUT,
-            Detail::LockTimeout,
-        )),
-        fwd: fill.fwd,
-        detail: Some(Detail::LockTimeout),
-    })
+    stale_on_error(fill, Detail::LockTimeout).unwrap_or_else(|| lock_timeout_error(fill))
 }
 
 /// What waiters get when no fill slot came in time: the stale copy if it
