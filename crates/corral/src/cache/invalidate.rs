@@ -20,13 +20,12 @@ pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
     if let Some(tier) = &app.tier {
         // L1 indexes entries by URI, whatever the scheme; L2 by primary
         // key, which holds the scheme: both schemes' entries go.
-        for tls in [false, true] {
-            let primary = PrimaryKey::get(route_name, uri.clone(), tls);
-            let result = tier.invalidate(&primary, &uri).await;
-            tracing::debug!(key = %primary.loggable(), ok = result.is_ok(), "cluster-wide invalidation");
-            if let Err(e) = result {
-                tracing::warn!(key = %primary.loggable(), error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
-            }
+        let primaries = [false, true].map(|tls| PrimaryKey::get(route_name, uri.clone(), tls));
+        let result = tier.invalidate(&primaries, &uri).await;
+        let key = primaries[0].loggable();
+        tracing::debug!(key = %key, ok = result.is_ok(), "cluster-wide invalidation");
+        if let Err(e) = result {
+            tracing::warn!(key = %key, error = %e, "cluster-wide invalidation failed; other instances keep their copy until it expires");
         }
     }
 }

@@ -488,13 +488,13 @@ impl SharedTier for FakeTier {
     }
     fn invalidate<'a>(
         &'a self,
-        _primary: &'a PrimaryKey,
+        primaries: &'a [PrimaryKey],
         _uri: &'a UriKey,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(async move {
             self.failing()?;
             let mut r = self.records();
-            r.generation += 1;
+            r.generation += primaries.len() as u64;
             r.entries.clear();
             Ok(())
         })

@@ -229,19 +229,22 @@ impl L2 {
         self.layout.bans_key()
     }
 
-    /// Deletes every stored variant of `primary` and tells every instance to
-    /// drop `uri` from its L1.
-    pub async fn invalidate(&self, primary: &PrimaryKey, uri: &UriKey) -> Result<(), L2Error> {
-        let keys = self.keys(primary, Digest([0; 32]), None);
-        let entry_prefix = keys.entry_prefix();
-        let _: i64 = self
-            .link
-            .script(
-                &INVALIDATE,
-                &[&keys.generation(), &keys.variants()],
-                &[arg(&entry_prefix), arg(millis(RECORD_TTL))],
-            )
-            .await?;
+    /// Deletes every stored variant of each of `primaries` (the keys of one
+    /// URI: one per scheme) and tells every instance, once, to drop `uri`
+    /// from its L1.
+    pub async fn invalidate(&self, primaries: &[PrimaryKey], uri: &UriKey) -> Result<(), L2Error> {
+        for primary in primaries {
+            let keys = self.keys(primary, Digest([0; 32]), None);
+            let entry_prefix = keys.entry_prefix();
+            let _: i64 = self
+                .link
+                .script(
+                    &INVALIDATE,
+                    &[&keys.generation(), &keys.variants()],
+                    &[arg(&entry_prefix), arg(millis(RECORD_TTL))],
+                )
+                .await?;
+        }
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(self.layout.invalidate_channel())
             .arg(ClusterNotice::Invalidate(uri.digest()).encode());
@@ -312,10 +315,10 @@ impl SharedTier for L2 {
     }
     fn invalidate<'a>(
         &'a self,
-        primary: &'a PrimaryKey,
+        primaries: &'a [PrimaryKey],
         uri: &'a UriKey,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
-        Box::pin(L2::invalidate(self, primary, uri))
+        Box::pin(L2::invalidate(self, primaries, uri))
     }
     fn publish_ban<'a>(&'a self, ban: &'a corral_core::Ban) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::publish_ban(self, ban))

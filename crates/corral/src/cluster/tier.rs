@@ -99,12 +99,12 @@ pub trait SharedTier: Send + Sync {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
     fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>>;
-    /// Retires every variant of a URI on every instance: its generation
-    /// moves on (so no fill under way stores the old answer) and the
-    /// instances are told.
+    /// Retires every variant of a URI on every instance: the generation of
+    /// each of its `primaries` (one per scheme) moves on (so no fill under
+    /// way stores the old answer) and the instances are told, once.
     fn invalidate<'a>(
         &'a self,
-        primary: &'a PrimaryKey,
+        primaries: &'a [PrimaryKey],
         uri: &'a UriKey,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
     /// Records a ban for every instance (those connected later read it
