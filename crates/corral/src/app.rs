@@ -1,15 +1,14 @@
 //! What every request handler shares: the route table, L1, the flights and,
 //! when Redis is configured, L2; and the three seams the miss path runs
-//! through (the clock, the origin, the shared tier), which unit tests
-//! replace.
+//! through (the clock, the transport to the origin, the shared tier),
+//! which unit tests replace.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use corral_core::{Budget, Clock, Flights, L1, L1Config, SystemClock};
 
-use crate::cache::fetch::UpstreamOrigin;
-use crate::cache::fill::{FillOutcome, Origin};
+use crate::cache::fill::FillOutcome;
 use crate::cluster::l2::L2;
 use crate::cluster::protocol::ClusterNotice;
 use crate::cluster::tier::SharedTier;
@@ -26,8 +25,8 @@ pub struct App {
     pub l2: Option<Arc<L2>>,
     /// Redis as the miss path reaches it.
     pub tier: Option<Arc<dyn SharedTier>>,
-    /// Where fills fetch from.
-    pub origin: Arc<dyn Origin>,
+    /// What fills and passed-through requests reach the origin over.
+    pub transport: Arc<dyn crate::origin::exchange::Transport>,
     /// Where freshness, back-off and stale windows read "now".
     pub clock: Arc<dyn Clock>,
     /// What fills may buffer at once (`cache.fill_memory`).
@@ -128,7 +127,7 @@ impl App {
             flights: Flights::new(),
             l2,
             tier,
-            origin: Arc::new(UpstreamOrigin),
+            transport: Arc::new(crate::origin::exchange::Network),
             clock: Arc::new(SystemClock),
             fill_memory: Budget::new(config.cache.fill_memory),
             post_memory: Budget::new(config.cache.post_memory),
@@ -142,11 +141,11 @@ impl App {
 
 impl App {
     /// The state with other seams: unit tests drive the miss path against
-    /// a scripted origin, an in-memory shared tier and a paused clock.
+    /// a scripted transport, an in-memory shared tier and a paused clock.
     #[cfg(test)]
     pub fn with_seams(
         config: &Config,
-        origin: Arc<dyn Origin>,
+        transport: Arc<dyn crate::origin::exchange::Transport>,
         tier: Option<Arc<dyn SharedTier>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -155,7 +154,7 @@ impl App {
             ..config.clone()
         })
         .expect("no Redis to connect to");
-        app.origin = origin;
+        app.transport = transport;
         app.tier = tier;
         app.clock = clock;
         app

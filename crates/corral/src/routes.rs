@@ -19,8 +19,6 @@ pub struct Route {
     pub name: String,
     host: Option<String>,
     prefix: String,
-    pub scheme: Scheme,
-    pub authority: Authority,
     pub cache_enabled: bool,
     pub policy: RoutePolicy,
     pub query_filter: QueryFilter,
@@ -116,8 +114,6 @@ impl Route {
             name: rc.name.clone(),
             host: rc.host.as_ref().map(|h| h.to_ascii_lowercase()),
             prefix: rc.path_prefix.clone(),
-            scheme,
-            authority,
             cache_enabled: c.enabled,
             policy,
             query_filter: QueryFilter::new(&c.ignore_query),
@@ -140,6 +136,7 @@ impl Route {
             }),
             upstream: Upstream::new(
                 &rc.name,
+                (scheme, authority),
                 &rc.timeouts,
                 Arc::new(crate::origin::pool::Pool::new(
                     &rc.name,
@@ -198,7 +195,7 @@ impl RouteTable {
                     ));
                     if let Some(path) = &r.health.check_path {
                         route.upstream.spawn_checks(
-                            route.scheme.clone(),
+                            route.upstream.scheme.clone(),
                             path.clone(),
                             r.health.check_interval,
                         );

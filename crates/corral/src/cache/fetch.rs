@@ -1,9 +1,11 @@
-//! The one exchange a fill has with the origin, and what is kept of it:
-//! the upstream request (the key's target, the fill's own conditionals),
-//! the policy's verdict on the answer, the body read into memory within
-//! the route's and the instance's limits, and the entry stored in L1 (or
-//! refreshed by a 304). This is the real [`Origin`]; the fill's gate,
-//! flight and shared tier sit above it and never see a socket.
+//! What a fill keeps of its one exchange with the origin: the request
+//! for a fill (the key's target, the fill's own conditionals), the answer
+//! against the stale copy (stale-if-error, a 304), the policy's verdict,
+//! and the body stored in L1 (streamed to the flight as it arrives, or
+//! read whole within the route's and the instance's limits), shared with
+//! the waiters, or passed on. The exchange itself is
+//! [`origin::exchange`](crate::origin::exchange); the fill's gate, flight
+//! and shared tier sit above this and never see a socket.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -12,10 +14,10 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::head::RequestBody;
 use corral_core::{
-    Budget, Decision, Detail, Forward, PassReason, StoredResponse, Vary, merge_not_modified,
+    Budget, Decision, Detail, Forward, Freshness, PassReason, StoredResponse, Vary,
+    merge_not_modified,
 };
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
 use http::header::{CONTENT_LENGTH, ETAG, LAST_MODIFIED};
 use http::header::{
     IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
@@ -24,44 +26,90 @@ use http::{HeaderMap, Method, Response, StatusCode, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
-use crate::cache::fill::{Ended, FillOutcome, FillRequest, Origin, SharedResponse, failed};
+use crate::cache::fill::{Ended, FillOutcome, FillRequest, SharedResponse, failed};
 use crate::cache::growing::{Growing, Writer};
 use crate::cache::respond::Answer;
-use crate::origin::request::upstream_request;
-use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError, sanitize_response};
+use crate::origin::exchange::{Answered, Asked, Held, exchange};
+use crate::origin::upstream::{DeadlineBody, Framing, OriginBody, UpstreamError};
 
-/// The route's upstream, reached over HTTP.
-pub struct UpstreamOrigin;
-
-impl Origin for UpstreamOrigin {
-    fn fetch<'a>(&'a self, fill: &'a FillRequest) -> BoxFuture<'a, Ended> {
-        Box::pin(fetch_origin(fill))
+/// The fill's exchange with the origin, and what is kept of it.
+pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
+    let stale = fill.stale();
+    let stamp = fill.app.l1.generation_stamp();
+    let answered = match ask(fill, stale.as_deref()).await {
+        Ok(a) => a,
+        Err(e) => return Ended::Outcome(failed(fill, &e)),
+    };
+    let response_time = fill.app.clock.now();
+    if let Some(stale) = &stale
+        && let Some(ended) = against_stale(fill, stale, &answered, response_time, stamp)
+    {
+        return ended;
+    }
+    let post = fill.body.is_some();
+    match verdict(fill, &answered, response_time) {
+        Decision::Store { freshness } => {
+            fill.committed
+                .store(true, std::sync::atomic::Ordering::Release);
+            let keep = Keep::new(fill, &answered, freshness, response_time, stamp);
+            store(fill, answered, keep).await
+        }
+        // An error every waiter shares (without the leader's cookies),
+        // not a reason to stop coalescing: the next request tries the
+        // origin again. So is an answer to a coalesced POST that RFC 9111
+        // would let a shared cache keep but for the method: identical
+        // in-flight POSTs of one caller share one origin request. A
+        // `private` answer is the caller's own, and so is a POST's
+        // `no-store` or Set-Cookie one: waiters fetch alone.
+        Decision::Pass(reason)
+            if (answered.parts.status.is_server_error() || post) && shareable(reason, post) =>
+        {
+            share(fill, answered, reason).await
+        }
+        Decision::Pass(reason) => pass(fill, answered, reason),
     }
 }
 
-/// The exchange itself.
-async fn fetch_origin(fill: &FillRequest) -> Ended {
-    let stale = fill.stale();
-    let stale = stale.as_ref();
-    let FillRequest {
-        app,
-        route,
-        head,
-        fwd,
-        ..
-    } = fill;
-    let fwd = *fwd;
-    let stamp = app.l1.generation_stamp();
-    let slot = match route.upstream.slot().await {
-        Ok(s) => s,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
+/// Sends the fill's request: the whole representation at the key's target
+/// (the client's own conditionals and ranges are answered by corral from
+/// the entry), made conditional on the stale copy being refreshed. A
+/// coalesced POST is sent as it came (its body is in the key); it is never
+/// made conditional and never retried.
+async fn ask(
+    fill: &FillRequest,
+    stale: Option<&StoredResponse>,
+) -> Result<Answered, UpstreamError> {
+    let held = Held {
+        slot: fill.route.upstream.slot().await?,
+        descriptor: None,
     };
-    let started = Instant::now();
-    let deadline = started + route.upstream.total;
+    let (method, body, framing) = match &fill.body {
+        Some(b) => (
+            Method::POST,
+            Body::from(b.clone()),
+            RequestBody::Sized(b.len() as u64),
+        ),
+        None => (Method::GET, Body::empty(), RequestBody::None),
+    };
+    let asked = Asked {
+        method,
+        // What is stored is exactly what was asked for.
+        target: fill.primary.uri().target().to_owned(),
+        headers: fill_headers(&fill.head.headers, stale.filter(|_| fill.body.is_none())),
+        body,
+        framing,
+        retry: fill.body.is_none(),
+        interim: fill.interim.clone(),
+        held,
+    };
+    let transport = fill.app.transport.as_ref();
+    exchange(transport, &fill.route.upstream, &fill.head, asked).await
+}
 
-    // The fill asks for the whole representation: the client's own
-    // conditionals and ranges are answered by corral from the entry.
-    let mut headers = head.headers.clone();
+/// The request's headers less its conditionals and ranges, plus the
+/// validators of `stale` (the copy a 304 would refresh).
+fn fill_headers(request: &HeaderMap, stale: Option<&StoredResponse>) -> HeaderMap {
+    let mut headers = request.clone();
     for h in [
         IF_NONE_MATCH,
         IF_MODIFIED_SINCE,
@@ -72,17 +120,7 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
     ] {
         headers.remove(h);
     }
-    // A coalesced POST is sent as it came (its body is in the key); it is
-    // never made conditional and never retried.
-    let (method, request_body, framing) = match &fill.body {
-        Some(b) => (
-            Method::POST,
-            Body::from(b.clone()),
-            RequestBody::Sized(b.len() as u64),
-        ),
-        None => (Method::GET, Body::empty(), RequestBody::None),
-    };
-    if let Some(stale) = stale.filter(|_| fill.body.is_none()) {
+    if let Some(stale) = stale {
         if let Some(etag) = stale.headers().get(ETAG) {
             headers.insert(IF_NONE_MATCH, etag.clone());
         }
@@ -90,184 +128,259 @@ async fn fetch_origin(fill: &FillRequest) -> Ended {
             headers.insert(IF_MODIFIED_SINCE, lm.clone());
         }
     }
-    // The target is the key's: what is stored is exactly what was asked for.
-    let target = fill.primary.uri().target();
-    let mut req = match upstream_request(
-        route,
-        head,
-        method.clone(),
-        target,
-        headers,
-        request_body,
-        framing,
-    ) {
-        Ok(r) => r,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    crate::origin::interim::forward_to(fill.interim.clone(), &mut req);
-    let uri = req.uri().clone();
-    let retry = fill.body.is_none();
-    let res = match route.upstream.send(req, retry, deadline, slot, None).await {
-        Ok(r) => r,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    let response_time = app.clock.now();
-    let (mut parts, body) = res.into_parts();
-    let framing = match sanitize_response(&mut parts) {
-        Ok(f) => f,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
-    };
-    let status = parts.status;
+    headers
+}
 
-    if let Some(stale) = stale {
-        if status.is_server_error() && stale.usable_on_error(response_time) {
-            return Ended::Outcome(FillOutcome::Stale {
-                entry: Arc::clone(stale),
-                fwd_status: Some(status.as_u16()),
-                detail: Detail::StaleIfError,
-            });
-        }
-        if status == StatusCode::NOT_MODIFIED {
-            return revalidated(fill, stale, &uri, &parts, response_time, stamp);
-        }
+/// What the answer means for the stale copy in hand: a 5xx while
+/// stale-if-error allows serves that copy; a 304 refreshes it. `None`:
+/// the answer stands on its own.
+fn against_stale(
+    fill: &FillRequest,
+    stale: &Arc<StoredResponse>,
+    answered: &Answered,
+    response_time: SystemTime,
+    stamp: u64,
+) -> Option<Ended> {
+    let status = answered.parts.status;
+    if status.is_server_error() && stale.usable_on_error(response_time) {
+        return Some(Ended::Outcome(FillOutcome::Stale {
+            entry: Arc::clone(stale),
+            fwd_status: Some(status.as_u16()),
+            detail: Detail::StaleIfError,
+        }));
     }
-
-    let read_body = |body, declared| {
-        buffer(
-            body,
-            declared,
-            route.policy.max_object_size,
-            &app.fill_memory,
-            deadline,
-            route.upstream.total,
+    (status == StatusCode::NOT_MODIFIED).then(|| {
+        revalidated(
+            fill,
+            stale,
+            &answered.uri,
+            &answered.parts,
+            response_time,
+            stamp,
         )
+    })
+}
+
+/// The policy's verdict on the answer: an answer framed ambiguously is
+/// never stored.
+fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -> Decision {
+    let method = if fill.body.is_some() {
+        Method::POST
+    } else {
+        Method::GET
     };
-    let declared = declared_length(&parts.headers);
-    let decision = match framing {
+    match answered.framing {
         Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
-        Framing::Plain => route.policy.evaluate(&method, &uri, &parts, response_time),
+        Framing::Plain => {
+            fill.route
+                .policy
+                .evaluate(&method, &answered.uri, &answered.parts, response_time)
+        }
+    }
+}
+
+/// What an entry is built of, besides its headers and body.
+struct Keep {
+    status: StatusCode,
+    freshness: Freshness,
+    response_time: SystemTime,
+    started: Instant,
+    stamp: u64,
+    vary: Vary,
+    /// This request's values for `vary`.
+    vary_values: Vec<String>,
+    private: bool,
+}
+
+impl Keep {
+    fn new(
+        fill: &FillRequest,
+        answered: &Answered,
+        freshness: Freshness,
+        response_time: SystemTime,
+        stamp: u64,
+    ) -> Self {
+        let vary = Vary::parse(&answered.parts.headers);
+        Keep {
+            status: answered.parts.status,
+            private: freshness.sharing.keeps_private(fill.identity.as_ref()),
+            freshness,
+            response_time,
+            started: answered.started,
+            stamp,
+            vary_values: vary.values(&fill.head.headers),
+            vary,
+        }
+    }
+
+    fn entry(&self, fill: &FillRequest, headers: HeaderMap, body: Bytes) -> StoredResponse {
+        StoredResponse::builder(
+            self.status,
+            headers,
+            body,
+            &self.freshness,
+            self.response_time,
+        )
+        .fetch_duration(self.started.elapsed())
+        .vary(self.vary.clone(), self.vary_values.clone())
+        .generation(self.stamp)
+        .private(self.private)
+        .build()
+        .with_uri(fill.primary.uri().readable())
+    }
+}
+
+/// A storable answer: its body streamed to every caller as it arrives
+/// when someone waits on it and its length is known and fits, else read
+/// whole first; then the entry stored in L1.
+async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
+    let Answered {
+        parts,
+        body,
+        deadline,
+        ..
+    } = answered;
+    let declared = declared_length(&parts.headers);
+    if let Some(n) = declared {
+        fill.declared.announce(n);
+    }
+    let total = fill.route.upstream.total;
+    let mut hold = fill.app.fill_memory.hold();
+    // Two copies while it streams: the chunks readers share, and the
+    // entry being built.
+    let streamed =
+        streamable(fill, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
+    // Held until the entry is stored; given back at once otherwise.
+    let _hold = streamed.map(|_| hold);
+    let (bytes, writer) = match streamed {
+        Some(n) => {
+            let growing = Growing::new(n);
+            let writer = Writer::new(&growing);
+            fill.publish_early(FillOutcome::Streaming {
+                head: Arc::new(keep.entry(fill, parts.headers.clone(), Bytes::new())),
+                body: Arc::clone(&growing),
+                fwd: fill.fwd,
+                fwd_status: Some(keep.status.as_u16()),
+            });
+            match stream_into(body, &growing, n, deadline, total).await {
+                // The writer, dropped, aborts every reader.
+                Err(e) => return Ended::Outcome(failed(fill, &e)),
+                Ok(bytes) => (bytes, Some(writer)),
+            }
+        }
+        None => match read_body(fill, body, declared, deadline).await {
+            Buffered::Full(bytes) => (bytes, None),
+            Buffered::Over(reason, rest) => {
+                if reason == PassReason::TooLarge {
+                    fill.mark_pass();
+                }
+                return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
+            }
+            Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
+        },
     };
-    if matches!(decision, Decision::Store { .. }) {
-        fill.committed
-            .store(true, std::sync::atomic::Ordering::Release);
+    let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
+    let l1 = &fill.app.l1;
+    l1.learn_vary(&fill.primary, &keep.vary);
+    l1.clear_pass(&fill.pass_scope());
+    l1.insert(
+        &fill.entry_key(&entry),
+        fill.primary.uri(),
+        Arc::clone(&entry),
+    );
+    if let Some(writer) = writer {
+        writer.finish(entry.body());
     }
-    match decision {
-        Decision::Store { freshness } => {
-            if let Some(n) = declared {
-                fill.declared.announce(n);
-            }
-            let vary = Vary::parse(&parts.headers);
-            // Streamed to every caller as it arrives when someone waits on
-            // it and its length is known and fits; else read whole first.
-            // An answer that varies on what this URI was not yet known to
-            // vary on is read whole too: the flight's callers were keyed
-            // without it, and those of another variant must wait for the
-            // stored entry to learn the Vary and coalesce on their own
-            // variant, not find the stream is not theirs and fetch alone.
-            let streamable = declared
-                .filter(|n| *n > 0 && *n <= route.policy.max_object_size)
-                .filter(|_| fill.streams())
-                .filter(|_| vary == app.l1.learned_vary(&fill.primary));
-            let mut hold = app.fill_memory.hold();
-            // Two copies while it streams: the chunks readers share, and
-            // the entry being built.
-            let stream_len = streamable.filter(|n| hold.grow(n.saturating_mul(2)));
-            let vary_values = vary.values(&head.headers);
-            let private = freshness.sharing.keeps_private(fill.identity.as_ref());
-            let entry_of = |headers: HeaderMap, body: Bytes| {
-                StoredResponse::builder(status, headers, body, &freshness, response_time)
-                    .fetch_duration(started.elapsed())
-                    .vary(vary.clone(), vary_values.clone())
-                    .generation(stamp)
-                    .private(private)
-                    .build()
-                    .with_uri(fill.primary.uri().readable())
-            };
-            let (bytes, writer) = if let Some(n) = stream_len {
-                let growing = Growing::new(n);
-                let writer = Writer::new(&growing);
-                fill.publish_early(FillOutcome::Streaming {
-                    head: Arc::new(entry_of(parts.headers.clone(), Bytes::new())),
-                    body: Arc::clone(&growing),
-                    fwd,
-                    fwd_status: Some(status.as_u16()),
-                });
-                match stream_into(body, &growing, n, deadline, route.upstream.total).await {
-                    // The writer, dropped, aborts every reader.
-                    Err(e) => return Ended::Outcome(failed(fill, &e)),
-                    Ok(bytes) => (bytes, Some(writer)),
-                }
-            } else {
-                drop(hold);
-                match read_body(body, declared).await {
-                    Buffered::Full(bytes) => (bytes, None),
-                    Buffered::Over(reason, rest) => {
-                        if reason == PassReason::TooLarge {
-                            fill.mark_pass();
-                        }
-                        return Ended::Stream(reason, pass_response(parts, rest, fwd, reason));
-                    }
-                    Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
-                }
-            };
-            let entry = Arc::new(entry_of(parts.headers, crate::sealed::seal_or_keep(bytes)));
-            let key = fill.entry_key(&entry);
-            app.l1.learn_vary(&fill.primary, &vary);
-            app.l1.clear_pass(&fill.pass_scope());
-            app.l1.insert(&key, fill.primary.uri(), Arc::clone(&entry));
-            if let Some(writer) = writer {
-                writer.finish(entry.body());
-            }
-            Ended::Outcome(FillOutcome::Stored {
-                entry,
-                fwd: Some(fwd),
-                fwd_status: Some(status.as_u16()),
-            })
-        }
-        Decision::Pass(reason)
-            if (status.is_server_error() || fill.body.is_some())
-                && shareable(reason, fill.body.is_some()) =>
-        {
-            // An error every waiter shares (without the leader's cookies),
-            // not a reason to stop coalescing: the next request tries the
-            // origin again. So is an answer to a coalesced POST that RFC
-            // 9111 would let a shared cache keep but for the method:
-            // identical in-flight POSTs of one caller share one origin
-            // request. A `private` answer is the caller's own, and so is a
-            // POST's `no-store` or Set-Cookie one: waiters fetch alone.
-            match read_body(body, declared).await {
-                Buffered::Full(bytes) => {
-                    let own = parts.clone();
-                    match SharedResponse::from_origin(parts, bytes.clone(), &head.headers) {
-                        Some(response) => Ended::Outcome(FillOutcome::Shared {
-                            response: Arc::new(response),
-                            fwd,
-                            detail: None,
-                        }),
-                        None => Ended::Stream(
-                            reason,
-                            pass_response(own, Body::from(bytes), fwd, reason),
-                        ),
-                    }
-                }
-                Buffered::Over(over, rest) => {
-                    Ended::Stream(over, pass_response(parts, rest, fwd, over))
-                }
-                Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+    Ended::Outcome(FillOutcome::Stored {
+        entry,
+        fwd: Some(fill.fwd),
+        fwd_status: Some(keep.status.as_u16()),
+    })
+}
+
+/// The length to stream a storable answer at, if it streams: someone
+/// waits on it, its length is declared and within the route's object
+/// size, and it varies on what this URI was already known to vary on (an
+/// answer with a new Vary is read whole: the flight's callers were keyed
+/// without it, and those of another variant must wait for the stored
+/// entry to learn the Vary and coalesce on their own variant, not find
+/// the stream is not theirs and fetch alone).
+fn streamable(fill: &FillRequest, declared: Option<u64>, vary: &Vary) -> Option<u64> {
+    declared
+        .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
+        .filter(|_| fill.streams())
+        .filter(|_| *vary == fill.app.l1.learned_vary(&fill.primary))
+}
+
+/// Reads a fill's body into memory within the route's object size, the
+/// instance's fill memory and the exchange's deadline.
+async fn read_body(
+    fill: &FillRequest,
+    body: OriginBody,
+    declared: Option<u64>,
+    deadline: Instant,
+) -> Buffered {
+    buffer(
+        body,
+        declared,
+        fill.route.policy.max_object_size,
+        &fill.app.fill_memory,
+        deadline,
+        fill.route.upstream.total,
+    )
+    .await
+}
+
+/// An answer the flight's waiters share, read whole: split into what every
+/// waiter may see and the leader's own headers; passed on to the leader
+/// alone when it cannot be shared (Vary: *) or is too large to hold.
+async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
+    let Answered {
+        parts,
+        body,
+        deadline,
+        ..
+    } = answered;
+    let declared = declared_length(&parts.headers);
+    match read_body(fill, body, declared, deadline).await {
+        Buffered::Full(bytes) => {
+            let own = parts.clone();
+            match SharedResponse::from_origin(parts, bytes.clone(), &fill.head.headers) {
+                Some(response) => Ended::Outcome(FillOutcome::Shared {
+                    response: Arc::new(response),
+                    fwd: fill.fwd,
+                    detail: None,
+                }),
+                None => Ended::Stream(
+                    reason,
+                    pass_response(own, Body::from(bytes), fill.fwd, reason),
+                ),
             }
         }
-        Decision::Pass(reason) => {
-            if reason != PassReason::ConflictingFraming {
-                fill.mark_pass();
-            }
-            let body = Body::new(crate::origin::ahead::read_ahead(
-                DeadlineBody::new(body, deadline, route.upstream.total),
-                route.policy.max_object_size,
-                &app.ahead_memory,
-            ));
-            Ended::Stream(reason, pass_response(parts, body, fwd, reason))
+        Buffered::Over(over, rest) => {
+            Ended::Stream(over, pass_response(parts, rest, fill.fwd, over))
         }
+        Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
     }
+}
+
+/// An answer that is neither stored nor shared: marked hit-for-pass
+/// (unless only its framing was wrong) and streamed to the leader, read
+/// ahead of a slow client so that the exchange ends at the origin's pace.
+fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
+    if reason != PassReason::ConflictingFraming {
+        fill.mark_pass();
+    }
+    let total = fill.route.upstream.total;
+    let body = Body::new(crate::origin::ahead::read_ahead(
+        DeadlineBody::new(answered.body, answered.deadline, total),
+        fill.route.policy.max_object_size,
+        &fill.app.ahead_memory,
+    ));
+    Ended::Stream(
+        reason,
+        pass_response(answered.parts, body, fill.fwd, reason),
+    )
 }
 
 /// True when an answer with this pass reason may be fanned out to a
@@ -355,7 +468,7 @@ fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassR
 /// Reads a body of exactly `n` bytes, handing each chunk to the readers
 /// of `growing` as it arrives and building the entry's copy alongside.
 async fn stream_into(
-    mut body: crate::origin::upstream::OriginBody,
+    mut body: OriginBody,
     growing: &Growing,
     n: u64,
     deadline: Instant,
@@ -407,7 +520,7 @@ enum Buffered {
 /// the deadline. `declared` (the origin's Content-Length) sizes the buffer
 /// once, so a stored body holds no spare capacity.
 async fn buffer(
-    mut body: crate::origin::upstream::OriginBody,
+    mut body: OriginBody,
     declared: Option<u64>,
     limit: u64,
     budget: &Arc<Budget>,

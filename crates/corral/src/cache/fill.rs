@@ -15,7 +15,6 @@ use corral_core::{
     Admission, Detail, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
     StoredResponse, VariantKey, Vary,
 };
-use futures_util::future::BoxFuture;
 use http::header::{HeaderName, SET_COOKIE};
 use http::{HeaderMap, StatusCode, response};
 use tokio::sync::oneshot;
@@ -576,14 +575,6 @@ pub enum Ended {
     Stream(PassReason, Answer),
 }
 
-/// The origin as a fill sees it: one exchange for `fill`, whose answer is
-/// stored in L1 when it may be. The server's is
-/// [`UpstreamOrigin`](crate::cache::fetch::UpstreamOrigin); unit tests use
-/// a scripted one.
-pub trait Origin: Send + Sync {
-    fn fetch<'a>(&'a self, fill: &'a FillRequest) -> BoxFuture<'a, Ended>;
-}
-
 /// Fetches from the origin and stores in L1: the whole fill when there is
 /// no Redis, the leader's part when there is. Every origin request of the
 /// cache path goes through here, so here is where a failing origin is
@@ -602,7 +593,7 @@ pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
             Skipped::CircuitOpen(fill.route.circuit.retry_after()),
         ));
     }
-    let ended = fill.app.origin.fetch(fill).await;
+    let ended = crate::cache::fetch::fetch(fill).await;
     if let Some(ok) = origin_verdict(&ended) {
         fill.route.circuit.record(ok);
         let scope = fill.pass_scope();
@@ -677,7 +668,7 @@ pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
     if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
         return stale;
     }
-    tracing::warn!(route = %fill.route.name, upstream = %fill.route.authority, error = %e, "upstream failed");
+    tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
     FillOutcome::Shared {
         response: Arc::new(SharedResponse::corral_error(
             e.status(),

@@ -24,12 +24,12 @@ use tokio::time::Instant;
 
 use crate::app::App;
 use crate::cache::cache_path;
-use crate::cache::fill::{Ended, FillOutcome, FillRequest, Origin, SharedResponse, failed};
-use crate::cache::respond::{Answer, CACHE_STATUS};
+use crate::cache::respond::CACHE_STATUS;
 use crate::cluster::protocol::{FillNotice, Keys, Layout};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
-use crate::origin::upstream::UpstreamError;
+use crate::origin::exchange::{Held, Transport};
+use crate::origin::upstream::{OriginBody, UpstreamError};
 use crate::routes::Route;
 
 // ---------------------------------------------------------------------
@@ -41,17 +41,26 @@ enum Reply {
     Ok(&'static str, &'static str),
     /// 503 with this Cache-Control.
     Unavailable(&'static str),
+    /// 304 with this Cache-Control (the stale copy is still good).
+    NotModified(&'static str),
     /// Connection refused.
     Unreachable,
 }
 
+/// The origin, as the transport under the real exchange reaches it: every
+/// request that reached it is counted and kept; its answers come from the
+/// script, each `takes` after the request (the head and body at once), or
+/// with `head_first`, the head at once and the body `takes` later.
 struct ScriptedOrigin {
     script: Mutex<VecDeque<Reply>>,
     /// What every request gets once the script has run out.
     then: Reply,
     /// How long each exchange takes (paused time).
     takes: Duration,
+    head_first: bool,
     hits: AtomicUsize,
+    /// The heads of the requests that reached it.
+    asked: Mutex<Vec<http::request::Parts>>,
 }
 
 impl ScriptedOrigin {
@@ -64,115 +73,92 @@ impl ScriptedOrigin {
             script: Mutex::new(first.iter().copied().collect()),
             then,
             takes,
+            head_first: false,
             hits: AtomicUsize::new(0),
+            asked: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Answers with the head at once and the body after `takes`.
+    fn head_first(then: Reply, takes: Duration) -> Arc<Self> {
+        let mut origin = Arc::into_inner(Self::new(then, takes)).expect("just made");
+        origin.head_first = true;
+        Arc::new(origin)
     }
 
     fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
 
-    /// The exchange, kept as the real one keeps it: a storable answer is
-    /// stored in L1 under the fill's key; a 5xx is shared with every
-    /// waiter (or replaced by the stale copy stale-if-error allows); a
-    /// refused connection is the shared failure. A 200's head arrives at
-    /// once (its length is announced, as the real fetch does), its body
-    /// after `takes`.
-    async fn exchange(&self, fill: &FillRequest) -> Ended {
+    /// The head of the `n`th request that reached it.
+    fn asked(&self, n: usize) -> http::request::Parts {
+        self.asked.lock().expect("not poisoned")[n].clone()
+    }
+
+    async fn answer(
+        &self,
+        req: Request<axum::body::Body>,
+        slot: Option<crate::limits::slots::Slot>,
+    ) -> Result<Response<OriginBody>, UpstreamError> {
         self.hits.fetch_add(1, Ordering::SeqCst);
+        self.asked
+            .lock()
+            .expect("not poisoned")
+            .push(req.into_parts().0);
         let reply = self
             .script
             .lock()
             .expect("not poisoned")
             .pop_front()
             .unwrap_or(self.then);
-        if let Reply::Ok(_, body) = reply {
-            fill.declared.announce(body.len() as u64);
+        if !self.head_first {
+            tokio::time::sleep(self.takes).await;
         }
-        tokio::time::sleep(self.takes).await;
         let (status, cache_control, body) = match reply {
             Reply::Ok(cc, body) => (StatusCode::OK, cc, body),
             Reply::Unavailable(cc) => (StatusCode::SERVICE_UNAVAILABLE, cc, "down"),
+            Reply::NotModified(cc) => (StatusCode::NOT_MODIFIED, cc, ""),
             Reply::Unreachable => {
-                return Ended::Outcome(failed(
-                    fill,
-                    &UpstreamError::Connect("connection refused".into()),
-                ));
+                return Err(UpstreamError::Connect("connection refused".into()));
             }
         };
-        let now = fill.app.clock.now();
-        let mut response = Response::new(());
+        let delay = if self.head_first {
+            self.takes
+        } else {
+            Duration::ZERO
+        };
+        let stream = futures_util::stream::once(async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, std::io::Error>(Bytes::from_static(body.as_bytes()))
+        });
+        let mut response = Response::new(OriginBody::other(
+            axum::body::Body::from_stream(stream),
+            slot,
+        ));
         *response.status_mut() = status;
-        response.headers_mut().insert(
+        let headers = response.headers_mut();
+        headers.insert(
             http::header::CACHE_CONTROL,
             HeaderValue::from_static(cache_control),
         );
-        let (parts, ()) = response.into_parts();
-        let uri: http::Uri = format!("http://{}{}", fill.head.host, fill.primary.uri().target())
-            .parse()
-            .expect("unit-test setup");
-        if status.is_server_error()
-            && let Some(stale) = fill.stale().filter(|s| s.usable_on_error(now))
-        {
-            return Ended::Outcome(FillOutcome::Stale {
-                entry: stale,
-                fwd_status: Some(status.as_u16()),
-                detail: corral_core::Detail::StaleIfError,
-            });
+        if status != StatusCode::NOT_MODIFIED {
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+            headers.insert(http::header::ETAG, HeaderValue::from_static("\"v\""));
         }
-        match fill.route.policy.evaluate(&Method::GET, &uri, &parts, now) {
-            Decision::Store { freshness } => {
-                let entry = Arc::new(
-                    StoredResponse::builder(
-                        status,
-                        parts.headers,
-                        Bytes::from_static(body.as_bytes()),
-                        &freshness,
-                        now,
-                    )
-                    .build()
-                    .with_uri(fill.primary.uri().readable()),
-                );
-                let key = fill.entry_key(&entry);
-                fill.app
-                    .l1
-                    .insert(&key, fill.primary.uri(), Arc::clone(&entry));
-                Ended::Outcome(FillOutcome::Stored {
-                    entry,
-                    fwd: Some(fill.fwd),
-                    fwd_status: Some(status.as_u16()),
-                })
-            }
-            Decision::Pass(_) if status.is_server_error() => {
-                let response = SharedResponse::from_origin(
-                    parts,
-                    Bytes::from_static(b"down"),
-                    &HeaderMap::new(),
-                )
-                .expect("no Vary: *");
-                Ended::Outcome(FillOutcome::Shared {
-                    response: Arc::new(response),
-                    fwd: fill.fwd,
-                    detail: None,
-                })
-            }
-            Decision::Pass(reason) => {
-                fill.mark_pass();
-                let status = corral_core::CacheStatus::forward(fill.fwd)
-                    .with_detail(corral_core::Detail::Pass(reason));
-                let response = Response::from_parts(parts, axum::body::Body::from(body));
-                Ended::Stream(
-                    reason,
-                    Answer::new(response, &status, http::Version::HTTP_11),
-                )
-            }
-        }
+        Ok(response)
     }
 }
 
-impl Origin for ScriptedOrigin {
-    fn fetch<'a>(&'a self, fill: &'a FillRequest) -> BoxFuture<'a, Ended> {
-        Box::pin(self.exchange(fill))
+impl Transport for ScriptedOrigin {
+    fn send<'a>(
+        &'a self,
+        _upstream: &'a crate::origin::upstream::Upstream,
+        req: Request<axum::body::Body>,
+        _retryable: bool,
+        _deadline: Instant,
+        held: Held,
+    ) -> BoxFuture<'a, Result<Response<OriginBody>, UpstreamError>> {
+        Box::pin(self.answer(req, held.slot))
     }
 }
 
@@ -550,7 +536,7 @@ routes:
     let clock = PausedClock::new();
     let app = App::with_seams(
         &config,
-        Arc::clone(&origin) as Arc<dyn Origin>,
+        Arc::clone(&origin) as Arc<dyn Transport>,
         tier.clone().map(|t| Arc::new(t) as Arc<dyn SharedTier>),
         Arc::new(clock),
     );
@@ -582,11 +568,16 @@ fn assert_backed_off(answers: &[Got]) {
 
 impl Harness {
     fn head(&self, path: &str) -> RequestHead {
-        let (mut parts, ()) = Request::get(path)
-            .header("host", "api.test")
-            .body(())
-            .expect("unit-test setup")
-            .into_parts();
+        self.head_with(path, &[])
+    }
+
+    /// A GET of `path` with these header fields besides Host.
+    fn head_with(&self, path: &str, fields: &[(&str, &str)]) -> RequestHead {
+        let mut request = Request::get(path).header("host", "api.test");
+        for (name, value) in fields {
+            request = request.header(*name, *value);
+        }
+        let (mut parts, ()) = request.body(()).expect("unit-test setup").into_parts();
         RequestHead::parse(&mut parts, [127, 0, 0, 1].into(), RequestBody::None)
             .expect("unit-test setup")
     }
@@ -602,10 +593,14 @@ impl Harness {
     }
 
     async fn get(&self, path: &str) -> Got {
+        self.get_with(path, &[]).await
+    }
+
+    async fn get_with(&self, path: &str, fields: &[(&str, &str)]) -> Got {
         let answer = cache_path::serve(
             Arc::clone(&self.app),
             self.route(path),
-            self.head(path),
+            self.head_with(path, fields),
             None,
             None,
             None,
@@ -1447,7 +1442,7 @@ async fn without_lock_age_a_stuck_lease_is_waited_out() {
 #[tokio::test(start_paused = true)]
 async fn an_answer_too_large_for_the_tier_is_announced_local_at_its_head() {
     let h = harness(
-        ScriptedOrigin::new(Reply::Ok("max-age=60", "a large body"), SLOW),
+        ScriptedOrigin::head_first(Reply::Ok("max-age=60", "a large body"), SLOW),
         Some(FakeTier::new()),
         NO_EARLY_REFRESH,
     );
@@ -1498,4 +1493,144 @@ async fn a_local_notice_sends_a_follower_to_the_origin_at_once() {
     assert_eq!(h.origin.hits(), 1);
     assert_eq!(started.elapsed(), Duration::from_millis(100) + SLOW);
     assert!(t.records().leases.contains_key(&keys.lease()));
+}
+
+// ---------------------------------------------------------------------
+// The fill's exchange (cache/fetch.rs) over the scripted transport: what
+// the origin is asked, and what is kept of its answer.
+
+#[tokio::test(start_paused = true)]
+async fn a_fill_asks_for_the_whole_answer_then_revalidates_its_stale_copy() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1", "v1")],
+            Reply::NotModified("max-age=60"),
+            SLOW,
+        ),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let fields = [("range", "bytes=0-0"), ("if-none-match", "\"x\"")];
+    let first = h.get_with("/a", &fields).await;
+    // The client's range is served from the entry; the fill asked for
+    // the whole representation, unconditionally.
+    assert_eq!(
+        (first.status, &first.body[..]),
+        (StatusCode::PARTIAL_CONTENT, &b"v"[..])
+    );
+    let asked = h.origin.asked(0);
+    assert_eq!(asked.headers.get("range"), None);
+    assert_eq!(asked.headers.get("if-none-match"), None);
+    assert_eq!(asked.uri.path(), "/a");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Expired: the fill asks with the entry's validator, and the 304
+    // refreshes it for 60 s.
+    let second = h.get("/a").await;
+    assert_eq!(
+        (second.status, &second.body[..]),
+        (StatusCode::OK, &b"v1"[..])
+    );
+    let asked = h.origin.asked(1);
+    assert_eq!(
+        asked.headers.get("if-none-match").map(|v| v.as_bytes()),
+        Some(&b"\"v\""[..])
+    );
+    assert!(
+        second.cache_status.contains("fwd=stale"),
+        "{}",
+        second.cache_status
+    );
+    assert!(
+        second.cache_status.contains("fwd-status=304"),
+        "{}",
+        second.cache_status
+    );
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let third = h.get("/a").await;
+    assert_eq!(third.body, "v1");
+    assert!(third.cache_status.contains("hit"), "{}", third.cache_status);
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_304_that_forbids_storing_answers_the_old_body_once_and_drops_the_entry() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1", "v1"), Reply::NotModified("no-store")],
+            Reply::Ok("max-age=60", "v2"),
+            SLOW,
+        ),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    assert_eq!(h.get("/a").await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let revalidated = h.get("/a").await;
+    assert_eq!(
+        (revalidated.status, &revalidated.body[..]),
+        (StatusCode::OK, &b"v1"[..])
+    );
+    assert!(
+        revalidated.cache_status.contains("detail=no-store"),
+        "{}",
+        revalidated.cache_status
+    );
+    // Neither the entry nor its validator is used again while the key is
+    // hit-for-pass: the next request is an unconditional fetch.
+    assert_eq!(h.get("/a").await.body, "v2");
+    assert_eq!(h.origin.asked(2).headers.get("if-none-match"), None);
+    assert_eq!(h.origin.hits(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_5xx_is_answered_with_the_stale_copy_stale_if_error_allows() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=60", "v1")],
+            Reply::Unavailable("no-store"),
+            SLOW,
+        ),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    assert_eq!(h.get("/a").await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = h.get("/a").await;
+    assert_eq!((got.status, &got.body[..]), (StatusCode::OK, &b"v1"[..]));
+    assert!(
+        got.cache_status.contains("detail=stale-if-error"),
+        "{}",
+        got.cache_status
+    );
+    assert!(
+        got.cache_status.contains("fwd-status=503"),
+        "{}",
+        got.cache_status
+    );
+    // Past the window the origin's own 503 is every waiter's answer.
+    tokio::time::advance(Duration::from_secs(120)).await;
+    let answers = h.stampede("/a", 5).await;
+    for a in &answers {
+        assert_eq!(
+            (a.status, &a.body[..]),
+            (StatusCode::SERVICE_UNAVAILABLE, &b"down"[..])
+        );
+    }
+    assert_eq!(h.origin.hits(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_answer_reaches_every_waiter_before_its_body_has_arrived() {
+    let h = harness(
+        ScriptedOrigin::head_first(Reply::Ok("max-age=60", "streamed"), SLOW),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let answers = h.stampede("/a", 10).await;
+    for a in &answers {
+        assert_eq!((a.status, &a.body[..]), (StatusCode::OK, &b"streamed"[..]));
+    }
+    // Stored once its body ended: the next request is a hit.
+    assert!(h.get("/a").await.cache_status.contains("hit"));
+    assert_eq!(h.origin.hits(), 1);
 }

@@ -24,8 +24,8 @@ use crate::app::App;
 use crate::cache::cache_path;
 use crate::cache::respond::{self, Answer};
 use crate::limits::{Gate, Phase, Who};
-use crate::origin::request::upstream_request;
-use crate::origin::upstream::{DeadlineBody, sanitize_response};
+use crate::origin::exchange::{Answered, Asked, Held, exchange};
+use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
 use crate::telemetry::metrics;
@@ -462,9 +462,8 @@ async fn forward_uncached(
     let within = route.upstream.queue_timeout;
     let Some(descriptor) = crate::origin::descriptors::take(own, within).await else {
         tracing::debug!(route = %route.name, "no upstream socket free for a passed-through request: every client connection's own and the overflow are in use");
-        return busy(fwd, &crate::origin::upstream::UpstreamError::Busy(within));
+        return busy(fwd, &UpstreamError::Busy(within));
     };
-    let deadline = Instant::now() + route.upstream.total;
     let bodyless = head.body == RequestBody::None;
     let descriptor = Arc::new(descriptor);
     let body = if bodyless {
@@ -476,17 +475,28 @@ async fn forward_uncached(
             Arc::clone(&descriptor),
         ))
     };
-    let mut req = match upstream_request(
-        route,
-        head,
-        head.method.clone(),
-        &head.path_and_query(),
-        head.headers.clone(),
+    let asked = Asked {
+        method: head.method.clone(),
+        target: head.path_and_query(),
+        headers: head.headers.clone(),
         body,
-        head.body,
-    ) {
-        Ok(r) => r,
-        Err(e) => {
+        framing: head.body,
+        retry: bodyless,
+        interim,
+        held: Held {
+            slot,
+            descriptor: Some(descriptor),
+        },
+    };
+    let transport = app.transport.as_ref();
+    let Answered {
+        parts,
+        body,
+        deadline,
+        ..
+    } = match exchange(transport, &route.upstream, head, asked).await {
+        Ok(a) => a,
+        Err(e @ UpstreamError::Request(_)) => {
             return respond::error(
                 StatusCode::BAD_REQUEST,
                 fwd,
@@ -494,24 +504,11 @@ async fn forward_uncached(
                 None,
             );
         }
-    };
-    crate::origin::interim::forward_to(interim, &mut req);
-    let res = match route
-        .upstream
-        .send(req, bodyless, deadline, slot, Some(descriptor))
-        .await
-    {
-        Ok(r) => r,
         Err(e) => {
-            tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
+            tracing::warn!(route = %route.name, upstream = %route.upstream.authority, error = %e, "upstream failed");
             return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
         }
     };
-    let (mut parts, body) = res.into_parts();
-    if let Err(e) = sanitize_response(&mut parts) {
-        tracing::warn!(route = %route.name, upstream = %route.authority, error = %e, "upstream failed");
-        return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
-    }
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
         crate::cache::invalidate::after_write(app, route, head, &parts.headers).await;
     }
@@ -528,7 +525,7 @@ async fn forward_uncached(
 }
 
 /// No `upstream_concurrency` slot came free: 503, come back in a second.
-fn busy(fwd: Forward, e: &crate::origin::upstream::UpstreamError) -> Answer {
+fn busy(fwd: Forward, e: &UpstreamError) -> Answer {
     let mut a = respond::error(e.status(), fwd, Detail::UpstreamBusy, None);
     a.response
         .headers_mut()

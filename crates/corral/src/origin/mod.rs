@@ -8,6 +8,7 @@
 
 pub mod ahead;
 pub mod descriptors;
+pub mod exchange;
 pub mod interim;
 pub mod pool;
 pub mod request;

@@ -107,6 +107,10 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
 /// A route's connection pool and deadlines.
 pub struct Upstream {
     route: String,
+    /// The route's upstream as requests name it: its scheme, and the
+    /// authority of its first server (the Host corral sends).
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
     /// `upstream_http2`: requests go out as h2 streams.
     http2: bool,
     /// The servers (one for `upstream:`), chosen per attempt.
@@ -122,8 +126,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         route: &str,
+        (scheme, authority): (http::uri::Scheme, http::uri::Authority),
         t: &TimeoutsConfig,
         pool: std::sync::Arc<crate::origin::pool::Pool>,
         tls: Option<&crate::config::tls::UpstreamTls>,
@@ -179,6 +185,8 @@ impl Upstream {
             .build(connector);
         Upstream {
             route: route.to_owned(),
+            scheme,
+            authority,
             http2,
             pool,
             client,
@@ -205,7 +213,7 @@ impl Upstream {
         let (res, server) = self.send_retrying(req, retryable, deadline).await?;
         let held = (self.pool.servers.len() > 1).then(|| self.pool.hold(server));
         Ok(res.map(|inner| OriginBody {
-            inner,
+            inner: Inner::Wire(inner),
             _slot: slot,
             _descriptor: descriptor,
             _server: held,
@@ -463,10 +471,13 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// What an answer's body errors with.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 /// An upstream answer's body, holding the route's concurrency slot (if
 /// any) until it ends or is dropped.
 pub struct OriginBody {
-    inner: Incoming,
+    inner: Inner,
     _slot: Option<crate::limits::slots::Slot>,
     /// The upstream socket counted for a passed-through exchange.
     _descriptor: Option<std::sync::Arc<crate::origin::descriptors::Permit>>,
@@ -474,15 +485,42 @@ pub struct OriginBody {
     _server: Option<crate::origin::pool::OwnedOutstanding>,
 }
 
+/// Where the bytes come from: the upstream connection, or (a transport
+/// other than the network: unit tests script one) any body.
+enum Inner {
+    Wire(Incoming),
+    #[cfg(test)]
+    Other(Body),
+}
+
+#[cfg(test)]
+impl OriginBody {
+    /// An answer's body that did not come off an upstream connection (a
+    /// scripted [`Transport`](crate::origin::exchange::Transport)'s),
+    /// holding `slot` like a real one.
+    pub fn other(body: Body, slot: Option<crate::limits::slots::Slot>) -> Self {
+        OriginBody {
+            inner: Inner::Other(body),
+            _slot: slot,
+            _descriptor: None,
+            _server: None,
+        }
+    }
+}
+
 impl HttpBody for OriginBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        let r = match &mut self.inner {
+            Inner::Wire(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            #[cfg(test)]
+            Inner::Other(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        };
         if let Poll::Ready(None | Some(Err(_))) = &r {
             // Ended: the upstream request is no longer outstanding.
             self._slot = None;
@@ -492,11 +530,19 @@ impl HttpBody for OriginBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Wire(b) => b.is_end_stream(),
+            #[cfg(test)]
+            Inner::Other(b) => b.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Wire(b) => b.size_hint(),
+            #[cfg(test)]
+            Inner::Other(b) => b.size_hint(),
+        }
     }
 }
 
@@ -529,7 +575,7 @@ impl HttpBody for DeadlineBody {
         if self.sleep.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err(Box::new(UpstreamError::TotalTimeout(self.total)))));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
