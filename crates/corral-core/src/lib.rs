@@ -48,7 +48,7 @@ pub use clock::{Clock, PausedClock, SystemClock};
 pub use entry::{
     EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, compact, merge_not_modified,
 };
-pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult};
+pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult, Waiter};
 pub use identity::{Identity, IdentityRules};
 pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
 pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};

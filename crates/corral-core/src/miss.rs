@@ -18,30 +18,33 @@ pub struct Found {
     pub early_refresh: bool,
 }
 
-/// What a lookup leads to.
+/// What a lookup leads to; `E` is the copy found, which every answer
+/// without a fetch holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
+pub enum Lookup<E> {
     /// A fresh copy answers; `refresh`: one early refresh starts.
-    Hit { refresh: bool },
+    Hit { refresh: bool, entry: E },
     /// A copy inside stale-while-revalidate answers; one refresh starts.
-    StaleWhileRevalidate,
+    StaleWhileRevalidate(E),
     /// The origin failed for this key moments ago: a stale copy answers
     /// and nothing is fetched until the back-off ends.
-    StaleInBackoff,
+    StaleInBackoff(E),
     /// Nothing usable: fetch. `coalesce`: through the key's flight;
     /// otherwise alone (coalescing off, or the caller's view of the URI is
-    /// hit-for-pass).
-    Fetch { coalesce: bool },
+    /// hit-for-pass). `stale`: the copy found, to revalidate or to serve
+    /// if the origin fails.
+    Fetch { coalesce: bool, stale: Option<E> },
 }
 
-/// How a follower's wait on another request's fill ended.
+/// How a follower's wait on another request's fill ended; `T` is the
+/// leader's outcome, which only an end that can answer carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitEnd {
+pub enum WaitEnd<T> {
     /// The leader stored an entry; `fits`: it is this request's variant.
-    Stored { fits: bool },
+    Stored { fits: bool, outcome: T },
     /// The leader's answer is shared as is (an error, or stale);
     /// `fits`: it is this request's variant.
-    Shared { fits: bool },
+    Shared { fits: bool, outcome: T },
     /// The leader found the answer uncacheable.
     Pass,
     /// The leader went away without an answer.
@@ -54,9 +57,9 @@ pub enum WaitEnd {
 
 /// What a follower does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub enum Next<T> {
     /// Answer with the leader's outcome.
-    Answer,
+    Answer(T),
     /// Look up again (the leader taught a Vary set, or left: try to lead).
     LookAgain,
     /// Fetch alone, without joining a flight.
@@ -83,42 +86,52 @@ impl Miss {
         self.retired
     }
 
-    /// What a lookup leads to: `found` is the usable copy, if any; `pass`
-    /// (asked only when a fetch follows) whether the caller's view of the
-    /// URI is hit-for-pass.
-    pub fn lookup(
+    /// What a lookup leads to: `found` is the usable copy, if any, with
+    /// what was measured of it; `pass` (asked only when a fetch follows)
+    /// whether the caller's view of the URI is hit-for-pass.
+    pub fn lookup<E>(
         &self,
-        found: Option<Found>,
+        found: Option<(Found, E)>,
         backoff: bool,
         coalesce: bool,
         pass: impl FnOnce() -> bool,
-    ) -> Lookup {
-        if let Some(found) = found {
-            match found.state {
+    ) -> Lookup<E> {
+        let stale = match found {
+            None => None,
+            Some((found, entry)) => match found.state {
                 EntryState::Fresh => {
                     return Lookup::Hit {
                         refresh: found.early_refresh && !backoff,
+                        entry,
                     };
                 }
                 EntryState::StaleWhileRevalidate if !backoff => {
-                    return Lookup::StaleWhileRevalidate;
+                    return Lookup::StaleWhileRevalidate(entry);
                 }
                 EntryState::StaleWhileRevalidate | EntryState::StaleIfError if backoff => {
-                    return Lookup::StaleInBackoff;
+                    return Lookup::StaleInBackoff(entry);
                 }
-                _ => {}
-            }
-        }
+                _ => Some(entry),
+            },
+        };
         Lookup::Fetch {
             coalesce: coalesce && !pass(),
+            stale,
         }
     }
 
     /// What a follower does after its wait ended with `end`.
-    pub fn waited(&mut self, end: WaitEnd) -> Next {
+    pub fn waited<T>(&mut self, end: WaitEnd<T>) -> Next<T> {
         match end {
-            WaitEnd::Stored { fits: true } | WaitEnd::Shared { fits: true } => Next::Answer,
-            WaitEnd::Stored { fits: false } => {
+            WaitEnd::Stored {
+                fits: true,
+                outcome,
+            }
+            | WaitEnd::Shared {
+                fits: true,
+                outcome,
+            } => Next::Answer(outcome),
+            WaitEnd::Stored { fits: false, .. } => {
                 if self.attempt < VARY_RETRIES {
                     self.attempt += 1;
                     Next::LookAgain
@@ -127,7 +140,7 @@ impl Miss {
                 }
             }
             // An error for another variant is not this caller's.
-            WaitEnd::Shared { fits: false } | WaitEnd::Pass => Next::FetchAlone,
+            WaitEnd::Shared { fits: false, .. } | WaitEnd::Pass => Next::FetchAlone,
             WaitEnd::Retired => {
                 // Join again: one of the waiters leads the next flight.
                 self.retired = true;
@@ -155,11 +168,14 @@ impl Miss {
 mod tests {
     use super::*;
 
-    fn found(state: EntryState, early_refresh: bool) -> Option<Found> {
-        Some(Found {
-            state,
-            early_refresh,
-        })
+    fn found(state: EntryState, early_refresh: bool) -> Option<(Found, ())> {
+        Some((
+            Found {
+                state,
+                early_refresh,
+            },
+            (),
+        ))
     }
 
     #[test]
@@ -170,73 +186,125 @@ mod tests {
         // so and the origin is not in back-off.
         assert_eq!(
             m.lookup(found(Fresh, false), false, true, || false),
-            Lookup::Hit { refresh: false }
+            Lookup::Hit {
+                refresh: false,
+                entry: ()
+            }
         );
         assert_eq!(
             m.lookup(found(Fresh, true), false, true, || false),
-            Lookup::Hit { refresh: true }
+            Lookup::Hit {
+                refresh: true,
+                entry: ()
+            }
         );
         assert_eq!(
             m.lookup(found(Fresh, true), true, true, || false),
-            Lookup::Hit { refresh: false }
+            Lookup::Hit {
+                refresh: false,
+                entry: ()
+            }
         );
         assert_eq!(
             m.lookup(found(StaleWhileRevalidate, false), false, true, || false),
-            Lookup::StaleWhileRevalidate
+            Lookup::StaleWhileRevalidate(())
         );
         for state in [StaleWhileRevalidate, StaleIfError] {
             assert_eq!(
                 m.lookup(found(state, false), true, true, || false),
-                Lookup::StaleInBackoff
+                Lookup::StaleInBackoff(())
             );
         }
         // Past every window (or only stale-if-error, which needs an error
         // first): fetch, coalesced unless off or known uncacheable. With a
         // back-off the fill's gate answers.
         for f in [None, found(StaleIfError, false), found(Expired, false)] {
+            let stale = f.map(|_| ());
             assert_eq!(
                 m.lookup(f, false, true, || false),
-                Lookup::Fetch { coalesce: true }
+                Lookup::Fetch {
+                    coalesce: true,
+                    stale
+                }
             );
             assert_eq!(
                 m.lookup(f, false, false, || false),
-                Lookup::Fetch { coalesce: false }
+                Lookup::Fetch {
+                    coalesce: false,
+                    stale
+                }
             );
             assert_eq!(
                 m.lookup(f, false, true, || true),
-                Lookup::Fetch { coalesce: false }
+                Lookup::Fetch {
+                    coalesce: false,
+                    stale
+                }
             );
         }
         assert_eq!(
             m.lookup(found(Expired, false), true, true, || false),
-            Lookup::Fetch { coalesce: true }
+            Lookup::Fetch {
+                coalesce: true,
+                stale: Some(())
+            }
         );
     }
 
     #[test]
     fn every_wait_transition() {
         let mut m = Miss::new();
-        assert_eq!(m.waited(WaitEnd::Stored { fits: true }), Next::Answer);
-        assert_eq!(m.waited(WaitEnd::Shared { fits: true }), Next::Answer);
-        assert_eq!(m.waited(WaitEnd::Shared { fits: false }), Next::FetchAlone);
-        assert_eq!(m.waited(WaitEnd::Pass), Next::FetchAlone);
-        assert_eq!(m.waited(WaitEnd::TimedOut), Next::OnLockTimeout);
+        assert_eq!(
+            m.waited(WaitEnd::Stored {
+                fits: true,
+                outcome: 1
+            }),
+            Next::Answer(1)
+        );
+        assert_eq!(
+            m.waited(WaitEnd::Shared {
+                fits: true,
+                outcome: 2
+            }),
+            Next::Answer(2)
+        );
+        assert_eq!(
+            m.waited(WaitEnd::Shared {
+                fits: false,
+                outcome: 3
+            }),
+            Next::FetchAlone
+        );
+        assert_eq!(m.waited(WaitEnd::<u8>::Pass), Next::FetchAlone);
+        assert_eq!(m.waited(WaitEnd::<u8>::TimedOut), Next::OnLockTimeout);
         // Another variant: look again VARY_RETRIES times, then alone.
         for _ in 0..VARY_RETRIES {
-            assert_eq!(m.waited(WaitEnd::Stored { fits: false }), Next::LookAgain);
+            assert_eq!(
+                m.waited(WaitEnd::Stored {
+                    fits: false,
+                    outcome: 4
+                }),
+                Next::LookAgain
+            );
         }
-        assert_eq!(m.waited(WaitEnd::Stored { fits: false }), Next::FetchAlone);
+        assert_eq!(
+            m.waited(WaitEnd::Stored {
+                fits: false,
+                outcome: 4
+            }),
+            Next::FetchAlone
+        );
         // A leader that vanished: try to lead, a bounded number of times.
         let mut m = Miss::new();
         for _ in 0..VARY_RETRIES + 2 {
-            assert_eq!(m.waited(WaitEnd::Dangling), Next::LookAgain);
+            assert_eq!(m.waited(WaitEnd::<u8>::Dangling), Next::LookAgain);
         }
-        assert_eq!(m.waited(WaitEnd::Dangling), Next::FetchAlone);
+        assert_eq!(m.waited(WaitEnd::<u8>::Dangling), Next::FetchAlone);
         // A retired flight: join again, and what is joined then is not
         // retired again.
         let mut m = Miss::new();
         assert!(!m.after_retirement());
-        assert_eq!(m.waited(WaitEnd::Retired), Next::LookAgain);
+        assert_eq!(m.waited(WaitEnd::<u8>::Retired), Next::LookAgain);
         assert!(m.after_retirement());
     }
 }

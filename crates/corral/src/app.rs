@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use corral_core::{Budget, Clock, Flights, L1, L1Config, SystemClock};
+use corral_core::{Budget, Flights, L1, L1Config, SystemClock};
 
-use crate::cache::fill::FillOutcome;
+use crate::cache::Cache;
 use crate::cluster::l2::L2;
 use crate::cluster::protocol::ClusterNotice;
 use crate::cluster::tier::SharedTier;
@@ -19,25 +19,13 @@ use crate::routes::RouteTable;
 pub struct App {
     /// Swapped whole on reload; a request keeps the table it started with.
     routes: ArcSwap<RouteTable>,
-    pub l1: Arc<L1>,
-    pub flights: Flights<FillOutcome>,
+    /// The miss path's state: L1, the flights, the shared tier, and the
+    /// seams it runs through (clock, transport).
+    pub cache: Arc<Cache>,
     /// Redis, for the operations surface (purge, readiness, metrics).
     pub l2: Option<Arc<L2>>,
-    /// Redis as the miss path reaches it.
-    pub tier: Option<Arc<dyn SharedTier>>,
-    /// What fills and passed-through requests reach the origin over.
-    pub transport: Arc<dyn crate::origin::exchange::Transport>,
-    /// Where freshness, back-off and stale windows read "now".
-    pub clock: Arc<dyn Clock>,
-    /// What fills may buffer at once (`cache.fill_memory`).
-    pub fill_memory: Arc<Budget>,
     /// What coalesced POST bodies may hold at once (`cache.post_memory`).
     pub post_memory: Arc<Budget>,
-    /// What passed-through bodies may be read ahead of their clients at
-    /// once (as much as `cache.fill_memory`, a budget of its own).
-    pub ahead_memory: Arc<Budget>,
-    /// Fills under way in this instance (`cache.max_fills`).
-    pub fills: Arc<tokio::sync::Semaphore>,
     /// `server.max_header_size`: a larger request head is answered 431.
     pub max_header_size: u64,
     /// `server.trusted_proxies` of the running configuration: swapped on
@@ -123,16 +111,18 @@ impl App {
             slots,
             counters,
             routes: ArcSwap::from_pointee(routes),
-            l1,
-            flights: Flights::new(),
+            cache: Arc::new(Cache {
+                l1,
+                flights: Flights::new(),
+                tier,
+                transport: Arc::new(crate::origin::exchange::Network),
+                clock: Arc::new(SystemClock),
+                fill_memory: Budget::new(config.cache.fill_memory),
+                ahead_memory: Budget::new(config.cache.fill_memory),
+                fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
+            }),
             l2,
-            tier,
-            transport: Arc::new(crate::origin::exchange::Network),
-            clock: Arc::new(SystemClock),
-            fill_memory: Budget::new(config.cache.fill_memory),
             post_memory: Budget::new(config.cache.post_memory),
-            ahead_memory: Budget::new(config.cache.fill_memory),
-            fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
             max_header_size: config.server.max_header_size,
             trust: ArcSwap::from_pointee(Trust::new(config)),
         })
@@ -147,16 +137,17 @@ impl App {
         config: &Config,
         transport: Arc<dyn crate::origin::exchange::Transport>,
         tier: Option<Arc<dyn SharedTier>>,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn corral_core::Clock>,
     ) -> Self {
         let mut app = App::new(&Config {
             redis: None,
             ..config.clone()
         })
         .expect("no Redis to connect to");
-        app.transport = transport;
-        app.tier = tier;
-        app.clock = clock;
+        let cache = Arc::get_mut(&mut app.cache).expect("not shared yet");
+        cache.transport = transport;
+        cache.tier = tier;
+        cache.clock = clock;
         app
     }
 

@@ -1,28 +1,25 @@
-//! A fill: the one fetch that answers a coalesced miss (or refreshes an
-//! entry in the background). It runs in its own task that owns everything
-//! it needs, so a client that disconnects never cancels it for the others.
-//! It stores what may be stored, then ends the flight once for every
-//! waiter: with the stored entry, a shared error, a stale entry
-//! (stale-if-error) or "pass" (uncacheable: every waiter fetches alone).
+//! The fill's vocabulary, shared by every layer of the miss path: what a
+//! fill is given ([`FillRequest`]: the request, its keys, the copy being
+//! refreshed), what it produces ([`FillOutcome`], which every waiter of a
+//! flight receives, and [`Ended`], which adds what only the leader can
+//! take), and the outcomes corral makes itself when the origin is not
+//! asked or fails: the stale copy stale-if-error allows, or a shared
+//! error.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral_core::Permit;
 use corral_core::head::RequestHead;
 use corral_core::{
-    Admission, Detail, Digest, EntryState, Forward, Identity, PassReason, PrimaryKey,
-    StoredResponse, VariantKey, Vary,
+    Detail, Digest, Forward, Identity, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary,
 };
 use http::header::{HeaderName, SET_COOKIE};
 use http::{HeaderMap, StatusCode, response};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use crate::app::App;
+use crate::cache::Cache;
 use crate::cache::respond::{self, Answer};
-use crate::cache::shared_flight;
 use crate::config::OnTimeout;
 use crate::origin::upstream::UpstreamError;
 use crate::routes::Route;
@@ -107,11 +104,15 @@ impl SharedResponse {
 /// How a fill ended, as every waiter sees it.
 #[derive(Debug, Clone)]
 pub enum FillOutcome {
-    /// `fwd: None` when another instance's fill was read from L2.
+    /// Fetched and stored in L1.
     Stored {
         entry: Arc<StoredResponse>,
-        fwd: Option<Forward>,
+        fwd: Forward,
         fwd_status: Option<u16>,
+    },
+    /// Another instance's fill, read from L2 (and stored in L1).
+    FromL2 {
+        entry: Arc<StoredResponse>,
     },
     Shared {
         response: Arc<SharedResponse>,
@@ -146,7 +147,7 @@ pub enum LeaderOutcome {
 
 /// Everything a fill needs, owned.
 pub struct FillRequest {
-    pub app: Arc<App>,
+    pub cache: Arc<Cache>,
     pub route: Arc<Route>,
     pub head: Arc<RequestHead>,
     pub primary: PrimaryKey,
@@ -212,7 +213,7 @@ impl FillRequest {
     /// A background refresh of `entry` for the same caller and key.
     pub fn refreshing(&self, entry: Arc<StoredResponse>) -> FillRequest {
         FillRequest {
-            app: Arc::clone(&self.app),
+            cache: Arc::clone(&self.cache),
             route: Arc::clone(&self.route),
             head: Arc::clone(&self.head),
             primary: self.primary.clone(),
@@ -258,7 +259,7 @@ impl FillRequest {
         waited_on
             && !self
                 .stale()
-                .is_some_and(|s| s.usable_on_error(self.app.clock.now()))
+                .is_some_and(|s| s.usable_on_error(self.cache.clock.now()))
     }
 
     /// Hands `outcome` to the flight and the leader now; false when nobody
@@ -279,181 +280,10 @@ impl FillRequest {
 
     /// Marks this caller's view of the URI uncacheable for a while.
     pub(crate) fn mark_pass(&self) {
-        self.app
+        self.cache
             .l1
             .mark_pass(self.pass_scope(), self.route.policy.hit_for_pass);
     }
-}
-
-/// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
-/// `leader` is `None` for a background refresh.
-pub async fn run(
-    fill: FillRequest,
-    permit: Option<Permit<FillOutcome>>,
-    leader: Option<oneshot::Sender<LeaderOutcome>>,
-) {
-    let mut permit = permit;
-    let mut leader = leader;
-    // A fill for a client that went away, with nobody else waiting and
-    // nothing committed yet, is cancelled: nobody would get its answer (an
-    // HTTP/2 client resetting each stream it opens must not make corral
-    // fetch for nobody). A background refresh has no client and runs on.
-    let cancellable = leader.is_some();
-    let slots = tokio::select! {
-        s = take_slots(&fill) => s,
-        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
-            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
-            return;
-        }
-    };
-    let Some(_slots) = slots else {
-        crate::telemetry::metrics::fill_refused(&fill.route.name);
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
-        finish(&fill, permit, leader, fill_limit(&fill));
-        return;
-    };
-    let coalesced = permit.is_some();
-    let (early_tx, mut early_rx) = oneshot::channel();
-    *fill
-        .early
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(early_tx);
-    let mut streaming = false;
-    let fetching = fetch(&fill, coalesced);
-    tokio::pin!(fetching);
-    let first = loop {
-        tokio::select! {
-            r = &mut fetching => break r,
-            Ok(outcome) = &mut early_rx, if !streaming => {
-                // The answer streams: every waiter and the leader read it
-                // as it arrives; the flight stays open for latecomers until
-                // the body is stored.
-                streaming = true;
-                if let Some(p) = &permit {
-                    p.publish(outcome.clone());
-                }
-                if let Some(tx) = leader.take() {
-                    let _ = tx.send(LeaderOutcome::Outcome(outcome));
-                }
-            }
-            () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
-                crate::telemetry::metrics::fill_cancelled(&fill.route.name);
-                return;
-            }
-        }
-    };
-    // Nobody reads a second fetch early (the PassKnown refetch below
-    // answers its leader when it is done).
-    drop(
-        fill.early
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take(),
-    );
-    let result = match first {
-        Ended::PassKnown => {
-            // Another instance found the key uncacheable: release this
-            // instance's waiters now, so that they fetch alongside the
-            // leader instead of after it.
-            fill.mark_pass();
-            if let Some(p) = permit.take() {
-                crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
-                p.complete(FillOutcome::Pass {
-                    reason: PassReason::HitForPass,
-                });
-            }
-            fetch_and_store(&fill).await
-        }
-        ended => ended,
-    };
-    let outcome = match result {
-        Ended::Outcome(o) => o,
-        Ended::PassKnown => return,
-        Ended::Stream(reason, response) => {
-            if let Some(p) = permit {
-                crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
-                p.complete(FillOutcome::Pass { reason });
-            }
-            if let Some(tx) = leader {
-                // A leader that went away drops the body, closing the
-                // upstream connection: nobody else wanted it.
-                let _ = tx.send(LeaderOutcome::Stream(response));
-            }
-            return;
-        }
-    };
-    if let FillOutcome::Shared {
-        detail: Some(d), ..
-    } = &outcome
-    {
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
-    }
-    // A copy read from L2 within its stale-while-revalidate window answers
-    // stale; one refresh starts once this flight has ended.
-    let refresh = match &outcome {
-        FillOutcome::Stored {
-            entry, fwd: None, ..
-        } if entry.state(fill.app.clock.now()) == EntryState::StaleWhileRevalidate => {
-            Some(Arc::clone(entry))
-        }
-        _ => None,
-    };
-    finish(&fill, permit, leader, outcome);
-    if let Some(entry) = refresh {
-        crate::cache::cache_path::refresh_in_background(
-            &fill.app,
-            fill.variant.digest,
-            fill.refreshing(entry),
-        );
-    }
-}
-
-/// The fetch itself, through Redis when it is configured: a local flight's
-/// leader (`coalesced`) enters the shared tier and its lease; any other
-/// fill uses L2 as a cache only, so that a request that chose not to
-/// coalesce (or could not) is not coalesced across instances either.
-async fn fetch(fill: &FillRequest, coalesced: bool) -> Ended {
-    match &fill.app.tier {
-        Some(tier) if coalesced => shared_flight::fill(fill, tier.as_ref()).await,
-        Some(tier) => shared_flight::fill_alone(fill, tier.as_ref()).await,
-        None => fetch_and_store(fill).await,
-    }
-}
-
-/// Gives every waiter and the leader's client the outcome.
-fn finish(
-    fill: &FillRequest,
-    permit: Option<Permit<FillOutcome>>,
-    leader: Option<oneshot::Sender<LeaderOutcome>>,
-    outcome: FillOutcome,
-) {
-    if let Some(p) = permit {
-        crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
-        p.complete(outcome.clone());
-    }
-    if let Some(tx) = leader {
-        let _ = tx.send(LeaderOutcome::Outcome(outcome));
-    }
-}
-
-/// A slot of the route's and of the instance's fill limits, waited for at
-/// most the route's lock timeout (the flight is registered meanwhile, so
-/// followers queue behind it instead of adding fills).
-async fn take_slots(
-    fill: &FillRequest,
-) -> Option<(
-    tokio::sync::OwnedSemaphorePermit,
-    tokio::sync::OwnedSemaphorePermit,
-)> {
-    let take = async {
-        let route = Arc::clone(&fill.route.fills).acquire_owned().await.ok()?;
-        let instance = Arc::clone(&fill.app.fills).acquire_owned().await.ok()?;
-        Some((route, instance))
-    };
-    tokio::time::timeout(fill.route.lock_timeout, take)
-        .await
-        .ok()
-        .flatten()
 }
 
 /// The route's `on_timeout` for a wait on another request's fill (local or
@@ -495,7 +325,7 @@ pub fn gave_up(fill: &FillRequest) -> FillOutcome {
 
 /// What waiters get when no fill slot came in time: the stale copy if it
 /// may still be served, else a 503 for every one of them.
-fn fill_limit(fill: &FillRequest) -> FillOutcome {
+pub(crate) fn fill_limit(fill: &FillRequest) -> FillOutcome {
     stale_on_error(fill, Detail::FillLimit)
         .unwrap_or_else(|| unavailable(fill, Detail::FillLimit, Duration::from_secs(1)))
 }
@@ -510,10 +340,10 @@ pub fn wait_list_full(fill: &FillRequest) -> FillOutcome {
 
 /// The stale copy in hand, labelled `detail`, if stale-if-error still
 /// allows serving it.
-fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
+pub(crate) fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
     let entry = fill
         .stale()
-        .filter(|s| s.usable_on_error(fill.app.clock.now()))?;
+        .filter(|s| s.usable_on_error(fill.cache.clock.now()))?;
     Some(FillOutcome::Stale {
         entry,
         fwd_status: None,
@@ -522,7 +352,11 @@ fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
 }
 
 /// corral's own 503 for every caller, saying when to come back.
-fn unavailable(fill: &FillRequest, detail: Detail, retry_after: Duration) -> FillOutcome {
+pub(crate) fn unavailable(
+    fill: &FillRequest,
+    detail: Detail,
+    retry_after: Duration,
+) -> FillOutcome {
     let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
     response.headers.insert(
         http::header::RETRY_AFTER,
@@ -535,38 +369,6 @@ fn unavailable(fill: &FillRequest, detail: Detail, retry_after: Duration) -> Fil
     }
 }
 
-/// How long a fill nobody waits for runs on before it is cancelled: the
-/// herd of a stampede whose first client left arrives within it and still
-/// finds the fill under way.
-const ABANDON_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Resolves once nobody has wanted this fill for [`ABANDON_GRACE`]: the
-/// leader's client is gone, no follower waits, and the fill has not
-/// committed to storing (or to other instances).
-async fn abandoned(
-    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
-    permit: Option<&Permit<FillOutcome>>,
-    fill: &FillRequest,
-) {
-    let Some(tx) = leader.as_mut() else {
-        return std::future::pending().await;
-    };
-    tx.closed().await;
-    let mut since: Option<Instant> = None;
-    loop {
-        let waiting = permit.map_or(0, Permit::waiting);
-        if waiting == 0 && !fill.committed.load(std::sync::atomic::Ordering::Acquire) {
-            let since = *since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= ABANDON_GRACE {
-                return;
-            }
-        } else {
-            since = None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// What a fetch came to, before the flight hands it out.
 pub enum Ended {
     Outcome(FillOutcome),
@@ -575,93 +377,13 @@ pub enum Ended {
     Stream(PassReason, Answer),
 }
 
-/// Fetches from the origin and stores in L1: the whole fill when there is
-/// no Redis, the leader's part when there is. Every origin request of the
-/// cache path goes through here, so here is where a failing origin is
-/// left alone: a key in back-off, or a route whose circuit is open, gets
-/// the stale copy or an error without a request, and every fetch's result
-/// feeds both.
-pub(crate) async fn fetch_and_store(fill: &FillRequest) -> Ended {
-    let now = fill.app.clock.now();
-    if let Some(backoff) = fill.app.l1.active_backoff(&fill.pass_scope(), now) {
-        return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
-    }
-    let admission = fill.route.circuit.allow();
-    if admission == Admission::Refuse {
-        return Ended::Outcome(skipped(
-            fill,
-            Skipped::CircuitOpen(fill.route.circuit.retry_after()),
-        ));
-    }
-    let ended = crate::cache::fetch::fetch(fill).await;
-    if let Some(ok) = origin_verdict(&ended) {
-        fill.route.circuit.record(ok);
-        let scope = fill.pass_scope();
-        if ok {
-            fill.app.l1.clear_backoff(&scope);
-        } else {
-            let policy = fill.route.backoff;
-            let backoff =
-                policy.after_failure(fill.app.l1.last_backoff(&scope), fill.app.clock.now());
-            tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
-            fill.app.l1.set_backoff(scope, backoff, policy.memory());
-        }
-    }
-    ended
-}
-
-/// Why an origin request was not made.
-enum Skipped {
-    /// The key is in back-off for this much longer.
-    Backoff(std::time::Duration),
-    /// The route's circuit is open; a probe may go in this long.
-    CircuitOpen(std::time::Duration),
-}
-
-/// What callers get when the origin is left alone: the stale copy while
-/// stale-if-error (or stale-while-revalidate) allows it, else a 503 that
-/// says when to come back.
-fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
-    let (detail, retry) = match why {
-        Skipped::Backoff(d) => (Detail::Backoff, d),
-        Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
-    };
-    crate::telemetry::metrics::origin_skipped(&fill.route.name, detail.as_str());
-    stale_on_error(fill, detail).unwrap_or_else(|| unavailable(fill, detail, retry))
-}
-
-/// Whether a fetch reached a healthy origin (`Some(true)`), a failing one
-/// (`Some(false)`: a 5xx, a refused connection, a timeout), or was no
-/// fetch at all.
-fn origin_verdict(ended: &Ended) -> Option<bool> {
-    match ended {
-        Ended::PassKnown => None,
-        Ended::Stream(_, answer) => Some(!answer.response.status().is_server_error()),
-        // A 5xx the origin made cacheable is still a failing origin.
-        Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
-            Some(!entry.status().is_server_error())
-        }
-        Ended::Outcome(FillOutcome::Pass { .. } | FillOutcome::Streaming { .. }) => Some(true),
-        Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
-            (*detail == Detail::StaleIfError).then_some(false)
-        }
-        Ended::Outcome(FillOutcome::Shared {
-            detail: Some(Detail::UpstreamBusy),
-            ..
-        }) => None,
-        Ended::Outcome(FillOutcome::Shared { response, .. }) => {
-            Some(!response.status.is_server_error())
-        }
-    }
-}
-
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
     if let UpstreamError::Busy(_) = e {
         // corral's own queue was full: the origin was not asked, so this
         // is no verdict on it (see `origin_verdict`).
-        crate::telemetry::metrics::origin_skipped(&fill.route.name, "upstream-busy");
+        crate::telemetry::metrics::origin_skipped(&fill.route.name, Detail::UpstreamBusy);
         return stale_on_error(fill, Detail::UpstreamBusy)
             .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
     }

@@ -7,7 +7,7 @@ use corral_core::{Ban, BanTarget, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Uri};
 
-use crate::app::App;
+use crate::cache::Cache;
 
 static CACHE_GROUP_INVALIDATION: http::HeaderName =
     http::HeaderName::from_static("cache-group-invalidation");
@@ -15,9 +15,9 @@ use crate::routes::Route;
 
 /// Retires the URI here and, with Redis, on every instance. Redis trouble
 /// is logged, not answered: the client's write already succeeded.
-pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
-    app.l1.invalidate_uri(&uri);
-    if let Some(tier) = &app.tier {
+pub async fn everywhere(cache: &Cache, route_name: &str, uri: UriKey) {
+    cache.l1.invalidate_uri(&uri);
+    if let Some(tier) = &cache.tier {
         // L1 indexes entries by URI, whatever the scheme; L2 by primary
         // key, which holds the scheme: both schemes' entries go.
         let primaries = [false, true].map(|tls| PrimaryKey::get(route_name, uri.clone(), tls));
@@ -31,14 +31,14 @@ pub async fn everywhere(app: &App, route_name: &str, uri: UriKey) {
 }
 
 /// Adds a ban here and, with Redis, records and broadcasts it.
-pub async fn ban(app: &App, target: BanTarget, soft: bool) {
+pub async fn ban(cache: &Cache, target: BanTarget, soft: bool) {
     let ban = Ban {
         target,
-        at: app.clock.now(),
+        at: cache.clock.now(),
         soft,
     };
-    app.l1.bans.add(ban.clone());
-    if let Some(tier) = &app.tier
+    cache.l1.bans.add(ban.clone());
+    if let Some(tier) = &cache.tier
         && let Err(e) = tier.publish_ban(&ban).await
     {
         tracing::warn!(error = %e, "the purge could not reach the other instances; they keep their copies until expiry");
@@ -49,13 +49,19 @@ pub async fn ban(app: &App, target: BanTarget, soft: bool) {
 /// the same-origin URIs its Location and Content-Location name (RFC 9111
 /// §4.4), and the same-origin responses of every group its
 /// Cache-Group-Invalidation lists (RFC 9875).
-pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: &HeaderMap) {
+pub async fn after_write(
+    cache: &Cache,
+    routes: &crate::routes::RouteTable,
+    route: &Route,
+    ctx: &RequestHead,
+    response: &HeaderMap,
+) {
     for group in corral_core::string_list(response, &CACHE_GROUP_INVALIDATION) {
         let target = BanTarget::Group {
             host: ctx.host.clone(),
             group,
         };
-        ban(app, target, false).await;
+        ban(cache, target, false).await;
     }
     let uri = UriKey::new(
         &ctx.host,
@@ -63,7 +69,7 @@ pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: 
         ctx.query.as_deref(),
         &route.query_filter,
     );
-    everywhere(app, &route.name, uri).await;
+    everywhere(cache, &route.name, uri).await;
     for name in [LOCATION, CONTENT_LOCATION] {
         let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
             continue;
@@ -85,9 +91,8 @@ pub async fn after_write(app: &App, route: &Route, ctx: &RequestHead, response: 
         let Ok(path) = corral_core::path::normalize(uri.path()) else {
             continue;
         };
-        let routes = app.routes();
         let target = routes.find(&ctx.host, &path).map_or(route, |r| r.as_ref());
         let key = UriKey::new(&ctx.host, &path, uri.query(), &target.query_filter);
-        everywhere(app, &target.name, key).await;
+        everywhere(cache, &target.name, key).await;
     }
 }

@@ -279,9 +279,7 @@ pub fn from_outcome(
     request: &HeaderMap,
 ) -> Answer {
     match outcome {
-        FillOutcome::Stored {
-            entry, fwd: None, ..
-        } => {
+        FillOutcome::FromL2 { entry } => {
             // Filled by another instance, read from L2: fresh is a hit;
             // within stale-while-revalidate it is a stale answer, and the
             // fill that read it starts the refresh.
@@ -297,7 +295,7 @@ pub fn from_outcome(
         }
         FillOutcome::Stored {
             entry,
-            fwd: Some(fwd),
+            fwd,
             fwd_status,
         } => {
             let st = fetched(*fwd, *fwd_status, entry, now, collapsed);

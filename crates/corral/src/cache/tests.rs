@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::app::App;
-use crate::cache::cache_path;
+use crate::cache::lookup;
 use crate::cache::respond::CACHE_STATUS;
 use crate::cluster::protocol::{FillNotice, Keys, Layout};
 use crate::cluster::redis_link::L2Error;
@@ -597,8 +597,8 @@ impl Harness {
     }
 
     async fn get_with(&self, path: &str, fields: &[(&str, &str)]) -> Got {
-        let answer = cache_path::serve(
-            Arc::clone(&self.app),
+        let answer = lookup::serve(
+            Arc::clone(&self.app.cache),
             self.route(path),
             self.head_with(path, fields),
             None,
@@ -944,12 +944,12 @@ async fn a_fill_nobody_waits_for_any_more_is_cancelled() {
         tokio::spawn(async move { h.get("/a").await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!((h.origin.hits(), h.app.flights.len()), (1, 1));
+    assert_eq!((h.origin.hits(), h.app.cache.flights.len()), (1, 1));
     // Its only client goes away: after the grace second, the fill (and
     // its flight) end instead of fetching 30 s for nobody.
     leader.abort();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(h.app.flights.len(), 0);
+    assert_eq!(h.app.cache.flights.len(), 0);
     // Nothing was stored: long after, the next caller fetches again.
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(h.get("/a").await.body, "slow");
@@ -1284,7 +1284,8 @@ async fn a_write_retires_the_uri_here_and_on_every_instance() {
         http::header::CONTENT_LOCATION,
         HeaderValue::from_static("http://elsewhere.test/a"),
     );
-    crate::cache::invalidate::after_write(&h.app, &route, &post, &response).await;
+    crate::cache::invalidate::after_write(&h.app.cache, &h.app.routes(), &route, &post, &response)
+        .await;
     // The target and its same-origin Location, each for both schemes:
     // four cluster invalidations (another site's URI is left alone), and
     // both are fetched again.

@@ -1,11 +1,13 @@
 //! The HTTP front end: listeners and the life of a client connection
 //! (`server`, `connection`, `client_stream`; the origin's 1xx answers are
 //! written under hyper by `origin::interim`) and the one request handler
-//! (`proxy`). Uses `cache` for GET/HEAD and `origin` to pass everything
+//! (`proxy`), with the rate limits that spare hits handed to the cache
+//! path (`gate`). Uses `cache` for GET/HEAD and `origin` to pass everything
 //! else through.
 
 pub mod client_stream;
 pub mod connection;
+pub mod gate;
 pub mod proxy;
 pub mod server;
 pub mod tls;

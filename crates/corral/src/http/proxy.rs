@@ -21,9 +21,10 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::app::App;
-use crate::cache::cache_path;
+use crate::cache::lookup;
 use crate::cache::respond::{self, Answer};
-use crate::limits::{Gate, Phase, Who};
+use crate::http::gate::Gate;
+use crate::limits::{Phase, Who};
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
 use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
@@ -221,7 +222,7 @@ async fn route_request(
     let cached = head.is_cacheable_method()
         && route.cache_enabled
         && head.body == RequestBody::None
-        && !(head.headers.contains_key(RANGE) && cache_path::passes(&app, &route, &head));
+        && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
     let coalesced_post =
         head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
     if let Some(who) = &who {
@@ -246,12 +247,12 @@ async fn route_request(
     // Awaited here, not in `route_through`: one level less of futures on
     // the hit path.
     let (route, mut answer) = if cached {
-        let res = cache_path::serve(
-            Arc::clone(&app),
+        let res = lookup::serve(
+            Arc::clone(&app.cache),
             Arc::clone(&route),
             head,
             None,
-            gate.clone(),
+            gate.clone().map(|g| g as Arc<dyn lookup::Admit>),
             interim,
         )
         .await;
@@ -318,12 +319,12 @@ async fn route_through(
                 // Range is defined for GET only (RFC 9110 §14.2).
                 let mut head = head;
                 head.headers.remove(RANGE);
-                let res = cache_path::serve(
-                    Arc::clone(&app),
+                let res = lookup::serve(
+                    Arc::clone(&app.cache),
                     Arc::clone(&route),
                     head,
                     Some(bytes),
-                    gate,
+                    gate.map(|g| g as Arc<dyn lookup::Admit>),
                     interim,
                 )
                 .await;
@@ -488,7 +489,7 @@ async fn forward_uncached(
             descriptor: Some(descriptor),
         },
     };
-    let transport = app.transport.as_ref();
+    let transport = app.cache.transport.as_ref();
     let Answered {
         parts,
         body,
@@ -510,7 +511,14 @@ async fn forward_uncached(
         }
     };
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
-        crate::cache::invalidate::after_write(app, route, head, &parts.headers).await;
+        crate::cache::invalidate::after_write(
+            &app.cache,
+            &app.routes(),
+            route,
+            head,
+            &parts.headers,
+        )
+        .await;
     }
     let mut st = CacheStatus::forward(fwd).with_fwd_status(parts.status.as_u16());
     st.detail = detail;
@@ -519,7 +527,7 @@ async fn forward_uncached(
     let body = Body::new(crate::origin::ahead::read_ahead(
         DeadlineBody::new(body, deadline, route.upstream.total),
         route.policy.max_object_size,
-        &app.ahead_memory,
+        &app.cache.ahead_memory,
     ));
     Answer::new(Response::from_parts(parts, body), &st, head.version)
 }

@@ -559,50 +559,6 @@ pub fn annotate(headers: &mut http::HeaderMap, tallies: &[Tally]) {
     }
 }
 
-/// A check that runs only if the cache cannot answer: handed to the cache
-/// path, which runs it before it fetches or joins a fetch. Its tallies
-/// are kept for the answer.
-pub struct Gate {
-    pub app: Arc<crate::app::App>,
-    pub route: Arc<crate::routes::Route>,
-    pub who: Who,
-    tallies: std::sync::Mutex<Vec<Tally>>,
-}
-
-impl Gate {
-    pub fn new(app: Arc<crate::app::App>, route: Arc<crate::routes::Route>, who: Who) -> Self {
-        Gate {
-            app,
-            route,
-            who,
-            tallies: Default::default(),
-        }
-    }
-
-    /// Counts the request against the limits that spare hits.
-    pub async fn admit(&self) -> Result<(), Answer> {
-        let t = self
-            .app
-            .limiter
-            .check(&self.route.limits, &self.who, Phase::Fetch)
-            .await?;
-        self.tallies
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(t);
-        Ok(())
-    }
-
-    pub fn take_tallies(&self) -> Vec<Tally> {
-        std::mem::take(
-            &mut *self
-                .tallies
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,15 +91,15 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 
 /// The point-in-time state the metrics export.
 fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
-    app.l1.sync();
+    app.cache.l1.sync();
     crate::telemetry::metrics::Gauges {
-        l1_entries: app.l1.entry_count(),
-        l1_bytes: app.l1.weighted_size(),
-        l1_side_bytes: app.l1.side_weighted_size(),
-        fill_buffer_bytes: app.fill_memory.used(),
+        l1_entries: app.cache.l1.entry_count(),
+        l1_bytes: app.cache.l1.weighted_size(),
+        l1_side_bytes: app.cache.l1.side_weighted_size(),
+        fill_buffer_bytes: app.cache.fill_memory.used(),
         post_buffer_bytes: app.post_memory.used(),
-        ahead_buffer_bytes: app.ahead_memory.used(),
-        backoff_keys: app.l1.backoff_keys(),
+        ahead_buffer_bytes: app.cache.ahead_memory.used(),
+        backoff_keys: app.cache.l1.backoff_keys(),
         circuits: app
             .routes()
             .iter()
@@ -107,7 +107,7 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
             .collect(),
         sealed_bodies: crate::sealed::live(),
         sealed_bytes: crate::sealed::live_bytes(),
-        flights: app.flights.len(),
+        flights: app.cache.flights.len(),
         redis: app.l2.as_ref().map(|l2| {
             let (open, opened) = l2.link.breaker_state();
             (open, opened, l2.link.is_connected())

@@ -56,13 +56,19 @@ pub async fn handle(
         (Some(url), None, None) => purge_url(app, url, q.soft).await,
         (None, Some(prefix), None) => match uri_prefix(prefix) {
             Some(p) => {
-                crate::cache::invalidate::ban(app, BanTarget::Prefix(p.clone()), q.soft).await;
+                crate::cache::invalidate::ban(&app.cache, BanTarget::Prefix(p.clone()), q.soft)
+                    .await;
                 Ok(p)
             }
             None => Err("prefix must be a URL (http://host/path) or host/path"),
         },
         (None, None, Some(tag)) if !tag.trim().is_empty() && !tag.contains(['\t', '\n']) => {
-            crate::cache::invalidate::ban(app, BanTarget::Tag(tag.trim().to_owned()), q.soft).await;
+            crate::cache::invalidate::ban(
+                &app.cache,
+                BanTarget::Tag(tag.trim().to_owned()),
+                q.soft,
+            )
+            .await;
             Ok(tag.trim().to_owned())
         }
         _ => Err("give exactly one of url, prefix or tag"),
@@ -168,9 +174,9 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     let key = UriKey::new(&host, &path, uri.query(), &route.query_filter);
     let readable = key.readable().to_owned();
     if soft {
-        crate::cache::invalidate::ban(app, BanTarget::Uri(readable.clone()), true).await;
+        crate::cache::invalidate::ban(&app.cache, BanTarget::Uri(readable.clone()), true).await;
     } else {
-        crate::cache::invalidate::everywhere(app, &route.name, key).await;
+        crate::cache::invalidate::everywhere(&app.cache, &route.name, key).await;
     }
     Ok(readable)
 }

@@ -170,8 +170,39 @@ pub fn flight_waiters(key: &str, waiters: usize) {
 }
 
 /// A cross-instance lease event: acquired, lost, timed_out, taken_over.
-pub fn lease(outcome: &'static str) {
-    counter!("corral_lease_total", "outcome" => outcome).increment(1);
+pub fn lease(outcome: Lease) {
+    counter!("corral_lease_total", "outcome" => outcome.as_str()).increment(1);
+}
+
+/// How a shared flight's try for the lease ended (the `outcome` label of
+/// `corral_lease_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Taken: this instance leads.
+    Acquired,
+    /// Taken after waiting on another holder's fill.
+    TakenOver,
+    /// Held past `lock_age` by its holder, and taken from it.
+    AgedOut,
+    /// Another instance holds it: this one follows.
+    Lost,
+    /// Given up: the answer is too large for L2.
+    Local,
+    /// Waited for past `lock_timeout`.
+    TimedOut,
+}
+
+impl Lease {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lease::Acquired => "acquired",
+            Lease::TakenOver => "taken_over",
+            Lease::AgedOut => "aged_out",
+            Lease::Lost => "lost",
+            Lease::Local => "local",
+            Lease::TimedOut => "timed_out",
+        }
+    }
 }
 
 /// A Redis call that failed: timeout, error, breaker_open, not_connected.
@@ -192,8 +223,8 @@ pub fn fill_refused(route: &str) {
 
 /// An origin request corral did not make: the key was in back-off, or the
 /// route's circuit was open.
-pub fn origin_skipped(route: &str, reason: &'static str) {
-    counter!("corral_origin_skipped_total", "route" => route.to_owned(), "reason" => reason)
+pub fn origin_skipped(route: &str, reason: corral_core::Detail) {
+    counter!("corral_origin_skipped_total", "route" => route.to_owned(), "reason" => reason.as_str())
         .increment(1);
 }
 

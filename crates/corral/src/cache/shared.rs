@@ -1,4 +1,4 @@
-//! The second coalescing tier: one leader per key across every instance,
+//! The third layer of the miss path, the second coalescing tier: one leader per key across every instance,
 //! as a state machine over the [`SharedTier`] seam (Read → Acquire →
 //! lead, or → Follow → Read again, or → TakeOver when the holder has held
 //! the lease past `lock_age`; every exit named).
@@ -18,11 +18,12 @@ use std::time::Duration;
 use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
-use crate::cache::fill::{Ended, FillOutcome, FillRequest, fetch_and_store};
+use crate::cache::fill::{Ended, FillOutcome, FillRequest};
+use crate::cache::gate;
 use crate::cluster::protocol::{FillNotice, Keys, lease_since};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Probe, SharedTier};
-use crate::telemetry::metrics;
+use crate::telemetry::metrics::{self, Lease};
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_millis(250);
@@ -96,7 +97,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
             State::Read { mut probe, waited } => match judge(fill, &mut probe) {
                 Judged::Serve(hit) => return hit,
                 Judged::Pass => return Ended::PassKnown,
-                Judged::Backoff => return fetch_and_store(fill).await,
+                Judged::Backoff => return gate::fetch(fill).await,
                 Judged::Fetch => State::Acquire {
                     generation: probe.generation,
                     had_backoff: probe.backoff.is_some(),
@@ -113,11 +114,15 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                 // elsewhere do not wait out a lease nobody will release.
                 Err(e) => return local_then_share(fill, tier, &keys, generation, &e).await,
                 Ok(Some(lease)) => {
-                    metrics::lease(if waited { "taken_over" } else { "acquired" });
+                    metrics::lease(if waited {
+                        Lease::TakenOver
+                    } else {
+                        Lease::Acquired
+                    });
                     return lead(fill, tier, &keys, lease, generation, had_backoff).await;
                 }
                 Ok(None) => {
-                    metrics::lease("lost");
+                    metrics::lease(Lease::Lost);
                     State::Follow
                 }
             },
@@ -131,7 +136,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                     State::TakeOver(probe)
                 }
                 Followed::LockTimeout => return lock_timeout(fill).await,
-                Followed::Failed | Followed::Local => return fetch_and_store(fill).await,
+                Followed::Failed | Followed::Local => return gate::fetch(fill).await,
                 Followed::Unavailable(e) => return local(fill, &e).await,
             },
             State::TakeOver(probe) => {
@@ -139,7 +144,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                 match tier.take_over(&keys, seen).await {
                     Err(e) => return local(fill, &e).await,
                     Ok(Some(lease)) => {
-                        metrics::lease("aged_out");
+                        metrics::lease(Lease::AgedOut);
                         let had_backoff = probe.backoff.is_some();
                         return lead(fill, tier, &keys, lease, probe.generation, had_backoff).await;
                     }
@@ -160,9 +165,9 @@ fn judge(fill: &FillRequest, probe: &mut Probe) -> Judged {
     }
     // The origin is failing for this key (this instance or another saw
     // it): the gate answers without a request.
-    let now = fill.app.clock.now();
+    let now = fill.cache.clock.now();
     if fill
-        .app
+        .cache
         .l1
         .active_backoff(&fill.pass_scope(), now)
         .is_some()
@@ -201,7 +206,7 @@ async fn lead(
     // of waiting out this download for an entry that will not come and then
     // taking the lease one after another.
     let mut declared = fill.declared.subscribe();
-    let fetching = fetch_and_store(fill);
+    let fetching = gate::fetch(fill);
     tokio::pin!(fetching);
     let ended = loop {
         tokio::select! {
@@ -211,7 +216,7 @@ async fn lead(
                 if len.is_some_and(|n| n > tier.max_object_size())
                     && let Some(held) = lease.take()
                 {
-                    metrics::lease("local");
+                    metrics::lease(Lease::Local);
                     drop(keep_alive.take());
                     let _ = held.release().await;
                     let _ = tier.publish(keys, FillNotice::Local).await;
@@ -270,7 +275,7 @@ async fn follow(
         let aged_in = lock_age.and_then(|age| {
             let since = probe.lease.as_deref().and_then(lease_since)?;
             let held = fill
-                .app
+                .cache
                 .clock
                 .now()
                 .duration_since(since)
@@ -322,7 +327,7 @@ pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
     if probe.pass {
         return Ended::PassKnown;
     }
-    let ended = fetch_and_store(fill).await;
+    let ended = gate::fetch(fill).await;
     // Nobody waits on this fill's lease: the record is written (entry,
     // hit-for-pass or back-off), no notice is sent.
     publish_result(
@@ -341,14 +346,14 @@ pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
 /// Another instance may know this URI's Vary set already: it is used, so
 /// that the right variant is read (and the right lease taken).
 async fn first_read(fill: &FillRequest, tier: &dyn SharedTier) -> Result<(Keys, Probe), L2Error> {
-    let app = &fill.app;
+    let cache = &fill.cache;
     let keys = tier.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
     let mut probe = read(fill, tier, &keys).await?;
     let mut keys = keys;
     if let Some(vary) = &probe.vary
-        && *vary != app.l1.learned_vary(&fill.primary)
+        && *vary != cache.l1.learned_vary(&fill.primary)
     {
-        app.l1.learn_vary(&fill.primary, vary);
+        cache.l1.learn_vary(&fill.primary, vary);
         let values = vary.values(&fill.head.headers);
         let variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
@@ -370,19 +375,19 @@ async fn first_read(fill: &FillRequest, tier: &dyn SharedTier) -> Result<(Keys, 
 /// good for stale-if-error is kept as the fill's fallback, so an instance
 /// with no copy of its own serves Redis's when the origin fails.
 async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<Probe, L2Error> {
-    let app = &fill.app;
-    let mut probe = tier.probe(keys, app.l1.generation_stamp()).await?;
+    let cache = &fill.cache;
+    let mut probe = tier.probe(keys, cache.l1.generation_stamp()).await?;
     probe.entry = probe.entry.take().and_then(|e| {
         let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
-        app.l1.apply_bans(e).map(Arc::unwrap_or_clone)
+        cache.l1.apply_bans(e).map(Arc::unwrap_or_clone)
     });
-    let now = app.clock.now();
+    let now = cache.clock.now();
     let scope = fill.pass_scope();
     // Another instance's record of the key's failures: the longer period
     // and the longer run of failures in a row count (a failure that has
     // not started a period yet still counts toward `backoff.after`).
     if let Some(theirs) = probe.backoff {
-        let merged = match app.l1.last_backoff(&scope) {
+        let merged = match cache.l1.last_backoff(&scope) {
             None => Some(theirs),
             Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
                 Some(corral_core::Backoff {
@@ -393,7 +398,8 @@ async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<
             Some(_) => None,
         };
         if let Some(merged) = merged {
-            app.l1
+            cache
+                .l1
                 .set_backoff(scope, merged, fill.route.backoff.memory());
         }
     }
@@ -414,7 +420,7 @@ async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<
 fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
     probe.entry.as_ref().is_some_and(|e| {
         matches!(
-            e.state(fill.app.clock.now()),
+            e.state(fill.cache.clock.now()),
             EntryState::Fresh | EntryState::StaleWhileRevalidate
         ) && e.matches_vary(&fill.head.headers)
             && fill
@@ -430,15 +436,11 @@ fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     }
     let entry = Arc::new(probe.entry.take()?);
     let key: VariantKey = fill.entry_key(&entry);
-    fill.app.l1.learn_vary(&fill.primary, entry.vary());
-    fill.app
+    fill.cache.l1.learn_vary(&fill.primary, entry.vary());
+    fill.cache
         .l1
         .insert(&key, fill.primary.uri(), Arc::clone(&entry));
-    Some(Ended::Outcome(FillOutcome::Stored {
-        entry,
-        fwd: None,
-        fwd_status: None,
-    }))
+    Some(Ended::Outcome(FillOutcome::FromL2 { entry }))
 }
 
 /// What the leader's fetch came to, as L2 records it.
@@ -497,8 +499,8 @@ async fn publish_result(
             // Before the notice: the waiting instances read it on Failed.
             // Written whether or not a period has started, so that every
             // instance counts the same failures in a row.
-            let now = fill.app.clock.now();
-            if let Some(backoff) = fill.app.l1.last_backoff(&fill.pass_scope()) {
+            let now = fill.cache.clock.now();
+            if let Some(backoff) = fill.cache.l1.last_backoff(&fill.pass_scope()) {
                 let _ = tier
                     .set_backoff(keys, &backoff, fill.route.backoff.memory(), now)
                     .await;
@@ -529,7 +531,7 @@ async fn store(
             target.as_ref().unwrap_or(keys),
             entry,
             generation,
-            fill.app.clock.now(),
+            fill.cache.clock.now(),
         )
         .await
     {
@@ -543,7 +545,7 @@ async fn store(
 
 async fn local(fill: &FillRequest, why: &L2Error) -> Ended {
     tracing::debug!(key = %fill.primary.loggable(), reason = %why, "Redis unavailable: coalescing locally");
-    fetch_and_store(fill).await
+    gate::fetch(fill).await
 }
 
 /// `local`, then a best-effort L2 write and notice.
@@ -568,9 +570,9 @@ async fn local_then_share(
 }
 
 async fn lock_timeout(fill: &FillRequest) -> Ended {
-    metrics::lease("timed_out");
+    metrics::lease(Lease::TimedOut);
     match crate::cache::fill::on_lock_timeout(fill) {
         Some(outcome) => Ended::Outcome(outcome),
-        None => fetch_and_store(fill).await,
+        None => gate::fetch(fill).await,
     }
 }

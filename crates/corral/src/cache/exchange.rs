@@ -1,4 +1,4 @@
-//! What a fill keeps of its one exchange with the origin: the request
+//! The bottom layer of the miss path: what a fill keeps of its one exchange with the origin: the request
 //! for a fill (the key's target, the fill's own conditionals), the answer
 //! against the stale copy (stale-if-error, a 304), the policy's verdict,
 //! and the body stored in L1 (streamed to the flight as it arrives, or
@@ -35,12 +35,12 @@ use crate::origin::upstream::{DeadlineBody, Framing, OriginBody, UpstreamError};
 /// The fill's exchange with the origin, and what is kept of it.
 pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
     let stale = fill.stale();
-    let stamp = fill.app.l1.generation_stamp();
+    let stamp = fill.cache.l1.generation_stamp();
     let answered = match ask(fill, stale.as_deref()).await {
         Ok(a) => a,
         Err(e) => return Ended::Outcome(failed(fill, &e)),
     };
-    let response_time = fill.app.clock.now();
+    let response_time = fill.cache.clock.now();
     if let Some(stale) = &stale
         && let Some(ended) = against_stale(fill, stale, &answered, response_time, stamp)
     {
@@ -102,7 +102,7 @@ async fn ask(
         interim: fill.interim.clone(),
         held,
     };
-    let transport = fill.app.transport.as_ref();
+    let transport = fill.cache.transport.as_ref();
     exchange(transport, &fill.route.upstream, &fill.head, asked).await
 }
 
@@ -245,7 +245,7 @@ async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
         fill.declared.announce(n);
     }
     let total = fill.route.upstream.total;
-    let mut hold = fill.app.fill_memory.hold();
+    let mut hold = fill.cache.fill_memory.hold();
     // Two copies while it streams: the chunks readers share, and the
     // entry being built.
     let streamed =
@@ -280,7 +280,7 @@ async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
         },
     };
     let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
-    let l1 = &fill.app.l1;
+    let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
     l1.clear_pass(&fill.pass_scope());
     l1.insert(
@@ -293,7 +293,7 @@ async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
     }
     Ended::Outcome(FillOutcome::Stored {
         entry,
-        fwd: Some(fill.fwd),
+        fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
     })
 }
@@ -309,7 +309,7 @@ fn streamable(fill: &FillRequest, declared: Option<u64>, vary: &Vary) -> Option<
     declared
         .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
         .filter(|_| fill.streams())
-        .filter(|_| *vary == fill.app.l1.learned_vary(&fill.primary))
+        .filter(|_| *vary == fill.cache.l1.learned_vary(&fill.primary))
 }
 
 /// Reads a fill's body into memory within the route's object size, the
@@ -324,7 +324,7 @@ async fn read_body(
         body,
         declared,
         fill.route.policy.max_object_size,
-        &fill.app.fill_memory,
+        &fill.cache.fill_memory,
         deadline,
         fill.route.upstream.total,
     )
@@ -375,7 +375,7 @@ fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
     let body = Body::new(crate::origin::ahead::read_ahead(
         DeadlineBody::new(answered.body, answered.deadline, total),
         fill.route.policy.max_object_size,
-        &fill.app.ahead_memory,
+        &fill.cache.ahead_memory,
     ));
     Ended::Stream(
         reason,
@@ -431,12 +431,12 @@ fn revalidated(
                 stamp,
             ));
             let key = fill.entry_key(&entry);
-            fill.app
+            fill.cache
                 .l1
                 .insert(&key, fill.primary.uri(), Arc::clone(&entry));
             Ended::Outcome(FillOutcome::Stored {
                 entry,
-                fwd: Some(Forward::Stale),
+                fwd: Forward::Stale,
                 fwd_status: Some(StatusCode::NOT_MODIFIED.as_u16()),
             })
         }
@@ -444,7 +444,7 @@ fn revalidated(
             // The body is still right for this request, but the origin no
             // longer lets it be stored or shared.
             let key = fill.entry_key(stale);
-            fill.app.l1.remove(&key);
+            fill.cache.l1.remove(&key);
             fill.mark_pass();
             let mut parts = merged_parts;
             parts.headers.remove(CONTENT_LENGTH);

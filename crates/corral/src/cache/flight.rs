@@ -1,0 +1,361 @@
+//! The second layer of the miss path: the key's flight in this process.
+//! A request that missed joins it and leads (its fill runs in a task of
+//! its own, so a client that disconnects never cancels it for the
+//! others) or follows (waits for the leader's outcome, at most the
+//! route's lock timeout, then does what `on_timeout` says); a full wait
+//! list, a leader held past `lock_age` and a fill nobody wants any more
+//! end here. The fill's fetch is the layer below: the shared tier when
+//! Redis is configured (`shared`), else the gate (`gate`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_core::miss::{Miss, Next, WaitEnd};
+use corral_core::{Detail, EntryState, Forward, Join, PassReason, Permit, Role, WaitResult};
+use http::StatusCode;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::cache::Cache;
+use crate::cache::fill::{self, Ended, FillOutcome, FillRequest, LeaderOutcome};
+use crate::cache::respond::{self, Answer};
+use crate::cache::{gate, shared};
+use crate::config::OnTimeout;
+
+/// A request that missed, on its way into the key's flight.
+pub struct Joining {
+    /// The fill it would lead; its variant is the flight's key.
+    pub fill: FillRequest,
+    /// Through the flight; otherwise alone (coalescing off, or the
+    /// caller's view of the URI is hit-for-pass).
+    pub coalesce: bool,
+}
+
+/// What a request's time in the flight came to.
+pub enum Flown {
+    Answer(Answer),
+    /// Look the key up again: the leader taught a Vary set, or left.
+    LookAgain,
+}
+
+/// Leads, follows or fetches alone, as the flight and `miss` say.
+pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
+    let Joining { fill, coalesce } = joining;
+    if !coalesce {
+        return Flown::Answer(lead(fill, None, head).await);
+    }
+    let join = Join {
+        max_waiters: fill.route.max_waiters,
+        after_retirement: miss.after_retirement(),
+    };
+    match fill.cache.flights.join(fill.variant.digest, join) {
+        Role::Leader(permit) => Flown::Answer(lead(fill, Some(permit), head).await),
+        Role::Follower(waiter) => follow(fill, waiter, miss, head).await,
+        Role::Full => {
+            let outcome = fill::wait_list_full(&fill);
+            Flown::Answer(answer(&fill, &outcome, true, head))
+        }
+    }
+}
+
+/// Waits on the leader's fill. Under `on_timeout: fetch`, a follower that
+/// times out hands the key to one waiter (itself, if first to look
+/// again), and the flight that waiter leads is waited on to its end: its
+/// exchange is bounded by the route's `timeouts.total`, and fetching
+/// beside it would be the stampede.
+async fn follow(
+    fill: FillRequest,
+    waiter: corral_core::Waiter<FillOutcome>,
+    miss: &mut Miss,
+    head: bool,
+) -> Flown {
+    let route = &fill.route;
+    let retire_on_timeout = route.on_timeout == OnTimeout::Fetch;
+    let patience = if retire_on_timeout && miss.after_retirement() {
+        route.upstream.total + route.lock_timeout
+    } else {
+        route.lock_timeout
+    };
+    let waited = waiter.wait_with(patience, route.lock_age, retire_on_timeout);
+    let end = match waited.await {
+        WaitResult::Done(outcome) => wait_end(&fill, outcome),
+        WaitResult::Dangling => WaitEnd::Dangling,
+        WaitResult::Retired => WaitEnd::Retired,
+        WaitResult::TimedOut => WaitEnd::TimedOut,
+    };
+    match miss.waited(end) {
+        Next::Answer(outcome) => Flown::Answer(answer(&fill, &outcome, true, head)),
+        Next::LookAgain => Flown::LookAgain,
+        Next::OnLockTimeout if retire_on_timeout => {
+            let outcome = fill::gave_up(&fill);
+            Flown::Answer(answer(&fill, &outcome, true, head))
+        }
+        Next::OnLockTimeout => Flown::Answer(on_lock_timeout(fill, head).await),
+        Next::FetchAlone => Flown::Answer(lead(fill, None, head).await),
+    }
+}
+
+/// The leader's outcome, as the follower's decision needs it: whether it
+/// is for this request's variant.
+fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
+    let request = &fill.head.headers;
+    match &outcome {
+        FillOutcome::Stored { entry, .. } | FillOutcome::FromL2 { entry } => WaitEnd::Stored {
+            fits: entry.matches_vary(request),
+            outcome,
+        },
+        FillOutcome::Streaming { head, .. } => WaitEnd::Stored {
+            fits: head.matches_vary(request),
+            outcome,
+        },
+        FillOutcome::Shared { response, .. } => WaitEnd::Shared {
+            fits: response.matches_vary(request),
+            outcome,
+        },
+        FillOutcome::Stale { .. } => WaitEnd::Shared {
+            fits: true,
+            outcome,
+        },
+        FillOutcome::Pass { reason } => {
+            tracing::debug!(route = %fill.route.name, key = %fill.primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
+            WaitEnd::Pass
+        }
+    }
+}
+
+fn answer(fill: &FillRequest, outcome: &FillOutcome, collapsed: bool, head: bool) -> Answer {
+    let now = fill.cache.clock.now();
+    respond::from_outcome(outcome, collapsed, now, head, &fill.head.headers)
+}
+
+/// Starts a refresh unless one is already under way for this key.
+pub(crate) fn refresh(cache: &Cache, fill: FillRequest) {
+    if let Role::Leader(permit) = cache.flights.join(fill.variant.digest, Join::UNBOUNDED) {
+        tokio::spawn(run(fill, Some(permit), None));
+    }
+}
+
+/// Runs the fill in its own task and waits for it.
+async fn lead(fill: FillRequest, permit: Option<Permit<FillOutcome>>, head: bool) -> Answer {
+    let request_headers = fill.head.headers.clone();
+    let clock = Arc::clone(&fill.cache.clock);
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(run(fill, permit, Some(tx)));
+    match rx.await {
+        Ok(LeaderOutcome::Outcome(o)) => {
+            respond::from_outcome(&o, false, clock.now(), head, &request_headers)
+        }
+        Ok(LeaderOutcome::Stream(answer)) if head => answer.without_body(),
+        Ok(LeaderOutcome::Stream(answer)) => answer,
+        Err(_) => respond::error(
+            StatusCode::BAD_GATEWAY,
+            Forward::Miss,
+            Detail::FillFailed,
+            None,
+        ),
+    }
+}
+
+/// The route's `on_timeout` for a follower that waited its lock timeout.
+async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
+    match fill::on_lock_timeout(&fill) {
+        Some(outcome) => answer(&fill, &outcome, false, head),
+        None => lead(fill, None, head).await,
+    }
+}
+
+/// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
+/// `leader` is `None` for a background refresh.
+async fn run(
+    fill: FillRequest,
+    mut permit: Option<Permit<FillOutcome>>,
+    mut leader: Option<oneshot::Sender<LeaderOutcome>>,
+) {
+    // A fill for a client that went away, with nobody else waiting and
+    // nothing committed yet, is cancelled: nobody would get its answer (an
+    // HTTP/2 client resetting each stream it opens must not make corral
+    // fetch for nobody). A background refresh has no client and runs on.
+    let cancellable = leader.is_some();
+    let slots = tokio::select! {
+        s = gate::take_slots(&fill) => s,
+        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
+            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+            return;
+        }
+    };
+    let Some(_slots) = slots else {
+        crate::telemetry::metrics::fill_refused(&fill.route.name);
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        finish(&fill, permit, leader, fill::fill_limit(&fill));
+        return;
+    };
+    let Some(first) = drive(&fill, permit.as_ref(), &mut leader, cancellable).await else {
+        crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+        return;
+    };
+    let ended = match first {
+        Ended::PassKnown => {
+            // Another instance found the key uncacheable: release this
+            // instance's waiters now, so that they fetch alongside the
+            // leader instead of after it.
+            fill.mark_pass();
+            if let Some(p) = permit.take() {
+                release(&fill, p, PassReason::HitForPass);
+            }
+            gate::fetch(&fill).await
+        }
+        ended => ended,
+    };
+    match ended {
+        Ended::Outcome(outcome) => settle(&fill, permit, leader, outcome),
+        Ended::PassKnown => {}
+        Ended::Stream(reason, response) => {
+            if let Some(p) = permit {
+                release(&fill, p, reason);
+            }
+            if let Some(tx) = leader {
+                // A leader that went away drops the body, closing the
+                // upstream connection: nobody else wanted it.
+                let _ = tx.send(LeaderOutcome::Stream(response));
+            }
+        }
+    }
+}
+
+/// Runs the fetch, handing a streamed answer to the flight and the leader
+/// as soon as its head is in (the flight stays open for latecomers until
+/// the body is stored); `None` when the fill was abandoned.
+async fn drive(
+    fill: &FillRequest,
+    permit: Option<&Permit<FillOutcome>>,
+    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
+    cancellable: bool,
+) -> Option<Ended> {
+    let (early_tx, mut early_rx) = oneshot::channel();
+    *fill
+        .early
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(early_tx);
+    let mut streaming = false;
+    let fetching = fetch(fill, permit.is_some());
+    tokio::pin!(fetching);
+    let first = loop {
+        tokio::select! {
+            r = &mut fetching => break r,
+            Ok(outcome) = &mut early_rx, if !streaming => {
+                streaming = true;
+                if let Some(p) = permit {
+                    p.publish(outcome.clone());
+                }
+                if let Some(tx) = leader.take() {
+                    let _ = tx.send(LeaderOutcome::Outcome(outcome));
+                }
+            }
+            () = abandoned(leader, permit, fill), if cancellable => return None,
+        }
+    };
+    // Nobody reads a second fetch early (the PassKnown refetch answers its
+    // leader when it is done).
+    drop(
+        fill.early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take(),
+    );
+    Some(first)
+}
+
+/// The fetch itself, through Redis when it is configured: a local flight's
+/// leader (`coalesced`) enters the shared tier and its lease; any other
+/// fill uses L2 as a cache only, so that a request that chose not to
+/// coalesce (or could not) is not coalesced across instances either.
+async fn fetch(fill: &FillRequest, coalesced: bool) -> Ended {
+    match &fill.cache.tier {
+        Some(tier) if coalesced => shared::fill(fill, tier.as_ref()).await,
+        Some(tier) => shared::fill_alone(fill, tier.as_ref()).await,
+        None => gate::fetch(fill).await,
+    }
+}
+
+/// Ends the flight with `outcome`; a copy read from L2 within its
+/// stale-while-revalidate window answers stale, and one refresh starts
+/// once the flight has ended.
+fn settle(
+    fill: &FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<LeaderOutcome>>,
+    outcome: FillOutcome,
+) {
+    if let FillOutcome::Shared {
+        detail: Some(d), ..
+    } = &outcome
+    {
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
+    }
+    let refresh_from = match &outcome {
+        FillOutcome::FromL2 { entry }
+            if entry.state(fill.cache.clock.now()) == EntryState::StaleWhileRevalidate =>
+        {
+            Some(Arc::clone(entry))
+        }
+        _ => None,
+    };
+    finish(fill, permit, leader, outcome);
+    if let Some(entry) = refresh_from {
+        refresh(&fill.cache, fill.refreshing(entry));
+    }
+}
+
+/// Every waiter fetches alone: the answer is not theirs to share.
+fn release(fill: &FillRequest, permit: Permit<FillOutcome>, reason: PassReason) {
+    crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), permit.followers());
+    permit.complete(FillOutcome::Pass { reason });
+}
+
+/// Gives every waiter and the leader's client the outcome.
+fn finish(
+    fill: &FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<LeaderOutcome>>,
+    outcome: FillOutcome,
+) {
+    if let Some(p) = permit {
+        crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+        p.complete(outcome.clone());
+    }
+    if let Some(tx) = leader {
+        let _ = tx.send(LeaderOutcome::Outcome(outcome));
+    }
+}
+
+/// How long a fill nobody waits for runs on before it is cancelled: the
+/// herd of a stampede whose first client left arrives within it and still
+/// finds the fill under way.
+const ABANDON_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once nobody has wanted this fill for [`ABANDON_GRACE`]: the
+/// leader's client is gone, no follower waits, and the fill has not
+/// committed to storing (or to other instances).
+async fn abandoned(
+    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
+    permit: Option<&Permit<FillOutcome>>,
+    fill: &FillRequest,
+) {
+    let Some(tx) = leader.as_mut() else {
+        return std::future::pending().await;
+    };
+    tx.closed().await;
+    let mut since: Option<Instant> = None;
+    loop {
+        let waiting = permit.map_or(0, Permit::waiting);
+        if waiting == 0 && !fill.committed.load(std::sync::atomic::Ordering::Acquire) {
+            let since = *since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ABANDON_GRACE {
+                return;
+            }
+        } else {
+            since = None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

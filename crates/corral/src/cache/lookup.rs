@@ -1,0 +1,277 @@
+//! The top layer of the miss path: GET and HEAD (and a POST the route
+//! coalesces) looked up under their keys in L1. `miss::Miss` decides: a
+//! fresh copy answers, a stale one answers while one background refresh
+//! runs, and anything else goes to the key's flight (the layer below,
+//! `flight`), after the rate limits that spare hits have counted it. This
+//! module measures what the decisions need and answers from a stored copy.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use corral_core::head::RequestHead;
+use corral_core::miss::{Found, Lookup, Miss};
+use corral_core::{
+    CacheStatus, Detail, Digest, EntryState, Forward, Identity, PrimaryKey, StoredResponse, UriKey,
+    VariantKey, Vary, xfetch,
+};
+use futures_util::future::BoxFuture;
+use http::Method;
+
+use crate::cache::Cache;
+use crate::cache::fill::FillRequest;
+use crate::cache::flight::{self, Flown, Joining};
+use crate::cache::respond::{self, Answer};
+use crate::origin::interim;
+use crate::routes::Route;
+
+/// What a request must pass once the cache cannot answer it, before it
+/// fetches or waits for a fetch: the rate limits that spare hits. Its
+/// refusal is the answer.
+pub trait Admit: Send + Sync {
+    fn admit(&self) -> BoxFuture<'_, Result<(), Answer>>;
+}
+
+/// True when this caller's view of the URI is hit-for-pass: the last
+/// answer could not be stored.
+pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
+    let uri = UriKey::new(
+        &ctx.host,
+        &ctx.path,
+        ctx.query.as_deref(),
+        &route.query_filter,
+    );
+    let primary = PrimaryKey::get(&route.name, uri, ctx.tls);
+    let identity = route.identity.identify(&ctx.headers);
+    cache.l1.is_pass(&primary.pass_scope(identity.as_ref()))
+}
+
+/// GET and HEAD through the cache; with `body`, a POST the route
+/// coalesces (the body, with its Content-Type, is part of the key).
+pub async fn serve(
+    cache: Arc<Cache>,
+    route: Arc<Route>,
+    ctx: RequestHead,
+    body: Option<Bytes>,
+    mut gate: Option<Arc<dyn Admit>>,
+    interim: Option<interim::Sender>,
+) -> Answer {
+    let head = ctx.method == Method::HEAD;
+    let asked = Asked {
+        keys: Keys::of(&route, &ctx, body.as_ref()),
+        ctx: Arc::new(ctx),
+        cache,
+        route,
+        body,
+        interim,
+    };
+    let mut miss = Miss::new();
+    loop {
+        let joining = match look(&asked, &miss) {
+            Looked::Answered(answer) => return answer,
+            Looked::Missed(joining) => joining,
+        };
+        // The cache cannot answer: the rate limits that spare hits count
+        // this request now, once, before it fetches or waits for a fetch.
+        if let Some(g) = gate.take()
+            && let Err(refused) = g.admit().await
+        {
+            return refused;
+        }
+        match flight::fly(joining, &mut miss, head).await {
+            Flown::Answer(answer) => return answer,
+            // The leader taught a Vary set, or left: look again.
+            Flown::LookAgain => {}
+        }
+    }
+}
+
+/// One request through the miss path: what a fill for it is made of.
+struct Asked {
+    cache: Arc<Cache>,
+    route: Arc<Route>,
+    ctx: Arc<RequestHead>,
+    keys: Keys,
+    body: Option<Bytes>,
+    interim: Option<interim::Sender>,
+}
+
+/// The keys a request is looked up and filled under.
+struct Keys {
+    primary: PrimaryKey,
+    identity: Option<Identity>,
+    /// Where this caller's hit-for-pass marker and back-off live.
+    pass_scope: Digest,
+}
+
+impl Keys {
+    fn of(route: &Route, ctx: &RequestHead, body: Option<&Bytes>) -> Self {
+        // The key and (in the fill) the upstream request both come from
+        // this one validated head.
+        let uri = UriKey::new(
+            &ctx.host,
+            &ctx.path,
+            ctx.query.as_deref(),
+            &route.query_filter,
+        );
+        let (primary, identity) = match body {
+            Some(b) => (
+                PrimaryKey::post(&route.name, uri, ctx.tls, Some(&body_kind(ctx)), b),
+                // Keyed on the whole Cookie field unless the route names its
+                // identity cookies: see `IdentityRules::identify_post`.
+                route.identity.identify_post(&ctx.headers),
+            ),
+            None => (
+                PrimaryKey::get(&route.name, uri, ctx.tls),
+                route.identity.identify(&ctx.headers),
+            ),
+        };
+        Keys {
+            pass_scope: primary.pass_scope(identity.as_ref()),
+            primary,
+            identity,
+        }
+    }
+}
+
+/// What a POST's body means depends on its type and its coding.
+fn body_kind(ctx: &RequestHead) -> Vec<u8> {
+    let mut kind = Vec::new();
+    for h in [http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING] {
+        for v in ctx.headers.get_all(&h) {
+            kind.extend_from_slice(v.as_bytes());
+            kind.push(b'\n');
+        }
+        kind.push(0);
+    }
+    kind
+}
+
+/// What a lookup came to.
+enum Looked {
+    Answered(Answer),
+    Missed(Joining),
+}
+
+/// Looks the request up in L1 and answers from the copy found, or says
+/// how to join the key's flight.
+fn look(asked: &Asked, miss: &Miss) -> Looked {
+    let Asked {
+        cache, route, ctx, ..
+    } = asked;
+    let keys = &asked.keys;
+    let now = cache.clock.now();
+    // While the origin is failing for this key, nothing here asks it.
+    let backoff = cache.l1.active_backoff(&keys.pass_scope, now);
+    let vary = cache.l1.learned_vary(&keys.primary);
+    let values = vary.values(&ctx.headers);
+    let shared_key = keys.primary.variant(None, &values);
+    let own_key = keys
+        .identity
+        .as_ref()
+        .map(|id| keys.primary.variant(Some(id), &values));
+    let found = find(cache, keys, own_key.as_ref(), &shared_key, ctx);
+    let fwd = match (&found, &vary) {
+        (Some(_), _) => Forward::Stale,
+        (None, Vary::Headers(_)) => Forward::VaryMiss,
+        (None, _) => Forward::UriMiss,
+    };
+    let variant = own_key.unwrap_or(shared_key);
+    let fill = |stale| fill_request(asked, variant, fwd, stale);
+    let seen = found.map(|entry| {
+        let state = entry.state(now);
+        let early_refresh = state == EntryState::Fresh
+            && xfetch::roll(
+                now,
+                entry.fresh_until(),
+                entry.fetch_duration(),
+                route.policy.early_refresh_beta,
+            );
+        (
+            Found {
+                state,
+                early_refresh,
+            },
+            entry,
+        )
+    });
+    let is_pass = || cache.l1.is_pass(&keys.pass_scope);
+    let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce, is_pass) {
+        Lookup::Fetch { coalesce, stale } => {
+            let fill = fill(stale);
+            return Looked::Missed(Joining { fill, coalesce });
+        }
+        Lookup::Hit { refresh, entry } => {
+            if refresh {
+                flight::refresh(cache, fill(Some(Arc::clone(&entry))));
+            }
+            (CacheStatus::hit(entry.ttl_secs(now)), entry)
+        }
+        Lookup::StaleWhileRevalidate(entry) => {
+            crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
+            flight::refresh(cache, fill(Some(Arc::clone(&entry))));
+            let st = CacheStatus::forward(Forward::Stale)
+                .with_ttl(entry.ttl_secs(now))
+                .with_detail(Detail::StaleWhileRevalidate);
+            (st, entry)
+        }
+        Lookup::StaleInBackoff(entry) => {
+            // The origin failed for this key moments ago: leave it alone
+            // until the back-off ends.
+            crate::telemetry::metrics::stale(Detail::Backoff);
+            crate::telemetry::metrics::origin_skipped(&route.name, Detail::Backoff);
+            let st = CacheStatus::forward(Forward::Stale)
+                .with_ttl(entry.ttl_secs(now))
+                .with_detail(Detail::Backoff);
+            (st, entry)
+        }
+    };
+    let head = ctx.method == Method::HEAD;
+    Looked::Answered(respond::from_entry(&entry, &st, now, head, &ctx.headers))
+}
+
+/// The fill this request would make for `variant`, refreshing `stale`.
+fn fill_request(
+    asked: &Asked,
+    variant: VariantKey,
+    fwd: Forward,
+    stale: Option<Arc<StoredResponse>>,
+) -> FillRequest {
+    FillRequest {
+        cache: Arc::clone(&asked.cache),
+        route: Arc::clone(&asked.route),
+        head: Arc::clone(&asked.ctx),
+        primary: asked.keys.primary.clone(),
+        identity: asked.keys.identity,
+        variant,
+        stale: arc_swap::ArcSwapOption::from(stale),
+        fwd,
+        committed: Default::default(),
+        body: asked.body.clone(),
+        early: Default::default(),
+        declared: Default::default(),
+        interim: asked.interim.clone(),
+    }
+}
+
+/// The caller's own copy, else the shared one when the caller may have it.
+fn find(
+    cache: &Cache,
+    keys: &Keys,
+    own_key: Option<&VariantKey>,
+    shared_key: &VariantKey,
+    ctx: &RequestHead,
+) -> Option<Arc<StoredResponse>> {
+    let uri = keys.primary.uri();
+    if let Some(e) = own_key.and_then(|k| cache.l1.get(k, uri))
+        && e.matches_vary(&ctx.headers)
+    {
+        return Some(e);
+    }
+    let e = cache.l1.get(shared_key, uri)?;
+    // An identified caller only gets what the origin marked shareable
+    // with callers like it (RFC 9111 §3.5).
+    if !e.sharing().admits(keys.identity.as_ref()) || !e.matches_vary(&ctx.headers) {
+        return None;
+    }
+    Some(e)
+}
