@@ -35,7 +35,7 @@ pub struct App {
     /// The rate limits' counters.
     pub limiter: crate::limits::Limiter,
     /// `upstream_concurrency` slots by route, kept across reloads.
-    slots: crate::limits::slots::SlotRegistry,
+    slots: crate::origin::slots::SlotRegistry,
     /// Redis as the limits and slots reach it, with `redis.instances`.
     counters: Option<(
         Arc<crate::cluster::redis_link::RedisLink>,
@@ -92,7 +92,7 @@ impl App {
             )),
             _ => None,
         };
-        let slots = crate::limits::slots::SlotRegistry::default();
+        let slots = crate::origin::slots::SlotRegistry::default();
         let routes = RouteTable::new(
             config,
             &crate::routes::RouteShared {

@@ -205,7 +205,7 @@ fn main() -> ExitCode {
             let served = runtime.block_on(serve(
                 config,
                 path,
-                reload::fingerprint(text.as_bytes()),
+                config::fingerprint(text.as_bytes()),
                 purge_token,
                 max_connections,
             ));

@@ -56,7 +56,7 @@ pub struct RouteShared<'a> {
         crate::cluster::protocol::Layout,
         u32,
     )>,
-    pub slots: &'a crate::limits::slots::SlotRegistry,
+    pub slots: &'a crate::origin::slots::SlotRegistry,
 }
 
 impl Route {

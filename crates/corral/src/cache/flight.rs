@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::cache::Cache;
 use crate::cache::fill::{self, Ended, FillOutcome, FillRequest, LeaderOutcome};
 use crate::cache::respond::{self, Answer};
-use crate::cache::{gate, shared};
+use crate::cache::{gate, outcome, shared};
 use crate::config::OnTimeout;
 
 /// A request that missed, on its way into the key's flight.
@@ -125,7 +125,7 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
 
 fn answer(fill: &FillRequest, outcome: &FillOutcome, collapsed: bool, head: bool) -> Answer {
     let now = fill.cache.clock.now();
-    respond::from_outcome(outcome, collapsed, now, head, &fill.head.headers)
+    outcome::from_outcome(outcome, collapsed, now, head, &fill.head.headers)
 }
 
 /// Starts a refresh unless one is already under way for this key.
@@ -143,7 +143,7 @@ async fn lead(fill: FillRequest, permit: Option<Permit<FillOutcome>>, head: bool
     tokio::spawn(run(fill, permit, Some(tx)));
     match rx.await {
         Ok(LeaderOutcome::Outcome(o)) => {
-            respond::from_outcome(&o, false, clock.now(), head, &request_headers)
+            outcome::from_outcome(&o, false, clock.now(), head, &request_headers)
         }
         Ok(LeaderOutcome::Stream(answer)) if head => answer.without_body(),
         Ok(LeaderOutcome::Stream(answer)) => answer,

@@ -41,6 +41,7 @@ pub mod gate;
 pub mod growing;
 pub mod invalidate;
 pub mod lookup;
+pub mod outcome;
 pub mod respond;
 pub mod shared;
 

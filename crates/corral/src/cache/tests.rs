@@ -98,7 +98,7 @@ impl ScriptedOrigin {
     async fn answer(
         &self,
         req: Request<axum::body::Body>,
-        slot: Option<crate::limits::slots::Slot>,
+        slot: Option<crate::origin::slots::Slot>,
     ) -> Result<Response<OriginBody>, UpstreamError> {
         self.hits.fetch_add(1, Ordering::SeqCst);
         self.asked

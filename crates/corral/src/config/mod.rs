@@ -35,6 +35,23 @@ pub fn parse(file_name: &str, text: &str) -> Result<Config, ConfigError> {
     resolve::resolve(file_name, text, raw)
 }
 
+/// How a route's pool chooses the next server (`balance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    /// The server with the fewest requests outstanding from this instance.
+    LeastOutstanding,
+}
+
+/// A cheap content fingerprint (FNV-1a) of a file read at load or reload
+/// (the configuration, a certificate and its key); only compared with
+/// itself.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -382,7 +399,7 @@ pub struct RouteConfig {
     /// Every server of the route (`upstreams:`, or the one `upstream:`,
     /// which is also `upstream` above): one scheme, no duplicates.
     pub upstreams: Vec<http::Uri>,
-    pub balance: crate::origin::pool::Balance,
+    pub balance: Balance,
     pub health: HealthConfig,
     /// HTTP/2 to an https upstream: ALPN offers h2 alone, and one
     /// connection carries every request as a stream.

@@ -38,7 +38,8 @@ impl Gate {
             .app
             .limiter
             .check(&self.route.limits, &self.who, Phase::Fetch)
-            .await?;
+            .await
+            .map_err(crate::http::refusal::answer)?;
         self.tallies
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -2,12 +2,13 @@
 //! (`server`, `connection`, `client_stream`; the origin's 1xx answers are
 //! written under hyper by `origin::interim`) and the one request handler
 //! (`proxy`), with the rate limits that spare hits handed to the cache
-//! path (`gate`). Uses `cache` for GET/HEAD and `origin` to pass everything
+//! path (`gate`) and the answers to their refusals (`refusal`). Uses `cache` for GET/HEAD and `origin` to pass everything
 //! else through.
 
 pub mod client_stream;
 pub mod connection;
 pub mod gate;
 pub mod proxy;
+pub mod refusal;
 pub mod server;
 pub mod tls;

@@ -92,7 +92,7 @@ pub async fn handle(
         client: client.client,
         limit: res
             .extensions()
-            .get::<crate::limits::LimitedBy>()
+            .get::<crate::http::refusal::LimitedBy>()
             .map(|l| l.0.as_str()),
     });
     res
@@ -216,7 +216,7 @@ async fn route_request(
         None => None,
         Some(accounts) => match Who::resolve(&route.limits, &accounts, &head.headers, client) {
             Ok(w) => Some(w),
-            Err(answer) => return (Some(route), *answer),
+            Err(refusal) => return (Some(route), crate::http::refusal::answer(refusal)),
         },
     };
     let cached = head.is_cacheable_method()
@@ -234,7 +234,7 @@ async fn route_request(
         };
         match app.limiter.check(&route.limits, who, phase).await {
             Ok(t) => tallies = t,
-            Err(answer) => return (Some(route), answer),
+            Err(refusal) => return (Some(route), crate::http::refusal::answer(refusal)),
         }
     }
     // The limits that spare hits run only if the cache cannot answer.
@@ -264,7 +264,7 @@ async fn route_request(
         if answer
             .response
             .extensions()
-            .get::<crate::limits::LimitedBy>()
+            .get::<crate::http::refusal::LimitedBy>()
             .is_some()
         {
             // A limit that spares hits refused it once the cache could

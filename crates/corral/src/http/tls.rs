@@ -49,8 +49,7 @@ impl ListenerTls {
                 let Some(tls) = me.upgrade() else { return };
                 match read(&tls.cert_file, &tls.key_file) {
                     Ok((cert, key)) => {
-                        let seen =
-                            crate::ops::reload::fingerprint(&[cert.as_slice(), &key].concat());
+                        let seen = crate::config::fingerprint(&[cert.as_slice(), &key].concat());
                         if last.is_some_and(|l| l != seen) {
                             match crate::config::tls::server_config(&cert, &key) {
                                 Ok(server) => {

@@ -1,5 +1,6 @@
-//! Rate limits that count the caller (`limits:` per route) and the pacing
-//! of the origin (`upstream_concurrency`, in `slots.rs`).
+//! Rate limits that count the caller (`limits:` per route). (The pacing
+//! of the origin, `upstream_concurrency`, is `origin/slots.rs`.) A
+//! refusal is a [`Refusal`], which `http` answers.
 //!
 //! A request's caller is resolved once: its account (`corral_core::caller`)
 //! and its real address (`server.trusted_proxies`). Each limit names what
@@ -13,19 +14,15 @@
 //! the default) or refuses with a 503 (`on_redis_down: refuse`). Redis
 //! trouble is never a 429.
 
-pub mod slots;
-
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use axum::body::Body;
 use corral_core::caller::{AccountSources, Caller};
 use corral_core::rate_limit::{Decision, Gcra};
-use corral_core::{Detail, Forward};
-use http::{HeaderValue, StatusCode};
 
-use crate::cache::respond::{self, Answer};
+use http::HeaderValue;
+
 use crate::cluster::protocol::{Layout, RATE_LIMIT, RATE_REFUND};
 use crate::cluster::redis_link::{RedisLink, arg};
 use crate::config::{LimitConfig, LimitKey, OnRedisDown};
@@ -104,13 +101,13 @@ pub struct Who {
 
 impl Who {
     /// Resolves the caller of a request on a route with `limits`; a token
-    /// the configuration says to refuse is a 401.
+    /// the configuration says to refuse is refused.
     pub fn resolve(
         limits: &RouteLimits,
         sources: &AccountSources,
         headers: &http::HeaderMap,
         client: &corral_core::client_addr::ClientAddr,
-    ) -> Result<Who, Box<Answer>> {
+    ) -> Result<Who, Refusal> {
         let account = if limits.counts_accounts {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -121,17 +118,7 @@ impl Who {
                 Caller::Guest => None,
                 Caller::Rejected(why) => {
                     tracing::debug!(route = %limits.route, reason = why, "invalid bearer token refused");
-                    let mut a = respond::error(
-                        StatusCode::UNAUTHORIZED,
-                        Forward::Bypass,
-                        Detail::InvalidToken,
-                        None,
-                    );
-                    a.response.headers_mut().insert(
-                        http::header::WWW_AUTHENTICATE,
-                        HeaderValue::from_static("Bearer error=\"invalid_token\""),
-                    );
-                    return Err(Box::new(a));
+                    return Err(Refusal::InvalidToken);
                 }
             }
         } else {
@@ -210,8 +197,8 @@ impl Limiter {
     }
 
     /// Counts the request against the limits of `phase`: the tallies for
-    /// the RateLimit fields when every limit lets it through, else the
-    /// answer (429, or 503 for a limit that refuses without Redis).
+    /// the RateLimit fields when every limit lets it through, else why not
+    /// (a spent allowance, or a limit that refuses without Redis).
     ///
     /// One limit after another, least forgeable first (an address, then an
     /// account or address, then an account, which a caller can make up;
@@ -224,7 +211,7 @@ impl Limiter {
         limits: &RouteLimits,
         who: &Who,
         phase: Phase,
-    ) -> Result<Vec<Tally>, Answer> {
+    ) -> Result<Vec<Tally>, Refusal> {
         let keyed: Vec<(&Limit, [u8; 16])> = limits
             .limits
             .iter()
@@ -240,12 +227,22 @@ impl Limiter {
             let counted = self.decide(limit, &key).await;
             let (refused, outcome) = match &counted {
                 Counted::Decided { d, local, .. } if d.allowed => (None, 2 * usize::from(*local)),
-                Counted::Decided { d, local, .. } => {
-                    (Some(refusal(limit, d)), 1 + 2 * usize::from(*local))
-                }
-                Counted::Unavailable => (Some(unavailable(limit)), 4),
+                Counted::Decided { d, local, .. } => (
+                    Some(Refusal::RateLimited {
+                        limit: limit.config.name.clone(),
+                        policy: Arc::clone(&limit.policy),
+                        retry_after: secs(d.retry_after_us).max(1),
+                    }),
+                    1 + 2 * usize::from(*local),
+                ),
+                Counted::Unavailable => (
+                    Some(Refusal::Unavailable {
+                        limit: limit.config.name.clone(),
+                    }),
+                    4,
+                ),
             };
-            if let Some(answer) = refused {
+            if let Some(refusal) = refused {
                 // Indexes into LIMIT_OUTCOMES. The limits that let it
                 // through count it as neither allowed nor limited: their
                 // count is given back (nginx's limit_req does the same), so
@@ -255,7 +252,7 @@ impl Limiter {
                     c.increment(1);
                 }
                 self.give_back(&tallies).await;
-                return Err(answer);
+                return Err(refusal);
             }
             if let Counted::Decided {
                 d,
@@ -461,76 +458,21 @@ fn secs(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-/// Carried by a refused answer to its access line: the limit's name.
-#[derive(Debug, Clone)]
-pub struct LimitedBy(pub String);
-
-/// The 429: Retry-After, the RateLimit fields, and a JSON body.
-fn refusal(limit: &Limit, d: &Decision) -> Answer {
-    let retry = secs(d.retry_after_us).max(1);
-    let mut a = respond::error(
-        StatusCode::TOO_MANY_REQUESTS,
-        Forward::Bypass,
-        Detail::RateLimited,
-        None,
-    );
-    let body = serde_json::json!({
-        "error": "rate_limited",
-        "limit": limit.config.name,
-        "retry_after": retry,
-    })
-    .to_string();
-    let h = a.response.headers_mut();
-    h.insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
-    if let Ok(v) = HeaderValue::from_str(&limit.policy) {
-        h.insert(RATELIMIT_POLICY, v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\";r=0;t={retry}", limit.config.name)) {
-        h.insert(RATELIMIT, v);
-    }
-    a.response
-        .extensions_mut()
-        .insert(LimitedBy(limit.config.name.clone()));
-    json_body(a, body)
-}
-
-/// The 503 of a limit that refuses while its shared counter is out of
-/// reach: the caller did nothing wrong, so not a 429.
-fn unavailable(limit: &Limit) -> Answer {
-    let mut a = respond::error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        Forward::Bypass,
-        Detail::LimiterUnavailable,
-        None,
-    );
-    a.response
-        .headers_mut()
-        .insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
-    let body = serde_json::json!({
-        "error": "limiter_unavailable",
-        "limit": limit.config.name,
-        "retry_after": 1,
-    })
-    .to_string();
-    a.response
-        .extensions_mut()
-        .insert(LimitedBy(limit.config.name.clone()));
-    json_body(a, body)
-}
-
-fn json_body(mut a: Answer, body: String) -> Answer {
-    let h = a.response.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-store"),
-    );
-    h.remove(http::header::CONTENT_LENGTH);
-    *a.response.body_mut() = Body::from(body);
-    a
+/// Why a request was refused; `http` answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A bearer token the configuration says to refuse (401).
+    InvalidToken,
+    /// The limit's allowance is spent (429): come back in `retry_after`
+    /// seconds. `policy` is its RateLimit-Policy member.
+    RateLimited {
+        limit: String,
+        policy: Arc<str>,
+        retry_after: u64,
+    },
+    /// The limit refuses while its shared counter is out of reach (503):
+    /// the caller did nothing wrong.
+    Unavailable { limit: String },
 }
 
 pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");

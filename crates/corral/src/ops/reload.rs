@@ -42,7 +42,7 @@ pub fn spawn(app: Arc<App>, path: PathBuf, running: Config, loaded: u64) {
                 }
                 continue;
             };
-            let digest = fingerprint(&bytes);
+            let digest = crate::config::fingerprint(&bytes);
             if !forced && last == Some(digest) {
                 continue;
             }
@@ -65,13 +65,6 @@ pub fn spawn(app: Arc<App>, path: PathBuf, running: Config, loaded: u64) {
             }
         }
     });
-}
-
-/// A cheap content fingerprint (FNV-1a); only compared with itself.
-pub fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// The settings a reload cannot apply to a running process.

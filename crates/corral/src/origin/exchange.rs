@@ -18,10 +18,10 @@ use futures_util::future::BoxFuture;
 use http::{HeaderMap, Method, Request, Response, Uri, response};
 use tokio::time::Instant;
 
-use crate::limits::slots::Slot;
 use crate::origin::descriptors::Permit;
 use crate::origin::interim;
 use crate::origin::request::upstream_request;
+use crate::origin::slots::Slot;
 use crate::origin::upstream::{Framing, OriginBody, Upstream, UpstreamError, sanitize_response};
 
 /// Sends a built request upstream and waits for the answer's head.

@@ -15,13 +15,7 @@ use std::time::Duration;
 use http::uri::Authority;
 use tokio::time::Instant;
 
-/// How the next server is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
-    RoundRobin,
-    /// The server with the fewest requests outstanding from this instance.
-    LeastOutstanding,
-}
+pub use crate::config::Balance;
 
 pub struct Pool {
     route: String,

@@ -120,7 +120,7 @@ pub struct Upstream {
     pub total: Duration,
     /// `upstream_concurrency`: a slot is held from before the request is
     /// sent until its answer's body ends.
-    pub slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
+    pub slots: Option<std::sync::Arc<crate::origin::slots::UpstreamSlots>>,
     /// How long a request waits for an upstream slot or socket.
     pub queue_timeout: Duration,
 }
@@ -134,7 +134,7 @@ impl Upstream {
         pool: std::sync::Arc<crate::origin::pool::Pool>,
         tls: Option<&crate::config::tls::UpstreamTls>,
         http2: bool,
-        slots: Option<std::sync::Arc<crate::limits::slots::UpstreamSlots>>,
+        slots: Option<std::sync::Arc<crate::origin::slots::UpstreamSlots>>,
         queue_timeout: Duration,
     ) -> Self {
         let mut connector = HttpConnector::new();
@@ -207,7 +207,7 @@ impl Upstream {
         req: Request<Body>,
         retryable: bool,
         deadline: Instant,
-        slot: Option<crate::limits::slots::Slot>,
+        slot: Option<crate::origin::slots::Slot>,
         descriptor: Option<std::sync::Arc<crate::origin::descriptors::Permit>>,
     ) -> Result<Response<OriginBody>, UpstreamError> {
         let (res, server) = self.send_retrying(req, retryable, deadline).await?;
@@ -259,7 +259,7 @@ impl Upstream {
     /// Waits for an `upstream_concurrency` slot (none without one); take
     /// it before starting the exchange's deadline: the wait is corral's own
     /// queue, bounded by `upstream_queue_timeout`.
-    pub async fn slot(&self) -> Result<Option<crate::limits::slots::Slot>, UpstreamError> {
+    pub async fn slot(&self) -> Result<Option<crate::origin::slots::Slot>, UpstreamError> {
         match &self.slots {
             None => Ok(None),
             Some(s) => s
@@ -478,7 +478,7 @@ pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 /// any) until it ends or is dropped.
 pub struct OriginBody {
     inner: Inner,
-    _slot: Option<crate::limits::slots::Slot>,
+    _slot: Option<crate::origin::slots::Slot>,
     /// The upstream socket counted for a passed-through exchange.
     _descriptor: Option<std::sync::Arc<crate::origin::descriptors::Permit>>,
     /// Counts the request as outstanding to its server (least_outstanding).
@@ -498,7 +498,7 @@ impl OriginBody {
     /// An answer's body that did not come off an upstream connection (a
     /// scripted [`Transport`](crate::origin::exchange::Transport)'s),
     /// holding `slot` like a real one.
-    pub fn other(body: Body, slot: Option<crate::limits::slots::Slot>) -> Self {
+    pub fn other(body: Body, slot: Option<crate::origin::slots::Slot>) -> Self {
         OriginBody {
             inner: Inner::Other(body),
             _slot: slot,
