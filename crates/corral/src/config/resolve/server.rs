@@ -1,0 +1,137 @@
+//! Resolves `server:`: the front end's deadlines and limits, whom to believe about
+//! client addresses, and the threads that serve clients. Reads no file.
+
+use corral_core::client_addr::{Cidr, TrustedHeader, TrustedProxies};
+
+use super::{Resolver, whole_number, whole_u32};
+use crate::config::raw::RawServer;
+use crate::config::size::describe_size;
+use crate::config::{ConfigError, RuntimeMode, ServerConfig};
+
+/// hyper panics when asked to buffer less than this for a request head.
+const MIN_HEADER_SIZE: u64 = 8 * 1024;
+/// `server.workers` at most: more threads than any machine has cores.
+const MAX_WORKERS: u32 = 1024;
+
+impl Resolver<'_> {
+    /// `server:`; every field has a default.
+    pub(super) fn server(&self, raw: &RawServer) -> Result<ServerConfig, ConfigError> {
+        let defaults = ServerConfig::default();
+        let header_read_timeout = self
+            .at("server.header_read_timeout", &raw.header_read_timeout)
+            .duration_or(defaults.header_read_timeout)?
+            .positive()?;
+        let idle_timeout = self
+            .at("server.idle_timeout", &raw.idle_timeout)
+            .duration_or(defaults.idle_timeout)?
+            .positive()?;
+        let send_timeout = self
+            .at("server.send_timeout", &raw.send_timeout)
+            .duration_or(defaults.send_timeout)?
+            .positive()?;
+        let min_send_rate = self
+            .at("server.min_send_rate", &raw.min_send_rate)
+            .size_or(defaults.min_send_rate)?;
+        let max_connections = self
+            .at("server.max_connections", &raw.max_connections)
+            .parse(|t| whole_number(t, 1, "connections"))?;
+        let max_header_size = self
+            .at("server.max_header_size", &raw.max_header_size)
+            .size_or(defaults.max_header_size)?;
+        if max_header_size.value < MIN_HEADER_SIZE {
+            return Err(max_header_size.blame(format!(
+                "{} is below the 8KiB minimum the HTTP/1 server accepts",
+                describe_size(max_header_size.value)
+            )));
+        }
+        let shutdown_grace = self
+            .at("server.shutdown_grace", &raw.shutdown_grace)
+            .duration_or(defaults.shutdown_grace)?;
+        let drain_period = self
+            .at("server.drain_period", &raw.drain_period)
+            .duration_or(defaults.drain_period)?;
+        let purge_token = self.at("server.purge_token", &raw.purge_token).parse(|t| {
+            let token = t.trim();
+            if token.len() < 16 {
+                return Err("must be at least 16 characters: it guards cache purges");
+            }
+            Ok(token.to_owned())
+        })?;
+        let trusted_proxies = self.trusted_proxies(raw)?;
+        let (runtime, workers) = self.threads(raw)?;
+        Ok(ServerConfig {
+            runtime,
+            workers,
+            trusted_proxies,
+            listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
+            purge_token,
+            header_read_timeout: header_read_timeout.value,
+            idle_timeout: idle_timeout.value,
+            send_timeout: send_timeout.value,
+            min_send_rate: min_send_rate.value,
+            max_connections,
+            max_header_size: max_header_size.value,
+            shutdown_grace: shutdown_grace.value,
+            drain_period: drain_period.value,
+        })
+    }
+
+    /// `server.trusted_proxies` and the one header they write, `server.trusted_header`.
+    fn trusted_proxies(&self, raw: &RawServer) -> Result<TrustedProxies, ConfigError> {
+        let proxies = match &raw.trusted_proxies {
+            None => TrustedProxies::default(),
+            Some(entries) => TrustedProxies::new(
+                entries
+                    .iter()
+                    .enumerate()
+                    .map(|(index, entry)| {
+                        Cidr::parse(&entry.value).map_err(|m| {
+                            self.error(
+                                &entry.referenced,
+                                &format!("server.trusted_proxies[{index}]"),
+                                m,
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let header = self
+            .at("server.trusted_header", &raw.trusted_header)
+            .parse(|t| match t.trim() {
+                "x-forwarded-for" => Ok(TrustedHeader::XForwardedFor),
+                "forwarded" => Ok(TrustedHeader::Forwarded),
+                other => Err(format!(
+                    "`{other}` is not one of x-forwarded-for, forwarded: name the header your proxies write"
+                )),
+            })?;
+        Ok(match header {
+            None => proxies,
+            Some(header) => proxies.believing(header),
+        })
+    }
+
+    /// `server.runtime` and `server.workers`: how client connections are spread over
+    /// threads, and how many.
+    fn threads(&self, raw: &RawServer) -> Result<(RuntimeMode, Option<usize>), ConfigError> {
+        let runtime =
+            self.at("server.runtime", &raw.runtime)
+                .parse_or(RuntimeMode::Shared, |t| match t.trim() {
+                    "shared" => Ok(RuntimeMode::Shared),
+                    "per_core" => Ok(RuntimeMode::PerCore),
+                    other => Err(format!(
+                        "`{other}` is not a runtime: write shared or per_core"
+                    )),
+                })?;
+        let workers = self.at("server.workers", &raw.workers).parse(|t| {
+            match whole_u32(t, 1, "threads") {
+                Ok(n) if n <= MAX_WORKERS => Ok(usize::try_from(n).unwrap_or(1)),
+                Ok(n) => Err(format!(
+                    "{n} threads is more than the {MAX_WORKERS} allowed"
+                )),
+                Err(m) => Err(m),
+            }
+        })?;
+        Ok((runtime, workers))
+    }
+}
