@@ -15,7 +15,7 @@ use std::time::Duration;
 use http::uri::Authority;
 use tokio::time::Instant;
 
-pub use crate::config::Balance;
+use crate::config::Balance;
 
 pub struct Pool {
     route: String,

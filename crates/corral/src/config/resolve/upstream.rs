@@ -66,12 +66,12 @@ impl Resolver<'_> {
         &self,
         raw: &RawRoute,
         prefix: &str,
-    ) -> Result<crate::origin::pool::Balance, ConfigError> {
+    ) -> Result<crate::config::Balance, ConfigError> {
         self.under(prefix, "balance", &raw.balance).parse_or(
-            crate::origin::pool::Balance::RoundRobin,
+            crate::config::Balance::RoundRobin,
             |t| match t.trim() {
-                "round_robin" => Ok(crate::origin::pool::Balance::RoundRobin),
-                "least_outstanding" => Ok(crate::origin::pool::Balance::LeastOutstanding),
+                "round_robin" => Ok(crate::config::Balance::RoundRobin),
+                "least_outstanding" => Ok(crate::config::Balance::LeastOutstanding),
                 other => Err(format!(
                     "`{other}` is not one of round_robin, least_outstanding"
                 )),
