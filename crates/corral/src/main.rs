@@ -362,7 +362,7 @@ async fn serve(
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
     let app = Arc::new(app::App::new(&config).context("invalid redis section")?);
-    let admin_state = Arc::new(admin::AdminState {
+    let admin_state = Arc::new(crate::ops::AdminState {
         app: Arc::clone(&app),
         metrics,
         draining: std::sync::atomic::AtomicBool::new(false),

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_core::head::RequestHead;
+use corral_core::{Budget, Clock, Flights, L1};
 use corral_core::{
     Detail, Digest, Forward, Identity, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary,
 };
@@ -18,11 +19,33 @@ use http::header::{HeaderName, SET_COOKIE};
 use http::{HeaderMap, StatusCode, response};
 use tokio::sync::oneshot;
 
-use crate::cache::Cache;
 use crate::cache::respond::{self, Answer};
+use crate::cluster::tier::SharedTier;
 use crate::config::OnTimeout;
+use crate::origin::exchange::Transport;
 use crate::origin::upstream::UpstreamError;
 use crate::routes::Route;
+
+/// What the miss path owns and every request's fill shares: the running
+/// process lends it nothing else, so nothing under `cache/` names the
+/// process's state.
+pub struct Cache {
+    pub l1: Arc<L1>,
+    pub flights: Flights<FillOutcome>,
+    /// Redis as the miss path reaches it.
+    pub tier: Option<Arc<dyn SharedTier>>,
+    /// What fills reach the origin over.
+    pub transport: Arc<dyn Transport>,
+    /// Where freshness, back-off and stale windows read "now".
+    pub clock: Arc<dyn Clock>,
+    /// What fills may buffer at once (`cache.fill_memory`).
+    pub fill_memory: Arc<Budget>,
+    /// What passed-through bodies may be read ahead of their clients at
+    /// once (as much as `cache.fill_memory`, a budget of its own).
+    pub ahead_memory: Arc<Budget>,
+    /// Fills under way in this instance (`cache.max_fills`).
+    pub fills: Arc<tokio::sync::Semaphore>,
+}
 
 /// Response headers that belong to the caller who asked and never to
 /// anyone a shared answer reaches.

@@ -16,7 +16,7 @@ use http::StatusCode;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::cache::Cache;
+use crate::cache::fill::Cache;
 use crate::cache::fill::{self, Ended, FillOutcome, FillRequest, LeaderOutcome};
 use crate::cache::respond::{self, Answer};
 use crate::cache::{gate, outcome, shared};

@@ -7,7 +7,7 @@ use corral_core::{Ban, BanTarget, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Uri};
 
-use crate::cache::Cache;
+use crate::cache::fill::Cache;
 
 static CACHE_GROUP_INVALIDATION: http::HeaderName =
     http::HeaderName::from_static("cache-group-invalidation");

@@ -17,7 +17,7 @@ use corral_core::{
 use futures_util::future::BoxFuture;
 use http::Method;
 
-use crate::cache::Cache;
+use crate::cache::fill::Cache;
 use crate::cache::fill::FillRequest;
 use crate::cache::flight::{self, Flown, Joining};
 use crate::cache::respond::{self, Answer};

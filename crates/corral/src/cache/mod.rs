@@ -1,38 +1,24 @@
-//! The miss path: lookup, fresh / stale answers, the local flight
-//! (`cache_path`), the fill that fetches and stores (`fill`) through the
-//! origin's one exchange (`fetch`), the shared
-//! tier's lease and L2 use (`shared_flight`, through `cluster`), the
-//! answers built from what was found (`respond`), and what a write or a
-//! purge retires (`invalidate`).
+//! The miss path, as layers that each hold the one below and never call
+//! back up:
+//!
+//! 1. `lookup`: keys, L1, `corral_core::miss` decisions, answers from a
+//!    stored copy;
+//! 2. `flight`: the key's flight in this process (join, lead, follow, the
+//!    waiter cap, `on_timeout`, lock age, abandonment) and the fill's
+//!    driver, answering each waiter through `outcome`;
+//! 3. `shared`: the lease state machine across instances, over
+//!    `cluster::tier::SharedTier` (only with Redis);
+//! 4. `gate`: back-off, the circuit, fill slots;
+//! 5. `exchange`: the verdict on the origin's answer, its body, the entry
+//!    stored, over `origin::exchange`.
+//!
+//! Beneath them all: `fill` (the vocabulary every layer shares: the
+//! [`Cache`] state, what a fill is given and what it produces),
+//! `respond` (answers from an entry, corral's errors) and `growing` (a
+//! body readers share as it arrives). `invalidate` is what a write or a
+//! purge retires. The order is checked by `tests/tests/layers.rs`.
 
-use std::sync::Arc;
-
-use corral_core::{Budget, Clock, Flights, L1};
-
-use crate::cache::fill::FillOutcome;
-use crate::cluster::tier::SharedTier;
-use crate::origin::exchange::Transport;
-
-/// What the miss path owns and every request's fill shares: the running
-/// process lends it nothing else, so nothing under `cache/` names the
-/// process's state.
-pub struct Cache {
-    pub l1: Arc<L1>,
-    pub flights: Flights<FillOutcome>,
-    /// Redis as the miss path reaches it.
-    pub tier: Option<Arc<dyn SharedTier>>,
-    /// What fills reach the origin over.
-    pub transport: Arc<dyn Transport>,
-    /// Where freshness, back-off and stale windows read "now".
-    pub clock: Arc<dyn Clock>,
-    /// What fills may buffer at once (`cache.fill_memory`).
-    pub fill_memory: Arc<Budget>,
-    /// What passed-through bodies may be read ahead of their clients at
-    /// once (as much as `cache.fill_memory`, a budget of its own).
-    pub ahead_memory: Arc<Budget>,
-    /// Fills under way in this instance (`cache.max_fills`).
-    pub fills: Arc<tokio::sync::Semaphore>,
-}
+pub use fill::Cache;
 
 pub mod exchange;
 pub mod fill;

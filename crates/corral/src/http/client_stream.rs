@@ -19,23 +19,28 @@ const MSG_MORE: libc::c_int = libc::MSG_MORE;
 #[cfg(not(target_os = "linux"))]
 const MSG_MORE: libc::c_int = 0;
 
+/// Who hears how the client takes its writes: the connection's watchdog.
+pub trait Writes {
+    /// A write could not complete: the client is not reading.
+    fn write_blocked(&self);
+    /// A write of `n` bytes went through.
+    fn write_done(&self, n: usize);
+}
+
 /// A client TCP connection that sends sealed bodies with sendfile, and
-/// tells its connection's watchdog when a write has to wait for the client.
+/// tells its connection's watchdog (`W`) when a write has to wait for the
+/// client.
 #[derive(Debug)]
-pub struct ClientStream {
+pub struct ClientStream<W> {
     tcp: TcpStream,
-    activity: Arc<crate::http::connection::Activity>,
+    activity: Arc<W>,
     /// Bytes read off the socket before hyper took over (past a PROXY
     /// protocol header): hyper reads them first.
     prefix: bytes::Bytes,
 }
 
-impl ClientStream {
-    pub fn new(
-        tcp: TcpStream,
-        activity: Arc<crate::http::connection::Activity>,
-        prefix: bytes::Bytes,
-    ) -> Self {
+impl<W: Writes> ClientStream<W> {
+    pub fn new(tcp: TcpStream, activity: Arc<W>, prefix: bytes::Bytes) -> Self {
         ClientStream {
             tcp,
             activity,
@@ -100,7 +105,7 @@ impl ClientStream {
     }
 }
 
-impl AsyncRead for ClientStream {
+impl<W: Writes> AsyncRead for ClientStream<W> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -116,7 +121,7 @@ impl AsyncRead for ClientStream {
     }
 }
 
-impl AsyncWrite for ClientStream {
+impl<W: Writes> AsyncWrite for ClientStream<W> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

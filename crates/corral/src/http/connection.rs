@@ -34,7 +34,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::http::client_stream::ClientStream;
+use crate::http::client_stream::{ClientStream, Writes};
 
 /// Abandoned requests a connection may have before its abandon rate counts.
 const ABANDON_FLOOR: usize = 64;
@@ -99,27 +99,6 @@ impl Activity {
         self.opened + Duration::from_millis(ms)
     }
 
-    /// A write could not complete: the client is not reading. The
-    /// watchdog is woken so that its next deadline becomes `send_timeout`
-    /// from now: it may be asleep until the idle deadline, because a
-    /// response whose body is all in hyper's buffer counts as answered.
-    pub fn write_blocked(&self) {
-        self.stalls.fetch_add(1, Ordering::Relaxed);
-        if self.write_blocked_since.load(Ordering::Relaxed) == u64::MAX {
-            self.write_blocked_since
-                .store(self.now_ms(), Ordering::Relaxed);
-            self.alarm.notify_one();
-        }
-    }
-
-    /// A write of `n` bytes went through.
-    pub fn write_done(&self, n: usize) {
-        self.written.fetch_add(n as u64, Ordering::Relaxed);
-        if self.write_blocked_since.load(Ordering::Relaxed) != u64::MAX {
-            self.write_blocked_since.store(u64::MAX, Ordering::Relaxed);
-        }
-    }
-
     fn begin(self: &Arc<Self>) -> RequestGuard {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.started.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +114,29 @@ impl Activity {
     fn abusive(&self) -> bool {
         let abandoned = self.abandoned.load(Ordering::Relaxed);
         abandoned >= ABANDON_FLOOR && abandoned * 2 > self.started.load(Ordering::Relaxed)
+    }
+}
+
+impl Writes for Activity {
+    /// A write could not complete: the client is not reading. The
+    /// watchdog is woken so that its next deadline becomes `send_timeout`
+    /// from now: it may be asleep until the idle deadline, because a
+    /// response whose body is all in hyper's buffer counts as answered.
+    fn write_blocked(&self) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+        if self.write_blocked_since.load(Ordering::Relaxed) == u64::MAX {
+            self.write_blocked_since
+                .store(self.now_ms(), Ordering::Relaxed);
+            self.alarm.notify_one();
+        }
+    }
+
+    /// A write of `n` bytes went through.
+    fn write_done(&self, n: usize) {
+        self.written.fetch_add(n as u64, Ordering::Relaxed);
+        if self.write_blocked_since.load(Ordering::Relaxed) != u64::MAX {
+            self.write_blocked_since.store(u64::MAX, Ordering::Relaxed);
+        }
     }
 }
 

@@ -4,28 +4,18 @@
 //! Prometheus `/metrics` and the purge API (`POST /purge`, see purge.rs). It never shares a port with client traffic.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::app::App;
-
-/// What the admin endpoints report on.
-pub struct AdminState {
-    pub app: Arc<App>,
-    pub metrics: PrometheusHandle,
-    /// Set when SIGTERM starts the drain.
-    pub draining: AtomicBool,
-    /// The purge API's bearer token; `None` refuses every purge.
-    pub purge_token: Option<String>,
-}
+use crate::ops::{AdminState, json_line};
 
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
@@ -46,13 +36,6 @@ struct Ready<'a> {
     redis: &'a str,
     /// `node`, `cluster`, `sentinel` or `off`.
     redis_mode: &'a str,
-}
-
-/// One JSON object and a newline: the admin endpoints' bodies.
-pub fn json_line(value: &impl serde::Serialize) -> String {
-    let mut s = serde_json::to_string(value).unwrap_or_else(|_| "{}".to_owned());
-    s.push('\n');
-    s
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {

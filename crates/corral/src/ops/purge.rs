@@ -14,7 +14,7 @@ use corral_core::{BanTarget, UriKey};
 use serde::Deserialize;
 
 use crate::app::App;
-use crate::ops::admin::{AdminState, json_line};
+use crate::ops::{AdminState, json_line};
 
 #[derive(Debug, Deserialize)]
 pub struct PurgeQuery {

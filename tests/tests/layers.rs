@@ -1,0 +1,355 @@
+//! The server's modules import one way: a layer names only the layers
+//! below it. Read from the source, every `crate::` path outside a file's
+//! unit tests: between the folders of `crates/corral/src`, and between the
+//! files of the miss path (`cache/`). A new module must be given its
+//! place here, and in the README's architecture table.
+
+use std::path::{Path, PathBuf};
+
+/// The folders (and top-level files) of `crates/corral/src`, top to bottom.
+const FOLDERS: &[&str] = &[
+    "main",
+    "ops",
+    "http",
+    "app",
+    "cache",
+    "routes",
+    "limits",
+    "origin",
+    "cluster",
+    "sealed",
+    "telemetry",
+    "config",
+];
+
+/// The files of `cache/`, top to bottom: the miss path's layers, then
+/// what they share. `mod` (the folder's face, a re-export) and the unit
+/// tests' `tests` are not layers.
+const CACHE: &[&str] = &[
+    "lookup",
+    "flight",
+    "outcome",
+    "shared",
+    "gate",
+    "exchange",
+    "invalidate",
+    "fill",
+    "respond",
+    "growing",
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/corral/src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a readable directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The file's text without its unit tests (a `#[cfg(test)] mod` runs
+/// beside the code and may reach anything) and without comments.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod ") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path the code names after `crate::`, as segments; a group
+/// (`crate::cache::{gate, shared}`) counts as one path per member.
+fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().next_back();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(ident) {
+            continue; // `corral_crate::` and the like
+        }
+        let mut segments = Vec::new();
+        let mut s = rest;
+        loop {
+            let end = s.find(|c: char| !ident(c)).unwrap_or(s.len());
+            if end == 0 {
+                break;
+            }
+            segments.push(s[..end].to_owned());
+            s = &s[end..];
+            if let Some(t) = s.strip_prefix("::") {
+                s = t;
+            } else {
+                break;
+            }
+        }
+        if let Some(group) = s.strip_prefix('{') {
+            let inner = &group[..group.find('}').unwrap_or(group.len())];
+            for member in inner.split(',') {
+                let first = member
+                    .trim()
+                    .split(|c: char| !ident(c))
+                    .next()
+                    .unwrap_or("");
+                if !first.is_empty() {
+                    let mut path = segments.clone();
+                    path.push(first.to_owned());
+                    out.push(path);
+                }
+            }
+        } else if !segments.is_empty() {
+            out.push(segments);
+        }
+    }
+    out
+}
+
+fn rank(table: &[&str], name: &str) -> Option<usize> {
+    table.iter().position(|t| *t == name)
+}
+
+/// Every import from a lower layer into a higher one, and every module
+/// missing from the tables, as `file: what`.
+fn violations() -> Vec<String> {
+    let root = src();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let rel = path
+            .strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
+        if parts.last() == Some(&"tests") {
+            continue; // a folder's unit tests, compiled only with them
+        }
+        let folder = parts[0];
+        let Some(own) = rank(FOLDERS, folder) else {
+            found.push(format!("{rel}: `{folder}` has no place in FOLDERS"));
+            continue;
+        };
+        let in_cache = folder == "cache" && parts.len() == 2;
+        let file = parts.get(1).copied().unwrap_or("");
+        if in_cache && !["mod", "tests"].contains(&file) && rank(CACHE, file).is_none() {
+            found.push(format!("{rel}: `{file}` has no place in CACHE"));
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable source file");
+        for segments in crate_paths(&code(&text)) {
+            let target = segments[0].as_str();
+            match rank(FOLDERS, target) {
+                None => found.push(format!("{rel}: crate::{target} has no place in FOLDERS")),
+                Some(t) if t < own => found.push(format!(
+                    "{rel}: `{folder}` imports `crate::{}`, a layer above it",
+                    segments.join("::")
+                )),
+                Some(_) => {}
+            }
+            if !in_cache || target != "cache" {
+                continue;
+            }
+            let Some(other) = segments.get(1).map(String::as_str) else {
+                continue;
+            };
+            if let (Some(me), Some(them)) = (rank(CACHE, file), rank(CACHE, other))
+                && them < me
+            {
+                found.push(format!(
+                    "{rel}: cache/{file} imports `crate::{}`, a layer above it",
+                    segments.join("::")
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_import_points_down_the_layers() {
+    let found = violations();
+    assert!(
+        found.is_empty(),
+        "imports against the layers:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// The files of each folder import one another without a cycle (the
+/// folder's `mod.rs` is a node like any other): `cache/`'s order is the
+/// table above; in the other folders, any order without a loop.
+fn cycles() -> Vec<String> {
+    let root = src();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut edges: std::collections::BTreeMap<
+        (String, String),
+        std::collections::BTreeSet<String>,
+    > = Default::default();
+    for path in &files {
+        let rel = path
+            .strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
+        let [folder, file] = parts[..] else {
+            continue; // a top-level file, or one nested deeper
+        };
+        if file == "tests" {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).expect("a readable source file");
+        let code = code(&text);
+        let mut targets: Vec<String> = crate_paths(&code)
+            .into_iter()
+            .filter(|p| p.len() > 1 && p[0] == folder)
+            .map(|p| p[1].clone())
+            .collect();
+        // `super::x` from a folder's file is a sibling (or the folder's own item).
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find("super::") {
+            rest = &rest[i + "super::".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            targets.push(rest[..end].to_owned());
+        }
+        let siblings: std::collections::BTreeSet<String> = files
+            .iter()
+            .filter_map(|f| {
+                let r = f
+                    .strip_prefix(&root)
+                    .ok()?
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                let p: Vec<&str> = r.trim_end_matches(".rs").split('/').collect();
+                (p.len() >= 2 && p[0] == folder).then(|| p[1].to_owned())
+            })
+            .collect();
+        let entry = edges
+            .entry((folder.to_owned(), file.to_owned()))
+            .or_default();
+        for t in targets {
+            let t = if siblings.contains(&t) {
+                t
+            } else {
+                "mod".to_owned()
+            };
+            if t != file {
+                entry.insert(t);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for ((folder, file), targets) in &edges {
+        for t in targets {
+            let back = edges
+                .get(&(folder.clone(), t.clone()))
+                .is_some_and(|theirs| reaches(&edges, folder, theirs, file, 0));
+            if back && file < t {
+                found.push(format!(
+                    "{folder}/{file}.rs and {folder}/{t}.rs import each other"
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// True when `from` (a set of files of `folder`) leads to `goal`.
+fn reaches(
+    edges: &std::collections::BTreeMap<(String, String), std::collections::BTreeSet<String>>,
+    folder: &str,
+    from: &std::collections::BTreeSet<String>,
+    goal: &str,
+    depth: usize,
+) -> bool {
+    if depth > 32 {
+        return false;
+    }
+    from.iter().any(|f| {
+        f == goal
+            || edges
+                .get(&(folder.to_owned(), f.clone()))
+                .is_some_and(|next| reaches(edges, folder, next, goal, depth + 1))
+    })
+}
+
+#[test]
+fn the_files_of_a_folder_import_one_another_without_a_cycle() {
+    let found = cycles();
+    assert!(found.is_empty(), "import cycles:\n  {}", found.join("\n  "));
+}
+
+#[test]
+fn the_readme_architecture_table_names_every_folder_and_file() {
+    let readme = std::fs::read_to_string(src().join("../../../README.md")).expect("README.md");
+    let start = readme
+        .find("## Architecture")
+        .expect("an Architecture section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut missing = Vec::new();
+    for path in files {
+        let name = path
+            .file_name()
+            .expect("a file")
+            .to_string_lossy()
+            .into_owned();
+        if name == "mod.rs" || name == "tests.rs" {
+            continue;
+        }
+        if !section.contains(&format!("`{name}`")) && !section.contains(&name) {
+            missing.push(
+                path.strip_prefix(src())
+                    .expect("under src")
+                    .display()
+                    .to_string(),
+            );
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the README's Architecture section does not name: {missing:?}"
+    );
+}
+
+#[test]
+fn the_check_sees_an_inverted_import() {
+    // What the check reads, shown to catch what it must: a path, a group,
+    // a path inside a longer one; and to skip comments and unit tests.
+    let text = "use crate::cache::{gate, shared::fill};\n\
+                let a = crate::app::App::new();\n\
+                // crate::http::proxy in a comment\n\
+                fn f() { corral_crate::x(); }\n\
+                #[cfg(test)]\nmod tests { use crate::main; }\n";
+    let paths = crate_paths(&code(text));
+    assert_eq!(
+        paths,
+        [
+            vec!["cache", "gate"],
+            vec!["cache", "shared"],
+            vec!["app", "App", "new"],
+        ]
+    );
+}
