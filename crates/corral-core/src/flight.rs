@@ -165,6 +165,12 @@ impl<T> Permit<T> {
         self.slot.tx.receiver_count()
     }
 
+    /// Resolves once no follower waits (at once if none does); one may
+    /// join again afterwards.
+    pub async fn unwatched(&self) {
+        self.slot.tx.closed().await;
+    }
+
     /// Hands `outcome` to every follower now (and to whoever joins until
     /// the flight ends), without ending the flight: a streamed answer is
     /// read by each while the fill still runs.
@@ -309,6 +315,27 @@ mod tests {
         }
         assert!(f.is_empty());
         assert!(matches!(f.join(key(1), Join::UNBOUNDED), Role::Leader(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unwatched_resolves_when_the_last_follower_stops_waiting() {
+        let f: Flights<u32> = Flights::new();
+        let Role::Leader(permit) = f.join(key(5), Join::UNBOUNDED) else {
+            panic!()
+        };
+        // Nobody waits: at once.
+        permit.unwatched().await;
+        let Role::Follower(a) = f.join(key(5), Join::UNBOUNDED) else {
+            panic!()
+        };
+        let watched = tokio::time::timeout(Duration::from_secs(60), permit.unwatched()).await;
+        assert!(watched.is_err(), "a follower still waits");
+        let waiting = tokio::spawn(a.wait(Duration::from_secs(1), None));
+        // The follower's wait times out: nobody waits any more.
+        tokio::time::timeout(Duration::from_secs(60), permit.unwatched())
+            .await
+            .expect("woken when the follower left");
+        assert!(matches!(waiting.await.expect("join"), WaitResult::TimedOut));
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,14 +26,16 @@ use http::{HeaderMap, Method, Response, StatusCode, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
-use crate::cache::fill::{Ended, FillOutcome, FillRequest, SharedResponse, failed};
+use crate::cache::fill::{
+    Ended, Events, FillEvent, FillOutcome, FillRequest, SharedResponse, failed,
+};
 use crate::cache::growing::{Growing, Writer};
 use crate::cache::respond::Answer;
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
 use crate::origin::upstream::{DeadlineBody, Framing, OriginBody, UpstreamError};
 
 /// The fill's exchange with the origin, and what is kept of it.
-pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
+pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let stale = fill.stale();
     let stamp = fill.cache.l1.generation_stamp();
     let answered = match ask(fill, stale.as_deref()).await {
@@ -49,10 +51,9 @@ pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
     let post = fill.body.is_some();
     match verdict(fill, &answered, response_time) {
         Decision::Store { freshness } => {
-            fill.committed
-                .store(true, std::sync::atomic::Ordering::Release);
+            events.send(FillEvent::Committed);
             let keep = Keep::new(fill, &answered, freshness, response_time, stamp);
-            store(fill, answered, keep).await
+            store(fill, events, answered, keep).await
         }
         // An error every waiter shares (without the leader's cookies),
         // not a reason to stop coalescing: the next request tries the
@@ -233,7 +234,7 @@ impl Keep {
 /// A storable answer: its body streamed to every caller as it arrives
 /// when someone waits on it and its length is known and fits, else read
 /// whole first; then the entry stored in L1.
-async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
+async fn store(fill: &FillRequest, events: &Events, answered: Answered, keep: Keep) -> Ended {
     let Answered {
         parts,
         body,
@@ -242,26 +243,26 @@ async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
     } = answered;
     let declared = declared_length(&parts.headers);
     if let Some(n) = declared {
-        fill.declared.announce(n);
+        events.send(FillEvent::Declared(n));
     }
     let total = fill.route.upstream.total;
     let mut hold = fill.cache.fill_memory.hold();
     // Two copies while it streams: the chunks readers share, and the
     // entry being built.
     let streamed =
-        streamable(fill, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
+        streamable(fill, events, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
     // Held until the entry is stored; given back at once otherwise.
     let _hold = streamed.map(|_| hold);
     let (bytes, writer) = match streamed {
         Some(n) => {
             let growing = Growing::new(n);
             let writer = Writer::new(&growing);
-            fill.publish_early(FillOutcome::Streaming {
+            events.send(FillEvent::Streaming(FillOutcome::Streaming {
                 head: Arc::new(keep.entry(fill, parts.headers.clone(), Bytes::new())),
                 body: Arc::clone(&growing),
                 fwd: fill.fwd,
                 fwd_status: Some(keep.status.as_u16()),
-            });
+            }));
             match stream_into(body, &growing, n, deadline, total).await {
                 // The writer, dropped, aborts every reader.
                 Err(e) => return Ended::Outcome(failed(fill, &e)),
@@ -305,10 +306,15 @@ async fn store(fill: &FillRequest, answered: Answered, keep: Keep) -> Ended {
 /// without it, and those of another variant must wait for the stored
 /// entry to learn the Vary and coalesce on their own variant, not find
 /// the stream is not theirs and fetch alone).
-fn streamable(fill: &FillRequest, declared: Option<u64>, vary: &Vary) -> Option<u64> {
+fn streamable(
+    fill: &FillRequest,
+    events: &Events,
+    declared: Option<u64>,
+    vary: &Vary,
+) -> Option<u64> {
     declared
         .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
-        .filter(|_| fill.streams())
+        .filter(|_| fill.streams(events))
         .filter(|_| *vary == fill.cache.l1.learned_vary(&fill.primary))
 }
 

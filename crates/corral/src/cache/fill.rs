@@ -17,7 +17,6 @@ use corral_core::{
 };
 use http::header::{HeaderName, SET_COOKIE};
 use http::{HeaderMap, StatusCode, response};
-use tokio::sync::oneshot;
 
 use crate::cache::respond::{self, Answer};
 use crate::cluster::tier::SharedTier;
@@ -178,46 +177,55 @@ pub struct FillRequest {
     /// The flight's key: the variant this request selects.
     pub variant: VariantKey,
     /// The copy being refreshed or revalidated, or served if the origin
-    /// fails: from L1, or (set by the shared tier) from L2.
-    pub stale: arc_swap::ArcSwapOption<StoredResponse>,
+    /// fails: from L1, or (offered by the shared tier, which alone changes
+    /// it, before the layers below read it) from L2.
+    stale: Option<Arc<StoredResponse>>,
     pub fwd: Forward,
-    /// Set once the fill must run to its end whoever waits: its answer is
-    /// being stored, or other instances wait on its lease.
-    pub committed: std::sync::atomic::AtomicBool,
     /// A coalesced POST's body (its digest is in `primary`); `None` for
     /// GET and HEAD.
     pub body: Option<Bytes>,
-    /// Where the fetch hands a streamed answer to the flight and the
-    /// leader before its body has arrived (set by `run` for a fill someone
-    /// waits on).
-    pub early: std::sync::Mutex<Option<oneshot::Sender<FillOutcome>>>,
-    /// The length a storable answer's head declared, announced as soon as
-    /// the fetch reads it (the shared tier's leader tells the other
-    /// instances at once when it is too large for L2).
-    pub declared: Declared,
     /// Where the origin's interim (1xx) answers go: the caller who made
     /// this fill, when its client can take them; never a background
     /// refresh.
     pub interim: Option<crate::origin::interim::Sender>,
 }
 
-/// See [`FillRequest::declared`].
+/// What the layers under a fill's driver tell the layers above as it
+/// happens, on one channel ([`Events`]): the driver's loop (and the shared
+/// tier's lead, which sees them first) is a match over this.
 #[derive(Debug)]
-pub struct Declared(tokio::sync::watch::Sender<Option<u64>>);
-
-impl Default for Declared {
-    fn default() -> Self {
-        Declared(tokio::sync::watch::channel(None).0)
-    }
+pub enum FillEvent {
+    /// The fill must run to its end whoever waits: its answer is being
+    /// stored, or other instances wait on its lease.
+    Committed,
+    /// A storable answer's head declared this length (the shared tier's
+    /// leader tells the other instances at once when it is too large for
+    /// L2).
+    Declared(u64),
+    /// The answer streams: every waiter and the leader read it as it
+    /// arrives, before the fill has ended.
+    Streaming(FillOutcome),
 }
 
-impl Declared {
-    pub fn announce(&self, len: u64) {
-        self.0.send_replace(Some(len));
+/// The sending end of a fill's events, handed down the layers.
+#[derive(Debug, Clone)]
+pub struct Events {
+    tx: tokio::sync::mpsc::UnboundedSender<FillEvent>,
+    /// Someone reads a [`FillEvent::Streaming`] outcome: the fill's first
+    /// fetch (a refetch answers its leader when it is done).
+    pub streams: bool,
+}
+
+impl Events {
+    /// A channel of events; `streams` as [`Events::streams`].
+    pub fn channel(streams: bool) -> (Events, tokio::sync::mpsc::UnboundedReceiver<FillEvent>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Events { tx, streams }, rx)
     }
 
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<u64>> {
-        self.0.subscribe()
+    /// Tells the layers above; nobody listening is no error.
+    pub fn send(&self, event: FillEvent) {
+        let _ = self.tx.send(event);
     }
 }
 
@@ -242,58 +250,68 @@ impl FillRequest {
             primary: self.primary.clone(),
             identity: self.identity,
             variant: self.variant,
-            stale: arc_swap::ArcSwapOption::from(Some(entry)),
+            stale: Some(entry),
             fwd: Forward::Stale,
-            committed: Default::default(),
             body: self.body.clone(),
-            early: Default::default(),
-            declared: Default::default(),
             interim: None,
+        }
+    }
+
+    /// The fill for `head`'s request of `variant` on `route`, refreshing
+    /// (or serving on error) `stale`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cache: Arc<Cache>,
+        route: Arc<Route>,
+        head: Arc<RequestHead>,
+        (primary, identity, variant): (PrimaryKey, Option<Identity>, VariantKey),
+        stale: Option<Arc<StoredResponse>>,
+        fwd: Forward,
+        body: Option<Bytes>,
+        interim: Option<crate::origin::interim::Sender>,
+    ) -> Self {
+        FillRequest {
+            cache,
+            route,
+            head,
+            primary,
+            identity,
+            variant,
+            stale,
+            fwd,
+            body,
+            interim,
         }
     }
 
     /// The stale copy in hand, if any.
     pub fn stale(&self) -> Option<Arc<StoredResponse>> {
-        self.stale.load_full()
+        self.stale.clone()
     }
 
     /// Takes `entry` (read from L2) as the copy to serve if the origin
     /// fails, unless the one in hand is at least as recent.
-    pub fn offer_stale(&self, entry: Arc<StoredResponse>) {
+    pub fn offer_stale(&mut self, entry: Arc<StoredResponse>) {
         let newer = self
-            .stale()
+            .stale
+            .as_ref()
             .is_none_or(|held| entry.response_time() > held.response_time());
         if newer {
-            self.stale.store(Some(entry));
+            self.stale = Some(entry);
         }
     }
 
-    /// True when someone waits on this fill's answer as it arrives and a
-    /// failure mid-body would have nothing better to give them. With a
-    /// stale copy that an origin error may serve (stale-if-error), the
-    /// body is read whole first: once a streamed head has gone out, a
-    /// body that breaks off can only fail, never fall back to that copy.
-    pub fn streams(&self) -> bool {
-        let waited_on = self
-            .early
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some();
-        waited_on
+    /// True when someone reads this fill's answer as it arrives (`events`)
+    /// and a failure mid-body would have nothing better to give them. With
+    /// a stale copy that an origin error may serve (stale-if-error), the
+    /// body is read whole first: once a streamed head has gone out, a body
+    /// that breaks off can only fail, never fall back to that copy.
+    pub fn streams(&self, events: &Events) -> bool {
+        events.streams
             && !self
-                .stale()
+                .stale
+                .as_ref()
                 .is_some_and(|s| s.usable_on_error(self.cache.clock.now()))
-    }
-
-    /// Hands `outcome` to the flight and the leader now; false when nobody
-    /// takes it.
-    pub fn publish_early(&self, outcome: FillOutcome) -> bool {
-        let tx = self
-            .early
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        tx.is_some_and(|tx| tx.send(outcome).is_ok())
     }
 
     /// Where this caller's hit-for-pass marker lives.

@@ -14,10 +14,9 @@ use corral_core::miss::{Miss, Next, WaitEnd};
 use corral_core::{Detail, EntryState, Forward, Join, PassReason, Permit, Role, WaitResult};
 use http::StatusCode;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use crate::cache::fill::Cache;
-use crate::cache::fill::{self, Ended, FillOutcome, FillRequest, LeaderOutcome};
+use crate::cache::fill::{self, Ended, Events, FillEvent, FillOutcome, FillRequest, LeaderOutcome};
 use crate::cache::respond::{self, Answer};
 use crate::cache::{gate, outcome, shared};
 use crate::config::OnTimeout;
@@ -167,7 +166,7 @@ async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
 /// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
 /// `leader` is `None` for a background refresh.
 async fn run(
-    fill: FillRequest,
+    mut fill: FillRequest,
     mut permit: Option<Permit<FillOutcome>>,
     mut leader: Option<oneshot::Sender<LeaderOutcome>>,
 ) {
@@ -178,7 +177,7 @@ async fn run(
     let cancellable = leader.is_some();
     let slots = tokio::select! {
         s = gate::take_slots(&fill) => s,
-        () = abandoned(&mut leader, permit.as_ref(), &fill), if cancellable => {
+        () = abandoned(&mut leader, permit.as_ref()), if cancellable => {
             crate::telemetry::metrics::fill_cancelled(&fill.route.name);
             return;
         }
@@ -189,7 +188,7 @@ async fn run(
         finish(&fill, permit, leader, fill::fill_limit(&fill));
         return;
     };
-    let Some(first) = drive(&fill, permit.as_ref(), &mut leader, cancellable).await else {
+    let Some(first) = drive(&mut fill, permit.as_ref(), &mut leader, cancellable).await else {
         crate::telemetry::metrics::fill_cancelled(&fill.route.name);
         return;
     };
@@ -202,7 +201,9 @@ async fn run(
             if let Some(p) = permit.take() {
                 release(&fill, p, PassReason::HitForPass);
             }
-            gate::fetch(&fill).await
+            // Nobody reads this fetch early: it answers its leader when done.
+            let (events, _) = Events::channel(false);
+            gate::fetch(&fill, &events).await
         }
         ended => ended,
     };
@@ -222,58 +223,51 @@ async fn run(
     }
 }
 
-/// Runs the fetch, handing a streamed answer to the flight and the leader
-/// as soon as its head is in (the flight stays open for latecomers until
-/// the body is stored); `None` when the fill was abandoned.
+/// Runs the fetch and hears its events: a streamed answer goes to the
+/// flight and the leader as soon as its head is in (the flight stays open
+/// for latecomers until the body is stored), and a committed fill is no
+/// longer cancellable. `None` when the fill was abandoned.
 async fn drive(
-    fill: &FillRequest,
+    fill: &mut FillRequest,
     permit: Option<&Permit<FillOutcome>>,
     leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
     cancellable: bool,
 ) -> Option<Ended> {
-    let (early_tx, mut early_rx) = oneshot::channel();
-    *fill
-        .early
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(early_tx);
-    let mut streaming = false;
-    let fetching = fetch(fill, permit.is_some());
+    let (events, mut heard) = Events::channel(true);
+    let (mut streaming, mut committed) = (false, false);
+    let fetching = fetch(fill, &events, permit.is_some());
     tokio::pin!(fetching);
-    let first = loop {
+    loop {
         tokio::select! {
-            r = &mut fetching => break r,
-            Ok(outcome) = &mut early_rx, if !streaming => {
-                streaming = true;
-                if let Some(p) = permit {
-                    p.publish(outcome.clone());
+            ended = &mut fetching => return Some(ended),
+            Some(event) = heard.recv() => match event {
+                FillEvent::Committed => committed = true,
+                FillEvent::Declared(_) => {}
+                FillEvent::Streaming(outcome) if !streaming => {
+                    streaming = true;
+                    if let Some(p) = permit {
+                        p.publish(outcome.clone());
+                    }
+                    if let Some(tx) = leader.take() {
+                        let _ = tx.send(LeaderOutcome::Outcome(outcome));
+                    }
                 }
-                if let Some(tx) = leader.take() {
-                    let _ = tx.send(LeaderOutcome::Outcome(outcome));
-                }
-            }
-            () = abandoned(leader, permit, fill), if cancellable => return None,
+                FillEvent::Streaming(_) => {}
+            },
+            () = abandoned(leader, permit), if cancellable && !committed => return None,
         }
-    };
-    // Nobody reads a second fetch early (the PassKnown refetch answers its
-    // leader when it is done).
-    drop(
-        fill.early
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take(),
-    );
-    Some(first)
+    }
 }
 
 /// The fetch itself, through Redis when it is configured: a local flight's
 /// leader (`coalesced`) enters the shared tier and its lease; any other
 /// fill uses L2 as a cache only, so that a request that chose not to
 /// coalesce (or could not) is not coalesced across instances either.
-async fn fetch(fill: &FillRequest, coalesced: bool) -> Ended {
-    match &fill.cache.tier {
-        Some(tier) if coalesced => shared::fill(fill, tier.as_ref()).await,
-        Some(tier) => shared::fill_alone(fill, tier.as_ref()).await,
-        None => gate::fetch(fill).await,
+async fn fetch(fill: &mut FillRequest, events: &Events, coalesced: bool) -> Ended {
+    match fill.cache.tier.clone() {
+        Some(tier) if coalesced => shared::fill(fill, tier.as_ref(), events).await,
+        Some(tier) => shared::fill_alone(fill, tier.as_ref(), events).await,
+        None => gate::fetch(fill, events).await,
     }
 }
 
@@ -334,28 +328,25 @@ fn finish(
 const ABANDON_GRACE: Duration = Duration::from_secs(1);
 
 /// Resolves once nobody has wanted this fill for [`ABANDON_GRACE`]: the
-/// leader's client is gone, no follower waits, and the fill has not
-/// committed to storing (or to other instances).
+/// leader's client is gone and no follower waits at the end of the grace
+/// (the driver stops asking once the fill has committed to storing, or to
+/// other instances). Woken by the client's and the followers' going, never
+/// by a poll.
 async fn abandoned(
     leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
     permit: Option<&Permit<FillOutcome>>,
-    fill: &FillRequest,
 ) {
     let Some(tx) = leader.as_mut() else {
         return std::future::pending().await;
     };
     tx.closed().await;
-    let mut since: Option<Instant> = None;
     loop {
-        let waiting = permit.map_or(0, Permit::waiting);
-        if waiting == 0 && !fill.committed.load(std::sync::atomic::Ordering::Acquire) {
-            let since = *since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= ABANDON_GRACE {
-                return;
-            }
-        } else {
-            since = None;
+        if let Some(p) = permit {
+            p.unwatched().await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(ABANDON_GRACE).await;
+        if permit.is_none_or(|p| p.waiting() == 0) {
+            return;
+        }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use corral_core::{Admission, Detail};
 
 use crate::cache::exchange;
-use crate::cache::fill::{self, Ended, FillOutcome, FillRequest};
+use crate::cache::fill::{self, Ended, Events, FillOutcome, FillRequest};
 
 /// A slot of the route's and of the instance's fill limits, waited for at
 /// most the route's lock timeout (the flight is registered meanwhile, so
@@ -39,7 +39,7 @@ pub(crate) async fn take_slots(
 /// left alone: a key in back-off, or a route whose circuit is open, gets
 /// the stale copy or an error without a request, and every fetch's result
 /// feeds both.
-pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
+pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let now = fill.cache.clock.now();
     if let Some(backoff) = fill.cache.l1.active_backoff(&fill.pass_scope(), now) {
         return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
@@ -51,7 +51,7 @@ pub(crate) async fn fetch(fill: &FillRequest) -> Ended {
             Skipped::CircuitOpen(fill.route.circuit.retry_after()),
         ));
     }
-    let ended = exchange::fetch(fill).await;
+    let ended = exchange::fetch(fill, events).await;
     if let Some(ok) = origin_verdict(&ended) {
         fill.route.circuit.record(ok);
         let scope = fill.pass_scope();

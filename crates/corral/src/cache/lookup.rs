@@ -236,21 +236,16 @@ fn fill_request(
     fwd: Forward,
     stale: Option<Arc<StoredResponse>>,
 ) -> FillRequest {
-    FillRequest {
-        cache: Arc::clone(&asked.cache),
-        route: Arc::clone(&asked.route),
-        head: Arc::clone(&asked.ctx),
-        primary: asked.keys.primary.clone(),
-        identity: asked.keys.identity,
-        variant,
-        stale: arc_swap::ArcSwapOption::from(stale),
+    FillRequest::new(
+        Arc::clone(&asked.cache),
+        Arc::clone(&asked.route),
+        Arc::clone(&asked.ctx),
+        (asked.keys.primary.clone(), asked.keys.identity, variant),
+        stale,
         fwd,
-        committed: Default::default(),
-        body: asked.body.clone(),
-        early: Default::default(),
-        declared: Default::default(),
-        interim: asked.interim.clone(),
-    }
+        asked.body.clone(),
+        asked.interim.clone(),
+    )
 }
 
 /// The caller's own copy, else the shared one when the caller may have it.

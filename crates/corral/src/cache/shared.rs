@@ -18,7 +18,7 @@ use std::time::Duration;
 use corral_core::{EntryState, StoredResponse, VariantKey};
 use tokio::time::Instant;
 
-use crate::cache::fill::{Ended, FillOutcome, FillRequest};
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::gate;
 use crate::cluster::protocol::{FillNotice, Keys, lease_since};
 use crate::cluster::redis_link::L2Error;
@@ -79,11 +79,11 @@ enum Followed {
 
 /// A local flight's leader (or a background refresh) fills through the
 /// shared tier: L2, then the lease.
-pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
+pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
     let deadline = Instant::now() + fill.route.lock_timeout;
     let (keys, probe) = match first_read(fill, tier).await {
         Ok(read) => read,
-        Err(e) => return local(fill, &e).await,
+        Err(e) => return local(fill, events, &e).await,
     };
     let mut poll = POLL_FIRST;
     // One takeover per fill: a lease taken over is not taken over again.
@@ -97,7 +97,7 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
             State::Read { mut probe, waited } => match judge(fill, &mut probe) {
                 Judged::Serve(hit) => return hit,
                 Judged::Pass => return Ended::PassKnown,
-                Judged::Backoff => return gate::fetch(fill).await,
+                Judged::Backoff => return gate::fetch(fill, events).await,
                 Judged::Fetch => State::Acquire {
                     generation: probe.generation,
                     had_backoff: probe.backoff.is_some(),
@@ -112,14 +112,16 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                 // A slow Redis may still have granted the lease: fetch
                 // here, and still try to share the answer, so that waiters
                 // elsewhere do not wait out a lease nobody will release.
-                Err(e) => return local_then_share(fill, tier, &keys, generation, &e).await,
+                Err(e) => {
+                    return local_then_share(fill, tier, &keys, (generation, events), &e).await;
+                }
                 Ok(Some(lease)) => {
                     metrics::lease(if waited {
                         Lease::TakenOver
                     } else {
                         Lease::Acquired
                     });
-                    return lead(fill, tier, &keys, lease, generation, had_backoff).await;
+                    return lead(fill, tier, &keys, lease, (generation, had_backoff), events).await;
                 }
                 Ok(None) => {
                     metrics::lease(Lease::Lost);
@@ -135,18 +137,26 @@ pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
                     lock_age = None;
                     State::TakeOver(probe)
                 }
-                Followed::LockTimeout => return lock_timeout(fill).await,
-                Followed::Failed | Followed::Local => return gate::fetch(fill).await,
-                Followed::Unavailable(e) => return local(fill, &e).await,
+                Followed::LockTimeout => return lock_timeout(fill, events).await,
+                Followed::Failed | Followed::Local => return gate::fetch(fill, events).await,
+                Followed::Unavailable(e) => return local(fill, events, &e).await,
             },
             State::TakeOver(probe) => {
                 let seen = probe.lease.as_deref().unwrap_or_default();
                 match tier.take_over(&keys, seen).await {
-                    Err(e) => return local(fill, &e).await,
+                    Err(e) => return local(fill, events, &e).await,
                     Ok(Some(lease)) => {
                         metrics::lease(Lease::AgedOut);
                         let had_backoff = probe.backoff.is_some();
-                        return lead(fill, tier, &keys, lease, probe.generation, had_backoff).await;
+                        return lead(
+                            fill,
+                            tier,
+                            &keys,
+                            lease,
+                            (probe.generation, had_backoff),
+                            events,
+                        )
+                        .await;
                     }
                     // Another instance took it first: wait on that one.
                     Ok(None) => State::Follow,
@@ -177,17 +187,18 @@ fn judge(fill: &FillRequest, probe: &mut Probe) -> Judged {
     Judged::Fetch
 }
 
-/// The lease is this fill's: every other instance waits on it.
+/// The lease is this fill's: every other instance waits on it. The
+/// fetch's events pass through here on their way up: an answer too large
+/// for L2 is announced as soon as its head says so.
 async fn lead(
-    fill: &FillRequest,
+    fill: &mut FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     lease: Box<dyn HeldLease>,
-    generation: u64,
-    had_backoff: bool,
+    (generation, had_backoff): (u64, bool),
+    events: &Events,
 ) -> Ended {
-    fill.committed
-        .store(true, std::sync::atomic::Ordering::Release);
+    events.send(FillEvent::Committed);
     // Double-check: the previous leader may have stored it just before
     // releasing.
     if let Ok(mut again) = read(fill, tier, keys).await
@@ -196,34 +207,31 @@ async fn lead(
         let _ = lease.release().await;
         return hit;
     }
+    let fill = &*fill;
     let name = lease.name().to_owned();
     let mut keep_alive = Some(lease.keep_alive());
     let mut lease = Some(lease);
-    // An answer too large for L2 is announced as soon as its head says so,
-    // and the lease given up: the waiting instances fetch their own copies
-    // now, side by side (one that subscribed too late to hear it finds the
-    // lease free, takes it, and learns the same from its own head), instead
-    // of waiting out this download for an entry that will not come and then
-    // taking the lease one after another.
-    let mut declared = fill.declared.subscribe();
-    let fetching = gate::fetch(fill);
+    let (below, mut heard) = Events::channel(events.streams);
+    let fetching = gate::fetch(fill, &below);
     tokio::pin!(fetching);
     let ended = loop {
         tokio::select! {
             ended = &mut fetching => break ended,
-            Ok(()) = declared.changed(), if lease.is_some() => {
-                let len = *declared.borrow_and_update();
-                if len.is_some_and(|n| n > tier.max_object_size())
+            Some(event) = heard.recv() => {
+                if let FillEvent::Declared(len) = event
+                    && len > tier.max_object_size()
                     && let Some(held) = lease.take()
                 {
-                    metrics::lease(Lease::Local);
-                    drop(keep_alive.take());
-                    let _ = held.release().await;
-                    let _ = tier.publish(keys, FillNotice::Local).await;
+                    give_up(tier, keys, held, keep_alive.take()).await;
                 }
+                events.send(event);
             }
         }
     };
+    // What the fetch said just before it ended still goes up.
+    while let Ok(event) = heard.try_recv() {
+        events.send(event);
+    }
     let notice = publish_result(
         fill,
         tier,
@@ -243,10 +251,28 @@ async fn lead(
     ended
 }
 
+/// An answer too large for L2: the lease is given up and the waiting
+/// instances told at once, so they fetch their own copies now, side by
+/// side (one that subscribed too late to hear it finds the lease free,
+/// takes it, and learns the same from its own head), instead of waiting
+/// out this download for an entry that will not come and then taking the
+/// lease one after another.
+async fn give_up(
+    tier: &dyn SharedTier,
+    keys: &Keys,
+    held: Box<dyn HeldLease>,
+    keep_alive: Option<Box<dyn Send>>,
+) {
+    metrics::lease(Lease::Local);
+    drop(keep_alive);
+    let _ = held.release().await;
+    let _ = tier.publish(keys, FillNotice::Local).await;
+}
+
 /// Waits for the lease holder's notice, polling L2 with backoff and
 /// jitter as a safety net (a notice can be lost; a holder can die).
 async fn follow(
-    fill: &FillRequest,
+    fill: &mut FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     deadline: Instant,
@@ -316,10 +342,10 @@ async fn follow(
 /// own): L2 is a cache for it like L1, so it reads L2 and writes what it
 /// fetched there, but it takes no lease and waits for nobody, so each such
 /// request reaches the origin on its own, as it would without Redis.
-pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
+pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
     let (keys, mut probe) = match first_read(fill, tier).await {
         Ok(read) => read,
-        Err(e) => return local(fill, &e).await,
+        Err(e) => return local(fill, events, &e).await,
     };
     if let Some(hit) = usable(fill, &mut probe) {
         return hit;
@@ -327,7 +353,7 @@ pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
     if probe.pass {
         return Ended::PassKnown;
     }
-    let ended = gate::fetch(fill).await;
+    let ended = gate::fetch(fill, events).await;
     // Nobody waits on this fill's lease: the record is written (entry,
     // hit-for-pass or back-off), no notice is sent.
     publish_result(
@@ -345,8 +371,11 @@ pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier) -> Ended {
 /// The first read of a fill: the variant's keys and what L2 holds for them.
 /// Another instance may know this URI's Vary set already: it is used, so
 /// that the right variant is read (and the right lease taken).
-async fn first_read(fill: &FillRequest, tier: &dyn SharedTier) -> Result<(Keys, Probe), L2Error> {
-    let cache = &fill.cache;
+async fn first_read(
+    fill: &mut FillRequest,
+    tier: &dyn SharedTier,
+) -> Result<(Keys, Probe), L2Error> {
+    let cache = Arc::clone(&fill.cache);
     let keys = tier.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
     let mut probe = read(fill, tier, &keys).await?;
     let mut keys = keys;
@@ -374,7 +403,11 @@ async fn first_read(fill: &FillRequest, tier: &dyn SharedTier) -> Result<(Keys, 
 /// recorded is adopted here, and an entry too old to serve fresh but still
 /// good for stale-if-error is kept as the fill's fallback, so an instance
 /// with no copy of its own serves Redis's when the origin fails.
-async fn read(fill: &FillRequest, tier: &dyn SharedTier, keys: &Keys) -> Result<Probe, L2Error> {
+async fn read(
+    fill: &mut FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+) -> Result<Probe, L2Error> {
     let cache = &fill.cache;
     let mut probe = tier.probe(keys, cache.l1.generation_stamp()).await?;
     probe.entry = probe.entry.take().and_then(|e| {
@@ -543,9 +576,9 @@ async fn store(
     }
 }
 
-async fn local(fill: &FillRequest, why: &L2Error) -> Ended {
+async fn local(fill: &FillRequest, events: &Events, why: &L2Error) -> Ended {
     tracing::debug!(key = %fill.primary.loggable(), reason = %why, "Redis unavailable: coalescing locally");
-    gate::fetch(fill).await
+    gate::fetch(fill, events).await
 }
 
 /// `local`, then a best-effort L2 write and notice.
@@ -553,10 +586,10 @@ async fn local_then_share(
     fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
-    generation: u64,
+    (generation, events): (u64, &Events),
     why: &L2Error,
 ) -> Ended {
-    let ended = local(fill, why).await;
+    let ended = local(fill, events, why).await;
     if let Ended::Outcome(FillOutcome::Stored { entry, .. }) = &ended {
         let entry = Arc::clone(entry);
         let notice = if store(tier, fill, keys, &entry, generation).await {
@@ -569,10 +602,10 @@ async fn local_then_share(
     ended
 }
 
-async fn lock_timeout(fill: &FillRequest) -> Ended {
+async fn lock_timeout(fill: &FillRequest, events: &Events) -> Ended {
     metrics::lease(Lease::TimedOut);
     match crate::cache::fill::on_lock_timeout(fill) {
         Some(outcome) => Ended::Outcome(outcome),
-        None => gate::fetch(fill).await,
+        None => gate::fetch(fill, events).await,
     }
 }
