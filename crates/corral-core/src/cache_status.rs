@@ -80,8 +80,8 @@ pub enum Detail {
     BadRequest(BadHead),
     /// Why the origin's answer was not stored.
     Pass(PassReason),
-    /// The origin could not be used; the reason names how it failed.
-    Upstream(&'static str),
+    /// The origin could not be used: how it failed.
+    Upstream(UpstreamFailure),
     /// A rate limit refused the request (429).
     RateLimited,
     /// A limit that refuses while its shared counter is out of reach
@@ -91,6 +91,39 @@ pub enum Detail {
     InvalidToken,
     /// No `upstream_concurrency` slot came free within the queue timeout (503).
     UpstreamBusy,
+}
+
+/// How an exchange with the origin failed, as `Cache-Status` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// No connection could be made.
+    Connect,
+    /// The TLS handshake failed (a certificate, a name, a protocol).
+    Tls,
+    /// No response head within `timeouts.response_headers`.
+    Timeout,
+    /// The whole exchange ran past `timeouts.total`.
+    TotalTimeout,
+    /// The exchange broke off.
+    Exchange,
+    /// The request could not be built from the client's.
+    Request,
+    /// The origin answered what corral never asked for (a 101).
+    Protocol,
+}
+
+impl UpstreamFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect => "upstream-connect-error",
+            UpstreamFailure::Tls => "upstream-tls-error",
+            UpstreamFailure::Timeout => "upstream-timeout",
+            UpstreamFailure::TotalTimeout => "upstream-total-timeout",
+            UpstreamFailure::Exchange => "upstream-error",
+            UpstreamFailure::Request => "bad-upstream-request",
+            UpstreamFailure::Protocol => "upstream-protocol-error",
+        }
+    }
 }
 
 impl Detail {
@@ -114,7 +147,7 @@ impl Detail {
             Detail::RequestHeadTooLarge => "request-head-too-large",
             Detail::BadRequest(bad) => bad.detail(),
             Detail::Pass(reason) => reason.as_str(),
-            Detail::Upstream(reason) => reason,
+            Detail::Upstream(failure) => failure.as_str(),
             Detail::RateLimited => "rate-limited",
             Detail::LimiterUnavailable => "limiter-unavailable",
             Detail::InvalidToken => "invalid-token",

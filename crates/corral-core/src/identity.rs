@@ -68,11 +68,6 @@ impl IdentityRules {
         }
     }
 
-    /// True when `name` is one of the headers that identify a caller.
-    pub fn is_identity_header(&self, name: &HeaderName) -> bool {
-        self.headers.contains(name)
-    }
-
     /// The caller's identity, or `None` for an anonymous request.
     pub fn identify(&self, headers: &HeaderMap) -> Option<Identity> {
         self.identify_with(headers, false)

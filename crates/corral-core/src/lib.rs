@@ -42,7 +42,7 @@ pub use backoff::{Backoff, BackoffPolicy};
 pub use ban::{Ban, BanList, BanTarget, Verdict, string_list};
 pub use budget::{Budget, Hold};
 pub use cache_control::{CacheControl, targeted_value};
-pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward};
+pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward, UpstreamFailure};
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use clock::{Clock, PausedClock, SystemClock};
 pub use entry::{

@@ -118,15 +118,6 @@ fn rewrite_cache_control(headers: &mut HeaderMap, rewrite: impl Fn(&str) -> Stri
     }
 }
 
-/// Whether the crate can give `status` a heuristic lifetime: RFC 9110
-/// §15.1's heuristically cacheable statuses.
-pub fn heuristically_cacheable(status: StatusCode) -> bool {
-    matches!(
-        status.as_u16(),
-        200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
-    )
-}
-
 /// Cache-Control text with every directive name lowercased (arguments,
 /// quoted or not, kept as they are).
 pub fn lowercase_names(text: &str) -> String {

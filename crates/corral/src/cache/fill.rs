@@ -433,11 +433,8 @@ pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
     FillOutcome::Shared {
-        response: Arc::new(SharedResponse::corral_error(
-            e.status(),
-            Detail::Upstream(e.detail()),
-        )),
+        response: Arc::new(SharedResponse::corral_error(e.status(), e.detail())),
         fwd: fill.fwd,
-        detail: Some(Detail::Upstream(e.detail())),
+        detail: Some(e.detail()),
     }
 }

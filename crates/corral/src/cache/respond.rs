@@ -26,6 +26,9 @@ pub struct Answer {
     /// The metric label and access-log `cache` field, from the same
     /// [`CacheStatus`] as the header.
     pub label: CacheLabel,
+    /// What the `Cache-Status` header says, as the typed value it was
+    /// written from.
+    pub status: CacheStatus,
 }
 
 impl Answer {
@@ -36,7 +39,11 @@ impl Answer {
         headers.append(VIA, via_value(version));
         headers.insert(CACHE_STATUS.clone(), status.to_header_value());
         let label = status.label(response.status());
-        Answer { response, label }
+        Answer {
+            response,
+            label,
+            status: status.clone(),
+        }
     }
 
     /// The same answer without its body (for HEAD).
@@ -45,6 +52,7 @@ impl Answer {
         Answer {
             response: Response::from_parts(parts, Body::empty()),
             label: self.label,
+            status: self.status,
         }
     }
 }

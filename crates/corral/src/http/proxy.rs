@@ -60,6 +60,7 @@ pub async fn handle(
         Answer {
             response: mut res,
             label,
+            ..
         },
     ) = route_request(app, peer, interim, tls, upstream, &client, req).await;
     if let Some(r) = &route {
@@ -498,16 +499,11 @@ async fn forward_uncached(
     } = match exchange(transport, &route.upstream, head, asked).await {
         Ok(a) => a,
         Err(e @ UpstreamError::Request(_)) => {
-            return respond::error(
-                StatusCode::BAD_REQUEST,
-                fwd,
-                Detail::Upstream(e.detail()),
-                None,
-            );
+            return respond::error(StatusCode::BAD_REQUEST, fwd, e.detail(), None);
         }
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.upstream.authority, error = %e, "upstream failed");
-            return respond::error(e.status(), fwd, Detail::Upstream(e.detail()), None);
+            return respond::error(e.status(), fwd, e.detail(), None);
         }
     };
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {

@@ -58,18 +58,20 @@ impl UpstreamError {
         }
     }
 
-    /// The `Cache-Status` detail.
-    pub fn detail(&self) -> &'static str {
-        match self {
-            UpstreamError::Connect(_) => "upstream-connect-error",
-            UpstreamError::Tls(_) => "upstream-tls-error",
-            UpstreamError::HeaderTimeout(_) => "upstream-timeout",
-            UpstreamError::TotalTimeout(_) => "upstream-total-timeout",
-            UpstreamError::Exchange(_) => "upstream-error",
-            UpstreamError::Request(_) => "bad-upstream-request",
-            UpstreamError::Protocol(_) => "upstream-protocol-error",
-            UpstreamError::Busy(_) => "upstream-busy",
-        }
+    /// The `Cache-Status` detail: how the exchange failed, or that
+    /// corral's own queue was full.
+    pub fn detail(&self) -> corral_core::Detail {
+        use corral_core::{Detail, UpstreamFailure as F};
+        Detail::Upstream(match self {
+            UpstreamError::Connect(_) => F::Connect,
+            UpstreamError::Tls(_) => F::Tls,
+            UpstreamError::HeaderTimeout(_) => F::Timeout,
+            UpstreamError::TotalTimeout(_) => F::TotalTimeout,
+            UpstreamError::Exchange(_) => F::Exchange,
+            UpstreamError::Request(_) => F::Request,
+            UpstreamError::Protocol(_) => F::Protocol,
+            UpstreamError::Busy(_) => return Detail::UpstreamBusy,
+        })
     }
 }
 
