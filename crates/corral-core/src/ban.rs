@@ -185,12 +185,13 @@ pub struct BanList {
 }
 
 impl BanList {
-    pub fn add(&self, ban: Ban) {
+    /// Adds `ban`; those older than any entry alive at `now` go.
+    pub fn add(&self, ban: Ban, now: SystemTime) {
         let mut bans = self
             .bans
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let horizon = SystemTime::now()
+        let horizon = now
             .checked_sub(MAX_RESIDENCY + Duration::from_secs(60))
             .unwrap_or(SystemTime::UNIX_EPOCH);
         bans.retain(|b| {
@@ -269,17 +270,23 @@ mod tests {
         let list = BanList::default();
         let e = entry("h/v1/users/1", Some("user-1 users"));
         assert_eq!(list.verdict(&e), Verdict::Keep);
-        list.add(Ban {
-            target: BanTarget::Prefix("h/v2/".into()),
-            at: SystemTime::now(),
-            soft: false,
-        });
+        list.add(
+            Ban {
+                target: BanTarget::Prefix("h/v2/".into()),
+                at: SystemTime::now(),
+                soft: false,
+            },
+            SystemTime::now(),
+        );
         assert_eq!(list.verdict(&e), Verdict::Keep);
-        list.add(Ban {
-            target: BanTarget::Tag("users".into()),
-            at: SystemTime::now(),
-            soft: false,
-        });
+        list.add(
+            Ban {
+                target: BanTarget::Tag("users".into()),
+                at: SystemTime::now(),
+                soft: false,
+            },
+            SystemTime::now(),
+        );
         assert_eq!(list.verdict(&e), Verdict::Drop);
         // An entry produced after the ban is untouched.
         let mut newer = entry("h/v1/users/1", Some("users"));
@@ -292,11 +299,14 @@ mod tests {
         let list = BanList::default();
         let e = entry("h/a", None);
         let at = SystemTime::now();
-        list.add(Ban {
-            target: BanTarget::Uri("h/a".into()),
-            at,
-            soft: true,
-        });
+        list.add(
+            Ban {
+                target: BanTarget::Uri("h/a".into()),
+                at,
+                soft: true,
+            },
+            SystemTime::now(),
+        );
         assert_eq!(list.verdict(&e), Verdict::StaleFrom(at));
         assert_eq!(list.verdict(&entry("h/ab", None)), Verdict::Keep);
     }

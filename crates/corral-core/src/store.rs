@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::clock::{Clock, SystemClock};
+
 use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
@@ -39,7 +41,8 @@ fn side_record_weight(value_bytes: usize) -> u32 {
     u32::try_from(32 + value_bytes + crate::entry::STORE_OVERHEAD).unwrap_or(u32::MAX)
 }
 
-struct EntryExpiry;
+/// An entry lives until its last window closes, read on L1's clock.
+struct EntryExpiry(Arc<dyn Clock>);
 
 impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
     fn expire_after_create(
@@ -48,7 +51,7 @@ impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
         v: &Arc<StoredResponse>,
         _: Instant,
     ) -> Option<Duration> {
-        Some(v.residency(SystemTime::now()))
+        Some(v.residency(self.0.now()))
     }
 
     fn expire_after_update(
@@ -58,7 +61,7 @@ impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
         _: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(v.residency(SystemTime::now()))
+        Some(v.residency(self.0.now()))
     }
 }
 
@@ -91,11 +94,12 @@ struct BackoffRecord {
     keep: Duration,
 }
 
-struct BackoffExpiry;
+/// A back-off record lives until its period ends and its memory passes.
+struct BackoffExpiry(Arc<dyn Clock>);
 
 impl Expiry<Digest, BackoffRecord> for BackoffExpiry {
     fn expire_after_create(&self, _: &Digest, v: &BackoffRecord, _: Instant) -> Option<Duration> {
-        Some(v.backoff.remaining(SystemTime::now()) + v.keep)
+        Some(v.backoff.remaining(self.0.now()) + v.keep)
     }
 
     fn expire_after_update(
@@ -105,7 +109,7 @@ impl Expiry<Digest, BackoffRecord> for BackoffExpiry {
         _: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(v.backoff.remaining(SystemTime::now()) + v.keep)
+        Some(v.backoff.remaining(self.0.now()) + v.keep)
     }
 }
 
@@ -128,13 +132,22 @@ pub struct L1 {
     clock: AtomicU64,
     /// Purges by prefix, tag and soft purges.
     pub bans: BanList,
+    /// Where expiry, back-off and the ban horizon read "now": the cache
+    /// path's clock.
+    time: Arc<dyn Clock>,
     /// Entries stamped below this are invalid for every URI whose
     /// generation record was evicted for space (conservative, never stale).
     floor: Arc<AtomicU64>,
 }
 
 impl L1 {
+    /// L1 on the system clock.
     pub fn new(config: &L1Config) -> Self {
+        L1::with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// L1 whose expiry, back-off and ban horizon read `time`.
+    pub fn with_clock(config: &L1Config, time: Arc<dyn Clock>) -> Self {
         let floor = Arc::new(AtomicU64::new(0));
         let listener_floor = Arc::clone(&floor);
         let side = (config.memory / SIDE_TABLE_SHARE).max(1);
@@ -145,7 +158,7 @@ impl L1 {
             entries: Cache::builder()
                 .max_capacity(entries)
                 .weigher(|_, v: &Arc<StoredResponse>| v.weight())
-                .expire_after(EntryExpiry)
+                .expire_after(EntryExpiry(Arc::clone(&time)))
                 .build(),
             vary: Cache::builder()
                 .max_capacity(side)
@@ -163,7 +176,7 @@ impl L1 {
             backoff: Cache::builder()
                 .max_capacity(side)
                 .weigher(|_, _: &BackoffRecord| side_record_weight(size_of::<BackoffRecord>()))
-                .expire_after(BackoffExpiry)
+                .expire_after(BackoffExpiry(Arc::clone(&time)))
                 .build(),
             generations: Cache::builder()
                 .max_capacity(side)
@@ -180,8 +193,14 @@ impl L1 {
             any_vary: AtomicBool::new(false),
             any_backoff: AtomicBool::new(false),
             bans: BanList::default(),
+            time,
             floor,
         }
+    }
+
+    /// Adds a purge's ban; bans too old to match any entry go.
+    pub fn add_ban(&self, ban: crate::Ban) {
+        self.bans.add(ban, self.time.now());
     }
 
     /// The stamp a fetch records when it starts; an invalidation after this
@@ -330,7 +349,7 @@ impl L1 {
 
     /// Keys whose back-off is running now.
     pub fn backoff_keys(&self) -> usize {
-        let now = SystemTime::now();
+        let now = self.time.now();
         self.backoff
             .iter()
             .filter(|(_, r)| r.backoff.active(now))

@@ -68,16 +68,26 @@ impl App {
     /// Builds the state; with Redis configured, starts connecting to it in
     /// the background (so it must run inside the runtime).
     pub fn new(config: &Config) -> Result<Self, redis::RedisError> {
-        let l1 = Arc::new(L1::new(&L1Config {
+        App::on_clock(config, Arc::new(SystemClock))
+    }
+
+    /// [`App::new`] with freshness, expiry, back-off and bans read from
+    /// `clock`.
+    fn on_clock(
+        config: &Config,
+        clock: Arc<dyn corral_core::Clock>,
+    ) -> Result<Self, redis::RedisError> {
+        let memory = L1Config {
             memory: config.cache.memory,
-        }));
+        };
+        let l1 = Arc::new(L1::with_clock(&memory, Arc::clone(&clock)));
         let l2: Option<Arc<L2>> = match &config.redis {
             None => None,
             Some(rc) => {
                 let l1 = Arc::clone(&l1);
                 let on_notice = Box::new(move |notice: ClusterNotice| match notice {
                     ClusterNotice::All => l1.invalidate_all(),
-                    ClusterNotice::Ban(ban) => l1.bans.add(ban),
+                    ClusterNotice::Ban(ban) => l1.add_ban(ban),
                     ClusterNotice::Invalidate(uri) => l1.invalidate_uri_digest(uri),
                 });
                 Some(L2::start(rc, on_notice)?)
@@ -116,7 +126,7 @@ impl App {
                 flights: Flights::new(),
                 tier,
                 transport: Arc::new(crate::origin::exchange::Network),
-                clock: Arc::new(SystemClock),
+                clock,
                 fill_memory: Budget::new(config.cache.fill_memory),
                 ahead_memory: Budget::new(config.cache.fill_memory),
                 fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
@@ -139,15 +149,14 @@ impl App {
         tier: Option<Arc<dyn SharedTier>>,
         clock: Arc<dyn corral_core::Clock>,
     ) -> Self {
-        let mut app = App::new(&Config {
+        let config = Config {
             redis: None,
             ..config.clone()
-        })
-        .expect("no Redis to connect to");
+        };
+        let mut app = App::on_clock(&config, clock).expect("no Redis to connect to");
         let cache = Arc::get_mut(&mut app.cache).expect("not shared yet");
         cache.transport = transport;
         cache.tier = tier;
-        cache.clock = clock;
         app
     }
 

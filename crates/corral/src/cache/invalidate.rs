@@ -37,7 +37,7 @@ pub async fn ban(cache: &Cache, target: BanTarget, soft: bool) {
         at: cache.clock.now(),
         soft,
     };
-    cache.l1.bans.add(ban.clone());
+    cache.l1.add_ban(ban.clone());
     if let Some(tier) = &cache.tier
         && let Err(e) = tier.publish_ban(&ban).await
     {
