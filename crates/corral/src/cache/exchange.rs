@@ -1,9 +1,8 @@
-//! The bottom layer of the miss path: what a fill keeps of its one exchange with the origin: the request
-//! for a fill (the key's target, the fill's own conditionals), the answer
-//! against the stale copy (stale-if-error, a 304), the policy's verdict,
-//! and the body stored in L1 (streamed to the flight as it arrives, or
-//! read whole within the route's and the instance's limits), shared with
-//! the waiters, or passed on. The exchange itself is
+//! The fifth layer of the miss path: a fill's one exchange with the
+//! origin. The request for a fill (the key's target, the fill's own
+//! conditionals), the answer against the stale copy (stale-if-error, a
+//! 304), the policy's verdict, and then the answer stored (`store`, the
+//! layer below), shared with the waiters, or passed on. The exchange itself is
 //! [`origin::exchange`](crate::origin::exchange); the fill's gate, flight
 //! and shared tier sit above this and never see a socket.
 
@@ -11,28 +10,20 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::Body;
-use bytes::{Bytes, BytesMut};
 use corral_core::head::RequestBody;
-use corral_core::{
-    Budget, Decision, Detail, Forward, Freshness, PassReason, StoredResponse, Vary,
-    merge_not_modified,
-};
-use futures_util::StreamExt;
+use corral_core::{Decision, Detail, Forward, PassReason, StoredResponse, merge_not_modified};
 use http::header::{CONTENT_LENGTH, ETAG, LAST_MODIFIED};
 use http::header::{
     IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
 };
-use http::{HeaderMap, Method, Response, StatusCode, response};
-use http_body_util::{BodyDataStream, BodyExt};
-use tokio::time::Instant;
+use http::{HeaderMap, Method, StatusCode, response};
 
 use crate::cache::fill::{
     Ended, Events, FillEvent, FillOutcome, FillRequest, SharedResponse, failed,
 };
-use crate::cache::growing::{Growing, Writer};
-use crate::cache::respond::Answer;
+use crate::cache::store::{self, Buffered, Keep, declared_length, pass_response};
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
-use crate::origin::upstream::{DeadlineBody, Framing, OriginBody, UpstreamError};
+use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError};
 
 /// The fill's exchange with the origin, and what is kept of it.
 pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
@@ -53,7 +44,7 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         Decision::Store { freshness } => {
             events.send(FillEvent::Committed);
             let keep = Keep::new(fill, &answered, freshness, response_time, stamp);
-            store(fill, events, answered, keep).await
+            store::store(fill, events, answered, keep).await
         }
         // An error every waiter shares (without the leader's cookies),
         // not a reason to stop coalescing: the next request tries the
@@ -180,163 +171,6 @@ fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -
     }
 }
 
-/// What an entry is built of, besides its headers and body.
-struct Keep {
-    status: StatusCode,
-    freshness: Freshness,
-    response_time: SystemTime,
-    started: Instant,
-    stamp: u64,
-    vary: Vary,
-    /// This request's values for `vary`.
-    vary_values: Vec<String>,
-    private: bool,
-}
-
-impl Keep {
-    fn new(
-        fill: &FillRequest,
-        answered: &Answered,
-        freshness: Freshness,
-        response_time: SystemTime,
-        stamp: u64,
-    ) -> Self {
-        let vary = Vary::parse(&answered.parts.headers);
-        Keep {
-            status: answered.parts.status,
-            private: freshness.sharing.keeps_private(fill.identity.as_ref()),
-            freshness,
-            response_time,
-            started: answered.started,
-            stamp,
-            vary_values: vary.values(&fill.head.headers),
-            vary,
-        }
-    }
-
-    fn entry(&self, fill: &FillRequest, headers: HeaderMap, body: Bytes) -> StoredResponse {
-        StoredResponse::builder(
-            self.status,
-            headers,
-            body,
-            &self.freshness,
-            self.response_time,
-        )
-        .fetch_duration(self.started.elapsed())
-        .vary(self.vary.clone(), self.vary_values.clone())
-        .generation(self.stamp)
-        .private(self.private)
-        .build()
-        .with_uri(fill.primary.uri().readable())
-    }
-}
-
-/// A storable answer: its body streamed to every caller as it arrives
-/// when someone waits on it and its length is known and fits, else read
-/// whole first; then the entry stored in L1.
-async fn store(fill: &FillRequest, events: &Events, answered: Answered, keep: Keep) -> Ended {
-    let Answered {
-        parts,
-        body,
-        deadline,
-        ..
-    } = answered;
-    let declared = declared_length(&parts.headers);
-    if let Some(n) = declared {
-        events.send(FillEvent::Declared(n));
-    }
-    let total = fill.route.upstream.total;
-    let mut hold = fill.cache.fill_memory.hold();
-    // Two copies while it streams: the chunks readers share, and the
-    // entry being built.
-    let streamed =
-        streamable(fill, events, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
-    // Held until the entry is stored; given back at once otherwise.
-    let _hold = streamed.map(|_| hold);
-    let (bytes, writer) = match streamed {
-        Some(n) => {
-            let growing = Growing::new(n);
-            let writer = Writer::new(&growing);
-            events.send(FillEvent::Streaming(FillOutcome::Streaming {
-                head: Arc::new(keep.entry(fill, parts.headers.clone(), Bytes::new())),
-                body: Arc::clone(&growing),
-                fwd: fill.fwd,
-                fwd_status: Some(keep.status.as_u16()),
-            }));
-            match stream_into(body, &growing, n, deadline, total).await {
-                // The writer, dropped, aborts every reader.
-                Err(e) => return Ended::Outcome(failed(fill, &e)),
-                Ok(bytes) => (bytes, Some(writer)),
-            }
-        }
-        None => match read_body(fill, body, declared, deadline).await {
-            Buffered::Full(bytes) => (bytes, None),
-            Buffered::Over(reason, rest) => {
-                if reason == PassReason::TooLarge {
-                    fill.mark_pass();
-                }
-                return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
-            }
-            Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
-        },
-    };
-    let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
-    let l1 = &fill.cache.l1;
-    l1.learn_vary(&fill.primary, &keep.vary);
-    l1.clear_pass(&fill.pass_scope());
-    l1.insert(
-        &fill.entry_key(&entry),
-        fill.primary.uri(),
-        Arc::clone(&entry),
-    );
-    if let Some(writer) = writer {
-        writer.finish(entry.body());
-    }
-    Ended::Outcome(FillOutcome::Stored {
-        entry,
-        fwd: fill.fwd,
-        fwd_status: Some(keep.status.as_u16()),
-    })
-}
-
-/// The length to stream a storable answer at, if it streams: someone
-/// waits on it, its length is declared and within the route's object
-/// size, and it varies on what this URI was already known to vary on (an
-/// answer with a new Vary is read whole: the flight's callers were keyed
-/// without it, and those of another variant must wait for the stored
-/// entry to learn the Vary and coalesce on their own variant, not find
-/// the stream is not theirs and fetch alone).
-fn streamable(
-    fill: &FillRequest,
-    events: &Events,
-    declared: Option<u64>,
-    vary: &Vary,
-) -> Option<u64> {
-    declared
-        .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
-        .filter(|_| fill.streams(events))
-        .filter(|_| *vary == fill.cache.l1.learned_vary(&fill.primary))
-}
-
-/// Reads a fill's body into memory within the route's object size, the
-/// instance's fill memory and the exchange's deadline.
-async fn read_body(
-    fill: &FillRequest,
-    body: OriginBody,
-    declared: Option<u64>,
-    deadline: Instant,
-) -> Buffered {
-    buffer(
-        body,
-        declared,
-        fill.route.policy.max_object_size,
-        &fill.cache.fill_memory,
-        deadline,
-        fill.route.upstream.total,
-    )
-    .await
-}
-
 /// An answer the flight's waiters share, read whole: split into what every
 /// waiter may see and the leader's own headers; passed on to the leader
 /// alone when it cannot be shared (Vary: *) or is too large to hold.
@@ -348,7 +182,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
         ..
     } = answered;
     let declared = declared_length(&parts.headers);
-    match read_body(fill, body, declared, deadline).await {
+    match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => {
             let own = parts.clone();
             match SharedResponse::from_origin(parts, bytes.clone(), &fill.head.headers) {
@@ -403,14 +237,6 @@ fn shareable(reason: PassReason, post: bool) -> bool {
     }
 }
 
-/// The Content-Length the origin declared, if any.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-}
-
 /// A 304 refreshed the stale entry: store the refreshed copy.
 fn revalidated(
     fill: &FillRequest,
@@ -456,133 +282,6 @@ fn revalidated(
             parts.headers.remove(CONTENT_LENGTH);
             let body = Body::from(stale.body().clone());
             Ended::Stream(reason, pass_response(parts, body, Forward::Stale, reason))
-        }
-    }
-}
-
-fn pass_response(parts: response::Parts, body: Body, fwd: Forward, reason: PassReason) -> Answer {
-    let st = corral_core::CacheStatus::forward(fwd)
-        .with_fwd_status(parts.status.as_u16())
-        .with_detail(Detail::Pass(reason));
-    Answer::new(
-        Response::from_parts(parts, body),
-        &st,
-        http::Version::HTTP_11,
-    )
-}
-
-/// Reads a body of exactly `n` bytes, handing each chunk to the readers
-/// of `growing` as it arrives and building the entry's copy alongside.
-async fn stream_into(
-    mut body: OriginBody,
-    growing: &Growing,
-    n: u64,
-    deadline: Instant,
-    total: std::time::Duration,
-) -> Result<Bytes, UpstreamError> {
-    let mut whole = BytesMut::with_capacity(usize::try_from(n).unwrap_or(0));
-    loop {
-        match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Err(UpstreamError::TotalTimeout(total)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e.to_string())),
-            Ok(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers are not stored
-                };
-                if (whole.len() + data.len()) as u64 > n {
-                    return Err(UpstreamError::Exchange(
-                        "the body ran past its Content-Length".into(),
-                    ));
-                }
-                // The last chunk is held back: `Writer::finish` adds it once
-                // the entry is stored, so a caller that has every byte can
-                // count on the next request being a hit.
-                let last = (whole.len() + data.len()) as u64 == n;
-                whole.extend_from_slice(&data);
-                if !last {
-                    growing.push(data);
-                }
-            }
-        }
-    }
-    if whole.len() as u64 != n {
-        return Err(UpstreamError::Exchange(
-            "the body ended before its Content-Length".into(),
-        ));
-    }
-    Ok(whole.freeze())
-}
-
-enum Buffered {
-    Full(Bytes),
-    /// Not buffered whole (over the size limit, or over the fill memory
-    /// budget): what was read, followed by the rest, as one body.
-    Over(PassReason, Body),
-    Failed(UpstreamError),
-}
-
-/// Reads a body into memory, up to `limit` bytes, what `budget` grants and
-/// the deadline. `declared` (the origin's Content-Length) sizes the buffer
-/// once, so a stored body holds no spare capacity.
-async fn buffer(
-    mut body: OriginBody,
-    declared: Option<u64>,
-    limit: u64,
-    budget: &Arc<Budget>,
-    deadline: Instant,
-    total: std::time::Duration,
-) -> Buffered {
-    let mut hold = budget.hold();
-    let initial = declared.unwrap_or(0).min(limit).min(1 << 20);
-    let mut buf = BytesMut::new();
-    if initial > 0 {
-        if !hold.grow(initial) {
-            return Buffered::Over(
-                PassReason::FillMemory,
-                Body::new(DeadlineBody::new(body, deadline, total)),
-            );
-        }
-        buf.reserve(usize::try_from(initial).unwrap_or(0));
-    }
-    loop {
-        match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Buffered::Failed(UpstreamError::TotalTimeout(total)),
-            Ok(None) => {
-                // A buffer that grew in steps holds up to twice its bytes:
-                // keep an exact copy instead.
-                let bytes = if buf.capacity() - buf.len() > buf.len() / 8 + 64 {
-                    Bytes::copy_from_slice(&buf)
-                } else {
-                    buf.freeze()
-                };
-                return Buffered::Full(bytes);
-            }
-            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
-            Ok(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers are not stored
-                };
-                let after = (buf.len() + data.len()) as u64;
-                let over = if after > limit {
-                    Some(PassReason::TooLarge)
-                } else if after > hold.held() && !hold.grow(after - hold.held()) {
-                    Some(PassReason::FillMemory)
-                } else {
-                    None
-                };
-                buf.extend_from_slice(&data);
-                if let Some(reason) = over {
-                    let head = futures_util::stream::once(std::future::ready(Ok::<
-                        Bytes,
-                        Box<dyn std::error::Error + Send + Sync>,
-                    >(
-                        buf.freeze()
-                    )));
-                    let rest = BodyDataStream::new(DeadlineBody::new(body, deadline, total));
-                    return Buffered::Over(reason, Body::from_stream(head.chain(rest)));
-                }
-            }
         }
     }
 }

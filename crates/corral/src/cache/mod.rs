@@ -7,10 +7,13 @@
 //!    waiter cap, `on_timeout`, lock age, abandonment) and the fill's
 //!    driver, answering each waiter through `outcome`;
 //! 3. `shared`: the lease state machine across instances, over
-//!    `cluster::tier::SharedTier` (only with Redis);
+//!    `cluster::tier::SharedTier` (only with Redis), reading and writing
+//!    L2's records through `records`;
 //! 4. `gate`: back-off, the circuit, fill slots;
-//! 5. `exchange`: the verdict on the origin's answer, its body, the entry
-//!    stored, over `origin::exchange`.
+//! 5. `exchange`: the request for a fill and the verdict on the origin's
+//!    answer, over `origin::exchange`;
+//! 6. `store`: the answer's body, streamed or read whole, and the entry
+//!    stored in L1.
 //!
 //! Beneath them all: `fill` (the vocabulary every layer shares: the
 //! [`Cache`] state, what a fill is given and what it produces),
@@ -28,8 +31,10 @@ pub mod growing;
 pub mod invalidate;
 pub mod lookup;
 pub mod outcome;
+pub mod records;
 pub mod respond;
 pub mod shared;
+pub mod store;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,224 @@
+//! What the shared tier reads and writes in L2 for one fill: the first
+//! read (with the Vary set another instance learned), each probe screened
+//! by the bans in force and merged with the back-off other instances
+//! recorded, whether a probe's entry answers the fill, and what the
+//! leader's fetch is recorded as (entry, pass marker, back-off) and
+//! announced with.
+
+use std::sync::Arc;
+
+use corral_core::{EntryState, StoredResponse, VariantKey};
+
+use crate::cache::fill::{Ended, FillOutcome, FillRequest};
+use crate::cluster::protocol::{FillNotice, Keys};
+use crate::cluster::redis_link::L2Error;
+use crate::cluster::tier::{Probe, SharedTier};
+use crate::telemetry::metrics;
+
+/// The first read of a fill: the variant's keys and what L2 holds for them.
+/// Another instance may know this URI's Vary set already: it is used, so
+/// that the right variant is read (and the right lease taken).
+pub(crate) async fn first_read(
+    fill: &mut FillRequest,
+    tier: &dyn SharedTier,
+) -> Result<(Keys, Probe), L2Error> {
+    let cache = Arc::clone(&fill.cache);
+    let keys = tier.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
+    let mut probe = read(fill, tier, &keys).await?;
+    let mut keys = keys;
+    if let Some(vary) = &probe.vary
+        && *vary != cache.l1.learned_vary(&fill.primary)
+    {
+        cache.l1.learn_vary(&fill.primary, vary);
+        let values = vary.values(&fill.head.headers);
+        let variant = fill.primary.variant(fill.identity.as_ref(), &values);
+        if variant != fill.variant {
+            keys = tier.keys(&fill.primary, variant.digest, fill.identity.as_ref());
+            probe = read(fill, tier, &keys).await?;
+        }
+    }
+    metrics::l2(if can_serve(fill, &probe) {
+        "hit"
+    } else {
+        "miss"
+    });
+    Ok((keys, probe))
+}
+
+/// Reads the variant's keys; the entry comes back labelled with its URI and
+/// screened by the purges (bans) in force. A back-off another instance
+/// recorded is adopted here, and an entry too old to serve fresh but still
+/// good for stale-if-error is kept as the fill's fallback, so an instance
+/// with no copy of its own serves Redis's when the origin fails.
+pub(crate) async fn read(
+    fill: &mut FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+) -> Result<Probe, L2Error> {
+    let cache = &fill.cache;
+    let mut probe = tier.probe(keys, cache.l1.generation_stamp()).await?;
+    probe.entry = probe.entry.take().and_then(|e| {
+        let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
+        cache.l1.apply_bans(e).map(Arc::unwrap_or_clone)
+    });
+    let now = cache.clock.now();
+    let scope = fill.pass_scope();
+    // Another instance's record of the key's failures: the longer period
+    // and the longer run of failures in a row count (a failure that has
+    // not started a period yet still counts toward `backoff.after`).
+    if let Some(theirs) = probe.backoff {
+        let merged = match cache.l1.last_backoff(&scope) {
+            None => Some(theirs),
+            Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
+                Some(corral_core::Backoff {
+                    until: theirs.until.max(ours.until),
+                    failures: theirs.failures.max(ours.failures),
+                })
+            }
+            Some(_) => None,
+        };
+        if let Some(merged) = merged {
+            cache
+                .l1
+                .set_backoff(scope, merged, fill.route.backoff.memory());
+        }
+    }
+    if let Some(e) = &probe.entry
+        && !can_serve(fill, &probe)
+        && e.usable_on_error(now)
+        && e.matches_vary(&fill.head.headers)
+    {
+        fill.offer_stale(Arc::new(e.clone()));
+    }
+    Ok(probe)
+}
+
+/// True when the probe's entry can answer this fill: usable now, the
+/// request's variant, and, for a refresh (SWR, early refresh, revalidation),
+/// newer than the copy being refreshed, or the refresh would never reach
+/// the origin.
+pub(crate) fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
+    probe.entry.as_ref().is_some_and(|e| {
+        matches!(
+            e.state(fill.cache.clock.now()),
+            EntryState::Fresh | EntryState::StaleWhileRevalidate
+        ) && e.matches_vary(&fill.head.headers)
+            && fill
+                .stale()
+                .is_none_or(|old| e.response_time() > old.response_time())
+    })
+}
+
+/// A probe's entry, if it can answer now: stored into L1 and returned.
+pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
+    if !can_serve(fill, probe) {
+        return None;
+    }
+    let entry = Arc::new(probe.entry.take()?);
+    let key: VariantKey = fill.entry_key(&entry);
+    fill.cache.l1.learn_vary(&fill.primary, entry.vary());
+    fill.cache
+        .l1
+        .insert(&key, fill.primary.uri(), Arc::clone(&entry));
+    Some(Ended::Outcome(FillOutcome::FromL2 { entry }))
+}
+
+/// What the leader's fetch came to, as L2 records it.
+pub(crate) enum Fetched {
+    Stored(Arc<StoredResponse>),
+    Pass,
+    /// An answer shared in flight but not stored (a coalesced POST's):
+    /// other instances fetch their own, and nothing is marked.
+    Shared,
+    Failed,
+}
+
+impl Fetched {
+    pub(crate) fn of(ended: &Ended) -> Self {
+        match ended {
+            Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
+            Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
+            Ended::Outcome(FillOutcome::Shared { response, .. })
+                if !response.status.is_server_error() =>
+            {
+                Fetched::Shared
+            }
+            Ended::Outcome(_) => Fetched::Failed,
+        }
+    }
+}
+
+/// Writes L2 for what the fill got, and names the notice to send.
+/// `had_backoff`: the key was in back-off when read, so a success clears it
+/// for every instance.
+pub(crate) async fn publish_result(
+    fill: &FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+    fetched: Fetched,
+    generation: u64,
+    had_backoff: bool,
+) -> FillNotice {
+    if had_backoff && !matches!(fetched, Fetched::Failed) {
+        let _ = tier.clear_backoff(keys).await;
+    }
+    match fetched {
+        Fetched::Stored(entry) => {
+            if store(tier, fill, keys, &entry, generation).await {
+                FillNotice::Stored
+            } else {
+                FillNotice::Local
+            }
+        }
+        Fetched::Pass => {
+            let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
+            FillNotice::Pass
+        }
+        Fetched::Shared => FillNotice::Pass,
+        Fetched::Failed => {
+            // Before the notice: the waiting instances read it on Failed.
+            // Written whether or not a period has started, so that every
+            // instance counts the same failures in a row.
+            let now = fill.cache.clock.now();
+            if let Some(backoff) = fill.cache.l1.last_backoff(&fill.pass_scope()) {
+                let _ = tier
+                    .set_backoff(keys, &backoff, fill.route.backoff.memory(), now)
+                    .await;
+            }
+            FillNotice::Failed
+        }
+    }
+}
+
+/// Writes `entry` to L2; false when it is not there to be read.
+pub(crate) async fn store(
+    tier: &dyn SharedTier,
+    fill: &FillRequest,
+    keys: &Keys,
+    entry: &StoredResponse,
+    generation: u64,
+) -> bool {
+    // The entry may be stored under another variant than the flight's
+    // (a shareable answer to an authenticated request, a new Vary).
+    let stored_key = fill.entry_key(entry);
+    let target = if stored_key.digest == fill.variant.digest {
+        None
+    } else {
+        Some(tier.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
+    };
+    match tier
+        .store(
+            target.as_ref().unwrap_or(keys),
+            entry,
+            generation,
+            fill.cache.clock.now(),
+        )
+        .await
+    {
+        Ok(written) => written,
+        Err(e) => {
+            tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
+            false
+        }
+    }
+}

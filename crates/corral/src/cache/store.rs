@@ -1,0 +1,327 @@
+//! The bottom layer of the miss path: a storable answer's body read and
+//! the entry stored in L1. The body streams to every caller as it arrives
+//! when someone waits on it and its length is known and fits; otherwise it
+//! is read whole, within the route's object size, the instance's fill
+//! memory and the exchange's deadline (and passed on, not stored, when it
+//! does not fit).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use corral_core::{Budget, Freshness, PassReason, StoredResponse, Vary};
+use corral_core::{Detail, Forward};
+use futures_util::StreamExt;
+use http::header::CONTENT_LENGTH;
+use http::{HeaderMap, Response, StatusCode, response};
+use http_body_util::{BodyDataStream, BodyExt};
+use tokio::time::Instant;
+
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest, failed};
+use crate::cache::growing::{Growing, Writer};
+use crate::cache::respond::Answer;
+use crate::origin::exchange::Answered;
+use crate::origin::upstream::{DeadlineBody, OriginBody, UpstreamError};
+
+/// What an entry is built of, besides its headers and body.
+pub(crate) struct Keep {
+    status: StatusCode,
+    freshness: Freshness,
+    response_time: SystemTime,
+    started: Instant,
+    stamp: u64,
+    vary: Vary,
+    /// This request's values for `vary`.
+    vary_values: Vec<String>,
+    private: bool,
+}
+
+impl Keep {
+    pub(crate) fn new(
+        fill: &FillRequest,
+        answered: &Answered,
+        freshness: Freshness,
+        response_time: SystemTime,
+        stamp: u64,
+    ) -> Self {
+        let vary = Vary::parse(&answered.parts.headers);
+        Keep {
+            status: answered.parts.status,
+            private: freshness.sharing.keeps_private(fill.identity.as_ref()),
+            freshness,
+            response_time,
+            started: answered.started,
+            stamp,
+            vary_values: vary.values(&fill.head.headers),
+            vary,
+        }
+    }
+
+    fn entry(&self, fill: &FillRequest, headers: HeaderMap, body: Bytes) -> StoredResponse {
+        StoredResponse::builder(
+            self.status,
+            headers,
+            body,
+            &self.freshness,
+            self.response_time,
+        )
+        .fetch_duration(self.started.elapsed())
+        .vary(self.vary.clone(), self.vary_values.clone())
+        .generation(self.stamp)
+        .private(self.private)
+        .build()
+        .with_uri(fill.primary.uri().readable())
+    }
+}
+
+/// A storable answer: its body streamed to every caller as it arrives
+/// when someone waits on it and its length is known and fits, else read
+/// whole first; then the entry stored in L1.
+pub(crate) async fn store(
+    fill: &FillRequest,
+    events: &Events,
+    answered: Answered,
+    keep: Keep,
+) -> Ended {
+    let Answered {
+        parts,
+        body,
+        deadline,
+        ..
+    } = answered;
+    let declared = declared_length(&parts.headers);
+    if let Some(n) = declared {
+        events.send(FillEvent::Declared(n));
+    }
+    let total = fill.route.upstream.total;
+    let mut hold = fill.cache.fill_memory.hold();
+    // Two copies while it streams: the chunks readers share, and the
+    // entry being built.
+    let streamed =
+        streamable(fill, events, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
+    // Held until the entry is stored; given back at once otherwise.
+    let _hold = streamed.map(|_| hold);
+    let (bytes, writer) = match streamed {
+        Some(n) => {
+            let growing = Growing::new(n);
+            let writer = Writer::new(&growing);
+            events.send(FillEvent::Streaming(FillOutcome::Streaming {
+                head: Arc::new(keep.entry(fill, parts.headers.clone(), Bytes::new())),
+                body: Arc::clone(&growing),
+                fwd: fill.fwd,
+                fwd_status: Some(keep.status.as_u16()),
+            }));
+            match stream_into(body, &growing, n, deadline, total).await {
+                // The writer, dropped, aborts every reader.
+                Err(e) => return Ended::Outcome(failed(fill, &e)),
+                Ok(bytes) => (bytes, Some(writer)),
+            }
+        }
+        None => match read_body(fill, body, declared, deadline).await {
+            Buffered::Full(bytes) => (bytes, None),
+            Buffered::Over(reason, rest) => {
+                if reason == PassReason::TooLarge {
+                    fill.mark_pass();
+                }
+                return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
+            }
+            Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
+        },
+    };
+    let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
+    let l1 = &fill.cache.l1;
+    l1.learn_vary(&fill.primary, &keep.vary);
+    l1.clear_pass(&fill.pass_scope());
+    l1.insert(
+        &fill.entry_key(&entry),
+        fill.primary.uri(),
+        Arc::clone(&entry),
+    );
+    if let Some(writer) = writer {
+        writer.finish(entry.body());
+    }
+    Ended::Outcome(FillOutcome::Stored {
+        entry,
+        fwd: fill.fwd,
+        fwd_status: Some(keep.status.as_u16()),
+    })
+}
+
+/// The length to stream a storable answer at, if it streams: someone
+/// waits on it, its length is declared and within the route's object
+/// size, and it varies on what this URI was already known to vary on (an
+/// answer with a new Vary is read whole: the flight's callers were keyed
+/// without it, and those of another variant must wait for the stored
+/// entry to learn the Vary and coalesce on their own variant, not find
+/// the stream is not theirs and fetch alone).
+fn streamable(
+    fill: &FillRequest,
+    events: &Events,
+    declared: Option<u64>,
+    vary: &Vary,
+) -> Option<u64> {
+    declared
+        .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
+        .filter(|_| fill.streams(events))
+        .filter(|_| *vary == fill.cache.l1.learned_vary(&fill.primary))
+}
+
+/// Reads a fill's body into memory within the route's object size, the
+/// instance's fill memory and the exchange's deadline.
+pub(crate) async fn read_body(
+    fill: &FillRequest,
+    body: OriginBody,
+    declared: Option<u64>,
+    deadline: Instant,
+) -> Buffered {
+    buffer(
+        body,
+        declared,
+        fill.route.policy.max_object_size,
+        &fill.cache.fill_memory,
+        deadline,
+        fill.route.upstream.total,
+    )
+    .await
+}
+
+/// Reads a body of exactly `n` bytes, handing each chunk to the readers
+/// of `growing` as it arrives and building the entry's copy alongside.
+async fn stream_into(
+    mut body: OriginBody,
+    growing: &Growing,
+    n: u64,
+    deadline: Instant,
+    total: std::time::Duration,
+) -> Result<Bytes, UpstreamError> {
+    let mut whole = BytesMut::with_capacity(usize::try_from(n).unwrap_or(0));
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(UpstreamError::TotalTimeout(total)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                if (whole.len() + data.len()) as u64 > n {
+                    return Err(UpstreamError::Exchange(
+                        "the body ran past its Content-Length".into(),
+                    ));
+                }
+                // The last chunk is held back: `Writer::finish` adds it once
+                // the entry is stored, so a caller that has every byte can
+                // count on the next request being a hit.
+                let last = (whole.len() + data.len()) as u64 == n;
+                whole.extend_from_slice(&data);
+                if !last {
+                    growing.push(data);
+                }
+            }
+        }
+    }
+    if whole.len() as u64 != n {
+        return Err(UpstreamError::Exchange(
+            "the body ended before its Content-Length".into(),
+        ));
+    }
+    Ok(whole.freeze())
+}
+
+pub(crate) enum Buffered {
+    Full(Bytes),
+    /// Not buffered whole (over the size limit, or over the fill memory
+    /// budget): what was read, followed by the rest, as one body.
+    Over(PassReason, Body),
+    Failed(UpstreamError),
+}
+
+/// Reads a body into memory, up to `limit` bytes, what `budget` grants and
+/// the deadline. `declared` (the origin's Content-Length) sizes the buffer
+/// once, so a stored body holds no spare capacity.
+async fn buffer(
+    mut body: OriginBody,
+    declared: Option<u64>,
+    limit: u64,
+    budget: &Arc<Budget>,
+    deadline: Instant,
+    total: std::time::Duration,
+) -> Buffered {
+    let mut hold = budget.hold();
+    let initial = declared.unwrap_or(0).min(limit).min(1 << 20);
+    let mut buf = BytesMut::new();
+    if initial > 0 {
+        if !hold.grow(initial) {
+            return Buffered::Over(
+                PassReason::FillMemory,
+                Body::new(DeadlineBody::new(body, deadline, total)),
+            );
+        }
+        buf.reserve(usize::try_from(initial).unwrap_or(0));
+    }
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Buffered::Failed(UpstreamError::TotalTimeout(total)),
+            Ok(None) => {
+                // A buffer that grew in steps holds up to twice its bytes:
+                // keep an exact copy instead.
+                let bytes = if buf.capacity() - buf.len() > buf.len() / 8 + 64 {
+                    Bytes::copy_from_slice(&buf)
+                } else {
+                    buf.freeze()
+                };
+                return Buffered::Full(bytes);
+            }
+            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                let after = (buf.len() + data.len()) as u64;
+                let over = if after > limit {
+                    Some(PassReason::TooLarge)
+                } else if after > hold.held() && !hold.grow(after - hold.held()) {
+                    Some(PassReason::FillMemory)
+                } else {
+                    None
+                };
+                buf.extend_from_slice(&data);
+                if let Some(reason) = over {
+                    let head = futures_util::stream::once(std::future::ready(Ok::<
+                        Bytes,
+                        Box<dyn std::error::Error + Send + Sync>,
+                    >(
+                        buf.freeze()
+                    )));
+                    let rest = BodyDataStream::new(DeadlineBody::new(body, deadline, total));
+                    return Buffered::Over(reason, Body::from_stream(head.chain(rest)));
+                }
+            }
+        }
+    }
+}
+
+/// The Content-Length the origin declared, if any.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+pub(crate) fn pass_response(
+    parts: response::Parts,
+    body: Body,
+    fwd: Forward,
+    reason: PassReason,
+) -> Answer {
+    let st = corral_core::CacheStatus::forward(fwd)
+        .with_fwd_status(parts.status.as_u16())
+        .with_detail(Detail::Pass(reason));
+    Answer::new(
+        Response::from_parts(parts, body),
+        &st,
+        http::Version::HTTP_11,
+    )
+}
