@@ -1,9 +1,12 @@
-//! The miss path's state machine driven through its three seams: a
-//! scripted origin, an in-memory shared tier and a paused clock. No socket,
-//! no Redis, no sleep: tokio's paused time jumps to the next timer, so a
-//! 5 s lock timeout or a lease that expires after 2 s takes no real time,
-//! and every transition (the ones only real failures reach end to end
-//! included) is asserted by what the origin and the tier saw.
+//! The miss path's layers driven through their seams: a scripted
+//! transport under the real exchange (so storing, stale-if-error, 304s and
+//! streaming are the production code's), an in-memory shared tier and a
+//! paused clock. No socket, no Redis, no sleep: tokio's paused time jumps
+//! to the next timer, so a 5 s lock timeout or a lease that expires after
+//! 2 s takes no real time, and every transition (the ones only real
+//! failures reach end to end included) is asserted by what the origin and
+//! the tier saw. Most tests enter at the top (`lookup::serve`); the last
+//! ones drive a suffix of the layers (the gate, the exchange) directly.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,8 +26,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::app::App;
-use crate::cache::lookup;
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::respond::CACHE_STATUS;
+use crate::cache::{exchange, gate, lookup};
 use crate::cluster::protocol::{FillNotice, Keys, Layout};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
@@ -653,6 +657,26 @@ impl Harness {
             .as_ref()
             .expect("unit-test setup")
             .keys(&primary, variant.digest, None)
+    }
+
+    /// The fill a GET of `path` would make (no stale copy), to drive a
+    /// suffix of the layers directly.
+    fn fill(&self, path: &str) -> FillRequest {
+        let route = self.route(path);
+        let head = self.head(path);
+        let uri = UriKey::new("api.test", path, None, &route.query_filter);
+        let primary = PrimaryKey::get(&route.name, uri, false);
+        let variant = primary.variant(None, &Vary::None.values(&HeaderMap::new()));
+        FillRequest::new(
+            Arc::clone(&self.app.cache),
+            route,
+            Arc::new(head),
+            (primary, None, variant),
+            None,
+            corral_core::Forward::UriMiss,
+            None,
+            None,
+        )
     }
 
     /// An entry as another instance would have stored it, `age` old.
@@ -1622,5 +1646,111 @@ async fn a_streamed_answer_reaches_every_waiter_before_its_body_has_arrived() {
     }
     // Stored once its body ended: the next request is a hit.
     assert!(h.get("/a").await.cs.hit);
+    assert_eq!(h.origin.hits(), 1);
+}
+
+// ---------------------------------------------------------------------
+// A suffix of the layers, driven directly: the exchange (with the store
+// under it) alone, and the gate over it, with no flight or shared tier.
+
+/// Every event waiting on `heard`.
+fn drained(heard: &mut tokio::sync::mpsc::UnboundedReceiver<FillEvent>) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Ok(event) = heard.try_recv() {
+        seen.push(match event {
+            FillEvent::Committed => "committed".to_owned(),
+            FillEvent::Declared(n) => format!("declared {n}"),
+            FillEvent::Streaming(_) => "streaming".to_owned(),
+        });
+    }
+    seen
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_exchange_alone_stores_and_says_so_on_its_events() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "alone"), SLOW),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let fill = h.fill("/a");
+    let (events, mut heard) = Events::channel(false);
+    let Ended::Outcome(FillOutcome::Stored { entry, .. }) = exchange::fetch(&fill, &events).await
+    else {
+        panic!("a storable answer is stored");
+    };
+    assert_eq!(entry.body().as_ref(), b"alone");
+    assert_eq!(drained(&mut heard), ["committed", "declared 5"]);
+    // In L1: the next GET is a hit without the origin.
+    assert!(h.get("/a").await.cs.hit);
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_exchange_streams_its_answer_up_before_the_body_is_in() {
+    let h = harness(
+        ScriptedOrigin::head_first(Reply::Ok("max-age=60", "streamed"), SLOW),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let fill = h.fill("/a");
+    let (events, mut heard) = Events::channel(true);
+    let fetching = exchange::fetch(&fill, &events);
+    tokio::pin!(fetching);
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    // The head is in at once; the body only after SLOW: the streamed
+    // outcome comes up while the fetch still runs.
+    let ended = loop {
+        tokio::select! {
+            ended = &mut fetching => break ended,
+            Some(event) = heard.recv() => {
+                seen.push((event, started.elapsed()));
+            }
+        }
+    };
+    assert!(matches!(ended, Ended::Outcome(FillOutcome::Stored { .. })));
+    assert_eq!(started.elapsed(), SLOW);
+    assert!(
+        matches!(
+            &seen[..],
+            [
+                (FillEvent::Committed, _),
+                (FillEvent::Declared(8), _),
+                (FillEvent::Streaming(FillOutcome::Streaming { .. }), at),
+            ] if *at < SLOW
+        ),
+        "{seen:?}"
+    );
+    assert_eq!(h.origin.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gate_alone_records_a_failure_and_leaves_the_origin_alone_after() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unreachable, SLOW),
+        None,
+        "    backoff: { after: 1, min: 10s, max: 60s }\n",
+    );
+    let fill = h.fill("/a");
+    let (events, _) = Events::channel(false);
+    let Ended::Outcome(FillOutcome::Shared { response, .. }) = gate::fetch(&fill, &events).await
+    else {
+        panic!("a refused connection is every waiter's 502");
+    };
+    assert_eq!(response.status, StatusCode::BAD_GATEWAY);
+    let recorded = h.app.cache.l1.last_backoff(&fill.pass_scope());
+    assert!(recorded.is_some_and(|b| b.active(h.clock.now())));
+    // In back-off: the gate answers 503 without asking the origin.
+    let Ended::Outcome(FillOutcome::Shared {
+        response, detail, ..
+    }) = gate::fetch(&fill, &events).await
+    else {
+        panic!("a key in back-off is answered by the gate");
+    };
+    assert_eq!(
+        (response.status, detail),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(Detail::Backoff))
+    );
     assert_eq!(h.origin.hits(), 1);
 }
