@@ -160,13 +160,6 @@ pub enum FillOutcome {
     },
 }
 
-/// What the leading client receives: the shared outcome, or (on pass) the
-/// upstream response itself, streamed.
-pub enum LeaderOutcome {
-    Outcome(FillOutcome),
-    Stream(Answer),
-}
-
 /// Everything a fill needs, owned.
 pub struct FillRequest {
     pub cache: Arc<Cache>,
@@ -205,6 +198,9 @@ pub enum FillEvent {
     /// The answer streams: every waiter and the leader read it as it
     /// arrives, before the fill has ended.
     Streaming(FillOutcome),
+    /// Another instance found the key uncacheable (the shared pass
+    /// marker): the flight's waiters fetch on their own, now.
+    PassKnown,
 }
 
 /// The sending end of a fill's events, handed down the layers.
@@ -221,6 +217,14 @@ impl Events {
     pub fn channel(streams: bool) -> (Events, tokio::sync::mpsc::UnboundedReceiver<FillEvent>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         (Events { tx, streams }, rx)
+    }
+
+    /// The same channel, for a fetch nobody reads early.
+    pub fn without_streaming(&self) -> Events {
+        Events {
+            tx: self.tx.clone(),
+            streams: false,
+        }
     }
 
     /// Tells the layers above; nobody listening is no error.
@@ -410,11 +414,12 @@ pub(crate) fn unavailable(
     }
 }
 
-/// What a fetch came to, before the flight hands it out.
+/// What a fill produced: the outcome every waiter shares, or (an answer
+/// that is neither stored nor shared) the origin's answer itself, streamed
+/// to the leader alone while the waiters fetch their own. The leading
+/// client receives this; each waiter, the [`FillOutcome`].
 pub enum Ended {
     Outcome(FillOutcome),
-    /// The shared pass marker is set: nothing to coalesce across instances.
-    PassKnown,
     Stream(PassReason, Answer),
 }
 

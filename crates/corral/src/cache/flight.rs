@@ -16,7 +16,7 @@ use http::StatusCode;
 use tokio::sync::oneshot;
 
 use crate::cache::fill::Cache;
-use crate::cache::fill::{self, Ended, Events, FillEvent, FillOutcome, FillRequest, LeaderOutcome};
+use crate::cache::fill::{self, Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::respond::{self, Answer};
 use crate::cache::{gate, outcome, shared};
 use crate::config::OnTimeout;
@@ -141,11 +141,11 @@ async fn lead(fill: FillRequest, permit: Option<Permit<FillOutcome>>, head: bool
     let (tx, rx) = oneshot::channel();
     tokio::spawn(run(fill, permit, Some(tx)));
     match rx.await {
-        Ok(LeaderOutcome::Outcome(o)) => {
+        Ok(Ended::Outcome(o)) => {
             outcome::from_outcome(&o, false, clock.now(), head, &request_headers)
         }
-        Ok(LeaderOutcome::Stream(answer)) if head => answer.without_body(),
-        Ok(LeaderOutcome::Stream(answer)) => answer,
+        Ok(Ended::Stream(_, answer)) if head => answer.without_body(),
+        Ok(Ended::Stream(_, answer)) => answer,
         Err(_) => respond::error(
             StatusCode::BAD_GATEWAY,
             Forward::Miss,
@@ -168,7 +168,7 @@ async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
 async fn run(
     mut fill: FillRequest,
     mut permit: Option<Permit<FillOutcome>>,
-    mut leader: Option<oneshot::Sender<LeaderOutcome>>,
+    mut leader: Option<oneshot::Sender<Ended>>,
 ) {
     // A fill for a client that went away, with nobody else waiting and
     // nothing committed yet, is cancelled: nobody would get its answer (an
@@ -188,28 +188,12 @@ async fn run(
         finish(&fill, permit, leader, fill::fill_limit(&fill));
         return;
     };
-    let Some(first) = drive(&mut fill, permit.as_ref(), &mut leader, cancellable).await else {
+    let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {
         crate::telemetry::metrics::fill_cancelled(&fill.route.name);
         return;
     };
-    let ended = match first {
-        Ended::PassKnown => {
-            // Another instance found the key uncacheable: release this
-            // instance's waiters now, so that they fetch alongside the
-            // leader instead of after it.
-            fill.mark_pass();
-            if let Some(p) = permit.take() {
-                release(&fill, p, PassReason::HitForPass);
-            }
-            // Nobody reads this fetch early: it answers its leader when done.
-            let (events, _) = Events::channel(false);
-            gate::fetch(&fill, &events).await
-        }
-        ended => ended,
-    };
     match ended {
         Ended::Outcome(outcome) => settle(&fill, permit, leader, outcome),
-        Ended::PassKnown => {}
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
                 release(&fill, p, reason);
@@ -217,7 +201,7 @@ async fn run(
             if let Some(tx) = leader {
                 // A leader that went away drops the body, closing the
                 // upstream connection: nobody else wanted it.
-                let _ = tx.send(LeaderOutcome::Stream(response));
+                let _ = tx.send(Ended::Stream(reason, response));
             }
         }
     }
@@ -225,36 +209,83 @@ async fn run(
 
 /// Runs the fetch and hears its events: a streamed answer goes to the
 /// flight and the leader as soon as its head is in (the flight stays open
-/// for latecomers until the body is stored), and a committed fill is no
-/// longer cancellable. `None` when the fill was abandoned.
+/// for latecomers until the body is stored), a committed fill is no
+/// longer cancellable, and a key another instance found uncacheable
+/// releases the waiters at once. `None` when the fill was abandoned.
 async fn drive(
     fill: &mut FillRequest,
-    permit: Option<&Permit<FillOutcome>>,
-    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
+    permit: &mut Option<Permit<FillOutcome>>,
+    leader: &mut Option<oneshot::Sender<Ended>>,
     cancellable: bool,
 ) -> Option<Ended> {
     let (events, mut heard) = Events::channel(true);
-    let (mut streaming, mut committed) = (false, false);
-    let fetching = fetch(fill, &events, permit.is_some());
+    let mut heard_so_far = Heard {
+        key: fill.primary.loggable().to_owned(),
+        ..Heard::default()
+    };
+    let coalesced = permit.is_some();
+    let fetching = fetch(fill, &events, coalesced);
     tokio::pin!(fetching);
-    loop {
+    let ended = loop {
         tokio::select! {
-            ended = &mut fetching => return Some(ended),
-            Some(event) = heard.recv() => match event {
-                FillEvent::Committed => committed = true,
-                FillEvent::Declared(_) => {}
-                FillEvent::Streaming(outcome) if !streaming => {
-                    streaming = true;
-                    if let Some(p) = permit {
-                        p.publish(outcome.clone());
-                    }
-                    if let Some(tx) = leader.take() {
-                        let _ = tx.send(LeaderOutcome::Outcome(outcome));
-                    }
+            // A fetch that has ended answers with its final outcome (a
+            // stored entry serves ranges and conditionals a stream cannot).
+            biased;
+            ended = &mut fetching => break ended,
+            Some(event) = heard.recv() => heard_so_far.hear(event, permit, leader),
+            () = abandoned(leader, permit.as_ref()), if cancellable && !heard_so_far.committed => {
+                return None;
+            }
+        }
+    };
+    // A pass marker the fetch found as it ended still releases the
+    // waiters before the outcome reaches them; a stream it announced is
+    // moot now that the whole answer is in.
+    while let Ok(event) = heard.try_recv() {
+        if let FillEvent::PassKnown = event {
+            heard_so_far.hear(event, permit, leader);
+        }
+    }
+    Some(ended)
+}
+
+/// What the driver has heard of its fill so far.
+#[derive(Default)]
+struct Heard {
+    /// The key, for the flight's metrics.
+    key: String,
+    committed: bool,
+    streaming: bool,
+}
+
+impl Heard {
+    fn hear(
+        &mut self,
+        event: FillEvent,
+        permit: &mut Option<Permit<FillOutcome>>,
+        leader: &mut Option<oneshot::Sender<Ended>>,
+    ) {
+        match event {
+            FillEvent::Committed => self.committed = true,
+            FillEvent::Declared(_) => {}
+            FillEvent::Streaming(outcome) if !self.streaming => {
+                self.streaming = true;
+                if let Some(p) = permit {
+                    p.publish(outcome.clone());
                 }
-                FillEvent::Streaming(_) => {}
-            },
-            () = abandoned(leader, permit), if cancellable && !committed => return None,
+                if let Some(tx) = leader.take() {
+                    let _ = tx.send(Ended::Outcome(outcome));
+                }
+            }
+            FillEvent::Streaming(_) => {}
+            FillEvent::PassKnown => {
+                if let Some(p) = permit.take() {
+                    crate::telemetry::metrics::flight_waiters(&self.key, p.followers());
+                    p.complete(FillOutcome::Pass {
+                        reason: PassReason::HitForPass,
+                    });
+                }
+            }
         }
     }
 }
@@ -277,7 +308,7 @@ async fn fetch(fill: &mut FillRequest, events: &Events, coalesced: bool) -> Ende
 fn settle(
     fill: &FillRequest,
     permit: Option<Permit<FillOutcome>>,
-    leader: Option<oneshot::Sender<LeaderOutcome>>,
+    leader: Option<oneshot::Sender<Ended>>,
     outcome: FillOutcome,
 ) {
     if let FillOutcome::Shared {
@@ -310,7 +341,7 @@ fn release(fill: &FillRequest, permit: Permit<FillOutcome>, reason: PassReason) 
 fn finish(
     fill: &FillRequest,
     permit: Option<Permit<FillOutcome>>,
-    leader: Option<oneshot::Sender<LeaderOutcome>>,
+    leader: Option<oneshot::Sender<Ended>>,
     outcome: FillOutcome,
 ) {
     if let Some(p) = permit {
@@ -318,7 +349,7 @@ fn finish(
         p.complete(outcome.clone());
     }
     if let Some(tx) = leader {
-        let _ = tx.send(LeaderOutcome::Outcome(outcome));
+        let _ = tx.send(Ended::Outcome(outcome));
     }
 }
 
@@ -333,7 +364,7 @@ const ABANDON_GRACE: Duration = Duration::from_secs(1);
 /// other instances). Woken by the client's and the followers' going, never
 /// by a poll.
 async fn abandoned(
-    leader: &mut Option<oneshot::Sender<LeaderOutcome>>,
+    leader: &mut Option<oneshot::Sender<Ended>>,
     permit: Option<&Permit<FillOutcome>>,
 ) {
     let Some(tx) = leader.as_mut() else {

@@ -93,7 +93,6 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
 /// fetch at all.
 fn origin_verdict(ended: &Ended) -> Option<bool> {
     match ended {
-        Ended::PassKnown => None,
         Ended::Stream(_, answer) => Some(!answer.response.status().is_server_error()),
         // A 5xx the origin made cacheable is still a failing origin.
         Ended::Outcome(FillOutcome::Stored { entry, .. }) => {

@@ -123,9 +123,14 @@ pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     Some(Ended::Outcome(FillOutcome::FromL2 { entry }))
 }
 
-/// What the leader's fetch came to, as L2 records it.
+/// What the leader's fetch came to, as L2 records it: taken from the
+/// [`Ended`] before the writes (which await), since an `Ended` may hold the
+/// leader's streamed body.
 pub(crate) enum Fetched {
     Stored(Arc<StoredResponse>),
+    /// Already in L2: another instance stored it.
+    InL2,
+    /// Uncacheable: every instance passes for a while.
     Pass,
     /// An answer shared in flight but not stored (a coalesced POST's):
     /// other instances fetch their own, and nothing is marked.
@@ -137,13 +142,22 @@ impl Fetched {
     pub(crate) fn of(ended: &Ended) -> Self {
         match ended {
             Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
-            Ended::Stream(..) | Ended::PassKnown => Fetched::Pass,
+            Ended::Outcome(FillOutcome::FromL2 { .. }) => Fetched::InL2,
+            Ended::Stream(..) => Fetched::Pass,
             Ended::Outcome(FillOutcome::Shared { response, .. })
                 if !response.status.is_server_error() =>
             {
                 Fetched::Shared
             }
-            Ended::Outcome(_) => Fetched::Failed,
+            // A 5xx (the origin's or corral's own), the stale copy
+            // stale-if-error served, or (never from a fetch) a pass or a
+            // stream handed out as an outcome.
+            Ended::Outcome(
+                FillOutcome::Shared { .. }
+                | FillOutcome::Stale { .. }
+                | FillOutcome::Pass { .. }
+                | FillOutcome::Streaming { .. },
+            ) => Fetched::Failed,
         }
     }
 }
@@ -170,6 +184,7 @@ pub(crate) async fn publish_result(
                 FillNotice::Local
             }
         }
+        Fetched::InL2 => FillNotice::Stored,
         Fetched::Pass => {
             let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
             FillNotice::Pass

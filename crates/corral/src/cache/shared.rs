@@ -96,7 +96,7 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
         state = match state {
             State::Read { mut probe, waited } => match judge(fill, &mut probe) {
                 Judged::Serve(hit) => return hit,
-                Judged::Pass => return Ended::PassKnown,
+                Judged::Pass => return pass_known(fill, events).await,
                 Judged::Backoff => return gate::fetch(fill, events).await,
                 Judged::Fetch => State::Acquire {
                     generation: probe.generation,
@@ -351,7 +351,7 @@ pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &
         return hit;
     }
     if probe.pass {
-        return Ended::PassKnown;
+        return pass_known(fill, events).await;
     }
     let ended = gate::fetch(fill, events).await;
     // Nobody waits on this fill's lease: the record is written (entry,
@@ -366,6 +366,16 @@ pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &
     )
     .await;
     ended
+}
+
+/// Another instance found the key uncacheable: nothing to coalesce
+/// across instances. This instance's waiters are released now (the
+/// driver hears it), so that they fetch alongside this fill instead of
+/// after it; its own fetch answers its leader when it is done.
+async fn pass_known(fill: &FillRequest, events: &Events) -> Ended {
+    fill.mark_pass();
+    events.send(FillEvent::PassKnown);
+    gate::fetch(fill, &events.without_streaming()).await
 }
 
 async fn local(fill: &FillRequest, events: &Events, why: &L2Error) -> Ended {

@@ -1661,6 +1661,7 @@ fn drained(heard: &mut tokio::sync::mpsc::UnboundedReceiver<FillEvent>) -> Vec<S
             FillEvent::Committed => "committed".to_owned(),
             FillEvent::Declared(n) => format!("declared {n}"),
             FillEvent::Streaming(_) => "streaming".to_owned(),
+            FillEvent::PassKnown => "pass-known".to_owned(),
         });
     }
     seen
