@@ -112,65 +112,44 @@ fn count_vouchers(trust: &crate::app::Trust, client: &corral_core::client_addr::
     }
 }
 
-async fn route_request(
-    app: Arc<App>,
-    peer: SocketAddr,
-    interim: Option<Interim>,
-    tls: bool,
-    upstream: crate::origin::descriptors::Own,
-    client: &corral_core::client_addr::ClientAddr,
-    req: Request<Body>,
-) -> (Option<Arc<Route>>, Answer) {
-    let (mut parts, body) = req.into_parts();
-    if head_size(&parts) > app.max_header_size {
-        return (
-            None,
-            respond::error(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                Forward::Bypass,
-                Detail::RequestHeadTooLarge,
-                None,
-            ),
-        );
-    }
-    if parts.method == Method::CONNECT {
-        // A tunnel, which a reverse proxy does not open: answered here,
-        // as nginx does, never asked of the origin.
-        return (
-            None,
-            respond::error(
-                StatusCode::NOT_IMPLEMENTED,
-                Forward::Bypass,
-                Detail::MethodUnsupported,
-                None,
-            ),
-        );
-    }
-    if wants_upgrade(&parts.headers) {
+/// corral's answer to a request it serves no route for whatever its
+/// target: a head over `max_header_size` (431), a tunnel (CONNECT) or a
+/// protocol upgrade (501), which a reverse proxy does not open.
+fn unserved(app: &App, parts: &http::request::Parts) -> Option<Answer> {
+    let (status, detail) = if head_size(parts) > app.max_header_size {
+        (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Detail::RequestHeadTooLarge,
+        )
+    } else if parts.method == Method::CONNECT {
+        // Answered here, as nginx does, never asked of the origin.
+        (StatusCode::NOT_IMPLEMENTED, Detail::MethodUnsupported)
+    } else if wants_upgrade(&parts.headers) {
         // corral does not tunnel: say so, rather than forward a request
         // whose Upgrade it would have to drop.
-        return (
-            None,
-            respond::error(
-                StatusCode::NOT_IMPLEMENTED,
-                Forward::Bypass,
-                Detail::UpgradeUnsupported,
-                None,
-            ),
-        );
-    }
-    let head = match RequestHead::parse(
-        &mut parts,
-        peer.ip(),
-        crate::origin::request::body_of(&body),
-    ) {
-        Ok(h) => RequestHead {
+        (StatusCode::NOT_IMPLEMENTED, Detail::UpgradeUnsupported)
+    } else {
+        return None;
+    };
+    Some(respond::error(status, Forward::Bypass, detail, None))
+}
+
+/// The request's validated head, its client as the trusted proxies name
+/// it; a head that does not validate is a 400 that closes the connection
+/// (the stream may be out of step with the client after it).
+fn validated(
+    parts: &mut http::request::Parts,
+    peer: SocketAddr,
+    body: &Body,
+    tls: bool,
+    client: &corral_core::client_addr::ClientAddr,
+) -> Result<RequestHead, Box<Answer>> {
+    match RequestHead::parse(parts, peer.ip(), crate::origin::request::body_of(body)) {
+        Ok(h) => Ok(RequestHead {
             tls,
             ..h.trusting(client)
-        },
+        }),
         Err(bad) => {
-            // The stream may be out of step with the client after a head
-            // like this: answer, then close.
             let mut res = respond::error(
                 StatusCode::BAD_REQUEST,
                 Forward::Bypass,
@@ -181,8 +160,46 @@ async fn route_request(
                 http::header::CONNECTION,
                 http::HeaderValue::from_static("close"),
             );
-            return (None, res);
+            Err(Box::new(res))
         }
+    }
+}
+
+/// Where the route's limits read accounts from, if it has limits. The
+/// account header (`callers.account.header`) is an authenticating proxy's
+/// to set: from anyone else it is removed here, so neither the key nor the
+/// origin ever sees an account the caller named itself.
+fn accounts_of(
+    app: &App,
+    route: &Route,
+    head: &mut RequestHead,
+    client: &corral_core::client_addr::ClientAddr,
+) -> Option<Arc<corral_core::caller::AccountSources>> {
+    let trust = app.trust();
+    if client.vouchers.is_empty()
+        && let Some(name) = &trust.accounts.header
+    {
+        head.headers.remove(name);
+    }
+    (!route.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
+}
+
+async fn route_request(
+    app: Arc<App>,
+    peer: SocketAddr,
+    interim: Option<Interim>,
+    tls: bool,
+    upstream: crate::origin::descriptors::Own,
+    client: &corral_core::client_addr::ClientAddr,
+    req: Request<Body>,
+) -> (Option<Arc<Route>>, Answer) {
+    let (mut parts, body) = req.into_parts();
+    if let Some(refused) = unserved(&app, &parts) {
+        return (None, refused);
+    }
+    let mut head = match validated(&mut parts, peer, &body, tls, client) {
+        Ok(h) => h,
+        Err(bad) => return (None, *bad),
     };
     // The route table of this moment: a reload does not change the route a
     // request in flight started with.
@@ -197,51 +214,23 @@ async fn route_request(
             ),
         );
     };
-    // The account header (`callers.account.header`) is an authenticating
-    // proxy's to set: from anyone else it is removed, so neither the key
-    // nor the origin ever sees an account the caller named itself.
-    let mut head = head;
-    let accounts = {
-        let trust = app.trust();
-        if client.vouchers.is_empty()
-            && let Some(name) = &trust.accounts.header
-        {
-            head.headers.remove(name);
-        }
-        (!route.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
-    };
-    // Who is calling, for the route's rate limits (a refused token is a
-    // 401 here), and the limits that count every request, hits too.
-    let mut tallies = Vec::new();
-    let who = match accounts {
-        None => None,
-        Some(accounts) => match Who::resolve(&route.limits, &accounts, &head.headers, client) {
-            Ok(w) => Some(w),
-            Err(refusal) => return (Some(route), crate::http::refusal::answer(refusal)),
-        },
-    };
+    let accounts = accounts_of(&app, &route, &mut head, client);
     let cached = head.is_cacheable_method()
         && route.cache_enabled
         && head.body == RequestBody::None
         && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
     let coalesced_post =
         head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
-    if let Some(who) = &who {
-        // Only the cache can spare a request; elsewhere every limit counts.
-        let phase = if cached || coalesced_post {
-            Phase::BeforeCache
-        } else {
-            Phase::All
-        };
-        match app.limiter.check(&route.limits, who, phase).await {
-            Ok(t) => tallies = t,
-            Err(refusal) => return (Some(route), crate::http::refusal::answer(refusal)),
+    let (mut tallies, gate) = match accounts {
+        None => (Vec::new(), None),
+        Some(accounts) => {
+            let spared = cached || coalesced_post;
+            match counted(&app, &route, &head, client, &accounts, spared).await {
+                Ok(counted) => counted,
+                Err(refused) => return (Some(route), *refused),
+            }
         }
-    }
-    // The limits that spare hits run only if the cache cannot answer.
-    let gate = who
-        .filter(|_| route.limits.spares_hits && (cached || coalesced_post))
-        .map(|w| Arc::new(Gate::new(Arc::clone(&app), Arc::clone(&route), w)));
+    };
     // A Range request goes through the cache (answered from the whole
     // stored response), unless the key is known uncacheable: then the
     // origin answers the range itself, so a large download can resume.
@@ -279,6 +268,37 @@ async fn route_request(
     }
     crate::limits::annotate(answer.response.headers_mut(), &tallies);
     (route, answer)
+}
+
+/// Counts the request against the route's limits before the cache: who
+/// is calling (a refused token is a 401 here) and the limits that count
+/// every request, hits too; only the cache can spare a request (`spared`:
+/// it goes through the cache), elsewhere every limit counts now. The
+/// tallies for the RateLimit fields, and the gate of the limits that spare
+/// hits, which the cache runs only if it cannot answer.
+async fn counted(
+    app: &Arc<App>,
+    route: &Arc<Route>,
+    head: &RequestHead,
+    client: &corral_core::client_addr::ClientAddr,
+    accounts: &corral_core::caller::AccountSources,
+    spared: bool,
+) -> Result<(Vec<crate::limits::Tally>, Option<Arc<Gate>>), Box<Answer>> {
+    let refused = |r| Box::new(crate::http::refusal::answer(r));
+    let who = Who::resolve(&route.limits, accounts, &head.headers, client).map_err(refused)?;
+    let phase = if spared {
+        Phase::BeforeCache
+    } else {
+        Phase::All
+    };
+    let tallies = app
+        .limiter
+        .check(&route.limits, &who, phase)
+        .await
+        .map_err(refused)?;
+    let gate = (route.limits.spares_hits && spared)
+        .then(|| Arc::new(Gate::new(Arc::clone(app), Arc::clone(route), who)));
+    Ok((tallies, gate))
 }
 
 /// A routed request the cache does not answer as a GET: a coalesced POST,
