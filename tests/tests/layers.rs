@@ -28,6 +28,7 @@ const FOLDERS: &[&str] = &[
 const CACHE: &[&str] = &[
     "lookup",
     "flight",
+    "driver",
     "outcome",
     "shared",
     "records",
@@ -35,6 +36,7 @@ const CACHE: &[&str] = &[
     "exchange",
     "store",
     "invalidate",
+    "made",
     "fill",
     "respond",
     "growing",

@@ -18,9 +18,8 @@ use http::header::{
 };
 use http::{HeaderMap, Method, StatusCode, response};
 
-use crate::cache::fill::{
-    Ended, Events, FillEvent, FillOutcome, FillRequest, SharedResponse, failed,
-};
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest, SharedResponse};
+use crate::cache::made;
 use crate::cache::store::{self, Buffered, Keep, declared_length, pass_response};
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
 use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError};
@@ -31,7 +30,7 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let stamp = fill.cache.l1.generation_stamp();
     let answered = match ask(fill, stale.as_deref()).await {
         Ok(a) => a,
-        Err(e) => return Ended::Outcome(failed(fill, &e)),
+        Err(e) => return Ended::Outcome(made::failed(fill, &e)),
     };
     let response_time = fill.cache.clock.now();
     if let Some(stale) = &stale
@@ -200,7 +199,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
         Buffered::Over(over, rest) => {
             Ended::Stream(over, pass_response(parts, rest, fill.fwd, over))
         }
-        Buffered::Failed(e) => Ended::Outcome(failed(fill, &e)),
+        Buffered::Failed(e) => Ended::Outcome(made::failed(fill, &e)),
     }
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use corral_core::{Admission, Detail};
 
-use crate::cache::exchange;
-use crate::cache::fill::{self, Ended, Events, FillOutcome, FillRequest};
+use crate::cache::fill::{Ended, Events, FillOutcome, FillRequest};
+use crate::cache::{exchange, made};
 
 /// A slot of the route's and of the instance's fill limits, waited for at
 /// most the route's lock timeout (the flight is registered meanwhile, so
@@ -85,7 +85,7 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
         Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
     crate::telemetry::metrics::origin_skipped(&fill.route.name, detail);
-    fill::stale_on_error(fill, detail).unwrap_or_else(|| fill::unavailable(fill, detail, retry))
+    made::stale_on_error(fill, detail).unwrap_or_else(|| made::unavailable(fill, detail, retry))
 }
 
 /// Whether a fetch reached a healthy origin (`Some(true)`), a failing one

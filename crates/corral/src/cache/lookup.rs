@@ -17,6 +17,7 @@ use corral_core::{
 use futures_util::future::BoxFuture;
 use http::Method;
 
+use crate::cache::driver;
 use crate::cache::fill::Cache;
 use crate::cache::fill::FillRequest;
 use crate::cache::flight::{self, Flown, Joining};
@@ -202,13 +203,13 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         }
         Lookup::Hit { refresh, entry } => {
             if refresh {
-                flight::refresh(cache, fill(Some(Arc::clone(&entry))));
+                driver::refresh(cache, fill(Some(Arc::clone(&entry))));
             }
             (CacheStatus::hit(entry.ttl_secs(now)), entry)
         }
         Lookup::StaleWhileRevalidate(entry) => {
             crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
-            flight::refresh(cache, fill(Some(Arc::clone(&entry))));
+            driver::refresh(cache, fill(Some(Arc::clone(&entry))));
             let st = CacheStatus::forward(Forward::Stale)
                 .with_ttl(entry.ttl_secs(now))
                 .with_detail(Detail::StaleWhileRevalidate);

@@ -4,8 +4,9 @@
 //! 1. `lookup`: keys, L1, `corral_core::miss` decisions, answers from a
 //!    stored copy;
 //! 2. `flight`: the key's flight in this process (join, lead, follow, the
-//!    waiter cap, `on_timeout`, lock age, abandonment) and the fill's
-//!    driver, answering each waiter through `outcome`;
+//!    waiter cap, `on_timeout`, lock age), answering each waiter through
+//!    `outcome`, over `driver`: the fill's own task, its events, and
+//!    abandonment;
 //! 3. `shared`: the lease state machine across instances, over
 //!    `cluster::tier::SharedTier` (only with Redis), reading and writing
 //!    L2's records through `records`;
@@ -15,14 +16,17 @@
 //! 6. `store`: the answer's body, streamed or read whole, and the entry
 //!    stored in L1.
 //!
-//! Beneath them all: `fill` (the vocabulary every layer shares: the
-//! [`Cache`] state, what a fill is given and what it produces),
+//! Beneath them all: `made` (the outcomes corral makes itself when the
+//! origin is not asked or fails), `fill` (the vocabulary every layer
+//! shares: the [`Cache`] state, what a fill is given and what it
+//! produces),
 //! `respond` (answers from an entry, corral's errors) and `growing` (a
 //! body readers share as it arrives). `invalidate` is what a write or a
 //! purge retires. The order is checked by `tests/tests/layers.rs`.
 
 pub use fill::Cache;
 
+pub mod driver;
 pub mod exchange;
 pub mod fill;
 pub mod flight;
@@ -30,6 +34,7 @@ pub mod gate;
 pub mod growing;
 pub mod invalidate;
 pub mod lookup;
+pub mod made;
 pub mod outcome;
 pub mod records;
 pub mod respond;

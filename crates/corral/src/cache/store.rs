@@ -18,8 +18,9 @@ use http::{HeaderMap, Response, StatusCode, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
-use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest, failed};
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::growing::{Growing, Writer};
+use crate::cache::made;
 use crate::cache::respond::Answer;
 use crate::origin::exchange::Answered;
 use crate::origin::upstream::{DeadlineBody, OriginBody, UpstreamError};
@@ -114,7 +115,7 @@ pub(crate) async fn store(
             }));
             match stream_into(body, &growing, n, deadline, total).await {
                 // The writer, dropped, aborts every reader.
-                Err(e) => return Ended::Outcome(failed(fill, &e)),
+                Err(e) => return Ended::Outcome(made::failed(fill, &e)),
                 Ok(bytes) => (bytes, Some(writer)),
             }
         }
@@ -126,7 +127,7 @@ pub(crate) async fn store(
                 }
                 return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
             }
-            Buffered::Failed(e) => return Ended::Outcome(failed(fill, &e)),
+            Buffered::Failed(e) => return Ended::Outcome(made::failed(fill, &e)),
         },
     };
     let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));

@@ -1,0 +1,242 @@
+//! A fill's driver, the layer under the flight: the task that runs one
+//! fill to its end, owning everything it needs. It takes the fill slots,
+//! runs the fetch (through the shared tier when Redis is configured,
+//! `shared`, else the gate, `gate`) and hears its events as they happen
+//! (a streamed answer handed to the flight and the leader at its head, a
+//! committed fill, a pass marker another instance set), cancels a fill
+//! nobody wants any more, and ends the flight once for every waiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_core::{EntryState, Join, PassReason, Permit, Role};
+use tokio::sync::oneshot;
+
+use crate::cache::fill::{Cache, Ended, Events, FillEvent, FillOutcome, FillRequest};
+use crate::cache::{gate, made, shared};
+
+/// Starts a refresh unless one is already under way for this key.
+pub(crate) fn refresh(cache: &Cache, fill: FillRequest) {
+    if let Role::Leader(permit) = cache.flights.join(fill.variant.digest, Join::UNBOUNDED) {
+        tokio::spawn(run(fill, Some(permit), None));
+    }
+}
+
+/// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
+/// `leader` is `None` for a background refresh.
+pub(crate) async fn run(
+    mut fill: FillRequest,
+    mut permit: Option<Permit<FillOutcome>>,
+    mut leader: Option<oneshot::Sender<Ended>>,
+) {
+    // A fill for a client that went away, with nobody else waiting and
+    // nothing committed yet, is cancelled: nobody would get its answer (an
+    // HTTP/2 client resetting each stream it opens must not make corral
+    // fetch for nobody). A background refresh has no client and runs on.
+    let cancellable = leader.is_some();
+    let slots = tokio::select! {
+        s = gate::take_slots(&fill) => s,
+        () = abandoned(&mut leader, permit.as_ref()), if cancellable => {
+            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+            return;
+        }
+    };
+    let Some(_slots) = slots else {
+        crate::telemetry::metrics::fill_refused(&fill.route.name);
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        finish(&fill, permit, leader, made::fill_limit(&fill));
+        return;
+    };
+    let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {
+        crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+        return;
+    };
+    match ended {
+        Ended::Outcome(outcome) => settle(&fill, permit, leader, outcome),
+        Ended::Stream(reason, response) => {
+            if let Some(p) = permit {
+                release(&fill, p, reason);
+            }
+            if let Some(tx) = leader {
+                // A leader that went away drops the body, closing the
+                // upstream connection: nobody else wanted it.
+                let _ = tx.send(Ended::Stream(reason, response));
+            }
+        }
+    }
+}
+
+/// Runs the fetch and hears its events: a streamed answer goes to the
+/// flight and the leader as soon as its head is in (the flight stays open
+/// for latecomers until the body is stored), a committed fill is no
+/// longer cancellable, and a key another instance found uncacheable
+/// releases the waiters at once. `None` when the fill was abandoned.
+async fn drive(
+    fill: &mut FillRequest,
+    permit: &mut Option<Permit<FillOutcome>>,
+    leader: &mut Option<oneshot::Sender<Ended>>,
+    cancellable: bool,
+) -> Option<Ended> {
+    let (events, mut heard) = Events::channel(true);
+    let mut heard_so_far = Heard {
+        key: fill.primary.loggable().to_owned(),
+        ..Heard::default()
+    };
+    let coalesced = permit.is_some();
+    let fetching = fetch(fill, &events, coalesced);
+    tokio::pin!(fetching);
+    let ended = loop {
+        tokio::select! {
+            // A fetch that has ended answers with its final outcome (a
+            // stored entry serves ranges and conditionals a stream cannot).
+            biased;
+            ended = &mut fetching => break ended,
+            Some(event) = heard.recv() => heard_so_far.hear(event, permit, leader),
+            () = abandoned(leader, permit.as_ref()), if cancellable && !heard_so_far.committed => {
+                return None;
+            }
+        }
+    };
+    // A pass marker the fetch found as it ended still releases the
+    // waiters before the outcome reaches them; a stream it announced is
+    // moot now that the whole answer is in.
+    while let Ok(event) = heard.try_recv() {
+        if let FillEvent::PassKnown = event {
+            heard_so_far.hear(event, permit, leader);
+        }
+    }
+    Some(ended)
+}
+
+/// What the driver has heard of its fill so far.
+#[derive(Default)]
+struct Heard {
+    /// The key, for the flight's metrics.
+    key: String,
+    committed: bool,
+    streaming: bool,
+}
+
+impl Heard {
+    fn hear(
+        &mut self,
+        event: FillEvent,
+        permit: &mut Option<Permit<FillOutcome>>,
+        leader: &mut Option<oneshot::Sender<Ended>>,
+    ) {
+        match event {
+            FillEvent::Committed => self.committed = true,
+            FillEvent::Declared(_) => {}
+            FillEvent::Streaming(outcome) if !self.streaming => {
+                self.streaming = true;
+                if let Some(p) = permit {
+                    p.publish(outcome.clone());
+                }
+                if let Some(tx) = leader.take() {
+                    let _ = tx.send(Ended::Outcome(outcome));
+                }
+            }
+            FillEvent::Streaming(_) => {}
+            FillEvent::PassKnown => {
+                if let Some(p) = permit.take() {
+                    crate::telemetry::metrics::flight_waiters(&self.key, p.followers());
+                    p.complete(FillOutcome::Pass {
+                        reason: PassReason::HitForPass,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The fetch itself, through Redis when it is configured: a local flight's
+/// leader (`coalesced`) enters the shared tier and its lease; any other
+/// fill uses L2 as a cache only, so that a request that chose not to
+/// coalesce (or could not) is not coalesced across instances either.
+async fn fetch(fill: &mut FillRequest, events: &Events, coalesced: bool) -> Ended {
+    match fill.cache.tier.clone() {
+        Some(tier) if coalesced => shared::fill(fill, tier.as_ref(), events).await,
+        Some(tier) => shared::fill_alone(fill, tier.as_ref(), events).await,
+        None => gate::fetch(fill, events).await,
+    }
+}
+
+/// Ends the flight with `outcome`; a copy read from L2 within its
+/// stale-while-revalidate window answers stale, and one refresh starts
+/// once the flight has ended.
+fn settle(
+    fill: &FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<Ended>>,
+    outcome: FillOutcome,
+) {
+    if let FillOutcome::Shared {
+        detail: Some(d), ..
+    } = &outcome
+    {
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
+    }
+    let refresh_from = match &outcome {
+        FillOutcome::FromL2 { entry }
+            if entry.state(fill.cache.clock.now()) == EntryState::StaleWhileRevalidate =>
+        {
+            Some(Arc::clone(entry))
+        }
+        _ => None,
+    };
+    finish(fill, permit, leader, outcome);
+    if let Some(entry) = refresh_from {
+        refresh(&fill.cache, fill.refreshing(entry));
+    }
+}
+
+/// Every waiter fetches alone: the answer is not theirs to share.
+fn release(fill: &FillRequest, permit: Permit<FillOutcome>, reason: PassReason) {
+    crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), permit.followers());
+    permit.complete(FillOutcome::Pass { reason });
+}
+
+/// Gives every waiter and the leader's client the outcome.
+fn finish(
+    fill: &FillRequest,
+    permit: Option<Permit<FillOutcome>>,
+    leader: Option<oneshot::Sender<Ended>>,
+    outcome: FillOutcome,
+) {
+    if let Some(p) = permit {
+        crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), p.followers());
+        p.complete(outcome.clone());
+    }
+    if let Some(tx) = leader {
+        let _ = tx.send(Ended::Outcome(outcome));
+    }
+}
+
+/// How long a fill nobody waits for runs on before it is cancelled: the
+/// herd of a stampede whose first client left arrives within it and still
+/// finds the fill under way.
+const ABANDON_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once nobody has wanted this fill for [`ABANDON_GRACE`]: the
+/// leader's client is gone and no follower waits at the end of the grace
+/// (the driver stops asking once the fill has committed to storing, or to
+/// other instances). Woken by the client's and the followers' going, never
+/// by a poll.
+async fn abandoned(
+    leader: &mut Option<oneshot::Sender<Ended>>,
+    permit: Option<&Permit<FillOutcome>>,
+) {
+    let Some(tx) = leader.as_mut() else {
+        return std::future::pending().await;
+    };
+    tx.closed().await;
+    loop {
+        if let Some(p) = permit {
+            p.unwatched().await;
+        }
+        tokio::time::sleep(ABANDON_GRACE).await;
+        if permit.is_none_or(|p| p.waiting() == 0) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The outcomes corral makes itself, for a fill whose origin is not asked
+//! or fails: the stale copy while stale-if-error allows it, else an error
+//! every waiter shares (504 past the lock timeout, 503 with Retry-After
+//! when a limit or a back-off turns the fill away, the upstream's failure
+//! as 502 or 504).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_core::Detail;
+use http::StatusCode;
+
+use crate::cache::fill::{FillOutcome, FillRequest, SharedResponse};
+use crate::config::OnTimeout;
+use crate::origin::upstream::UpstreamError;
+
+/// The route's `on_timeout` for a wait on another request's fill (local or
+/// on another instance) that ran past `lock_timeout`: the outcome to answer
+/// with, or `None` to fetch without waiting any more. (A follower in this
+/// process under `fetch` never gets here on its first timeout: its flight
+/// is handed to one waiter instead; see [`gave_up`].)
+pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
+    match fill.route.on_timeout {
+        OnTimeout::Fetch | OnTimeout::FetchEach => None,
+        OnTimeout::Stale => fill.stale().map(|entry| FillOutcome::Stale {
+            entry,
+            fwd_status: None,
+            detail: Detail::LockTimeout,
+        }),
+        OnTimeout::Error => Some(lock_timeout_error(fill)),
+    }
+}
+
+/// The 504 every waiter past its lock timeout shares.
+fn lock_timeout_error(fill: &FillRequest) -> FillOutcome {
+    FillOutcome::Shared {
+        response: Arc::new(SharedResponse::corral_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            Detail::LockTimeout,
+        )),
+        fwd: fill.fwd,
+        detail: Some(Detail::LockTimeout),
+    }
+}
+
+/// A follower under `on_timeout: fetch` whose wait on the flight one waiter
+/// led after a lock timeout outlived even that flight's exchange deadline:
+/// the stale copy if stale-if-error allows it, else 504. Never a fetch of
+/// its own: that would be the stampede.
+pub fn gave_up(fill: &FillRequest) -> FillOutcome {
+    stale_on_error(fill, Detail::LockTimeout).unwrap_or_else(|| lock_timeout_error(fill))
+}
+
+/// What waiters get when no fill slot came in time: the stale copy if it
+/// may still be served, else a 503 for every one of them.
+pub(crate) fn fill_limit(fill: &FillRequest) -> FillOutcome {
+    stale_on_error(fill, Detail::FillLimit)
+        .unwrap_or_else(|| unavailable(fill, Detail::FillLimit, Duration::from_secs(1)))
+}
+
+/// What a caller turned away from a full wait list gets: the stale copy
+/// if it may still be served, else a 503 saying to come back in a second.
+pub fn wait_list_full(fill: &FillRequest) -> FillOutcome {
+    crate::telemetry::metrics::wait_list_full(&fill.route.name);
+    stale_on_error(fill, Detail::WaitListFull)
+        .unwrap_or_else(|| unavailable(fill, Detail::WaitListFull, Duration::from_secs(1)))
+}
+
+/// The stale copy in hand, labelled `detail`, if stale-if-error still
+/// allows serving it.
+pub(crate) fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
+    let entry = fill
+        .stale()
+        .filter(|s| s.usable_on_error(fill.cache.clock.now()))?;
+    Some(FillOutcome::Stale {
+        entry,
+        fwd_status: None,
+        detail,
+    })
+}
+
+/// corral's own 503 for every caller, saying when to come back.
+pub(crate) fn unavailable(
+    fill: &FillRequest,
+    detail: Detail,
+    retry_after: Duration,
+) -> FillOutcome {
+    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
+    response.headers.insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64),
+    );
+    FillOutcome::Shared {
+        response: Arc::new(response),
+        fwd: fill.fwd,
+        detail: Some(detail),
+    }
+}
+
+/// The failure every waiter shares, or the stale entry if stale-if-error
+/// allows it.
+pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
+    if let UpstreamError::Busy(_) = e {
+        // corral's own queue was full: the origin was not asked, so this
+        // is no verdict on it (see `origin_verdict`).
+        crate::telemetry::metrics::origin_skipped(&fill.route.name, Detail::UpstreamBusy);
+        return stale_on_error(fill, Detail::UpstreamBusy)
+            .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
+    }
+    if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
+        return stale;
+    }
+    tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
+    FillOutcome::Shared {
+        response: Arc::new(SharedResponse::corral_error(e.status(), e.detail())),
+        fwd: fill.fwd,
+        detail: Some(e.detail()),
+    }
+}
