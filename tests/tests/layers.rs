@@ -46,6 +46,14 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/corral/src")
 }
 
+/// `path` under `root`, with `/` between its parts.
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .expect("under src")
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -137,11 +145,7 @@ fn violations() -> Vec<String> {
     rust_files(&root, &mut files);
     let mut found = Vec::new();
     for path in files {
-        let rel = path
-            .strip_prefix(&root)
-            .expect("under src")
-            .to_string_lossy()
-            .replace('\\', "/");
+        let rel = relative(&root, &path);
         let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
         if parts.last() == Some(&"tests") {
             continue; // a folder's unit tests, compiled only with them
@@ -208,11 +212,7 @@ fn cycles() -> Vec<String> {
         std::collections::BTreeSet<String>,
     > = Default::default();
     for path in &files {
-        let rel = path
-            .strip_prefix(&root)
-            .expect("under src")
-            .to_string_lossy()
-            .replace('\\', "/");
+        let rel = relative(&root, path);
         let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
         let [folder, file] = parts[..] else {
             continue; // a top-level file, or one nested deeper
@@ -239,11 +239,7 @@ fn cycles() -> Vec<String> {
         let siblings: std::collections::BTreeSet<String> = files
             .iter()
             .filter_map(|f| {
-                let r = f
-                    .strip_prefix(&root)
-                    .ok()?
-                    .to_string_lossy()
-                    .replace('\\', "/");
+                let r = relative(&root, f);
                 let p: Vec<&str> = r.trim_end_matches(".rs").split('/').collect();
                 (p.len() >= 2 && p[0] == folder).then(|| p[1].to_owned())
             })
