@@ -38,9 +38,9 @@ pub(crate) async fn first_read(
         }
     }
     metrics::l2(if can_serve(fill, &probe) {
-        "hit"
+        metrics::L2Read::Hit
     } else {
-        "miss"
+        metrics::L2Read::Miss
     });
     Ok((keys, probe))
 }

@@ -201,7 +201,7 @@ async fn stream_into(
         match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(UpstreamError::TotalTimeout(total)),
             Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e)),
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue; // trailers are not stored
@@ -274,7 +274,7 @@ async fn buffer(
                 };
                 return Buffered::Full(bytes);
             }
-            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e.to_string())),
+            Ok(Some(Err(e))) => return Buffered::Failed(UpstreamError::Exchange(e)),
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
                     continue; // trailers are not stored

@@ -92,7 +92,7 @@ impl L2 {
             Ok(e) => Some(e.map_body(crate::sealed::seal_or_keep)),
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
-                crate::telemetry::metrics::l2("corrupt");
+                crate::telemetry::metrics::l2(crate::telemetry::metrics::L2Read::Corrupt);
                 tracing::warn!(key = %keys.entry(), error = %err, "unreadable L2 entry treated as a miss");
                 None
             }

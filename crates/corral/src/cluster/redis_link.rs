@@ -433,7 +433,7 @@ impl RedisLink {
 
     fn connection(&self, breaker: &Breaker) -> Result<Conn, L2Error> {
         if !breaker.allow() {
-            metrics::redis_error("breaker_open");
+            metrics::redis_error(metrics::RedisError::BreakerOpen);
             return Err(L2Error::BreakerOpen);
         }
         let conn = self
@@ -445,7 +445,7 @@ impl RedisLink {
             Some(c) => Ok(c),
             None => {
                 breaker.failure();
-                metrics::redis_error("not_connected");
+                metrics::redis_error(metrics::RedisError::NotConnected);
                 Err(L2Error::NotConnected)
             }
         }
@@ -467,17 +467,17 @@ impl RedisLink {
             Ok(Err(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
             {
-                metrics::redis_error("tryagain");
+                metrics::redis_error(metrics::RedisError::TryAgain);
                 Err(L2Error::Redis(e))
             }
             Ok(Err(e)) => {
                 breaker.failure();
-                metrics::redis_error("error");
+                metrics::redis_error(metrics::RedisError::Error);
                 Err(L2Error::Redis(e))
             }
             Err(_) => {
                 breaker.failure();
-                metrics::redis_error("timeout");
+                metrics::redis_error(metrics::RedisError::Timeout);
                 Err(L2Error::Timeout(self.op_timeout))
             }
         }

@@ -28,16 +28,17 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Why an upstream exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("connecting to the upstream failed: {0}")]
-    Connect(String),
+    /// The cause is kept whole (its chain is also the message).
+    #[error("connecting to the upstream failed: {}", chain(.0.as_ref()))]
+    Connect(#[source] BodyError),
     #[error("the upstream's TLS handshake failed: {0}")]
     Tls(String),
     #[error("the upstream sent no response headers within {0:?}")]
     HeaderTimeout(Duration),
     #[error("the upstream exchange exceeded its total deadline of {0:?}")]
     TotalTimeout(Duration),
-    #[error("the upstream exchange failed: {0}")]
-    Exchange(String),
+    #[error("the upstream exchange failed: {}", chain(.0.as_ref()))]
+    Exchange(#[source] BodyError),
     #[error("building the upstream request failed: {0}")]
     Request(String),
     #[error("the upstream answered {0}, which corral never asked for")]
@@ -376,13 +377,13 @@ impl Upstream {
             Ok(Ok(res)) => Ok(res),
             Ok(Err(e)) if e.is_connect() => match tls_failure(&e) {
                 Some(why) => Err(UpstreamError::Tls(why)),
-                None => Err(UpstreamError::Connect(error_chain(&e))),
+                None => Err(UpstreamError::Connect(e.into())),
             },
             // TLS 1.3 servers refuse a client certificate after the
             // handshake, so that shows up here, on the first read.
             Ok(Err(e)) => match tls_failure(&e) {
                 Some(why) => Err(UpstreamError::Tls(why)),
-                None => Err(UpstreamError::Exchange(error_chain(&e))),
+                None => Err(UpstreamError::Exchange(e.into())),
             },
         }
     }
@@ -462,7 +463,8 @@ fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error and its sources, as one line: what a log line needs.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -586,5 +588,34 @@ impl HttpBody for DeadlineBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a cause, as hyper's are.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error trying to connect")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn an_upstream_failure_keeps_its_cause_and_says_the_whole_chain() {
+        let cause = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        let e = UpstreamError::Connect(Box::new(cause));
+        assert_eq!(
+            e.to_string(),
+            "connecting to the upstream failed: error trying to connect: connection refused"
+        );
+        let source = std::error::Error::source(&e).expect("the cause is kept");
+        assert!(source.downcast_ref::<Outer>().is_some());
+        assert_eq!(
+            e.detail(),
+            corral_core::Detail::Upstream(corral_core::UpstreamFailure::Connect)
+        );
     }
 }

@@ -205,14 +205,58 @@ impl Lease {
     }
 }
 
-/// A Redis call that failed: timeout, error, breaker_open, not_connected.
-pub fn redis_error(kind: &'static str) {
-    counter!("corral_redis_errors_total", "kind" => kind).increment(1);
+/// A Redis call that failed (the `kind` label of
+/// `corral_redis_errors_total`).
+pub fn redis_error(kind: RedisError) {
+    counter!("corral_redis_errors_total", "kind" => kind.as_str()).increment(1);
 }
 
-/// An L2 read: hit, miss, corrupt.
-pub fn l2(result: &'static str) {
-    counter!("corral_l2_reads_total", "result" => result).increment(1);
+/// How a Redis call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisError {
+    Timeout,
+    Error,
+    BreakerOpen,
+    NotConnected,
+    /// A slot in migration (Cluster `TRYAGAIN`): no Redis failure.
+    TryAgain,
+}
+
+impl RedisError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisError::Timeout => "timeout",
+            RedisError::Error => "error",
+            RedisError::BreakerOpen => "breaker_open",
+            RedisError::NotConnected => "not_connected",
+            RedisError::TryAgain => "tryagain",
+        }
+    }
+}
+
+/// An L2 read (the `result` label of `corral_l2_reads_total`).
+pub fn l2(result: L2Read) {
+    counter!("corral_l2_reads_total", "result" => result.as_str()).increment(1);
+}
+
+/// What an L2 read found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Read {
+    /// An entry that answers.
+    Hit,
+    Miss,
+    /// An envelope that did not decode: dropped, read as a miss.
+    Corrupt,
+}
+
+impl L2Read {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            L2Read::Hit => "hit",
+            L2Read::Miss => "miss",
+            L2Read::Corrupt => "corrupt",
+        }
+    }
 }
 
 /// A fill not started because the route's or the instance's fill limit
