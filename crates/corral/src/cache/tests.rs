@@ -1518,7 +1518,7 @@ async fn a_local_notice_sends_a_follower_to_the_origin_at_once() {
 }
 
 // ---------------------------------------------------------------------
-// The fill's exchange (cache/fetch.rs) over the scripted transport: what
+// The fill's exchange (cache/exchange.rs and cache/store.rs) over the scripted transport: what
 // the origin is asked, and what is kept of its answer.
 
 #[tokio::test(start_paused = true)]
