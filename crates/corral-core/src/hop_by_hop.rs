@@ -2,21 +2,26 @@
 //! must never be forwarded, in either direction, nor stored.
 
 use http::HeaderMap;
-use http::header::{
-    CONNECTION, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
-    TRANSFER_ENCODING, UPGRADE,
-};
+use http::header::{CONNECTION, HeaderName};
 
-static FIXED: [HeaderName; 8] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    PROXY_AUTHENTICATE,
-    PROXY_AUTHORIZATION,
-    TE,
-    TRAILER,
-    TRANSFER_ENCODING,
-];
+/// True for the hop-by-hop fields every connection has (RFC 9110 §7.6.1,
+/// and the obsolete Keep-Alive and Proxy-Connection) and Upgrade: a
+/// `match`, not a scan, since it runs for every header of every request
+/// and answer.
+pub(crate) fn fixed(n: &str) -> bool {
+    matches!(
+        n,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
 
 /// Removes the hop-by-hop headers, including those the Connection field names.
 ///
@@ -37,7 +42,7 @@ pub fn strip(headers: &mut HeaderMap) {
     };
     let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| FIXED.contains(n) || *n == UPGRADE || named.contains(n))
+        .filter(|n| fixed(n.as_str()) || named.contains(n))
         .cloned()
         .collect();
     for n in doomed {
@@ -49,6 +54,30 @@ pub fn strip(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use http::header::{
+        PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    };
+
+    #[test]
+    fn the_name_match_agrees_with_the_list() {
+        let every = [
+            CONNECTION,
+            HeaderName::from_static("keep-alive"),
+            HeaderName::from_static("proxy-connection"),
+            PROXY_AUTHENTICATE,
+            PROXY_AUTHORIZATION,
+            TE,
+            TRAILER,
+            TRANSFER_ENCODING,
+            UPGRADE,
+        ];
+        for n in &every {
+            assert!(fixed(n.as_str()), "{n}");
+        }
+        for n in ["accept", "connectio", "tee", "x-upgrade", "host"] {
+            assert!(!fixed(n), "{n}");
+        }
+    }
 
     #[test]
     fn removes_fixed_and_connection_named_headers() {
