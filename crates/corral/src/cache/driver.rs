@@ -55,7 +55,7 @@ pub(crate) async fn run(
         Ended::Outcome(outcome) => settle(&fill, permit, leader, outcome),
         Ended::Stream(reason, response) => {
             if let Some(p) = permit {
-                release(&fill, p, reason);
+                release(fill.primary.loggable(), p, reason);
             }
             if let Some(tx) = leader {
                 // A leader that went away drops the body, closing the
@@ -139,10 +139,7 @@ impl Heard {
             FillEvent::Streaming(_) => {}
             FillEvent::PassKnown => {
                 if let Some(p) = permit.take() {
-                    crate::telemetry::metrics::flight_waiters(&self.key, p.followers());
-                    p.complete(FillOutcome::Pass {
-                        reason: PassReason::HitForPass,
-                    });
+                    release(&self.key, p, PassReason::HitForPass);
                 }
             }
         }
@@ -190,9 +187,10 @@ fn settle(
     }
 }
 
-/// Every waiter fetches alone: the answer is not theirs to share.
-fn release(fill: &FillRequest, permit: Permit<FillOutcome>, reason: PassReason) {
-    crate::telemetry::metrics::flight_waiters(fill.primary.loggable(), permit.followers());
+/// Every waiter of the flight for `key` fetches alone: the answer is not
+/// theirs to share.
+fn release(key: &str, permit: Permit<FillOutcome>, reason: PassReason) {
+    crate::telemetry::metrics::flight_waiters(key, permit.followers());
     permit.complete(FillOutcome::Pass { reason });
 }
 

@@ -35,15 +35,7 @@ pub trait Admit: Send + Sync {
 /// True when this caller's view of the URI is hit-for-pass: the last
 /// answer could not be stored.
 pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
-    let uri = UriKey::new(
-        &ctx.host,
-        &ctx.path,
-        ctx.query.as_deref(),
-        &route.query_filter,
-    );
-    let primary = PrimaryKey::get(&route.name, uri, ctx.tls);
-    let identity = route.identity.identify(&ctx.headers);
-    cache.l1.is_pass(&primary.pass_scope(identity.as_ref()))
+    cache.l1.is_pass(&Keys::of(route, ctx, None).pass_scope)
 }
 
 /// GET and HEAD through the cache; with `body`, a POST the route
