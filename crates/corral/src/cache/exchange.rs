@@ -85,7 +85,7 @@ async fn ask(
     let asked = Asked {
         method,
         // What is stored is exactly what was asked for.
-        target: fill.primary.uri().target().to_owned(),
+        target: fill.primary.uri().target(),
         headers: fill_headers(&fill.head.headers, stale.filter(|_| fill.body.is_none())),
         body,
         framing,

@@ -497,9 +497,10 @@ async fn forward_uncached(
             Arc::clone(&descriptor),
         ))
     };
+    let target = head.path_and_query();
     let asked = Asked {
         method: head.method.clone(),
-        target: head.path_and_query(),
+        target: &target,
         headers: head.headers.clone(),
         body,
         framing: head.body,

@@ -65,10 +65,10 @@ impl Transport for Network {
 }
 
 /// What is asked of the origin.
-pub struct Asked {
+pub struct Asked<'a> {
     pub method: Method,
     /// Path and query.
-    pub target: String,
+    pub target: &'a str,
     /// The end-to-end headers to send (the head's, possibly edited).
     pub headers: HeaderMap,
     pub body: Body,
@@ -98,7 +98,7 @@ pub async fn exchange(
     transport: &dyn Transport,
     upstream: &Upstream,
     head: &RequestHead,
-    asked: Asked,
+    asked: Asked<'_>,
 ) -> Result<Answered, UpstreamError> {
     let started = Instant::now();
     let deadline = started + upstream.total;
@@ -106,7 +106,7 @@ pub async fn exchange(
         (&upstream.scheme, &upstream.authority),
         head,
         asked.method,
-        &asked.target,
+        asked.target,
         asked.headers,
         asked.body,
         asked.framing,
