@@ -88,11 +88,7 @@ pub struct RequestHead {
     pub tls: bool,
 }
 
-/// Headers a client must never set for the origin: they claim what a trusted
-/// proxy saw (scheme, host, port, prefix, client address) or rewrite the
-/// target. corral sets its own `X-Forwarded-For`/`-Proto`/`-Host`; the rest
-/// would be unkeyed inputs an origin may build its answer (and its links)
-/// from, and so a way to poison the shared entry.
+/// The names [`proxy_control`] matches, as a list the unit tests hold it to.
 #[cfg(test)]
 const PROXY_CONTROL: [&str; 14] = [
     "forwarded",
@@ -205,9 +201,12 @@ pub fn strip_for_upstream(headers: &mut HeaderMap, method: &Method) {
     }
 }
 
-/// True for a name a client must never set for the origin (the list is
-/// `PROXY_CONTROL`, which the unit tests hold this to): a `match`, not a
-/// scan.
+/// True for a header a client must never set for the origin: it claims
+/// what a trusted proxy saw (scheme, host, port, prefix, client address) or
+/// rewrites the target. corral sets its own `X-Forwarded-For`/`-Proto`/
+/// `-Host`; the rest would be unkeyed inputs an origin may build its answer
+/// (and its links) from, and so a way to poison the shared entry. A
+/// `match`, not a scan: it runs for every header of every request.
 fn proxy_control(n: &str) -> bool {
     matches!(
         n,
@@ -330,6 +329,7 @@ fn target(uri: &Uri) -> Result<(String, Option<String>), BadHead> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn the_name_matches_agree_with_the_lists() {
@@ -352,7 +352,6 @@ mod tests {
             assert!(!proxy_control(n) && !method_override(n), "{n}");
         }
     }
-    use http::HeaderValue;
 
     fn parts(version: Version, uri: &str, hosts: &[&'static str]) -> http::request::Parts {
         let mut b = http::Request::builder().version(version).uri(uri);

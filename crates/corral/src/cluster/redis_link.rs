@@ -433,7 +433,7 @@ impl RedisLink {
 
     fn connection(&self, breaker: &Breaker) -> Result<Conn, L2Error> {
         if !breaker.allow() {
-            metrics::redis_error(metrics::RedisError::BreakerOpen);
+            metrics::redis_error(metrics::RedisFailure::BreakerOpen);
             return Err(L2Error::BreakerOpen);
         }
         let conn = self
@@ -445,7 +445,7 @@ impl RedisLink {
             Some(c) => Ok(c),
             None => {
                 breaker.failure();
-                metrics::redis_error(metrics::RedisError::NotConnected);
+                metrics::redis_error(metrics::RedisFailure::NotConnected);
                 Err(L2Error::NotConnected)
             }
         }
@@ -467,17 +467,17 @@ impl RedisLink {
             Ok(Err(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
             {
-                metrics::redis_error(metrics::RedisError::TryAgain);
+                metrics::redis_error(metrics::RedisFailure::TryAgain);
                 Err(L2Error::Redis(e))
             }
             Ok(Err(e)) => {
                 breaker.failure();
-                metrics::redis_error(metrics::RedisError::Error);
+                metrics::redis_error(metrics::RedisFailure::Error);
                 Err(L2Error::Redis(e))
             }
             Err(_) => {
                 breaker.failure();
-                metrics::redis_error(metrics::RedisError::Timeout);
+                metrics::redis_error(metrics::RedisFailure::Timeout);
                 Err(L2Error::Timeout(self.op_timeout))
             }
         }

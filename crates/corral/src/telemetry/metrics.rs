@@ -207,13 +207,13 @@ impl Lease {
 
 /// A Redis call that failed (the `kind` label of
 /// `corral_redis_errors_total`).
-pub fn redis_error(kind: RedisError) {
+pub fn redis_error(kind: RedisFailure) {
     counter!("corral_redis_errors_total", "kind" => kind.as_str()).increment(1);
 }
 
 /// How a Redis call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisError {
+pub enum RedisFailure {
     Timeout,
     Error,
     BreakerOpen,
@@ -222,14 +222,14 @@ pub enum RedisError {
     TryAgain,
 }
 
-impl RedisError {
+impl RedisFailure {
     pub fn as_str(self) -> &'static str {
         match self {
-            RedisError::Timeout => "timeout",
-            RedisError::Error => "error",
-            RedisError::BreakerOpen => "breaker_open",
-            RedisError::NotConnected => "not_connected",
-            RedisError::TryAgain => "tryagain",
+            RedisFailure::Timeout => "timeout",
+            RedisFailure::Error => "error",
+            RedisFailure::BreakerOpen => "breaker_open",
+            RedisFailure::NotConnected => "not_connected",
+            RedisFailure::TryAgain => "tryagain",
         }
     }
 }
