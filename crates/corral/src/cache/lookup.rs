@@ -70,7 +70,9 @@ pub async fn serve(
         {
             return refused;
         }
-        match flight::fly(joining, &mut miss, head).await {
+        // Boxed: a miss pays one allocation, and a hit does not set up
+        // (and move) the flight's state.
+        match Box::pin(flight::fly(joining, &mut miss, head)).await {
             Flown::Answer(answer) => return answer,
             // The leader taught a Vary set, or left: look again.
             Flown::LookAgain => {}

@@ -244,10 +244,40 @@ pub struct Peer {
     pub upstream: crate::origin::descriptors::Own,
 }
 
-/// The router as a hyper service that counts each request on `activity`.
+/// What a listener hands each request to, with who sent it. The client
+/// listener calls the proxy's one handler directly (no router: it has one
+/// route, and routing, the extension map and axum's futures cost every
+/// hit about a thousand instructions); the admin listener keeps an axum
+/// `Router`, which reads the peer as `ConnectInfo<Peer>`.
+pub trait Handler: Clone + Send + Sync + 'static {
+    fn call(
+        &self,
+        req: Request<Body>,
+        peer: Peer,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static;
+}
+
+impl Handler for Router {
+    fn call(
+        &self,
+        mut req: Request<Body>,
+        peer: Peer,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        let router = self.clone();
+        async move {
+            match router.oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            }
+        }
+    }
+}
+
+/// The handler as a hyper service that counts each request on `activity`.
 #[derive(Clone)]
-struct Tracked {
-    router: Router,
+struct Tracked<H> {
+    handler: H,
     activity: Arc<Activity>,
     peer: SocketAddr,
     /// The connection's interim channel (see `interim.rs`).
@@ -257,30 +287,32 @@ struct Tracked {
     upstream: crate::origin::descriptors::Own,
 }
 
-impl hyper::service::Service<Request<Incoming>> for Tracked {
+impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
     type Response = Response<TrackedBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let mut guard = self.activity.begin();
-        let mut req = req.map(Body::new);
+        let req = req.map(Body::new);
         // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
         // hyper has no way to send them on h2.
         let interim = (req.version() == http::Version::HTTP_11)
             .then(|| crate::origin::interim::Sender::open(&self.interim));
-        req.extensions_mut().insert(ConnectInfo(Peer {
-            addr: self.peer,
-            interim: interim.clone(),
-            tls: self.tls,
-            upstream: self.upstream.clone(),
-        }));
-        let router = self.router.clone();
+        let answer = self.handler.call(
+            req,
+            Peer {
+                addr: self.peer,
+                interim: interim.clone(),
+                tls: self.tls,
+                upstream: self.upstream.clone(),
+            },
+        );
         Box::pin(async move {
             if let Some(interim) = &interim {
                 interim.begin().await;
             }
-            let res = router.oneshot(req).await?;
+            let res = answer.await;
             if let Some(interim) = interim {
                 interim.finish().await;
             }
@@ -315,12 +347,12 @@ pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Buil
 }
 
 /// Accepts on `listener` until `shutdown` turns true, serving each
-/// connection with `router` under `limits`; then tells every open
+/// connection with `handler` under `limits`; then tells every open
 /// connection to finish and waits up to `grace` for them.
-pub async fn serve(
+pub async fn serve<H: Handler>(
     name: &'static str,
     listener: TcpListener,
-    router: Router,
+    handler: H,
     builder: auto::Builder<TokioExecutor>,
     limits: Limits,
     shutdown: watch::Receiver<bool>,
@@ -328,7 +360,7 @@ pub async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     serve_on(
-        name, listener, router, builder, limits, shutdown, grace, slots, None,
+        name, listener, handler, builder, limits, shutdown, grace, slots, None,
     )
     .await;
 }
@@ -337,10 +369,10 @@ pub async fn serve(
 /// one limit) and, with `tls`, a TLS handshake (within
 /// `header_read_timeout`) before HTTP.
 #[allow(clippy::too_many_arguments)]
-pub async fn serve_on(
+pub async fn serve_on<H: Handler>(
     name: &'static str,
     listener: TcpListener,
-    router: Router,
+    handler: H,
     builder: auto::Builder<TokioExecutor>,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
@@ -373,7 +405,7 @@ pub async fn serve_on(
         let _ = stream.set_nodelay(true);
         crate::telemetry::metrics::connection_accepted();
         let activity = Activity::new();
-        let router = router.clone();
+        let handler = handler.clone();
         let builder = Arc::clone(&builder);
         let shutdown = shutdown.clone();
         let tls = tls.clone();
@@ -401,7 +433,7 @@ pub async fn serve_on(
             };
             let interim = crate::origin::interim::Shared::new();
             let service = Tracked {
-                router,
+                handler,
                 activity: Arc::clone(&activity),
                 peer,
                 interim: Arc::clone(&interim),
@@ -475,8 +507,8 @@ async fn read_proxy_header(stream: &mut TcpStream) -> Result<(Header, Bytes), &'
 }
 
 /// Drives one connection to its end under its deadlines.
-async fn watch_over<I>(
-    conn: auto::Connection<'_, I, Tracked, TokioExecutor>,
+async fn watch_over<I, H: Handler>(
+    conn: auto::Connection<'_, I, Tracked<H>, TokioExecutor>,
     activity: &Activity,
     limits: &Limits,
     mut shutdown: watch::Receiver<bool>,

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
@@ -25,11 +24,11 @@ use crate::http::proxy;
 /// still answers 431 past this.
 const HYPER_BUF: u64 = 256 * 1024;
 
-/// What every listener shares: the router, the connection limits, the
+/// What every listener shares: the proxy's handler, the connection limits, the
 /// hyper builder and the one connection limit (the slots); the TLS
 /// certificate files are watched from here on.
 struct Shared {
-    router: Router,
+    proxy: proxy::Proxy,
     limits: Limits,
     builder: auto::Builder<TokioExecutor>,
     slots: Arc<tokio::sync::Semaphore>,
@@ -41,7 +40,7 @@ fn shared(
     max_connections: usize,
     tls: Option<&Arc<crate::http::tls::ListenerTls>>,
 ) -> Shared {
-    let router = Router::new().fallback(proxy::handle).with_state(app);
+    let proxy = proxy::Proxy(app);
     let limits = Limits {
         header_read_timeout: config.header_read_timeout,
         idle_timeout: config.idle_timeout,
@@ -59,7 +58,7 @@ fn shared(
         tls.spawn_watch();
     }
     Shared {
-        router,
+        proxy,
         limits,
         builder,
         slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
@@ -85,7 +84,7 @@ pub async fn serve(
     serve_listeners(
         listener,
         tls_listener,
-        s.router,
+        s.proxy,
         s.builder,
         s.limits,
         shutdown,
@@ -100,7 +99,7 @@ pub async fn serve(
 async fn serve_listeners(
     listener: TcpListener,
     tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
-    router: Router,
+    proxy: proxy::Proxy,
     builder: auto::Builder<TokioExecutor>,
     limits: Limits,
     shutdown: watch::Receiver<bool>,
@@ -110,7 +109,7 @@ async fn serve_listeners(
     let plain = connection::serve_on(
         "client",
         listener,
-        router.clone(),
+        proxy.clone(),
         builder.clone(),
         limits,
         shutdown.clone(),
@@ -124,7 +123,7 @@ async fn serve_listeners(
             let secure = connection::serve_on(
                 "client-tls",
                 tls_listener,
-                router,
+                proxy,
                 builder,
                 limits,
                 shutdown,
@@ -151,7 +150,7 @@ pub async fn serve_per_core(
     shutdown: watch::Receiver<bool>,
 ) {
     let Shared {
-        router,
+        proxy,
         limits,
         builder,
         slots,
@@ -160,8 +159,8 @@ pub async fn serve_per_core(
     for (worker, (plain, secure)) in listeners.into_iter().enumerate() {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         done.push(rx);
-        let (router, builder, shutdown, slots, tls) = (
-            router.clone(),
+        let (proxy, builder, shutdown, slots, tls) = (
+            proxy.clone(),
             builder.clone(),
             shutdown.clone(),
             Arc::clone(&slots),
@@ -194,7 +193,7 @@ pub async fn serve_per_core(
                             tracing::debug!(worker, "worker accepting");
                             crate::telemetry::metrics::worker_started(worker);
                             serve_listeners(
-                                plain, secure, router, builder, limits, shutdown, grace, slots,
+                                plain, secure, proxy, builder, limits, shutdown, grace, slots,
                             )
                             .await;
                         }
