@@ -114,13 +114,23 @@ impl QueryFilter {
 /// the same site), path, normalized query. The host is validated before it
 /// gets here (no `/`, `?` or `:` in it), so `host/path?query` is unambiguous;
 /// [`UriKey::target`] is what the origin is asked for.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct UriKey {
     readable: String,
     /// Where the path starts in `readable`.
     host_len: usize,
-    digest: Digest,
+    /// Hashed when first asked for: a hit never needs it (its L1 key is
+    /// the variant's digest), only invalidations and their notices do.
+    digest: std::sync::OnceLock<Digest>,
 }
+
+impl PartialEq for UriKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.readable == other.readable
+    }
+}
+
+impl Eq for UriKey {}
 
 impl UriKey {
     pub fn new(host: &str, path: &str, query: Option<&str>, filter: &QueryFilter) -> Self {
@@ -140,11 +150,10 @@ impl UriKey {
                 readable.pop();
             }
         }
-        let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
         UriKey {
             readable,
             host_len,
-            digest,
+            digest: std::sync::OnceLock::new(),
         }
     }
 
@@ -159,7 +168,9 @@ impl UriKey {
     }
 
     pub fn digest(&self) -> Digest {
-        self.digest
+        *self
+            .digest
+            .get_or_init(|| Digest(*blake3::hash(self.readable.as_bytes()).as_bytes()))
     }
 }
 
@@ -283,6 +294,16 @@ impl PrimaryKey {
     /// The key of one stored response: this URI, for this caller (when the
     /// response is not shareable), for these Vary-selected header values.
     pub fn variant(&self, identity: Option<&Identity>, vary_values: &[String]) -> VariantKey {
+        // The usual variant (no identity, no Vary): the same bytes hashed in
+        // one call, without a 2 KiB hasher to set up and finalize.
+        if identity.is_none() && vary_values.is_empty() {
+            let mut bytes = [0u8; 33];
+            bytes[..32].copy_from_slice(&self.digest.0);
+            return VariantKey {
+                digest: Digest(*blake3::hash(&bytes).as_bytes()),
+                private: false,
+            };
+        }
         let mut h = blake3::Hasher::new();
         h.update(&self.digest.0);
         match identity {
@@ -428,6 +449,31 @@ mod tests {
         assert_eq!(k.target(), "/a/b?a=1&a=0&z=1");
         let bare = UriKey::new("h", "/p", Some("utm_x=1"), &f);
         assert_eq!(bare.target(), "/p");
+    }
+
+    #[test]
+    fn the_plain_variant_is_the_hashers_digest_and_the_uri_digest_its_readable_forms() {
+        // A change here breaks every shared (L2) entry: these are the
+        // digests every instance and every version computes.
+        let uri = UriKey::new("h", "/p", Some("a=1"), &QueryFilter::default());
+        assert_eq!(uri.digest(), Digest(*blake3::hash(b"h/p?a=1").as_bytes()));
+        let p = PrimaryKey::new("r", uri);
+        let mut h = blake3::Hasher::new();
+        h.update(&p.digest().0);
+        h.update(b"\x00");
+        assert_eq!(
+            p.variant(None, &[]).digest,
+            Digest(*h.finalize().as_bytes())
+        );
+        let mut h = blake3::Hasher::new();
+        h.update(&p.digest().0);
+        h.update(b"\x00");
+        h.update(&1u64.to_le_bytes());
+        h.update(b"x");
+        assert_eq!(
+            p.variant(None, &["x".into()]).digest,
+            Digest(*h.finalize().as_bytes())
+        );
     }
 
     #[test]

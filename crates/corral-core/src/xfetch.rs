@@ -22,8 +22,18 @@ pub fn should_refresh_early(
     now.checked_add(gap).is_none_or(|t| t >= fresh_until)
 }
 
+/// The smallest `r` that `roll` draws: `1 - random::<f64>()`, whose
+/// largest value is `1 - 2^-53`.
+const SMALLEST_R: f64 = f64::EPSILON / 2.0;
+
 /// Draws `r` and decides.
 pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, beta: f64) -> bool {
+    // Far from expiry no draw can refresh: the smallest `r` drawn is
+    // 2^-53, so the gap is at most `beta * fetch_duration * 53 ln 2`. Most
+    // hits are there, and skip the random number and the logarithm.
+    if !should_refresh_early(now, fresh_until, fetch_duration, beta, SMALLEST_R) {
+        return false;
+    }
     // random::<f64>() is in [0, 1); 1 - r moves it to (0, 1].
     let r = 1.0 - rand::random::<f64>();
     should_refresh_early(now, fresh_until, fetch_duration, beta, r)
@@ -32,6 +42,29 @@ pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shortcut_never_refuses_what_a_draw_could_grant() {
+        // The smallest r a draw gives decides "yes" wherever any r does:
+        // the gap only grows as r shrinks.
+        assert_eq!(1.0 - (1.0 - f64::EPSILON / 2.0), SMALLEST_R);
+        let now = SystemTime::now();
+        let d = Duration::from_millis(200);
+        for ms in [1u64, 100, 1000, 5000, 7000, 7400, 8000, 60_000] {
+            let until = now + Duration::from_millis(ms);
+            let any = [1.0, 0.5, 1e-3, 1e-9, SMALLEST_R]
+                .iter()
+                .any(|&r| should_refresh_early(now, until, d, 1.0, r));
+            assert_eq!(
+                any,
+                should_refresh_early(now, until, d, 1.0, SMALLEST_R),
+                "{ms} ms"
+            );
+        }
+        // 200 ms * 36.7 = 7.3 s: past that, no draw refreshes.
+        let far = now + Duration::from_secs(8);
+        assert!((0..1000).all(|_| !roll(now, far, d, 1.0)));
+    }
 
     #[test]
     fn far_from_expiry_never_refreshes_and_near_expiry_often_does() {
