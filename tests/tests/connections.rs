@@ -114,6 +114,67 @@ async fn silent_preface_only_and_idle_connections_are_closed_on_both_listeners()
     assert_eq!(Client::new().get(&proxy.url("/a")).await.text(), "a");
 }
 
+/// The deadline of every HTTP/1.1 head after the first is corral's own
+/// (the watchdog's), not hyper's per-request timer: a kept-alive client
+/// that trickles its next head, or sends none, is cut off within
+/// `header_read_timeout` of its last answer even when `idle_timeout` is
+/// an hour, while one that keeps asking in time is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_client_trickling_its_next_head_is_cut_off_at_header_read_timeout() {
+    let origin = Origin::new()
+        .route("/a", Reply::ok("a").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let config = Config::single(origin.url())
+        .server("header_read_timeout", "1s")
+        .server("idle_timeout", "1h");
+    let proxy = Proxy::new(config).start().await;
+    const GET: &[u8] = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n";
+
+    // Answered once, then its next head a byte every 100 ms: 2.7 s for
+    // the whole head, past the 1 s it has.
+    let mut trickler = TcpStream::connect(proxy.addr()).await.expect("connect");
+    trickler.write_all(GET).await.expect("request");
+    let mut buf = [0u8; 4096];
+    let n = trickler.read(&mut buf).await.expect("answer");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "first answer");
+    let answered = tokio::time::Instant::now();
+    let mut cut_off = false;
+    for b in GET {
+        if trickler.write_all(&[*b]).await.is_err() {
+            cut_off = true;
+            break;
+        }
+        tokio::time::sleep(ms(100)).await;
+    }
+    assert!(
+        cut_off || closed_within(trickler, ms(100)).await,
+        "a head trickled for 2.7 s was not cut off"
+    );
+    assert!(
+        answered.elapsed() < Duration::from_secs(2) + ms(700),
+        "cut off only at the end of the trickle"
+    );
+
+    // Answered once, then silent: closed after about 1 s, not idle_timeout.
+    let mut quiet = TcpStream::connect(proxy.addr()).await.expect("connect");
+    quiet.write_all(GET).await.expect("request");
+    let n = quiet.read(&mut buf).await.expect("answer");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    assert!(closed_within(quiet, Duration::from_secs(5)).await);
+    assert!(closed_for(&proxy, "idle").await >= 2.0);
+
+    // A client that keeps asking within the deadline is served throughout.
+    let mut steady = TcpStream::connect(proxy.addr()).await.expect("connect");
+    for _ in 0..6 {
+        steady.write_all(GET).await.expect("request");
+        let n = steady.read(&mut buf).await.expect("answer");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "kept-alive answer");
+        tokio::time::sleep(ms(400)).await;
+    }
+    assert_eq!(origin.hits("/a"), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_clients_past_the_descriptor_limit_never_exhaust_it() {
     const LIMIT: u64 = 512;

@@ -3,7 +3,9 @@
 //! every moment: the first request head must arrive within
 //! `header_read_timeout` of the accept (HTTP/1 or the HTTP/2 preface and a
 //! request, so a socket that sends nothing, or only the preface, is closed),
-//! a connection with no request in progress closes after `idle_timeout`,
+//! on HTTP/1 every later head within `header_read_timeout` of the last
+//! answer, a connection with no request in progress closes after
+//! `idle_timeout`,
 //! a write the client does not read for `send_timeout` closes it, and a
 //! connection whose requests are mostly abandoned by the client (HTTP/2
 //! rapid reset) is closed. Connections are counted by a semaphore permit
@@ -74,6 +76,9 @@ pub struct Activity {
     stalls: AtomicU64,
     /// Wakes the watchdog when the connection turns abusive.
     alarm: tokio::sync::Notify,
+    /// A request came over HTTP/2 (before one did, the connection is
+    /// taken as HTTP/1).
+    http2: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -88,7 +93,28 @@ impl Activity {
             written: AtomicU64::new(0),
             stalls: AtomicU64::new(0),
             alarm: tokio::sync::Notify::new(),
+            http2: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// When the connection, with no request in progress, is closed: the
+    /// first request head must arrive within `header_read_timeout` of the
+    /// accept; on HTTP/1 each next head within `header_read_timeout` of
+    /// the last answer (and never later than `idle_timeout`); an HTTP/2
+    /// connection may idle for `idle_timeout`. The watchdog keeps these
+    /// deadlines rather than hyper's header timer, which allocated and
+    /// registered a timer for every request (about 900 instructions of a
+    /// hit).
+    fn quiet_deadline(&self, limits: &Limits) -> Instant {
+        if self.started.load(Ordering::Relaxed) == 0 {
+            return self.opened + limits.header_read_timeout;
+        }
+        let idle = self.at(self.idle_since.load(Ordering::Acquire));
+        if self.http2.load(Ordering::Relaxed) {
+            idle + limits.idle_timeout
+        } else {
+            idle + limits.idle_timeout.min(limits.header_read_timeout)
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -294,6 +320,9 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let mut guard = self.activity.begin();
+        if req.version() == http::Version::HTTP_2 {
+            self.activity.http2.store(true, Ordering::Relaxed);
+        }
         let req = req.map(Body::new);
         // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
         // hyper has no way to send them on h2.
@@ -331,7 +360,8 @@ pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Buil
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // Every head's deadline is the watchdog's (`quiet_deadline`).
+        .header_read_timeout(None)
         .max_buf_size(usize::try_from(buffer).unwrap_or(usize::MAX))
         .keep_alive(true);
     builder
@@ -526,10 +556,8 @@ async fn watch_over<I, H: Handler>(
         let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
         let mut next = if in_flight > 0 {
             now + busy_recheck
-        } else if activity.started.load(Ordering::Relaxed) == 0 {
-            activity.opened + limits.header_read_timeout
         } else {
-            activity.at(activity.idle_since.load(Ordering::Acquire)) + limits.idle_timeout
+            activity.quiet_deadline(limits)
         };
         if blocked != u64::MAX {
             next = next.min(activity.at(blocked) + limits.send_timeout);
@@ -573,17 +601,21 @@ async fn watch_over<I, H: Handler>(
         if closing.is_none() {
             let idle = activity.in_flight.load(Ordering::Acquire) == 0;
             let first = activity.started.load(Ordering::Relaxed) == 0;
-            let expired = if first {
-                now >= activity.opened + limits.header_read_timeout
-            } else {
-                now >= activity.at(activity.idle_since.load(Ordering::Acquire))
-                    + limits.idle_timeout
-            };
+            let expired = now >= activity.quiet_deadline(limits);
             let reason = if activity.abusive() {
                 tracing::warn!("closing a connection whose client abandons most of its requests");
                 Some("abandoned-requests")
             } else if idle && expired {
-                Some(if first { "no-request" } else { "idle" })
+                let reason = if first { "no-request" } else { "idle" };
+                // No request in progress, and on HTTP/1 possibly a head
+                // trickling in, which a graceful shutdown would wait
+                // for: closed at once, as hyper's header timer did. An
+                // HTTP/2 connection between requests gets its GOAWAY.
+                if first || !activity.http2.load(Ordering::Relaxed) {
+                    crate::telemetry::metrics::connection_closed(reason);
+                    return;
+                }
+                Some(reason)
             } else {
                 None
             };
@@ -617,6 +649,27 @@ mod tests {
         activity.write_blocked();
         activity.write_done(bytes);
         activity.write_blocked();
+    }
+
+    #[test]
+    fn every_http1_head_has_header_read_timeout_and_http2_idles_for_idle_timeout() {
+        let mut l = limits(0);
+        l.header_read_timeout = Duration::from_secs(10);
+        l.idle_timeout = Duration::from_secs(60);
+        let a = Activity::new();
+        // The first head, from the accept.
+        assert_eq!(a.quiet_deadline(&l), a.opened + l.header_read_timeout);
+        // Answered at 5 s: the next HTTP/1 head within 10 s of that.
+        a.started.fetch_add(1, Ordering::Relaxed);
+        a.idle_since.store(5000, Ordering::Release);
+        assert_eq!(a.quiet_deadline(&l), a.at(5000) + l.header_read_timeout);
+        // idle_timeout below header_read_timeout still bounds it.
+        let mut short = l;
+        short.idle_timeout = Duration::from_secs(2);
+        assert_eq!(a.quiet_deadline(&short), a.at(5000) + short.idle_timeout);
+        // HTTP/2 between requests: idle_timeout.
+        a.http2.store(true, Ordering::Relaxed);
+        assert_eq!(a.quiet_deadline(&l), a.at(5000) + l.idle_timeout);
     }
 
     #[test]
