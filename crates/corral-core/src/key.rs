@@ -71,6 +71,38 @@ impl QueryFilter {
         self.exact.iter().any(|e| e == name) || self.prefixes.iter().any(|p| name.starts_with(p))
     }
 
+    /// True when `query` is already what [`QueryFilter::normalize`] makes
+    /// of it: no empty or dropped parameter, names in order. One pass over
+    /// the bytes, each name read once: this runs on every hit.
+    fn in_order(&self, query: &str) -> bool {
+        let bytes = query.as_bytes();
+        let mut prev: &[u8] = &[];
+        let mut start = 0;
+        while start <= bytes.len() {
+            let end = bytes[start..]
+                .iter()
+                .position(|&b| b == b'&')
+                .map_or(bytes.len(), |i| start + i);
+            let pair = &bytes[start..end];
+            if pair.is_empty() {
+                return false;
+            }
+            let name = &pair[..pair.iter().position(|&b| b == b'=').unwrap_or(pair.len())];
+            // `&` and `=` are ASCII, so `name` is whole characters.
+            if name < prev || (self.filters() && self.drops(&query[start..start + name.len()])) {
+                return false;
+            }
+            prev = name;
+            start = end + 1;
+        }
+        true
+    }
+
+    /// True when the filter drops anything at all.
+    fn filters(&self) -> bool {
+        !self.exact.is_empty() || !self.prefixes.is_empty()
+    }
+
     /// The query with ignored parameters dropped and the rest sorted, so
     /// `?b=2&a=1` and `?a=1&b=2` name the same resource.
     pub fn normalize(&self, query: &str) -> String {
@@ -85,15 +117,9 @@ impl QueryFilter {
     /// query already in order with nothing to drop (the common case) is
     /// copied as it is, without collecting and sorting its pairs.
     fn normalize_into(&self, query: &str, out: &mut String) {
-        let name = |p: &str| -> usize { p.split_once('=').map_or(p, |(n, _)| n).len() };
+        let name = |p: &str| -> usize { p.bytes().position(|b| b == b'=').unwrap_or(p.len()) };
         let kept = |p: &&str| !p.is_empty() && !self.drops(&p[..name(p)]);
-        let mut prev: Option<&str> = None;
-        let as_is = query.split('&').all(|p| {
-            let ok = kept(&p) && prev.is_none_or(|q| q[..name(q)] <= p[..name(p)]);
-            prev = Some(p);
-            ok
-        });
-        if as_is {
+        if self.in_order(query) {
             out.push_str(query);
             return;
         }
@@ -137,7 +163,9 @@ impl UriKey {
         let host = host_name(host);
         let mut readable =
             String::with_capacity(host.len() + path.len() + 1 + query.map_or(0, str::len));
-        readable.extend(host.chars().map(|c| c.to_ascii_lowercase()));
+        readable.push_str(host);
+        // A request's host is lowercased already (`head::parse_authority`).
+        readable.make_ascii_lowercase();
         let host_len = readable.len();
         readable.push_str(path);
         if let Some(q) = query {
