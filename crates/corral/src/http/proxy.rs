@@ -201,6 +201,59 @@ fn accounts_of(
     (!route.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
 }
 
+/// A request matched to its route, with what the awaits after it need.
+/// Made by a plain function, so the request's parts are never part of
+/// `route_request`'s future (which every hit sets up and moves).
+struct Routed {
+    route: Arc<Route>,
+    head: RequestHead,
+    body: Body,
+    accounts: Option<Arc<corral_core::caller::AccountSources>>,
+    /// GET or HEAD through the cache.
+    cached: bool,
+    coalesced_post: bool,
+}
+
+/// The request validated and routed, or corral's own answer to it.
+fn routed(
+    app: &App,
+    peer: SocketAddr,
+    tls: bool,
+    client: &corral_core::client_addr::ClientAddr,
+    req: Request<Body>,
+) -> Result<Routed, Box<Answer>> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(refused) = unserved(app, &parts) {
+        return Err(Box::new(refused));
+    }
+    let mut head = validated(&mut parts, peer, &body, tls, client)?;
+    // The route table of this moment: a reload does not change the route a
+    // request in flight started with.
+    let Some(route) = app.routes().find(&head.host, &head.path).cloned() else {
+        return Err(Box::new(respond::error(
+            StatusCode::NOT_FOUND,
+            Forward::Bypass,
+            Detail::NoRoute,
+            None,
+        )));
+    };
+    let accounts = accounts_of(app, &route, &mut head, client);
+    let cached = head.is_cacheable_method()
+        && route.cache_enabled
+        && head.body == RequestBody::None
+        && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
+    let coalesced_post =
+        head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
+    Ok(Routed {
+        route,
+        head,
+        body,
+        accounts,
+        cached,
+        coalesced_post,
+    })
+}
+
 async fn route_request(
     app: Arc<App>,
     peer: SocketAddr,
@@ -210,34 +263,21 @@ async fn route_request(
     client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> (Option<Arc<Route>>, Answer) {
-    let (mut parts, body) = req.into_parts();
-    if let Some(refused) = unserved(&app, &parts) {
-        return (None, refused);
-    }
-    let mut head = match validated(&mut parts, peer, &body, tls, client) {
-        Ok(h) => h,
-        Err(bad) => return (None, *bad),
+    let Routed {
+        route,
+        head,
+        body,
+        accounts,
+        cached,
+        coalesced_post,
+    } = match routed(&app, peer, tls, client, req) {
+        Ok(r) => r,
+        Err(answer) => {
+            // A head that did not validate, or no route: no route's
+            // metrics or fields.
+            return (None, *answer);
+        }
     };
-    // The route table of this moment: a reload does not change the route a
-    // request in flight started with.
-    let Some(route) = app.routes().find(&head.host, &head.path).cloned() else {
-        return (
-            None,
-            respond::error(
-                StatusCode::NOT_FOUND,
-                Forward::Bypass,
-                Detail::NoRoute,
-                None,
-            ),
-        );
-    };
-    let accounts = accounts_of(&app, &route, &mut head, client);
-    let cached = head.is_cacheable_method()
-        && route.cache_enabled
-        && head.body == RequestBody::None
-        && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
-    let coalesced_post =
-        head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
     let (mut tallies, gate) = match accounts {
         None => (Vec::new(), None),
         Some(accounts) => {
