@@ -235,12 +235,26 @@ fn host_name(host: &str) -> &str {
 
 /// Route plus URI: everything of the key that does not depend on the
 /// response. HEAD shares GET's key.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct PrimaryKey {
     uri: UriKey,
     readable: String,
-    digest: Digest,
+    /// A coalesced POST's body digest (with its Content-Type): part of the
+    /// key, of which `readable` shows only 16 hex digits.
+    body: Option<[u8; 32]>,
+    /// Hashed when first asked for: a hit looks L1 up by
+    /// [`PrimaryKey::local`] and needs it only once a Vary was learned or a
+    /// key backed off; the miss path, L2 and the flights use it.
+    digest: std::sync::OnceLock<Digest>,
 }
+
+impl PartialEq for PrimaryKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.readable == other.readable && self.body == other.body
+    }
+}
+
+impl Eq for PrimaryKey {}
 
 impl PrimaryKey {
     /// The key of a GET (or HEAD) that came in plain.
@@ -257,11 +271,11 @@ impl PrimaryKey {
         readable.push_str(route);
         readable.push_str(if tls { " GET https " } else { " GET " });
         readable.push_str(uri.readable());
-        let digest = Digest(*blake3::hash(readable.as_bytes()).as_bytes());
         PrimaryKey {
             uri,
             readable,
-            digest,
+            body: None,
+            digest: std::sync::OnceLock::new(),
         }
     }
 
@@ -287,13 +301,11 @@ impl PrimaryKey {
         readable.push_str(uri.readable());
         readable.push_str(" body=");
         readable.push_str(&body_digest.to_hex()[..16]);
-        let mut key = blake3::Hasher::new();
-        key.update(readable.as_bytes());
-        key.update(body_digest.as_bytes());
         PrimaryKey {
             uri,
             readable,
-            digest: Digest(*key.finalize().as_bytes()),
+            body: Some(*body_digest.as_bytes()),
+            digest: std::sync::OnceLock::new(),
         }
     }
 
@@ -305,8 +317,75 @@ impl PrimaryKey {
         &self.readable
     }
 
+    /// The key's name in every process (L2, leases, notices): BLAKE3 of
+    /// the readable form, and for a POST of its body's digest too. A
+    /// change here breaks every shared entry.
     pub fn digest(&self) -> Digest {
-        self.digest
+        *self.digest.get_or_init(|| match &self.body {
+            None => Digest(*blake3::hash(self.readable.as_bytes()).as_bytes()),
+            Some(body) => {
+                let mut key = blake3::Hasher::new();
+                key.update(self.readable.as_bytes());
+                key.update(body);
+                Digest(*key.finalize().as_bytes())
+            }
+        })
+    }
+
+    /// The key of one stored variant in this process's L1: one BLAKE3 of
+    /// everything that tells variants apart, where [`PrimaryKey::variant`]
+    /// (the name shared through L2) chains two. The fixed-size and
+    /// length-prefixed parts come first and the readable form last, so the
+    /// encoding is unambiguous, and a plain GET's is a single block for
+    /// targets up to 62 bytes. The leading tag keeps it apart from every
+    /// other digest.
+    pub fn local(&self, identity: Option<&Identity>, vary_values: &[String]) -> Digest {
+        let mut fixed = [0u8; 68];
+        let mut n = 0;
+        let mut put = |bytes: &[u8]| {
+            fixed[n..n + bytes.len()].copy_from_slice(bytes);
+            n += bytes.len();
+        };
+        put(b"\x03");
+        match &self.body {
+            Some(body) => {
+                put(b"\x01");
+                put(body);
+            }
+            None => put(b"\x00"),
+        }
+        match identity {
+            Some(id) => {
+                put(b"\x01");
+                put(id.as_bytes());
+            }
+            None => put(b"\x00"),
+        }
+        put(if vary_values.is_empty() {
+            b"\x00"
+        } else {
+            b"\x01"
+        });
+        let readable = self.readable.as_bytes();
+        if vary_values.is_empty() && n + readable.len() <= 128 {
+            // The same bytes as below, hashed in one call from the stack:
+            // the usual case.
+            let mut all = [0u8; 128];
+            all[..n].copy_from_slice(&fixed[..n]);
+            all[n..n + readable.len()].copy_from_slice(readable);
+            return Digest(*blake3::hash(&all[..n + readable.len()]).as_bytes());
+        }
+        let mut h = blake3::Hasher::new();
+        h.update(&fixed[..n]);
+        if !vary_values.is_empty() {
+            h.update(&(vary_values.len() as u64).to_le_bytes());
+            for v in vary_values {
+                h.update(&(v.len() as u64).to_le_bytes());
+                h.update(v.as_bytes());
+            }
+        }
+        h.update(readable);
+        Digest(*h.finalize().as_bytes())
     }
 
     /// The readable form without the query, for logs and metric labels:
@@ -321,10 +400,10 @@ impl PrimaryKey {
     /// everyone else.
     pub fn pass_scope(&self, identity: Option<&Identity>) -> Digest {
         match identity {
-            None => self.digest,
+            None => self.digest(),
             Some(id) => {
                 let mut h = blake3::Hasher::new();
-                h.update(&self.digest.0);
+                h.update(&self.digest().0);
                 h.update(b"\x02pass");
                 h.update(id.as_bytes());
                 Digest(*h.finalize().as_bytes())
@@ -337,16 +416,18 @@ impl PrimaryKey {
     pub fn variant(&self, identity: Option<&Identity>, vary_values: &[String]) -> VariantKey {
         // The usual variant (no identity, no Vary): the same bytes hashed in
         // one call, without a 2 KiB hasher to set up and finalize.
+        let local = self.local(identity, vary_values);
         if identity.is_none() && vary_values.is_empty() {
             let mut bytes = [0u8; 33];
-            bytes[..32].copy_from_slice(&self.digest.0);
+            bytes[..32].copy_from_slice(&self.digest().0);
             return VariantKey {
                 digest: Digest(*blake3::hash(&bytes).as_bytes()),
                 private: false,
+                local,
             };
         }
         let mut h = blake3::Hasher::new();
-        h.update(&self.digest.0);
+        h.update(&self.digest().0);
         match identity {
             Some(id) => {
                 h.update(b"\x01");
@@ -364,6 +445,7 @@ impl PrimaryKey {
         VariantKey {
             digest: Digest(*h.finalize().as_bytes()),
             private: identity.is_some(),
+            local,
         }
     }
 }
@@ -377,9 +459,12 @@ impl fmt::Debug for PrimaryKey {
 /// The key of one stored response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct VariantKey {
+    /// Its name in every process: L2, leases, the flights.
     pub digest: Digest,
     /// Keyed to one caller's credentials.
     pub private: bool,
+    /// Its key in this process's L1 ([`PrimaryKey::local`]).
+    pub local: Digest,
 }
 
 #[cfg(test)]
@@ -515,6 +600,69 @@ mod tests {
             p.variant(None, &["x".into()]).digest,
             Digest(*h.finalize().as_bytes())
         );
+    }
+
+    #[test]
+    fn local_keys_tell_apart_what_variants_tell_apart_and_do_not_depend_on_the_path_taken() {
+        let f = QueryFilter::default();
+        let p = PrimaryKey::new("r", UriKey::new("h", "/p", None, &f));
+        let id = Identity::from_bytes([7; 32]);
+        let keys = [
+            p.local(None, &[]),
+            p.local(Some(&id), &[]),
+            p.local(None, &["a".into()]),
+            p.local(None, &["a".into(), "b".into()]),
+            p.local(None, &["ab".into()]),
+            p.local(Some(&id), &["a".into()]),
+            PrimaryKey::get("r", UriKey::new("h", "/p", None, &f), true).local(None, &[]),
+            PrimaryKey::new("r", UriKey::new("h", "/q", None, &f)).local(None, &[]),
+            PrimaryKey::post("r", UriKey::new("h", "/p", None, &f), false, None, b"x")
+                .local(None, &[]),
+            PrimaryKey::post("r", UriKey::new("h", "/p", None, &f), false, None, b"y")
+                .local(None, &[]),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+            assert_ne!(*a, p.digest());
+        }
+        // The variant carries its local key; the stack and the hasher
+        // agree on a target too long for the stack buffer.
+        assert_eq!(p.variant(Some(&id), &[]).local, keys[1]);
+        let long = PrimaryKey::new(
+            "r",
+            UriKey::new("h", &format!("/{}", "x".repeat(200)), None, &f),
+        );
+        let mut h = blake3::Hasher::new();
+        h.update(b"\x03\x00\x00\x00");
+        h.update(long.readable().as_bytes());
+        assert_eq!(long.local(None, &[]), Digest(*h.finalize().as_bytes()));
+        let short = PrimaryKey::new("r", UriKey::new("h", "/p", None, &f));
+        let mut h = blake3::Hasher::new();
+        h.update(b"\x03\x00\x00\x00");
+        h.update(short.readable().as_bytes());
+        assert_eq!(short.local(None, &[]), Digest(*h.finalize().as_bytes()));
+    }
+
+    #[test]
+    fn a_primary_keys_digest_is_what_it_always_was() {
+        // A change here breaks every shared (L2) entry.
+        let f = QueryFilter::default();
+        let get = PrimaryKey::new("api", UriKey::new("h", "/p", Some("a=1"), &f));
+        assert_eq!(
+            get.digest(),
+            Digest(*blake3::hash(b"api GET h/p?a=1").as_bytes())
+        );
+        let post = PrimaryKey::post("api", UriKey::new("h", "/g", None, &f), false, None, b"{q}");
+        let mut body = blake3::Hasher::new();
+        body.update(&0u64.to_le_bytes());
+        body.update(b"{q}");
+        let body = body.finalize();
+        let mut key = blake3::Hasher::new();
+        key.update(post.readable().as_bytes());
+        key.update(body.as_bytes());
+        assert_eq!(post.digest(), Digest(*key.finalize().as_bytes()));
     }
 
     #[test]

@@ -230,13 +230,19 @@ impl L1 {
 
     /// A stored variant, unless an invalidation retired it.
     pub fn get(&self, key: &VariantKey, uri: &UriKey) -> Option<Arc<StoredResponse>> {
-        let e = self.entries.get(&key.digest)?;
+        self.get_local(&key.local, uri)
+    }
+
+    /// [`L1::get`] by the variant's local key alone ([`PrimaryKey::local`]):
+    /// what a hit computes.
+    pub fn get_local(&self, local: &Digest, uri: &UriKey) -> Option<Arc<StoredResponse>> {
+        let e = self.entries.get(local)?;
         if e.generation < self.current_generation(uri) {
-            self.entries.invalidate(&key.digest);
+            self.entries.invalidate(local);
             return None;
         }
         self.apply_bans(e).or_else(|| {
-            self.entries.invalidate(&key.digest);
+            self.entries.invalidate(local);
             None
         })
     }
@@ -261,12 +267,12 @@ impl L1 {
         if entry.generation < self.current_generation(uri) {
             return false;
         }
-        self.entries.insert(key.digest, entry);
+        self.entries.insert(key.local, entry);
         true
     }
 
     pub fn remove(&self, key: &VariantKey) {
-        self.entries.invalidate(&key.digest);
+        self.entries.invalidate(&key.local);
     }
 
     /// Retires every stored variant of `uri`, on every route.
@@ -314,6 +320,12 @@ impl L1 {
         if !duration.is_zero() {
             self.pass.insert(key, PassMarker(duration));
         }
+    }
+
+    /// True once any key went into back-off: until then a hit need not
+    /// even hash its back-off key.
+    pub fn any_backoff(&self) -> bool {
+        self.any_backoff.load(Ordering::Acquire)
     }
 
     /// `key`'s back-off, while its origin is to be left alone at `now`.

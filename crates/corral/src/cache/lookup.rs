@@ -35,7 +35,7 @@ pub trait Admit: Send + Sync {
 /// True when this caller's view of the URI is hit-for-pass: the last
 /// answer could not be stored.
 pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
-    cache.l1.is_pass(&Keys::of(route, ctx, None).pass_scope)
+    cache.l1.is_pass(&Keys::of(route, ctx, None).pass_scope())
 }
 
 /// GET and HEAD through the cache; with `body`, a POST the route
@@ -94,8 +94,6 @@ struct Asked {
 struct Keys {
     primary: PrimaryKey,
     identity: Option<Identity>,
-    /// Where this caller's hit-for-pass marker and back-off live.
-    pass_scope: Digest,
 }
 
 impl Keys {
@@ -120,11 +118,13 @@ impl Keys {
                 route.identity.identify(&ctx.headers),
             ),
         };
-        Keys {
-            pass_scope: primary.pass_scope(identity.as_ref()),
-            primary,
-            identity,
-        }
+        Keys { primary, identity }
+    }
+
+    /// Where this caller's hit-for-pass marker and back-off live: hashed
+    /// only when asked for, which a hit is not.
+    fn pass_scope(&self) -> Digest {
+        self.primary.pass_scope(self.identity.as_ref())
     }
 }
 
@@ -156,22 +156,30 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
     let keys = &asked.keys;
     let now = cache.clock.now();
     // While the origin is failing for this key, nothing here asks it.
-    let backoff = cache.l1.active_backoff(&keys.pass_scope, now);
+    let backoff = cache
+        .l1
+        .any_backoff()
+        .then(|| cache.l1.active_backoff(&keys.pass_scope(), now))
+        .flatten();
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
-    let shared_key = keys.primary.variant(None, &values);
+    // Looked up by their local keys (one hash each); the variant's shared
+    // name is hashed only for a fill.
+    let shared_key = keys.primary.local(None, &values);
     let own_key = keys
         .identity
         .as_ref()
-        .map(|id| keys.primary.variant(Some(id), &values));
+        .map(|id| keys.primary.local(Some(id), &values));
     let found = find(cache, keys, own_key.as_ref(), &shared_key, ctx);
     let fwd = match (&found, &vary) {
         (Some(_), _) => Forward::Stale,
         (None, Vary::Headers(_)) => Forward::VaryMiss,
         (None, _) => Forward::UriMiss,
     };
-    let variant = own_key.unwrap_or(shared_key);
-    let fill = |stale| fill_request(asked, variant, fwd, stale);
+    let fill = |stale| {
+        let variant = keys.primary.variant(keys.identity.as_ref(), &values);
+        fill_request(asked, variant, fwd, stale)
+    };
     let seen = found.map(|entry| {
         let state = entry.state(now);
         let early_refresh = state == EntryState::Fresh
@@ -189,7 +197,7 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             entry,
         )
     });
-    let is_pass = || cache.l1.is_pass(&keys.pass_scope);
+    let is_pass = || cache.l1.is_pass(&keys.pass_scope());
     let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce, is_pass) {
         Lookup::Fetch { coalesce, stale } => {
             let fill = fill(stale);
@@ -247,17 +255,17 @@ fn fill_request(
 fn find(
     cache: &Cache,
     keys: &Keys,
-    own_key: Option<&VariantKey>,
-    shared_key: &VariantKey,
+    own_key: Option<&Digest>,
+    shared_key: &Digest,
     ctx: &RequestHead,
 ) -> Option<Arc<StoredResponse>> {
     let uri = keys.primary.uri();
-    if let Some(e) = own_key.and_then(|k| cache.l1.get(k, uri))
+    if let Some(e) = own_key.and_then(|k| cache.l1.get_local(k, uri))
         && e.matches_vary(&ctx.headers)
     {
         return Some(e);
     }
-    let e = cache.l1.get(shared_key, uri)?;
+    let e = cache.l1.get_local(shared_key, uri)?;
     // An identified caller only gets what the origin marked shareable
     // with callers like it (RFC 9111 §3.5).
     if !e.sharing().admits(keys.identity.as_ref()) || !e.matches_vary(&ctx.headers) {
