@@ -14,12 +14,6 @@ mod routes;
 mod sealed;
 mod telemetry;
 
-/// mimalloc: per-thread free lists instead of glibc's arenas. A hit
-/// makes a few dozen small allocations; the README's benchmarks say what
-/// this saves per hit and what it does to resident memory.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use crate::config::RuntimeMode;
 use crate::http::server;
 use crate::ops::{admin, purge, reload};
