@@ -165,7 +165,7 @@ pub struct UriKey {
 
 impl PartialEq for UriKey {
     fn eq(&self, other: &Self) -> bool {
-        self.readable == other.readable
+        self.readable == other.readable && self.host_len == other.host_len
     }
 }
 
