@@ -13,19 +13,25 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::header::ACCEPT_ENCODING;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
+/// The primary key of a request with a query to sort and filter.
+fn primary(filter: &QueryFilter) -> PrimaryKey {
+    let uri = UriKey::new(
+        black_box("api.example.com"),
+        black_box("/v1/items/42"),
+        black_box(Some("page=2&utm_source=x&sort=asc")),
+        filter,
+    );
+    PrimaryKey::new("api", uri)
+}
+
 fn key_building(c: &mut Criterion) {
     let filter = QueryFilter::new(&["utm_*", "fbclid"]);
     c.bench_function("key/uri+primary+variant", |b| {
-        b.iter(|| {
-            let uri = UriKey::new(
-                black_box("api.example.com"),
-                black_box("/v1/items/42"),
-                black_box(Some("page=2&utm_source=x&sort=asc")),
-                &filter,
-            );
-            let p = PrimaryKey::new("api", uri);
-            black_box(p.variant(None, &[]))
-        })
+        b.iter(|| black_box(primary(&filter).variant(None, &[])))
+    });
+    // What a hit computes: L1 is looked up by the local key alone.
+    c.bench_function("key/uri+primary+local", |b| {
+        b.iter(|| black_box(primary(&filter).local(None, &[])))
     });
 }
 
@@ -65,7 +71,7 @@ fn l1_hit(c: &mut Criterion) {
     l1.insert(&key, &uri, Arc::new(entry));
     c.bench_function("l1/hit-1KiB", |b| {
         b.iter(|| {
-            let e = l1.get(black_box(&key), &uri).expect("stored");
+            let e = l1.get(black_box(&key.local), &uri).expect("stored");
             black_box(e.state(SystemTime::now()))
         })
     });

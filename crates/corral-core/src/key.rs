@@ -159,7 +159,7 @@ pub struct UriKey {
     /// Where the path starts in `readable`.
     host_len: usize,
     /// Hashed when first asked for: a hit never needs it (its L1 key is
-    /// the variant's digest), only invalidations and their notices do.
+    /// [`PrimaryKey::local`]), only invalidations and their notices do.
     digest: std::sync::OnceLock<Digest>,
 }
 
@@ -336,9 +336,9 @@ impl PrimaryKey {
     /// everything that tells variants apart, where [`PrimaryKey::variant`]
     /// (the name shared through L2) chains two. The fixed-size and
     /// length-prefixed parts come first and the readable form last, so the
-    /// encoding is unambiguous, and a plain GET's is a single block for
-    /// targets up to 62 bytes. The leading tag keeps it apart from every
-    /// other digest.
+    /// encoding is unambiguous, and a plain GET's is a single 64-byte block
+    /// while its readable form (route, method, host, target) is at most 60
+    /// bytes. The leading tag keeps it apart from every other digest.
     pub fn local(&self, identity: Option<&Identity>, vary_values: &[String]) -> Digest {
         let mut fixed = [0u8; 68];
         let mut n = 0;
@@ -414,9 +414,9 @@ impl PrimaryKey {
     /// The key of one stored response: this URI, for this caller (when the
     /// response is not shareable), for these Vary-selected header values.
     pub fn variant(&self, identity: Option<&Identity>, vary_values: &[String]) -> VariantKey {
+        let local = self.local(identity, vary_values);
         // The usual variant (no identity, no Vary): the same bytes hashed in
         // one call, without a 2 KiB hasher to set up and finalize.
-        let local = self.local(identity, vary_values);
         if identity.is_none() && vary_values.is_empty() {
             let mut bytes = [0u8; 33];
             bytes[..32].copy_from_slice(&self.digest().0);

@@ -228,14 +228,10 @@ impl L1 {
         self.floor.fetch_max(g, Ordering::AcqRel);
     }
 
-    /// A stored variant, unless an invalidation retired it.
-    pub fn get(&self, key: &VariantKey, uri: &UriKey) -> Option<Arc<StoredResponse>> {
-        self.get_local(&key.local, uri)
-    }
-
-    /// [`L1::get`] by the variant's local key alone ([`PrimaryKey::local`]):
-    /// what a hit computes.
-    pub fn get_local(&self, local: &Digest, uri: &UriKey) -> Option<Arc<StoredResponse>> {
+    /// A stored variant, by its local key ([`VariantKey::local`], which a
+    /// hit computes alone with [`PrimaryKey::local`]), unless an
+    /// invalidation retired it.
+    pub fn get(&self, local: &Digest, uri: &UriKey) -> Option<Arc<StoredResponse>> {
         let e = self.entries.get(local)?;
         if e.generation < self.current_generation(uri) {
             self.entries.invalidate(local);
@@ -322,20 +318,16 @@ impl L1 {
         }
     }
 
-    /// True once any key went into back-off: until then a hit need not
-    /// even hash its back-off key.
-    pub fn any_backoff(&self) -> bool {
-        self.any_backoff.load(Ordering::Acquire)
-    }
-
     /// `key`'s back-off, while its origin is to be left alone at `now`.
-    pub fn active_backoff(&self, key: &Digest, now: SystemTime) -> Option<Backoff> {
-        // Most keys never failed: until one did, this is a load, not a lookup.
+    /// The key is asked for only when some key has backed off: most keys
+    /// never failed, and until one did this is a load, not a hash and a
+    /// lookup.
+    pub fn active_backoff(&self, key: impl FnOnce() -> Digest, now: SystemTime) -> Option<Backoff> {
         if !self.any_backoff.load(Ordering::Acquire) {
             return None;
         }
         self.backoff
-            .get(key)
+            .get(&key())
             .map(|r| r.backoff)
             .filter(|b| b.active(now))
     }
@@ -443,22 +435,22 @@ mod tests {
         let (uri, k) = keys("/a");
         let stamp = l1.generation_stamp();
         assert!(l1.insert(&k, &uri, stored(b"one", stamp)));
-        assert!(l1.get(&k, &uri).is_some());
+        assert!(l1.get(&k.local, &uri).is_some());
         let in_flight = l1.generation_stamp();
         l1.invalidate_uri(&uri);
-        assert!(l1.get(&k, &uri).is_none());
+        assert!(l1.get(&k.local, &uri).is_none());
         // A fill that started before the invalidation is refused.
         assert!(!l1.insert(&k, &uri, stored(b"old", in_flight)));
         // One that starts after it is kept.
         assert!(l1.insert(&k, &uri, stored(b"new", l1.generation_stamp())));
         assert_eq!(
-            l1.get(&k, &uri).map(|e| e.body.clone()),
+            l1.get(&k.local, &uri).map(|e| e.body.clone()),
             Some(Bytes::from_static(b"new"))
         );
         // Other URIs are untouched.
         let (uri_b, kb) = keys("/b");
         assert!(l1.insert(&kb, &uri_b, stored(b"b", 1)));
-        assert!(l1.get(&kb, &uri_b).is_some());
+        assert!(l1.get(&kb.local, &uri_b).is_some());
     }
 
     #[test]
@@ -471,11 +463,11 @@ mod tests {
         assert!(l1.insert(&kb, &ub, stored(b"b", l1.generation_stamp())));
         let in_flight = l1.generation_stamp();
         l1.invalidate_all();
-        assert!(l1.get(&ka, &ua).is_none());
-        assert!(l1.get(&kb, &ub).is_none());
+        assert!(l1.get(&ka.local, &ua).is_none());
+        assert!(l1.get(&kb.local, &ub).is_none());
         assert!(!l1.insert(&ka, &ua, stored(b"late", in_flight)));
         assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
-        assert!(l1.get(&ka, &ua).is_some());
+        assert!(l1.get(&ka.local, &ua).is_some());
     }
 
     #[test]

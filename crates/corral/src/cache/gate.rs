@@ -41,7 +41,7 @@ pub(crate) async fn take_slots(
 /// feeds both.
 pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let now = fill.cache.clock.now();
-    if let Some(backoff) = fill.cache.l1.active_backoff(&fill.pass_scope(), now) {
+    if let Some(backoff) = fill.cache.l1.active_backoff(|| fill.pass_scope(), now) {
         return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
     }
     let admission = fill.route.circuit.allow();

@@ -156,11 +156,7 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
     let keys = &asked.keys;
     let now = cache.clock.now();
     // While the origin is failing for this key, nothing here asks it.
-    let backoff = cache
-        .l1
-        .any_backoff()
-        .then(|| cache.l1.active_backoff(&keys.pass_scope(), now))
-        .flatten();
+    let backoff = cache.l1.active_backoff(|| keys.pass_scope(), now);
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
     // Looked up by their local keys (one hash each); the variant's shared
@@ -260,12 +256,12 @@ fn find(
     ctx: &RequestHead,
 ) -> Option<Arc<StoredResponse>> {
     let uri = keys.primary.uri();
-    if let Some(e) = own_key.and_then(|k| cache.l1.get_local(k, uri))
+    if let Some(e) = own_key.and_then(|k| cache.l1.get(k, uri))
         && e.matches_vary(&ctx.headers)
     {
         return Some(e);
     }
-    let e = cache.l1.get_local(shared_key, uri)?;
+    let e = cache.l1.get(shared_key, uri)?;
     // An identified caller only gets what the origin marked shareable
     // with callers like it (RFC 9111 §3.5).
     if !e.sharing().admits(keys.identity.as_ref()) || !e.matches_vary(&ctx.headers) {

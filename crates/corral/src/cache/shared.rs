@@ -179,7 +179,7 @@ fn judge(fill: &FillRequest, probe: &mut Probe) -> Judged {
     if fill
         .cache
         .l1
-        .active_backoff(&fill.pass_scope(), now)
+        .active_backoff(|| fill.pass_scope(), now)
         .is_some()
     {
         return Judged::Backoff;
