@@ -7,6 +7,7 @@
 pub mod cache_status;
 pub mod check;
 pub mod client;
+pub mod clock_skew;
 pub mod command;
 pub mod config;
 pub mod fd_limit;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::gate;
 use crate::cache::records::{Fetched, can_serve, first_read, publish_result, read, store, usable};
-use crate::cluster::protocol::{FillNotice, Keys, lease_since};
+use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Probe, SharedTier};
 use crate::telemetry::metrics::{self, Lease};
@@ -297,20 +297,23 @@ async fn follow(
         if now >= deadline {
             return Followed::LockTimeout;
         }
-        // How long until the holder has held the lease for lock_age.
-        let aged_in = lock_age.and_then(|age| {
-            let since = probe.lease.as_deref().and_then(lease_since)?;
-            let held = fill
-                .cache
-                .clock
-                .now()
-                .duration_since(since)
-                .unwrap_or_default();
-            Some(age.saturating_sub(held))
-        });
-        if aged_in == Some(Duration::ZERO) {
-            return Followed::AgedOut(Box::new(probe));
-        }
+        // How long until the holder has held the lease for lock_age, on
+        // Redis's clock: the holder's and this host's may disagree by
+        // any amount.
+        let aged_in = match lock_age {
+            None => None,
+            Some(age) => match tier.lease_age(keys).await {
+                Err(e) => return Followed::Unavailable(e),
+                // Released since the read: read again.
+                Ok(None) => continue,
+                Ok(Some((value, held))) if held >= age => {
+                    let mut probe = probe;
+                    probe.lease = Some(value);
+                    return Followed::AgedOut(Box::new(probe));
+                }
+                Ok(Some((_, held))) => Some(age - held),
+            },
+        };
         let jitter = Duration::from_millis(rand::random::<u64>() % 10);
         let wait = (*poll + jitter)
             .min(deadline - now)

@@ -172,17 +172,14 @@ impl Transport for ScriptedOrigin {
 struct Lease {
     token: u64,
     until: Instant,
-    /// When it was taken, as the lease's value tells other instances.
-    since: SystemTime,
+    /// When it was taken, on the tier's clock (tokio's: Redis's clock
+    /// in this fake, which no instance's wall clock is compared with).
+    taken: Instant,
 }
 
 impl Lease {
     fn value(&self) -> String {
-        let ms = self
-            .since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        format!("{:032x}.{ms}", self.token)
+        format!("{:032x}", self.token)
     }
 }
 
@@ -257,14 +254,14 @@ impl FakeTier {
         self.records().published.clone()
     }
 
-    /// Another instance takes the variant's lease for `ttl` at `since`.
-    fn other_leads(&self, keys: &Keys, ttl: Duration, since: SystemTime) {
+    /// Another instance took the variant's lease `held` ago, for `ttl`.
+    fn other_leads(&self, keys: &Keys, ttl: Duration, held: Duration) {
         self.records().leases.insert(
             keys.lease(),
             Lease {
                 token: 0,
                 until: Instant::now() + ttl,
-                since,
+                taken: Instant::now() - held,
             },
         );
     }
@@ -383,7 +380,7 @@ impl SharedTier for FakeTier {
                 Lease {
                     token,
                     until: Instant::now() + Duration::from_secs(30),
-                    since: SystemTime::now(),
+                    taken: Instant::now(),
                 },
             );
             if let Some(e) = self.0.lands_on_acquire.lock().expect("not poisoned").take() {
@@ -395,6 +392,20 @@ impl SharedTier for FakeTier {
                 key: keys.lease(),
                 token,
             }) as Box<dyn HeldLease>))
+        })
+    }
+    fn lease_age<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<(String, Duration)>, L2Error>> {
+        Box::pin(async move {
+            self.failing()?;
+            Ok(self
+                .records()
+                .leases
+                .get(&keys.lease())
+                .filter(|l| l.until > Instant::now())
+                .map(|l| (l.value(), l.taken.elapsed())))
         })
     }
     fn take_over<'a>(
@@ -415,7 +426,7 @@ impl SharedTier for FakeTier {
                 Lease {
                     token,
                     until: Instant::now() + Duration::from_secs(30),
-                    since: SystemTime::now(),
+                    taken: Instant::now(),
                 },
             );
             self.0.taken_over.fetch_add(1, Ordering::SeqCst);
@@ -1096,7 +1107,7 @@ async fn a_follower_serves_what_the_other_instance_announces() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
+    t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
     let entry = h.entry("max-age=60", "there", Duration::ZERO);
     let other = {
         let (t, keys) = (t.clone(), keys.clone());
@@ -1127,7 +1138,7 @@ async fn a_lost_notice_is_covered_by_polling() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
+    t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
     let entry = h.entry("max-age=60", "there", Duration::ZERO);
     let (t2, k2) = (t.clone(), keys.clone());
     tokio::spawn(async move {
@@ -1154,7 +1165,7 @@ async fn a_dead_holders_lease_is_taken_over_when_it_expires() {
     );
     let keys = h.keys("/a");
     // The holder died: its lease runs out in 2 s and nothing is announced.
-    tier(&h).other_leads(&keys, Duration::from_secs(2), h.clock.now());
+    tier(&h).other_leads(&keys, Duration::from_secs(2), Duration::ZERO);
     let started = Instant::now();
     let got = h.get("/a").await;
     assert_eq!(got.body, "here");
@@ -1174,7 +1185,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     );
     let keys = h.keys("/a");
     let t = tier(&h).clone();
-    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
+    t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
     let policy = h.route("/a").backoff;
     let backoff = policy.after_failure(None, h.clock.now());
     let (t2, k2) = (t.clone(), keys.clone());
@@ -1222,7 +1233,7 @@ async fn a_follower_times_out_on_a_lease_nobody_ends() {
         Some(FakeTier::new()),
         &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 3s, on_timeout: error }}\n"),
     );
-    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
+    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), Duration::ZERO);
     let started = Instant::now();
     let got = h.get("/a").await;
     assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
@@ -1259,7 +1270,7 @@ async fn redis_lost_while_following_fetches_locally() {
         NO_EARLY_REFRESH,
     );
     let t = tier(&h).clone();
-    t.other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
+    t.other_leads(&h.keys("/a"), Duration::from_secs(3600), Duration::ZERO);
     let t2 = t.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1431,8 +1442,7 @@ async fn a_lease_held_past_lock_age_is_taken_over_by_one_instance() {
     );
     let keys = h.keys("/a");
     // Another instance took the lease half a second ago and is stuck.
-    let since = h.clock.now() - Duration::from_millis(500);
-    tier(&h).other_leads(&keys, Duration::from_secs(3600), since);
+    tier(&h).other_leads(&keys, Duration::from_secs(3600), Duration::from_millis(500));
     let started = Instant::now();
     let answers = h.stampede("/a", 20).await;
     assert!(answers.iter().all(|a| a.body == "here"));
@@ -1454,7 +1464,7 @@ async fn without_lock_age_a_stuck_lease_is_waited_out() {
         Some(FakeTier::new()),
         &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 3s, on_timeout: error }}\n"),
     );
-    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), h.clock.now());
+    tier(&h).other_leads(&h.keys("/a"), Duration::from_secs(3600), Duration::ZERO);
     let got = h.get("/a").await;
     assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(tier(&h).0.taken_over.load(Ordering::SeqCst), 0);
@@ -1499,7 +1509,7 @@ async fn a_local_notice_sends_a_follower_to_the_origin_at_once() {
     let t = tier(&h).clone();
     // The other instance holds the lease for its whole (long) download but
     // says at 100 ms that its answer will not be in L2.
-    t.other_leads(&keys, Duration::from_secs(30), h.clock.now());
+    t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
     let t2 = t.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;

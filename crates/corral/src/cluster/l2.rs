@@ -282,6 +282,12 @@ impl SharedTier for L2 {
             Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
         })
     }
+    fn lease_age<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<(String, Duration)>, L2Error>> {
+        Box::pin(async move { lease::age(&self.link, &keys.lease()).await })
+    }
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>> {
         Box::pin(async move { Box::new(L2::watch(self, keys).await) as Box<dyn Notices> })
     }

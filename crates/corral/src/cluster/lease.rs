@@ -7,7 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::protocol::{LEASE_EXTEND, LEASE_RELEASE, LEASE_TAKE_OVER, lease_value, millis};
+use crate::cluster::protocol::{
+    LEASE_ACQUIRE, LEASE_AGE, LEASE_EXTEND, LEASE_RELEASE, LEASE_TAKE_OVER, lease_held,
+    lease_token, millis,
+};
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 
 /// A held lease. Dropping it without `release` releases it in the background.
@@ -25,15 +28,14 @@ pub async fn acquire(
     key: String,
     ttl: Duration,
 ) -> Result<Option<Lease>, L2Error> {
-    let token = lease_value(std::time::SystemTime::now());
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(&key)
-        .arg(&token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis(ttl));
-    let won: Option<String> = link.query(&cmd).await?;
-    Ok(won.map(|_| Lease {
+    let won: Option<String> = link
+        .script(
+            &LEASE_ACQUIRE,
+            &[&key],
+            &[arg(lease_token()), arg(millis(ttl))],
+        )
+        .await?;
+    Ok(won.map(|token| Lease {
         link: Arc::clone(link),
         key,
         token,
@@ -50,20 +52,30 @@ pub async fn take_over(
     seen: &str,
     ttl: Duration,
 ) -> Result<Option<Lease>, L2Error> {
-    let token = lease_value(std::time::SystemTime::now());
-    let won: i64 = link
+    let won: Option<String> = link
         .script(
             &LEASE_TAKE_OVER,
             &[&key],
-            &[arg(seen), arg(&token), arg(millis(ttl))],
+            &[arg(seen), arg(lease_token()), arg(millis(ttl))],
         )
         .await?;
-    Ok((won == 1).then(|| Lease {
+    Ok(won.map(|token| Lease {
         link: Arc::clone(link),
         key,
         token,
         ttl,
         released: false,
+    }))
+}
+
+/// The lease's value and how long it has been held, both read from Redis
+/// (its clock, in the same script); `None` when the lease is free. A
+/// value without a time (an older corral's) reads as just taken.
+pub async fn age(link: &RedisLink, key: &str) -> Result<Option<(String, Duration)>, L2Error> {
+    let got: Option<(String, u64)> = link.script(&LEASE_AGE, &[key], &[]).await?;
+    Ok(got.map(|(value, now_ms)| {
+        let held = lease_held(&value, now_ms).unwrap_or_default();
+        (value, held)
     }))
 }
 

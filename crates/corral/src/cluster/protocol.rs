@@ -221,26 +221,57 @@ pub static LEASE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// Compare-and-set of a lease whose holder has held it past `lock_age`:
-/// exactly one of the instances that saw the same value takes it over.
-pub static LEASE_TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
+/// Takes a free lease: `SET NX PX` of the value `<token>.<ms>`, where
+/// `<ms>` is Redis's clock (`TIME`) when it was taken, so that a lease's
+/// age is one clock's reading against the same clock's, never one host's
+/// wall clock against another's. KEYS: lease. ARGV: token, PX. Returns
+/// the value written, or nil when another holds the lease.
+pub static LEASE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 else return 0 end",
+        r"local t = redis.call('TIME')
+local v = ARGV[1] .. '.' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+if redis.call('SET', KEYS[1], v, 'NX', 'PX', ARGV[2]) then return v end
+return false",
     )
 });
 
-/// A lease's value: a random token and when it was taken
-/// (`<32 hex>.<unix ms>`), so that waiting instances can tell its age.
-pub fn lease_value(now: std::time::SystemTime) -> String {
-    let ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    format!("{:032x}.{ms}", rand::random::<u128>())
+/// Compare-and-set of a lease whose holder has held it past `lock_age`:
+/// exactly one of the instances that saw the same value takes it over,
+/// stamped like [`LEASE_ACQUIRE`]. KEYS: lease. ARGV: the value seen,
+/// the new token, PX. Returns the value written, or nil.
+pub static LEASE_TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local t = redis.call('TIME')
+local v = ARGV[2] .. '.' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
+return v",
+    )
+});
+
+/// A lease's value and Redis's clock now, in ms, read together.
+/// KEYS: lease. Returns `{value, now}`, or nil when the lease is free.
+pub static LEASE_AGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local v = redis.call('GET', KEYS[1])
+if not v then return false end
+local t = redis.call('TIME')
+return {v, string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))}",
+    )
+});
+
+/// A new lease's random token; the script that takes the lease appends
+/// when (on Redis's clock).
+pub fn lease_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
-/// When the lease with `value` was taken; `None` for a value without a
-/// time (written by an older corral).
-pub fn lease_since(value: &str) -> Option<std::time::SystemTime> {
+/// How long the lease with `value` has been held when Redis's clock reads
+/// `now_ms`; `None` for a value without a time.
+pub fn lease_held(value: &str, now_ms: u64) -> Option<Duration> {
     let (_, ms) = value.rsplit_once('.')?;
-    UNIX_EPOCH.checked_add(Duration::from_millis(ms.parse().ok()?))
+    let since: u64 = ms.parse().ok()?;
+    Some(Duration::from_millis(now_ms.saturating_sub(since)))
 }
 
 /// Compare-and-pexpire of a lease, for the watchdog of a slow fetch.
@@ -420,13 +451,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_value_tells_its_age() {
-        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
-        let v = lease_value(at);
-        assert_eq!(lease_since(&v), Some(at));
-        assert_ne!(lease_value(at), v, "tokens differ");
-        assert_eq!(lease_since("0123abcd"), None);
-        assert_eq!(lease_since("x.y"), None);
+    fn a_lease_value_tells_its_age_on_one_clock() {
+        let v = format!("{}.1700000000123", lease_token());
+        assert_eq!(
+            lease_held(&v, 1_700_000_002_123),
+            Some(Duration::from_secs(2))
+        );
+        // Redis's clock stepped back (a failover to a node behind): not
+        // an underflow, just a fresh lease.
+        assert_eq!(lease_held(&v, 1_700_000_000_000), Some(Duration::ZERO));
+        assert_ne!(lease_token(), lease_token(), "tokens differ");
+        assert_eq!(lease_held("0123abcd", 5), None);
+        assert_eq!(lease_held("x.y", 5), None);
     }
 
     #[test]

@@ -22,7 +22,8 @@ pub struct Probe {
     pub pass: bool,
     /// Another fill holds the variant's lease.
     pub lease_held: bool,
-    /// The lease's value (token and when it was taken), if held.
+    /// The lease's value (token and when it was taken, on Redis's clock),
+    /// if held.
     pub lease: Option<String>,
     /// The URI's generation (bumped by invalidation).
     pub generation: u64,
@@ -69,6 +70,12 @@ pub trait SharedTier: Send + Sync {
         keys: &'a Keys,
         seen: &'a str,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>>;
+    /// The variant's lease value and how long it has been held, on Redis's
+    /// clock (never this host's against the holder's); `None` when free.
+    fn lease_age<'a>(
+        &'a self,
+        keys: &'a Keys,
+    ) -> BoxFuture<'a, Result<Option<(String, Duration)>, L2Error>>;
     /// Subscribes to the variant's fill notices (before re-reading, so
     /// that no notice falls between the read and the wait).
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>>;
