@@ -10,6 +10,7 @@ pub mod client;
 pub mod clock_skew;
 pub mod command;
 pub mod config;
+pub mod fault_proxy;
 pub mod fd_limit;
 pub mod origin;
 pub mod paths;

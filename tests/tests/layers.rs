@@ -40,6 +40,7 @@ const CACHE: &[&str] = &[
     "fill",
     "respond",
     "growing",
+    "resync",
 ];
 
 fn src() -> PathBuf {

@@ -322,6 +322,21 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
         );
     }
 
+    // The promoted replica has the invalidation log and its epoch: the
+    // instances replayed the (empty) gap instead of dropping or
+    // unverifying what they held, and /before is still answered from each
+    // one's memory.
+    for proxy in &proxies {
+        let answer = client.get(&proxy.url("/before")).await;
+        let cs = answer.cache_status();
+        assert!(cs.is_hit() && cs.detail() != Some("l2"), "{cs}");
+        let lost = corral_tests::lifecycle::scrape(proxy)
+            .await
+            .sum("corral_invalidation_log_total", &[("outcome", "lost")]);
+        assert_eq!(lost, 0.0, "{}", proxy.log());
+    }
+    assert_eq!(origin.hits("/before"), 1);
+
     let before = deployment.replica.keys("*:e:*").await.len();
     lab(&origin, &client, &proxies, "/after").await;
     wait_no_lease(&deployment.replica, ms(2000)).await;

@@ -4,9 +4,16 @@
 
 use std::time::Duration;
 
+use http::Method;
+use tokio::time::Instant;
+
 use corral_tests::clock_skew::libfaketime;
+use corral_tests::fault_proxy::{Fault, FaultProxy};
 use corral_tests::shared::cacheable;
-use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Redis, Route};
+use corral_tests::{
+    Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningProxy, eventually,
+    lifecycle,
+};
 
 /// Instance A's clock is true, B's runs 30 s ahead and C's 30 s behind.
 /// A takes the leases; B and C wait on them with `lock_age: 3s`. A lease's
@@ -92,4 +99,157 @@ async fn a_lease_ages_on_redis_clock_whatever_the_instances_clocks_say() {
     for l in leaders {
         l.abort();
     }
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("/k{i}")).collect()
+}
+
+async fn counter(proxy: &RunningProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
+    lifecycle::scrape(proxy).await.sum(name, labels)
+}
+
+/// A Redis restart used to drop every instance's L1 at once (the
+/// subscriber could not know what it had missed), so the whole fleet went
+/// cold together. Now the instances find the invalidation log gone with
+/// Redis's data, keep what they hold and serve it, and revalidate it in
+/// the background at `resync_rate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_keeps_every_instances_l1_and_revalidates_it_paced() {
+    const KEYS: usize = 30;
+    let mut redis = Redis::start().await;
+    let mut origin = Origin::new();
+    for path in keys(KEYS) {
+        origin = origin.route(&path, cacheable(&format!("body of {path}")));
+    }
+    let origin = origin.start().await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("resync_rate", "1");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    for path in keys(KEYS) {
+        for p in &proxies {
+            assert_eq!(client.get(&p.url(&path)).await.status, 200);
+        }
+    }
+    let warm: usize = keys(KEYS).iter().map(|p| origin.hits(p)).sum();
+    assert_eq!(warm, KEYS, "one fill per key, shared through L2");
+
+    redis.kill();
+    redis.restart().await;
+    for p in &proxies {
+        eventually(DEADLINE, "the instance found the log lost", || async {
+            counter(p, "corral_invalidation_log_total", &[("outcome", "lost")]).await >= 1.0
+        })
+        .await;
+    }
+    let started = Instant::now();
+    for path in keys(KEYS) {
+        for p in &proxies {
+            let answer = client.get(&p.url(&path)).await;
+            assert_eq!(
+                (answer.status.as_u16(), answer.text()),
+                (200, format!("body of {path}"))
+            );
+            assert!(
+                answer.cache_status().is_hit(),
+                "{path} after the restart: {}",
+                answer.cache_status()
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let after: usize = keys(KEYS).iter().map(|p| origin.hits(p)).sum();
+    let mut refreshes = 0.0;
+    for p in &proxies {
+        let r = counter(p, "corral_resync_refreshes_total", &[]).await;
+        // A burst of one, then one a second.
+        assert!(r <= 2.0 + secs, "{r} revalidations in {secs:.1} s");
+        refreshes += r;
+    }
+    assert!(
+        (after - warm) as f64 <= refreshes,
+        "{} origin requests after the restart, {refreshes} revalidations",
+        after - warm
+    );
+
+    // And the unverified entries do get revalidated as they are asked for.
+    let a = &proxies[0];
+    eventually(Duration::from_secs(20), "/k0 revalidated", || async {
+        client.get(&a.url("/k0")).await;
+        origin.hits("/k0") >= 2
+    })
+    .await;
+}
+
+/// An invalidation published while an instance is cut off from Redis
+/// (its subscriber too) is replayed from the log when it reconnects:
+/// that URI is dropped, and nothing else is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_missed_while_cut_off_is_replayed_from_the_log() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/x", cacheable("x v1"))
+        .route("/y", cacheable("y v1"))
+        .start()
+        .await;
+    let cut = FaultProxy::start(redis.addr()).await;
+    let config = |url: &str| {
+        Config::new()
+            .route(Route::new("api", origin.url()))
+            .redis(url)
+            .redis_field("op_timeout", "250ms")
+            .redis_field("breaker", "{ failures: 3, open_for: 500ms }")
+    };
+    let a = Proxy::new(config(&redis.url())).start().await;
+    let b = Proxy::new(config(&format!("redis://{}/0", cut.addr())))
+        .start()
+        .await;
+    let client = Client::new();
+    for path in ["/x", "/y"] {
+        for p in [&a, &b] {
+            assert_eq!(client.get(&p.url(path)).await.status, 200);
+        }
+    }
+    assert_eq!((origin.hits("/x"), origin.hits("/y")), (1, 1));
+
+    cut.set(Fault::Cut);
+    origin.set_route("/x", cacheable("x v2"));
+    origin.set_route_method(Method::POST, "/x", Reply::status(201, "created"));
+    let post = client
+        .send(Method::POST, &a.url("/x"), &[], Some("new".into()))
+        .await;
+    assert_eq!(post.status, 201);
+    // B, cut off, still serves what it holds.
+    assert_eq!(client.get(&b.url("/x")).await.text(), "x v1");
+    cut.set(Fault::None);
+    eventually(DEADLINE, "B replayed the log", || async {
+        counter(
+            &b,
+            "corral_invalidation_log_total",
+            &[("outcome", "replayed")],
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+
+    let x = client.get(&b.url("/x")).await;
+    assert_eq!(x.text(), "x v2", "{}", x.cache_status());
+    let y = client.get(&b.url("/y")).await;
+    assert_eq!(y.text(), "y v1");
+    // From B's L1: not read back from L2, which a dropped L1 would do.
+    assert!(
+        y.cache_status().is_hit() && y.cache_status().detail() != Some("l2"),
+        "{}",
+        y.cache_status()
+    );
+    assert_eq!(origin.hits("/y"), 1, "B kept what no invalidation named");
+    assert_eq!(
+        counter(&b, "corral_invalidation_log_total", &[("outcome", "lost")]).await,
+        0.0
+    );
 }

@@ -138,6 +138,13 @@ pub struct L1 {
     /// Entries stamped below this are invalid for every URI whose
     /// generation record was evicted for space (conservative, never stale).
     floor: Arc<AtomicU64>,
+    /// Set by the first invalidation of one URI; until then the hit path
+    /// skips the generations lookup.
+    any_generation: AtomicBool,
+    /// Entries stamped below this may have missed an invalidation (the
+    /// invalidation log was lost): served, and revalidated at a paced
+    /// rate. 0: none.
+    suspect: AtomicU64,
 }
 
 impl L1 {
@@ -195,6 +202,8 @@ impl L1 {
             bans: BanList::default(),
             time,
             floor,
+            any_generation: AtomicBool::new(false),
+            suspect: AtomicU64::new(0),
         }
     }
 
@@ -211,9 +220,9 @@ impl L1 {
 
     fn current_generation(&self, uri: &UriKey) -> u64 {
         let floor = self.floor.load(Ordering::Acquire);
-        // Until the first invalidation there is nothing to look up: the
-        // common hit path skips a map lookup.
-        if self.clock.load(Ordering::Acquire) == 1 {
+        // Until the first invalidation of one URI there is nothing to look
+        // up: the common hit path skips a map lookup.
+        if !self.any_generation.load(Ordering::Acquire) {
             return floor;
         }
         self.generations
@@ -226,6 +235,22 @@ impl L1 {
     pub fn invalidate_all(&self) {
         let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
         self.floor.fetch_max(g, Ordering::AcqRel);
+    }
+
+    /// Marks every entry stored before now unverified: it may have missed
+    /// an invalidation (see [`L1::unverified`]). What is fetched from now
+    /// on is not.
+    pub fn unverify_all(&self) {
+        let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        self.suspect.fetch_max(g, Ordering::AcqRel);
+    }
+
+    /// True for an entry stored before the last [`L1::unverify_all`]: the
+    /// cache path revalidates it in the background, paced, when asked
+    /// for it. One load on the hit path.
+    #[inline]
+    pub fn unverified(&self, e: &StoredResponse) -> bool {
+        e.generation < self.suspect.load(Ordering::Relaxed)
     }
 
     /// A stored variant, by its local key ([`VariantKey::local`], which a
@@ -280,6 +305,7 @@ impl L1 {
     pub fn invalidate_uri_digest(&self, uri: Digest) {
         let g = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
         self.generations.insert(uri, g);
+        self.any_generation.store(true, Ordering::Release);
     }
 
     /// The Vary set last seen for this URI on this route.
@@ -468,6 +494,30 @@ mod tests {
         assert!(!l1.insert(&ka, &ua, stored(b"late", in_flight)));
         assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
         assert!(l1.get(&ka.local, &ua).is_some());
+    }
+
+    #[test]
+    fn unverify_all_keeps_every_entry_and_marks_only_those_stored_before_it() {
+        let l1 = L1::new(&L1Config { memory: 1 << 20 });
+        let (ua, ka) = keys("/a");
+        let (ub, kb) = keys("/b");
+        assert!(l1.insert(&ka, &ua, stored(b"a", l1.generation_stamp())));
+        let in_flight = l1.generation_stamp();
+        l1.unverify_all();
+        // Kept and served, but unverified.
+        let a = l1.get(&ka.local, &ua).expect("kept");
+        assert!(l1.unverified(&a));
+        // A fetch that began before it stores, unverified too; one that
+        // begins after it is verified.
+        assert!(l1.insert(&kb, &ub, stored(b"b", in_flight)));
+        assert!(l1.unverified(&l1.get(&kb.local, &ub).expect("stored")));
+        assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
+        assert!(!l1.unverified(&l1.get(&ka.local, &ua).expect("stored")));
+        // An invalidation of one URI still retires it (the generations
+        // lookup is not skipped once one happened).
+        l1.invalidate_uri(&ua);
+        assert!(l1.get(&ka.local, &ua).is_none());
+        assert!(l1.get(&kb.local, &ub).is_some());
     }
 
     #[test]

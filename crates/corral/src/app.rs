@@ -87,6 +87,7 @@ impl App {
                 let l1 = Arc::clone(&l1);
                 let on_notice = Box::new(move |notice: ClusterNotice| match notice {
                     ClusterNotice::All => l1.invalidate_all(),
+                    ClusterNotice::Unverify => l1.unverify_all(),
                     ClusterNotice::Ban(ban) => l1.add_ban(ban),
                     ClusterNotice::Invalidate(uri) => l1.invalidate_uri_digest(uri),
                 });
@@ -130,6 +131,9 @@ impl App {
                 fill_memory: Budget::new(config.cache.fill_memory),
                 ahead_memory: Budget::new(config.cache.fill_memory),
                 fills: Arc::new(tokio::sync::Semaphore::new(config.cache.max_fills)),
+                resync: crate::cache::resync::Pacer::new(
+                    config.redis.as_ref().map_or(1, |rc| rc.resync_rate),
+                ),
             }),
             l2,
             post_memory: Budget::new(config.cache.post_memory),

@@ -15,11 +15,14 @@ use tokio::sync::oneshot;
 use crate::cache::fill::{Cache, Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::{gate, made, shared};
 
-/// Starts a refresh unless one is already under way for this key.
-pub(crate) fn refresh(cache: &Cache, fill: FillRequest) {
+/// Starts a refresh unless one is already under way for this key; true
+/// when it started.
+pub(crate) fn refresh(cache: &Cache, fill: FillRequest) -> bool {
     if let Role::Leader(permit) = cache.flights.join(fill.variant.digest, Join::UNBOUNDED) {
         tokio::spawn(run(fill, Some(permit), None));
+        return true;
     }
+    false
 }
 
 /// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;

@@ -40,6 +40,8 @@ pub struct Cache {
     pub ahead_memory: Arc<Budget>,
     /// Fills under way in this instance (`cache.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
+    /// The pace of unverified entries' revalidations (`redis.resync_rate`).
+    pub resync: crate::cache::resync::Pacer,
 }
 
 /// Response headers that belong to the caller who asked and never to

@@ -178,13 +178,16 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
     };
     let seen = found.map(|entry| {
         let state = entry.state(now);
+        // An unverified entry (the invalidation log was lost) is
+        // refreshed like an early refresh, paced below.
         let early_refresh = state == EntryState::Fresh
-            && xfetch::roll(
-                now,
-                entry.fresh_until(),
-                entry.fetch_duration(),
-                route.policy.early_refresh_beta,
-            );
+            && (cache.l1.unverified(&entry)
+                || xfetch::roll(
+                    now,
+                    entry.fresh_until(),
+                    entry.fetch_duration(),
+                    route.policy.early_refresh_beta,
+                ));
         (
             Found {
                 state,
@@ -201,13 +204,21 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         }
         Lookup::Hit { refresh, entry } => {
             if refresh {
-                driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+                if !cache.l1.unverified(&entry) {
+                    driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+                } else if cache.resync.take() {
+                    if driver::refresh(cache, fill(Some(Arc::clone(&entry)))) {
+                        crate::telemetry::metrics::resync_refresh();
+                    } else {
+                        cache.resync.give_back();
+                    }
+                }
             }
             (CacheStatus::hit(entry.ttl_secs(now)), entry)
         }
         Lookup::StaleWhileRevalidate(entry) => {
             crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
-            driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+            let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
             let st = CacheStatus::forward(Forward::Stale)
                 .with_ttl(entry.ttl_secs(now))
                 .with_detail(Detail::StaleWhileRevalidate);

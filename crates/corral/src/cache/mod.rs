@@ -38,6 +38,7 @@ pub mod made;
 pub mod outcome;
 pub mod records;
 pub mod respond;
+pub mod resync;
 pub mod shared;
 pub mod store;
 

@@ -13,7 +13,8 @@ use http::header::HeaderName;
 
 use crate::cluster::lease;
 use crate::cluster::protocol::{
-    ClusterNotice, FillNotice, INVALIDATE, Keys, Layout, RECORD_TTL, STORE, millis,
+    ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
+    STORE, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
@@ -41,12 +42,7 @@ impl L2 {
         let link = RedisLink::new(config)?;
         link.start();
         let layout = Layout::new(&config.key_prefix);
-        let subscriber = Subscriber::start(
-            Arc::clone(&link),
-            layout.invalidate_channel(),
-            layout.bans_key(),
-            on_notice,
-        );
+        let subscriber = Subscriber::start(Arc::clone(&link), &layout, on_notice);
         Ok(Arc::new(L2 {
             link,
             subscriber,
@@ -220,9 +216,29 @@ impl L2 {
         let mut exp = redis::cmd("PEXPIRE");
         exp.arg(self.bans_key()).arg(millis(RECORD_TTL));
         self.link.query::<()>(&exp).await?;
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(self.layout.invalidate_channel()).arg(wire);
-        self.link.query::<()>(&cmd).await
+        self.log_notice(&wire).await
+    }
+
+    /// Appends `notice` to the invalidation log and publishes it with its
+    /// log id, in one script: an instance that misses the publication
+    /// finds it in the log when it resubscribes.
+    async fn log_notice(&self, notice: &str) -> Result<(), L2Error> {
+        let epoch = format!("{:032x}", rand::random::<u128>());
+        let _: String = self
+            .link
+            .script(
+                &LOG_NOTICE,
+                &[&self.layout.log_key(), &self.layout.epoch_key()],
+                &[
+                    arg(notice),
+                    arg(self.layout.invalidate_channel()),
+                    arg(epoch),
+                    arg(LOG_MAX_LEN),
+                    arg(millis(RECORD_TTL)),
+                ],
+            )
+            .await?;
+        Ok(())
     }
 
     fn bans_key(&self) -> String {
@@ -245,10 +261,8 @@ impl L2 {
                 )
                 .await?;
         }
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(self.layout.invalidate_channel())
-            .arg(ClusterNotice::Invalidate(uri.digest()).encode());
-        self.link.query::<()>(&cmd).await
+        self.log_notice(&ClusterNotice::Invalidate(uri.digest()).encode())
+            .await
     }
 }
 

@@ -40,6 +40,21 @@ impl Layout {
         format!("{}invalidate", self.prefix)
     }
 
+    /// The invalidation log: a Stream of every [`ClusterNotice`] published,
+    /// which an instance that lost its subscription replays from where it
+    /// was. It shares a hash tag with [`Layout::epoch_key`], so one script
+    /// reads both on a Cluster.
+    pub fn log_key(&self) -> String {
+        format!("{}{{log}}:stream", self.prefix)
+    }
+
+    /// A random value set once by whichever instance finds it missing: a
+    /// Redis that lost its data (restarted without persistence, flushed)
+    /// lost it too, and with it the log's history.
+    pub fn epoch_key(&self) -> String {
+        format!("{}{{log}}:epoch", self.prefix)
+    }
+
     /// The hash of bans in force, replayed by an instance that (re)connects.
     pub fn bans_key(&self) -> String {
         format!("{}bans", self.prefix)
@@ -281,6 +296,91 @@ pub static LEASE_EXTEND: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// How many notices the log keeps (about: `XADD MAXLEN ~`). An instance
+/// away for longer than it takes to publish half as many does not replay
+/// them one by one; it treats the log as lost.
+pub const LOG_MAX_LEN: u64 = 10_000;
+
+/// The most notices an instance replays after a gap.
+pub const LOG_REPLAY_MAX: u64 = LOG_MAX_LEN / 2;
+
+/// Appends a notice to the log (creating the epoch if Redis has none)
+/// and publishes it, prefixed with its log id, in one step: every
+/// instance either hears it or finds it in the log. KEYS: log, epoch.
+/// ARGV: notice, channel, a new epoch value, max length, log PX.
+/// Returns the log id.
+pub static LOG_NOTICE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if not redis.call('GET', KEYS[2]) then redis.call('SET', KEYS[2], ARGV[3]) end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'n', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PUBLISH', ARGV[2], id .. ' ' .. ARGV[1])
+return id",
+    )
+});
+
+/// Where the log stands: its epoch (set to `ARGV[1]` if Redis has none)
+/// and the newest entry's id (`0-0` for none). KEYS: epoch, log.
+pub static LOG_HEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local e = redis.call('GET', KEYS[1])
+if not e then redis.call('SET', KEYS[1], ARGV[1]); e = ARGV[1] end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local id = '0-0'
+if last[1] then id = last[1][1] end
+return {e, id}",
+    )
+});
+
+/// The log after `ARGV[1]`, at most `ARGV[2]` entries, and whether
+/// `ARGV[1]` itself is still in it (1: nothing after it was trimmed).
+/// KEYS: log. Returns `{kept, id, notice, id, notice, …}`.
+pub static LOG_AFTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local kept = 1
+if ARGV[1] ~= '0-0' and #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then kept = 0 end
+local out = {kept}
+for _, r in ipairs(redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])) do
+  out[#out + 1] = r[1]
+  out[#out + 1] = r[2][2]
+end
+return out",
+    )
+});
+
+/// A notice's place in the log: its Stream id, `<ms>-<seq>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct LogId(pub u64, pub u64);
+
+impl LogId {
+    pub fn parse(s: &str) -> Option<Self> {
+        let (ms, seq) = s.split_once('-')?;
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        if !digits(ms) || !digits(seq) {
+            return None;
+        }
+        Some(LogId(ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
+impl std::fmt::Display for LogId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+/// What arrives on the invalidation channel: `<log id> <notice>`, or a
+/// bare notice (published by a corral older than the log).
+pub fn split_logged(payload: &str) -> (Option<LogId>, &str) {
+    match payload.split_once(' ') {
+        Some((id, rest)) => match LogId::parse(id) {
+            Some(id) => (Some(id), rest),
+            None => (None, payload),
+        },
+        None => (None, payload),
+    }
+}
+
 /// What a leader announces on its variant's channel when its fill ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FillNotice {
@@ -327,9 +427,13 @@ pub enum ClusterNotice {
     Invalidate(Digest),
     /// A purge by prefix, tag or URI, hard or soft.
     Ban(Ban),
-    /// Everything held in memory. Also what an instance applies to itself
-    /// after a disconnect, when notices may have been missed.
+    /// Everything held in memory.
     All,
+    /// Everything held in memory may have missed an invalidation: what an
+    /// instance applies to itself when the log was lost (Redis restarted
+    /// empty, or the instance was away longer than the log reaches). Kept
+    /// and served, and revalidated at a paced rate.
+    Unverify,
 }
 
 impl ClusterNotice {
@@ -339,6 +443,7 @@ impl ClusterNotice {
     pub fn encode(&self) -> String {
         match self {
             ClusterNotice::All => "*".to_owned(),
+            ClusterNotice::Unverify => "~".to_owned(),
             ClusterNotice::Invalidate(d) => d.to_hex(),
             ClusterNotice::Ban(b) => {
                 let group;
@@ -361,6 +466,9 @@ impl ClusterNotice {
     pub fn decode(s: &str) -> Option<Self> {
         if s == "*" {
             return Some(ClusterNotice::All);
+        }
+        if s == "~" {
+            return Some(ClusterNotice::Unverify);
         }
         if let Some(ban) = s.strip_prefix("ban\t") {
             return decode_ban(ban).map(ClusterNotice::Ban);
@@ -408,6 +516,7 @@ mod tests {
     fn cluster_notices_round_trip_and_garbage_is_refused() {
         let notices = [
             ClusterNotice::All,
+            ClusterNotice::Unverify,
             ClusterNotice::Invalidate(Digest([7; 32])),
             ClusterNotice::Ban(Ban {
                 target: BanTarget::Prefix("h/v1/".into()),
@@ -463,6 +572,23 @@ mod tests {
         assert_ne!(lease_token(), lease_token(), "tokens differ");
         assert_eq!(lease_held("0123abcd", 5), None);
         assert_eq!(lease_held("x.y", 5), None);
+    }
+
+    #[test]
+    fn a_logged_notice_splits_into_its_id_and_the_notice() {
+        assert_eq!(
+            split_logged("1700000000123-7 ban\t1\t5\tt\ta b"),
+            (Some(LogId(1_700_000_000_123, 7)), "ban\t1\t5\tt\ta b")
+        );
+        // A bare notice, from a corral older than the log.
+        assert_eq!(split_logged("*"), (None, "*"));
+        let hex = Digest([7; 32]).to_hex();
+        assert_eq!(split_logged(&hex), (None, hex.as_str()));
+        for bad in ["1-x y", "-1 y", "1- y", "x-1 y"] {
+            assert_eq!(split_logged(bad), (None, bad), "{bad:?}");
+        }
+        assert!(LogId(2, 0) > LogId(1, 9));
+        assert_eq!(LogId::parse(&LogId(12, 3).to_string()), Some(LogId(12, 3)));
     }
 
     #[test]

@@ -21,7 +21,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{PushKind, Value};
 use tokio::sync::broadcast;
 
-use crate::cluster::protocol::{ClusterNotice, FillNotice};
+use crate::cluster::protocol::{
+    ClusterNotice, FillNotice, LOG_AFTER, LOG_HEAD, LOG_REPLAY_MAX, Layout, LogId, split_logged,
+};
 use crate::cluster::redis_link::{Reconnect, RedisLink};
 
 struct Channel {
@@ -67,31 +69,52 @@ impl Sink {
     }
 }
 
+/// Where this instance stands in the invalidation log.
+#[derive(Debug, Default)]
+struct LogPlace {
+    /// The log's epoch at the last catch-up; `None` before the first.
+    epoch: Option<String>,
+    /// The newest logged notice applied here.
+    last: LogId,
+}
+
 /// The shared subscriber and its local registry of waiters.
 pub struct Subscriber {
     link: Arc<RedisLink>,
     invalidate_channel: String,
     /// The hash of bans (purges) in force, replayed on every (re)connect.
     bans_key: String,
+    log_key: String,
+    epoch_key: String,
     on_notice: OnNotice,
     channels: Mutex<HashMap<String, Channel>>,
     sink: Mutex<Option<Sink>>,
+    log: Mutex<LogPlace>,
+}
+
+/// How a catch-up on the invalidation log went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CaughtUp {
+    /// The first subscription: nothing held could have missed a notice.
+    Placed,
+    /// Every notice of the gap replayed (how many).
+    Replayed(usize),
+    /// The log could not cover the gap: everything held is unverified.
+    Lost,
 }
 
 impl Subscriber {
-    pub fn start(
-        link: Arc<RedisLink>,
-        invalidate_channel: String,
-        bans_key: String,
-        on_notice: OnNotice,
-    ) -> Arc<Self> {
+    pub fn start(link: Arc<RedisLink>, layout: &Layout, on_notice: OnNotice) -> Arc<Self> {
         let sub = Arc::new(Subscriber {
             link,
-            invalidate_channel,
-            bans_key,
+            invalidate_channel: layout.invalidate_channel(),
+            bans_key: layout.bans_key(),
+            log_key: layout.log_key(),
+            epoch_key: layout.epoch_key(),
             on_notice,
             channels: Mutex::new(HashMap::new()),
             sink: Mutex::new(None),
+            log: Mutex::new(LogPlace::default()),
         });
         let s = Arc::clone(&sub);
         tokio::spawn(async move {
@@ -104,14 +127,118 @@ impl Subscriber {
         sub
     }
 
-    /// Decodes one payload of the invalidation channel (or the bans hash)
-    /// and hands it on; a payload corral does not write is logged, not
-    /// applied.
+    /// Decodes one payload of the invalidation channel (or the bans hash,
+    /// or the log) and hands it on; a payload corral does not write is
+    /// logged, not applied. A logged notice moves this instance's place
+    /// in the log.
     fn deliver(&self, payload: &str) {
-        match ClusterNotice::decode(payload) {
+        let (id, notice) = split_logged(payload);
+        if let Some(id) = id {
+            let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+            place.last = place.last.max(id);
+        }
+        match ClusterNotice::decode(notice) {
             Some(notice) => (self.on_notice)(notice),
             None => tracing::warn!(payload, "ignoring a malformed cluster notice"),
         }
+    }
+
+    /// Called once subscribed to the invalidation channel again: replays
+    /// from the log what was published while this instance was not
+    /// subscribed. When the log cannot tell (Redis lost it: a restart
+    /// without persistence, a flush; it was trimmed past this instance's
+    /// place; it cannot be read), every entry held is unverified: kept
+    /// and served, and revalidated at a paced rate, rather than dropped
+    /// by every instance at once.
+    async fn catch_up<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> CaughtUp {
+        let (known, from) = {
+            let place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+            (place.epoch.clone(), place.last)
+        };
+        let deadline = self.link.connect_timeout();
+        let fresh_epoch = format!("{:032x}", rand::random::<u128>());
+        let head = tokio::time::timeout(
+            deadline,
+            LOG_HEAD
+                .key(&self.epoch_key)
+                .key(&self.log_key)
+                .arg(&fresh_epoch)
+                .invoke_async::<(String, String)>(conn),
+        )
+        .await;
+        let (epoch, newest) = match head {
+            Ok(Ok((epoch, newest))) => (epoch, LogId::parse(&newest).unwrap_or_default()),
+            Ok(Err(e)) => return self.lost(known.is_some(), &format!("reading it failed: {e}")),
+            Err(_) => return self.lost(known.is_some(), "reading it timed out"),
+        };
+        let from = match known {
+            None => {
+                let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+                place.epoch = Some(epoch);
+                place.last = place.last.max(newest);
+                return CaughtUp::Placed;
+            }
+            Some(known) if known == epoch => from,
+            Some(_) => {
+                // Redis lost its data: what was published before is gone.
+                // Unverify what is held, then replay what the new log has
+                // (published since Redis came back: those are certain).
+                self.lost(true, "Redis lost it (restarted empty or flushed)");
+                LogId::default()
+            }
+        };
+        let rows = tokio::time::timeout(
+            deadline,
+            LOG_AFTER
+                .key(&self.log_key)
+                .arg(from.to_string())
+                .arg(LOG_REPLAY_MAX + 1)
+                .invoke_async::<Vec<Value>>(conn),
+        )
+        .await;
+        let rows = match rows {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => return self.lost(true, &format!("reading it failed: {e}")),
+            Err(_) => return self.lost(true, "reading it timed out"),
+        };
+        let kept = matches!(rows.first(), Some(Value::Int(1)));
+        let notices: Vec<(String, String)> = rows[1.min(rows.len())..]
+            .chunks(2)
+            .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
+            .collect();
+        {
+            let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+            place.epoch = Some(epoch);
+            place.last = place.last.max(newest);
+        }
+        if !kept || notices.len() as u64 > LOG_REPLAY_MAX {
+            return self.lost(true, "it was trimmed past this instance's place");
+        }
+        for (id, notice) in &notices {
+            self.deliver(&format!("{id} {notice}"));
+        }
+        crate::telemetry::metrics::invalidation_log_replayed(notices.len());
+        if !notices.is_empty() {
+            tracing::info!(
+                replayed = notices.len(),
+                "resubscribed: replayed the invalidations published meanwhile"
+            );
+        }
+        CaughtUp::Replayed(notices.len())
+    }
+
+    /// The log cannot cover a gap: unverify everything held (when anything
+    /// could have missed a notice), logged once per gap.
+    fn lost(&self, held: bool, why: &str) -> CaughtUp {
+        if held {
+            tracing::warn!(
+                why,
+                "the invalidation log cannot cover the time this instance was not subscribed: every entry held is now unverified (served, and revalidated at redis.resync_rate)"
+            );
+            crate::telemetry::metrics::invalidation_log_lost();
+            (self.on_notice)(ClusterNotice::Unverify);
+        }
+        CaughtUp::Lost
     }
 
     /// Hands a fill notice to the local waiters of `channel`.
@@ -193,14 +320,20 @@ impl Subscriber {
             tracing::debug!(channels = names.len(), "subscribed");
             self.set_sink(Some(Sink::Node(sink)));
             tracing::info!("Redis subscriber connected");
-            if was_connected {
-                // Invalidations sent while we were away are lost: drop
-                // everything this instance holds (L2 refills it cheaply).
-                tracing::warn!(
-                    "resubscribed after a disconnect: dropping L1, invalidations may have been missed"
-                );
-                (self.on_notice)(ClusterNotice::All);
-            }
+            // Notices published while this instance was not subscribed
+            // are replayed from the log, on a connection of their own (not
+            // held back by the command connection's breaker, which a
+            // restart has likely opened).
+            let caught = match tokio::time::timeout(
+                self.link.connect_timeout(),
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            {
+                Ok(Ok(mut conn)) => self.catch_up(&mut conn).await,
+                _ => self.lost(was_connected, "no connection to read it on"),
+            };
+            tracing::debug!(?caught, "invalidation log");
             was_connected = true;
             self.replay_bans().await;
             loop {
@@ -264,8 +397,16 @@ impl Subscriber {
         for channel in self.fill_channels() {
             let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
         }
-        self.set_sink(Some(sink));
+        self.set_sink(Some(sink.clone()));
         tracing::info!(sharded, "Redis Cluster subscriber connected");
+        let Sink::Cluster {
+            conn: mut log_conn, ..
+        } = sink
+        else {
+            return;
+        };
+        let caught = self.catch_up(&mut log_conn).await;
+        tracing::debug!(?caught, "invalidation log");
         self.replay_bans().await;
         let mut gap = false;
         while let Some(push) = pushes.recv().await {
@@ -286,16 +427,13 @@ impl Subscriber {
                 }
                 PushKind::Disconnection => {
                     tracing::warn!(
-                        "a Redis Cluster node's connection dropped; dropping L1, invalidations may be missed until it is resubscribed"
+                        "a Redis Cluster node's connection dropped; invalidations published until it is resubscribed are replayed from the log then"
                     );
-                    (self.on_notice)(ClusterNotice::All);
                     gap = true;
                 }
                 PushKind::Subscribe | PushKind::SSubscribe if gap => {
-                    tracing::warn!(
-                        "resubscribed after a disconnect: dropping L1, invalidations may have been missed"
-                    );
-                    (self.on_notice)(ClusterNotice::All);
+                    let caught = self.catch_up(&mut log_conn).await;
+                    tracing::info!(?caught, "Redis Cluster subscriber resubscribed");
                     self.replay_bans().await;
                     gap = false;
                 }

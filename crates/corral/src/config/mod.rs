@@ -297,6 +297,10 @@ pub struct RedisConfig {
     /// reached, each counts rate limits and `upstream_concurrency` alone
     /// at 1/`instances` of the route's figure. At least 1.
     pub instances: u32,
+    /// Unverified entries (held when the invalidation log was lost: Redis
+    /// restarted empty) revalidated per second by this instance, in the
+    /// background, as they are asked for. At least 1.
+    pub resync_rate: u32,
     /// `rediss://` only: the CA (else the platform's roots) and an optional
     /// client certificate, as PEM bytes read at load.
     pub tls: Option<RedisTls>,

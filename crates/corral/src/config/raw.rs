@@ -135,6 +135,7 @@ pub struct RawRedis {
     pub l2_max_object_size: Option<Text>,
     pub breaker: Option<RawBreaker>,
     pub instances: Option<Text>,
+    pub resync_rate: Option<Text>,
     pub tls: Option<Spanned<RawRedisTls>>,
 }
 

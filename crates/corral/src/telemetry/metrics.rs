@@ -234,6 +234,21 @@ impl RedisFailure {
     }
 }
 
+/// Invalidations replayed from the log after a resubscription.
+pub fn invalidation_log_replayed(n: usize) {
+    counter!("corral_invalidation_log_total", "outcome" => "replayed").increment(n as u64);
+}
+
+/// The log could not cover a gap: every entry held was unverified.
+pub fn invalidation_log_lost() {
+    counter!("corral_invalidation_log_total", "outcome" => "lost").increment(1);
+}
+
+/// An unverified entry's paced revalidation started.
+pub fn resync_refresh() {
+    counter!("corral_resync_refreshes_total").increment(1);
+}
+
 /// An L2 read (the `result` label of `corral_l2_reads_total`).
 pub fn l2(result: L2Read) {
     counter!("corral_l2_reads_total", "result" => result.as_str()).increment(1);

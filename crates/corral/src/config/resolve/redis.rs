@@ -16,6 +16,10 @@ use crate::config::{
     DEFAULT_REDIS_OP_TIMEOUT, RedisConfig, RedisServers, SentinelConfig,
 };
 
+/// Unverified entries revalidated per second after the invalidation log
+/// was lost: 3 instances add at most 60 conditional requests a second.
+const DEFAULT_RESYNC_RATE: u32 = 20;
+
 /// Shorter leases would expire between the watchdog's renewals under ordinary jitter.
 const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
 /// Keeps keys short and readable in `redis-cli`.
@@ -81,10 +85,14 @@ impl Resolver<'_> {
         let instances = self
             .at("redis.instances", &raw.instances)
             .parse_or(1, |t| whole_u32(t, 1, "instances"))?;
+        let resync_rate = self
+            .at("redis.resync_rate", &raw.resync_rate)
+            .parse_or(DEFAULT_RESYNC_RATE, |t| whole_u32(t, 1, "resync_rate"))?;
         let tls = self.redis_tls(raw.tls.as_ref(), servers.tls())?;
         Ok(RedisConfig {
             tls,
             instances,
+            resync_rate,
             servers,
             op_timeout: op_timeout.value,
             connect_timeout: connect_timeout.value,
