@@ -339,8 +339,18 @@ impl Subscriber {
             loop {
                 let msg = tokio::select! {
                     msg = stream.next() => msg,
-                    // Sentinel named another master: subscribe there.
-                    _ = epochs.changed() => None,
+                    _ = epochs.changed() => {
+                        // Sentinel named another master: subscribe there.
+                        // The command connection (re)connecting to this
+                        // same node is no reason to.
+                        let same = self.link.node_client().is_some_and(|c| {
+                            c.get_connection_info().addr() == client.get_connection_info().addr()
+                        });
+                        if same {
+                            continue;
+                        }
+                        None
+                    }
                 };
                 let Some(msg) = msg else { break };
                 let channel = msg.get_channel_name().to_owned();
@@ -361,8 +371,8 @@ impl Subscriber {
 
     /// Cluster mode: subscribes on the cluster connection once it exists
     /// and reads its pushes. The client resubscribes by itself after a
-    /// node's connection drops; what was published meanwhile is lost, so
-    /// L1 is dropped and bans replayed once it has.
+    /// node's connection drops; what was published meanwhile is replayed
+    /// from the log, and the bans, once it has.
     async fn run_cluster(self: Arc<Self>) {
         let Some(mut pushes) = self.link.take_pushes() else {
             return;
