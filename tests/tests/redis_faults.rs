@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use http::Method;
 use tokio::time::Instant;
 
@@ -251,5 +252,99 @@ async fn an_invalidation_missed_while_cut_off_is_replayed_from_the_log() {
     assert_eq!(
         counter(&b, "corral_invalidation_log_total", &[("outcome", "lost")]).await,
         0.0
+    );
+}
+
+/// Writes values to `redis` until it refuses them as full (`OOM`): 64 KiB
+/// ones, then smaller and smaller, since a refused write's own arguments
+/// counted against `maxmemory` and leave that much room once dropped.
+/// The connection is handed back: closing it would free its buffers.
+async fn fill_up(redis: &Redis) -> ::redis::aio::MultiplexedConnection {
+    let client = ::redis::Client::open(redis.url()).expect("a client for the test's Redis");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test's Redis");
+    let mut i = 0;
+    for size in [64 * 1024, 4096, 256, 16] {
+        let junk = vec![b'x'; size];
+        loop {
+            i += 1;
+            assert!(i < 100_000, "Redis took all that junk: is maxmemory set?");
+            let r: ::redis::RedisResult<()> = ::redis::cmd("SET")
+                .arg(format!("junk:{i}"))
+                .arg(&junk)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = r {
+                assert_eq!(e.code(), Some("OOM"), "{e}");
+                break;
+            }
+        }
+    }
+    conn
+}
+
+/// A full Redis (maxmemory, noeviction) refuses writes with OOM. That is
+/// no failing Redis: it used to open the breaker after a few refused
+/// entry writes, and then reads were skipped too. Now refusals are
+/// counted as `kind="oom"`, logged once, entry writes pause, and reads go
+/// on: what another instance stored before is still read from L2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_refuses_writes_and_reads_go_on() {
+    let redis = Redis::start_args(
+        ["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    // Bodies of 16 KiB: twenty of them could not fit in what a dropped
+    // client's buffers leave free.
+    let body = "f".repeat(16 * 1024);
+    let mut origin = Origin::new().route("/before", cacheable("stored before"));
+    for path in keys(20) {
+        origin = origin.route(&path, cacheable(&body));
+    }
+    let origin = origin.start().await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("breaker", "{ failures: 3, open_for: 1s }");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+    assert_eq!(client.get(&b.url("/before")).await.status, 200);
+    let _held = fill_up(&redis).await;
+
+    // Twenty concurrent fills on A whose writes Redis refuses (the lease,
+    // the entry): each answered.
+    let urls: Vec<String> = keys(20).iter().map(|path| a.url(path)).collect();
+    let answers = join_all(urls.iter().map(|url| client.get(url))).await;
+    for answer in answers {
+        assert_eq!((answer.status.as_u16(), answer.text()), (200, body.clone()));
+    }
+    // A still reads L2: B's entry from before is served from there.
+    let before = client.get(&a.url("/before")).await;
+    assert_eq!(before.text(), "stored before");
+    assert_eq!(
+        before.cache_status().detail(),
+        Some("l2"),
+        "{}",
+        before.cache_status()
+    );
+    assert_eq!(origin.hits("/before"), 1);
+    let scrape = lifecycle::scrape(a).await;
+    assert!(scrape.sum("corral_redis_errors_total", &[("kind", "oom")]) >= 1.0);
+    assert_eq!(
+        scrape.sum("corral_redis_errors_total", &[("kind", "error")]),
+        0.0
+    );
+    assert_eq!(scrape.sum("corral_redis_breaker_opened", &[]), 0.0);
+    assert_eq!(
+        lifecycle::log_lines_with(a, "Redis refuses writes").len(),
+        1,
+        "{}",
+        a.log()
     );
 }

@@ -231,6 +231,8 @@ pub(crate) async fn store(
         .await
     {
         Ok(written) => written,
+        // A full Redis is logged once by the link, not per entry.
+        Err(e) if e.is_full() => false,
         Err(e) => {
             tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
             false

@@ -141,6 +141,11 @@ impl L2 {
         if entry.body().len() as u64 > self.max_object_size {
             return Ok(false);
         }
+        // Redis refused a write moments ago because it is full: the entry
+        // stays in L1 (the waiters elsewhere are told to fetch their own).
+        if self.link.writes_paused() {
+            return Ok(false);
+        }
         let ttl = entry.residency(now);
         if ttl.is_zero() {
             return Ok(false);

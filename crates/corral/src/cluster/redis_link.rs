@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -45,6 +47,13 @@ pub enum L2Error {
     Timeout(Duration),
     #[error("Redis error: {0}")]
     Redis(#[from] redis::RedisError),
+}
+
+impl L2Error {
+    /// Redis refused a write because it is full (`OOM`).
+    pub fn is_full(&self) -> bool {
+        matches!(self, L2Error::Redis(e) if e.code() == Some("OOM"))
+    }
 }
 
 /// The command connection, whichever way Redis is deployed.
@@ -124,7 +133,14 @@ pub struct RedisLink {
     breaker: Arc<Breaker>,
     /// Cluster mode: one breaker per primary.
     shards: Option<ShardBreakers>,
+    /// When Redis last refused a write because it is full (`OOM`), and
+    /// how long entry writes pause after it (`breaker.open_for`).
+    full: Mutex<Option<Instant>>,
+    full_pause: Duration,
 }
+
+/// A full Redis is logged again only after this long without a refusal.
+const FULL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A client for `url` with `redis.tls`'s certificates when set.
 fn client_for(
@@ -204,7 +220,32 @@ impl RedisLink {
                 config.breaker_open_for,
             )),
             shards,
+            full: Mutex::new(None),
+            full_pause: config.breaker_open_for,
         }))
+    }
+
+    /// True for a while (`breaker.open_for`) after Redis refused a write
+    /// because it is full: entries are not sent to be refused again. Reads,
+    /// leases and notices go on.
+    pub fn writes_paused(&self) -> bool {
+        self.full
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < self.full_pause)
+    }
+
+    /// Redis answered `OOM`: it is up, and full. A refused write, not a
+    /// failing Redis: it is not held against the breaker (which would stop
+    /// reads and leases too), counted as `kind="oom"` and logged once.
+    fn refused_full(&self) {
+        let mut full = self.full.lock().unwrap_or_else(PoisonError::into_inner);
+        if full.is_none_or(|at| at.elapsed() >= FULL_LOG_EVERY) {
+            tracing::warn!(
+                "Redis refuses writes: it is full (maxmemory with noeviction, or nothing it may evict); entries stay in L1 and are not written to L2 for redis.breaker.open_for at a time; reads, leases and notices go on where Redis takes them"
+            );
+        }
+        *full = Some(Instant::now());
     }
 
     /// The node the subscriber connects to (`None` in cluster mode, and
@@ -468,6 +509,12 @@ impl RedisLink {
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
             {
                 metrics::redis_error(metrics::RedisFailure::TryAgain);
+                Err(L2Error::Redis(e))
+            }
+            Ok(Err(e)) if e.code() == Some("OOM") => {
+                breaker.success();
+                metrics::redis_error(metrics::RedisFailure::Oom);
+                self.refused_full();
                 Err(L2Error::Redis(e))
             }
             Ok(Err(e)) => {

@@ -220,6 +220,8 @@ pub enum RedisFailure {
     NotConnected,
     /// A slot in migration (Cluster `TRYAGAIN`): no Redis failure.
     TryAgain,
+    /// A write refused because Redis is full (`OOM`): no Redis failure.
+    Oom,
 }
 
 impl RedisFailure {
@@ -230,6 +232,7 @@ impl RedisFailure {
             RedisFailure::BreakerOpen => "breaker_open",
             RedisFailure::NotConnected => "not_connected",
             RedisFailure::TryAgain => "tryagain",
+            RedisFailure::Oom => "oom",
         }
     }
 }
