@@ -12,6 +12,13 @@
 # It prints each second's answers and origin requests, each minute's RSS per
 # instance, and origin requests per second before, during and after the
 # outages. A long soak for memory: `bench/soak.sh 12` (30 minutes).
+#
+# Redis is restarted (killed, and started again empty on its port) 58 s into
+# the run, 2 s before the first outage: correlated failures are the usual
+# kind. The seconds around both are printed again with their 503s per
+# second. SOAK_REDIS_RESTART_AT=S moves the restart to S seconds; 0 leaves
+# Redis alone.
+#
 # Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
 # in target/release.
 set -euo pipefail
@@ -33,8 +40,10 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
+restart_at=${SOAK_REDIS_RESTART_AT:-58}
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
-pids+=($!)
+redis_pid=$!
+pids+=($redis_pid)
 target/release/demo-origin "127.0.0.1:$origin_port" >"$work/origin.log" 2>&1 &
 pids+=($!)
 corrals=()
@@ -62,4 +71,25 @@ done
 echo "corral $(git rev-parse --short HEAD): 3 instances, one Redis, $rate req/s, $cycles cycle(s) of 60 s + 30 s outage + 60 s"
 instances="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
 pidlist=$(IFS=,; echo "${corrals[*]}")
-timeout $((cycles * 150 + 60)) target/release/soak-load "$instances" "127.0.0.1:$origin_port" "$pidlist" "$rate" 5000 60 30 60 "$cycles"
+if [ "$restart_at" -gt 0 ]; then
+  # The restarted server replaces this subshell (exec), so cleanup stops it.
+  (
+    sleep "$restart_at"
+    kill "$redis_pid"
+    while kill -0 "$redis_pid" 2>/dev/null; do sleep 0.01; done
+    exec redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >>"$work/redis.log" 2>&1
+  ) &
+  pids+=($!)
+  echo "Redis is restarted empty at ${restart_at} s; the first origin outage starts at 60 s"
+fi
+status=0
+timeout $((cycles * 150 + 60)) target/release/soak-load "$instances" "127.0.0.1:$origin_port" "$pidlist" "$rate" 5000 60 30 60 "$cycles" \
+  | tee "$work/seconds.tsv" || status=$?
+if [ "$restart_at" -gt 0 ]; then
+  echo
+  echo "around the Redis restart (${restart_at} s) and the outage (60 s): origin requests and 503s per second"
+  awk -v from=$((restart_at - 5)) -v to=$((restart_at + 12)) -F'\t' '
+    $1 ~ /^[0-9]+$/ { d = $6 - last; last = $6; if ($1 >= from && $1 <= to) printf "t=%s\t%s\tanswers %s\torigin %s\t503 %s\n", $1, $2, $3, $4, d }
+  ' "$work/seconds.tsv"
+fi
+exit "$status"

@@ -9,8 +9,8 @@ use http::Method;
 use tokio::time::Instant;
 
 use corral_tests::clock_skew::libfaketime;
-use corral_tests::fault_proxy::{Fault, FaultProxy};
-use corral_tests::shared::cacheable;
+use corral_tests::fault_proxy::{Fault, FaultProxy, Noise};
+use corral_tests::shared::{cacheable, spawn_bursts};
 use corral_tests::{
     Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningProxy, eventually,
     lifecycle,
@@ -347,4 +347,325 @@ async fn a_full_redis_refuses_writes_and_reads_go_on() {
         "{}",
         a.log()
     );
+}
+
+/// Three instances behind one noisy link to Redis, one profile at a time
+/// (latency with jitter, a bandwidth cap, 3% of chunks reset, 5% of new
+/// connections silent): a stampede of 20 requests per instance on each of
+/// three cold keys. Every answer is the origin's whole body, no client
+/// sees an error, no waiter gives up at `lock_timeout`, and each key
+/// reaches the origin at most once per fill plus once per instance that
+/// found Redis unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_noise_between_corral_and_redis_every_answer_is_right_and_bounded() {
+    const INSTANCES: usize = 3;
+    const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+    let redis = Redis::start().await;
+    let link = FaultProxy::start(redis.addr()).await;
+    let profiles = [
+        (
+            "latency",
+            Noise {
+                latency: Duration::from_millis(2),
+                jitter: Duration::from_millis(20),
+                ..Noise::default()
+            },
+        ),
+        (
+            "bandwidth",
+            Noise {
+                bandwidth: 256 * 1024,
+                ..Noise::default()
+            },
+        ),
+        (
+            "resets",
+            Noise {
+                reset: 0.03,
+                ..Noise::default()
+            },
+        ),
+        (
+            "silent",
+            Noise {
+                silent: 0.05,
+                ..Noise::default()
+            },
+        ),
+    ];
+    let mut origin = Origin::new();
+    for (name, _) in &profiles {
+        for k in 0..3 {
+            let path = format!("/{name}/{k}");
+            let body = format!("{path} ").repeat(500);
+            origin = origin.route(&path, cacheable(&body).delay(Duration::from_millis(150)));
+        }
+    }
+    let origin = origin.start().await;
+    let config = Config::new()
+        .route(
+            Route::new("api", origin.url())
+                .coalesce("lock_timeout", &format!("{}s", LOCK_TIMEOUT.as_secs())),
+        )
+        .redis(&format!("redis://{}/0", link.addr()))
+        .redis_field("op_timeout", "250ms")
+        .redis_field("connect_timeout", "500ms")
+        .redis_field("breaker", "{ failures: 5, open_for: 500ms }");
+    let proxies = Proxy::new(config).instances(INSTANCES).start_all().await;
+    let client = Client::new();
+
+    for (name, noise) in profiles {
+        link.noise(noise);
+        for k in 0..3 {
+            let path = format!("/{name}/{k}");
+            let want = format!("{path} ").repeat(500);
+            let started = Instant::now();
+            let per_proxy = spawn_bursts(&client, &proxies, 20, &path)
+                .await
+                .expect("burst task");
+            let took = started.elapsed();
+            for answer in per_proxy.iter().flatten() {
+                let cs = answer.cache_status();
+                assert_eq!(answer.status, 200, "{name} {path}: {cs}");
+                assert!(answer.text() == want, "{name} {path}: a wrong body ({cs})");
+                assert_ne!(cs.detail(), Some("lock-timeout"), "{name} {path}");
+            }
+            assert!(
+                took < LOCK_TIMEOUT + Duration::from_secs(2),
+                "{name} {path}: the stampede took {took:?}"
+            );
+            let hits = origin.hits(&path);
+            assert!(
+                (1..=1 + INSTANCES).contains(&hits),
+                "{name} {path}: {hits} origin requests"
+            );
+        }
+        link.noise(Noise::default());
+    }
+    assert!(link.resets() > 0, "the reset profile reset nothing");
+}
+
+/// The origin behind a noisy link: latency with jitter and a bandwidth cap
+/// slow it down, and 3% of chunks reset its connection mid-answer. A
+/// client may get an error for a fetch the origin's link broke, but never
+/// a 200 with a body that is not the origin's whole body, and nothing
+/// truncated is stored: once the link is clean, every key answers whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_origin_link_never_yields_or_stores_a_truncated_body() {
+    let redis = Redis::start().await;
+    let big = |k: usize| format!("{k:06} ").repeat(16 * 1024 / 7);
+    let mut origin = Origin::new();
+    for k in 0..12 {
+        origin = origin.route(&format!("/o/{k}"), cacheable(&big(k)));
+    }
+    let origin = origin.start().await;
+    let link = FaultProxy::start(origin.addr()).await;
+    let config = Config::new()
+        .route(Route::new("api", format!("http://{}", link.addr())))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    link.noise(Noise {
+        latency: Duration::from_millis(1),
+        jitter: Duration::from_millis(10),
+        bandwidth: 1024 * 1024,
+        reset: 0.03,
+        ..Noise::default()
+    });
+    let mut errors = 0;
+    for k in 0..12 {
+        let path = format!("/o/{k}");
+        for answer in spawn_bursts(&client, &proxies, 10, &path)
+            .await
+            .expect("burst task")
+            .iter()
+            .flatten()
+        {
+            if answer.status == 200 {
+                assert!(answer.text() == big(k), "{path}: a 200 with a wrong body");
+            } else {
+                assert!(
+                    [502, 503, 504].contains(&answer.status.as_u16()),
+                    "{path}: {}",
+                    answer.status
+                );
+                errors += 1;
+            }
+        }
+    }
+    link.noise(Noise::default());
+    for k in 0..12 {
+        for p in &proxies {
+            let answer = client.get(&p.url(&format!("/o/{k}"))).await;
+            assert_eq!(answer.status, 200);
+            assert!(answer.text() == big(k), "/o/{k}: stored truncated");
+        }
+    }
+    eprintln!(
+        "{errors} error answers, {} connections reset",
+        link.resets()
+    );
+}
+
+/// Managed Redis evicts (`allkeys-lru`, `volatile-lru`) rather than
+/// refusing. Under a writer that keeps it at `maxmemory` and evicting,
+/// corral's records may vanish at any moment: every answer is still the
+/// origin's body, no waiter is left past `lock_timeout`, and a key costs
+/// at most what it costs with Redis unreachable (one fill per instance).
+/// (Redis's LRU clock ticks once a second, so under a writer that turns
+/// the whole keyspace over several times a second, an entry is evicted
+/// before the other instances read it, and each fetches its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_eviction_every_answer_is_right_and_no_waiter_is_left() {
+    const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+    for policy in ["allkeys-lru", "volatile-lru"] {
+        let redis = Redis::start_args(
+            ["--maxmemory", "4mb", "--maxmemory-policy", policy]
+                .map(String::from)
+                .to_vec(),
+        )
+        .await;
+        let mut origin = Origin::new();
+        for k in 0..6 {
+            origin = origin.route(
+                &format!("/e/{k}"),
+                cacheable(&format!("evicted {k} ").repeat(200)).delay(Duration::from_millis(300)),
+            );
+        }
+        let origin = origin.start().await;
+        let config = Config::new()
+            .route(
+                Route::new("api", origin.url())
+                    .coalesce("lock_timeout", &format!("{}s", LOCK_TIMEOUT.as_secs())),
+            )
+            .redis(&redis.url())
+            .redis_field("op_timeout", "250ms");
+        let proxies = Proxy::new(config).instances(3).start_all().await;
+        let client = Client::new();
+        // The pressure: 32 KiB values with a TTL (volatile-lru evicts only
+        // those; allkeys-lru any key).
+        let pressure = {
+            let url = redis.url();
+            tokio::spawn(async move {
+                let client = ::redis::Client::open(url).expect("a client");
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("a connection");
+                let junk = vec![b'j'; 32 * 1024];
+                for i in 0u64.. {
+                    let _: ::redis::RedisResult<()> = ::redis::cmd("SET")
+                        .arg(format!("junk:{i}"))
+                        .arg(&junk)
+                        .arg("EX")
+                        .arg(600)
+                        .query_async(&mut conn)
+                        .await;
+                    // 2 MB/s: Redis stays at maxmemory, evicting,
+                    // without the writer crowding out corral's commands.
+                    tokio::time::sleep(Duration::from_millis(16)).await;
+                }
+            })
+        };
+        for k in 0..6 {
+            let path = format!("/e/{k}");
+            let want = format!("evicted {k} ").repeat(200);
+            let started = Instant::now();
+            let per_proxy = spawn_bursts(&client, &proxies, 20, &path)
+                .await
+                .expect("burst task");
+            let took = started.elapsed();
+            for answer in per_proxy.iter().flatten() {
+                let cs = answer.cache_status();
+                assert_eq!(answer.status, 200, "{policy} {path}: {cs}");
+                assert!(answer.text() == want, "{policy} {path}: a wrong body");
+                assert_ne!(cs.detail(), Some("lock-timeout"), "{policy} {path}");
+            }
+            assert!(
+                took < LOCK_TIMEOUT + Duration::from_secs(2),
+                "{policy} {path}: the stampede took {took:?}"
+            );
+            let hits = origin.hits(&path);
+            if !(1..=3).contains(&hits) {
+                let mut seen = String::new();
+                for p in &proxies {
+                    let m = lifecycle::admin_get(p, "/metrics").await.body;
+                    for line in m.lines().filter(|l| {
+                        l.starts_with("corral_redis_errors_total")
+                            || l.starts_with("corral_lease_total")
+                            || l.starts_with("corral_l2_reads_total")
+                    }) {
+                        seen.push_str(line);
+                        seen.push('\n');
+                    }
+                    seen.push_str("--\n");
+                }
+                panic!("{policy} {path}: {hits} origin requests\n{seen}");
+            }
+        }
+        pressure.abort();
+        let evicted: String = redis
+            .command(::redis::cmd("INFO").arg("stats"), "INFO stats")
+            .await;
+        let evicted = evicted
+            .lines()
+            .find_map(|l| l.strip_prefix("evicted_keys:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        assert!(evicted > 0, "{policy}: Redis evicted nothing");
+    }
+}
+
+/// What an eviction does to one lease, exactly: it vanishes while its
+/// holder fetches (here deleted, as the eviction would). The instances
+/// waiting on it may take the key over once: one extra origin request at
+/// most, every waiter answered with the body, none past `lock_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_lease_costs_at_most_one_extra_fill() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/lease", cacheable("held").delay(Duration::from_secs(1)))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(3).start_all().await;
+    let client = Client::new();
+    let leader = {
+        let (client, url) = (client.clone(), proxies[0].url("/lease"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/lease", 1, DEADLINE).await;
+    let lease = corral_tests::shared::wait_for_key(&redis, "*:lease:*", DEADLINE).await;
+    let waiters = spawn_bursts(&client, &proxies[1..], 10, "/lease");
+    // Once both waiting instances follow the lease (subscribed to its
+    // fill channel), it vanishes.
+    let channel = lease.replace(":lease:", ":fill:");
+    eventually(DEADLINE, "both instances follow the lease", || async {
+        let (_, n): (String, i64) = redis
+            .command(::redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel), "NUMSUB")
+            .await;
+        n >= 2
+    })
+    .await;
+    let deleted: i64 = redis
+        .command(::redis::cmd("DEL").arg(&lease), "DEL the lease")
+        .await;
+    assert_eq!(deleted, 1, "the lease was there");
+    let answers = waiters.await.expect("waiters");
+    let leader = leader.await.expect("leader");
+    for answer in answers.iter().flatten().chain([&leader]) {
+        let cs = answer.cache_status();
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "held".to_owned()),
+            "{cs}"
+        );
+        assert_ne!(cs.detail(), Some("lock-timeout"));
+    }
+    let hits = origin.hits("/lease");
+    assert!((1..=2).contains(&hits), "{hits} origin requests");
 }
