@@ -669,3 +669,44 @@ async fn an_evicted_lease_costs_at_most_one_extra_fill() {
     let hits = origin.hits("/lease");
     assert!((1..=2).contains(&hits), "{hits} origin requests");
 }
+
+/// After a Redis restart the instances share through it again as soon as
+/// their subscribers are back, not once their breakers' `open_for` has
+/// passed: the subscriber's reconnect (and its read of the log) is proof
+/// that Redis answers. Here `open_for` is 60 s; sharing is back within 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_closes_when_the_subscriber_finds_redis_back() {
+    let mut redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/down", cacheable("down"))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    redis.kill();
+    // Misses while Redis is down open both breakers.
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    for p in &proxies {
+        eventually(DEADLINE, "the breaker opened", || async {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let answer = client.get(&p.url(&format!("/down?miss={i}"))).await;
+            assert_eq!(answer.status, 200);
+            counter(p, "corral_redis_breaker_open", &[]).await == 1.0
+        })
+        .await;
+    }
+    redis.restart().await;
+    corral_tests::shared::wait_shared_again(
+        &origin,
+        &client,
+        &proxies[0],
+        &proxies[1],
+        Duration::from_secs(10),
+    )
+    .await;
+}

@@ -126,6 +126,25 @@ impl Breaker {
         self.log(change);
     }
 
+    /// A check of its own, outside the guarded calls, found Redis
+    /// answering again (the subscriber reconnected and read the
+    /// invalidation log): an open breaker closes now instead of at the end
+    /// of its period, so the instances share through Redis again within
+    /// the reconnect, not `open_for` later.
+    pub fn answered_again(&self) {
+        let change = {
+            let mut inner = self.lock();
+            match inner.phase {
+                Phase::Closed { .. } => None,
+                Phase::Open { .. } | Phase::HalfOpen { .. } => {
+                    inner.phase = Phase::Closed { failures: 0 };
+                    Some(Change::Closed)
+                }
+            }
+        };
+        self.log(change);
+    }
+
     /// Reports a call that failed (error or timeout).
     pub fn failure(&self) {
         let now = Instant::now();
@@ -221,6 +240,21 @@ mod tests {
         }
         assert_eq!(breaker.state(), BreakerState::Open);
         breaker
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn redis_answering_again_closes_an_open_breaker_at_once() {
+        let breaker = opened(2);
+        assert!(!breaker.allow());
+        breaker.answered_again();
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert!(breaker.allow());
+        // Closed with no failures counted: it takes `failures` again.
+        breaker.failure();
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        breaker.failure();
+        assert_eq!(breaker.state(), BreakerState::Open);
+        assert_eq!(breaker.opened_count(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -235,6 +235,16 @@ impl RedisLink {
             .is_some_and(|at| at.elapsed() < self.full_pause)
     }
 
+    /// The subscriber reconnected and Redis answered it (one node, or the
+    /// master Sentinel names): the command breaker need not wait out its
+    /// period. A Cluster's breakers are per primary, and one answer says
+    /// nothing of the others: they wait.
+    pub fn answered_again(&self) {
+        if self.shards.is_none() {
+            self.breaker.answered_again();
+        }
+    }
+
     /// Redis answered `OOM`: it is up, and full. A refused write, not a
     /// failing Redis: it is not held against the breaker (which would stop
     /// reads and leases too), counted as `kind="oom"` and logged once.

@@ -167,7 +167,10 @@ impl Subscriber {
         )
         .await;
         let (epoch, newest) = match head {
-            Ok(Ok((epoch, newest))) => (epoch, LogId::parse(&newest).unwrap_or_default()),
+            Ok(Ok((epoch, newest))) => {
+                self.link.answered_again();
+                (epoch, LogId::parse(&newest).unwrap_or_default())
+            }
             Ok(Err(e)) => return self.lost(known.is_some(), &format!("reading it failed: {e}")),
             Err(_) => return self.lost(known.is_some(), "reading it timed out"),
         };
