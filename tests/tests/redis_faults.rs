@@ -710,3 +710,69 @@ async fn the_breaker_closes_when_the_subscriber_finds_redis_back() {
     )
     .await;
 }
+
+/// While Redis cannot be used (the breaker open), a refresh would be each
+/// instance's own, and a Redis restart under load became a surge of them.
+/// Within the stale-while-revalidate window the origin allows, the stale
+/// copy is served and its refresh waits for Redis: once it is back, one
+/// refresh for the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_unavailable_stale_while_revalidate_waits_for_it() {
+    let mut redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/swr",
+            Reply::ok("swr").header("cache-control", "max-age=1, stale-while-revalidate=60"),
+        )
+        .route("/miss", cacheable("miss"))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    for p in &proxies {
+        assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
+    }
+    assert_eq!(origin.hits("/swr"), 1);
+    redis.kill();
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    for p in &proxies {
+        eventually(DEADLINE, "the breaker opened", || async {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            client.get(&p.url(&format!("/miss?i={i}"))).await;
+            counter(p, "corral_redis_breaker_open", &[]).await == 1.0
+        })
+        .await;
+    }
+    // Stale now (max-age=1): served, the refresh deferred.
+    eventually(DEADLINE, "/swr went stale on both", || async {
+        let mut stale = 0;
+        for p in &proxies {
+            let answer = client.get(&p.url("/swr")).await;
+            assert_eq!(answer.text(), "swr");
+            stale += usize::from(answer.cache_status().detail() == Some("stale-while-revalidate"));
+        }
+        stale == proxies.len()
+    })
+    .await;
+    for _ in 0..5 {
+        for p in &proxies {
+            assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
+        }
+    }
+    assert_eq!(origin.hits("/swr"), 1, "no instance refreshed alone");
+    for p in &proxies {
+        assert!(counter(p, "corral_refreshes_deferred_total", &[]).await >= 1.0);
+    }
+    // Redis back: the next stale answer refreshes, for the fleet.
+    redis.restart().await;
+    eventually(Duration::from_secs(10), "/swr refreshed", || async {
+        client.get(&proxies[0].url("/swr")).await;
+        origin.hits("/swr") >= 2
+    })
+    .await;
+}

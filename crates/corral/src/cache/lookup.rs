@@ -206,7 +206,9 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             if refresh {
                 if !cache.l1.unverified(&entry) {
                     driver::refresh(cache, fill(Some(Arc::clone(&entry))));
-                } else if cache.resync.take() {
+                } else if !cache.tier.as_ref().is_some_and(|t| t.unavailable())
+                    && cache.resync.take()
+                {
                     if driver::refresh(cache, fill(Some(Arc::clone(&entry)))) {
                         crate::telemetry::metrics::resync_refresh();
                     } else {
@@ -218,7 +220,14 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         }
         Lookup::StaleWhileRevalidate(entry) => {
             crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
-            let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+            // With Redis unavailable the refresh would be this instance's
+            // alone, and every instance would make its own: within the
+            // window the origin allows, the stale copy waits for Redis.
+            if cache.tier.as_ref().is_some_and(|t| t.unavailable()) {
+                crate::telemetry::metrics::refresh_deferred();
+            } else {
+                let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+            }
             let st = CacheStatus::forward(Forward::Stale)
                 .with_ttl(entry.ttl_secs(now))
                 .with_detail(Detail::StaleWhileRevalidate);

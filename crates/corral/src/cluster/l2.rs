@@ -279,6 +279,9 @@ impl SharedTier for L2 {
     fn max_object_size(&self) -> u64 {
         self.max_object_size
     }
+    fn unavailable(&self) -> bool {
+        self.link.unavailable()
+    }
     fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(L2::probe(self, keys, stamp))
     }

@@ -448,6 +448,14 @@ impl RedisLink {
         )
     }
 
+    /// One node or Sentinel: Redis cannot be used now (not connected, or
+    /// the breaker open). A Cluster is never unavailable as a whole here:
+    /// its primaries' breakers are per key.
+    pub fn unavailable(&self) -> bool {
+        self.shards.is_none()
+            && (self.breaker.state() == BreakerState::Open || !self.is_connected())
+    }
+
     pub fn is_connected(&self) -> bool {
         self.conn
             .read()

@@ -247,6 +247,12 @@ pub fn invalidation_log_lost() {
     counter!("corral_invalidation_log_total", "outcome" => "lost").increment(1);
 }
 
+/// A stale-while-revalidate answer whose refresh waits for Redis (which
+/// is unavailable: the refresh would be this instance's alone).
+pub fn refresh_deferred() {
+    counter!("corral_refreshes_deferred_total").increment(1);
+}
+
 /// An unverified entry's paced revalidation started.
 pub fn resync_refresh() {
     counter!("corral_resync_refreshes_total").increment(1);
