@@ -12,8 +12,8 @@ use corral_tests::clock_skew::libfaketime;
 use corral_tests::fault_proxy::{Fault, FaultProxy, Noise};
 use corral_tests::shared::{cacheable, spawn_bursts};
 use corral_tests::{
-    Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningProxy, eventually,
-    lifecycle,
+    Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin, RunningProxy,
+    eventually, lifecycle,
 };
 
 /// Instance A's clock is true, B's runs 30 s ahead and C's 30 s behind.
@@ -108,6 +108,39 @@ fn keys(n: usize) -> Vec<String> {
 
 async fn counter(proxy: &RunningProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
     lifecycle::scrape(proxy).await.sum(name, labels)
+}
+
+/// `LOCK_TIMEOUT` of the stampede scenarios: no answer may wait past it.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A stampede of 20 requests per instance on `path`: every answer is a 200
+/// with the whole body `want`, none gave up at `LOCK_TIMEOUT`, and all came
+/// within it (and the origin's time). Returns the origin requests `path`
+/// has had.
+async fn checked_stampede(
+    client: &Client,
+    proxies: &[RunningProxy],
+    origin: &RunningOrigin,
+    path: &str,
+    want: &str,
+    label: &str,
+) -> usize {
+    let started = Instant::now();
+    let per_proxy = spawn_bursts(client, proxies, 20, path)
+        .await
+        .expect("burst task");
+    let took = started.elapsed();
+    for answer in per_proxy.iter().flatten() {
+        let cs = answer.cache_status();
+        assert_eq!(answer.status, 200, "{label} {path}: {cs}");
+        assert!(answer.text() == want, "{label} {path}: a wrong body ({cs})");
+        assert_ne!(cs.detail(), Some("lock-timeout"), "{label} {path}");
+    }
+    assert!(
+        took < LOCK_TIMEOUT + Duration::from_secs(2),
+        "{label} {path}: the stampede took {took:?}"
+    );
+    origin.hits(path)
 }
 
 /// A Redis restart used to drop every instance's L1 at once (the
@@ -359,7 +392,6 @@ async fn a_full_redis_refuses_writes_and_reads_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_noise_between_corral_and_redis_every_answer_is_right_and_bounded() {
     const INSTANCES: usize = 3;
-    const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
     let redis = Redis::start().await;
     let link = FaultProxy::start(redis.addr()).await;
     let profiles = [
@@ -419,22 +451,7 @@ async fn under_noise_between_corral_and_redis_every_answer_is_right_and_bounded(
         for k in 0..3 {
             let path = format!("/{name}/{k}");
             let want = format!("{path} ").repeat(500);
-            let started = Instant::now();
-            let per_proxy = spawn_bursts(&client, &proxies, 20, &path)
-                .await
-                .expect("burst task");
-            let took = started.elapsed();
-            for answer in per_proxy.iter().flatten() {
-                let cs = answer.cache_status();
-                assert_eq!(answer.status, 200, "{name} {path}: {cs}");
-                assert!(answer.text() == want, "{name} {path}: a wrong body ({cs})");
-                assert_ne!(cs.detail(), Some("lock-timeout"), "{name} {path}");
-            }
-            assert!(
-                took < LOCK_TIMEOUT + Duration::from_secs(2),
-                "{name} {path}: the stampede took {took:?}"
-            );
-            let hits = origin.hits(&path);
+            let hits = checked_stampede(&client, &proxies, &origin, &path, &want, name).await;
             assert!(
                 (1..=1 + INSTANCES).contains(&hits),
                 "{name} {path}: {hits} origin requests"
@@ -518,7 +535,6 @@ async fn a_noisy_origin_link_never_yields_or_stores_a_truncated_body() {
 /// before the other instances read it, and each fetches its own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_eviction_every_answer_is_right_and_no_waiter_is_left() {
-    const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
     for policy in ["allkeys-lru", "volatile-lru"] {
         let redis = Redis::start_args(
             ["--maxmemory", "4mb", "--maxmemory-policy", policy]
@@ -571,38 +587,11 @@ async fn under_eviction_every_answer_is_right_and_no_waiter_is_left() {
         for k in 0..6 {
             let path = format!("/e/{k}");
             let want = format!("evicted {k} ").repeat(200);
-            let started = Instant::now();
-            let per_proxy = spawn_bursts(&client, &proxies, 20, &path)
-                .await
-                .expect("burst task");
-            let took = started.elapsed();
-            for answer in per_proxy.iter().flatten() {
-                let cs = answer.cache_status();
-                assert_eq!(answer.status, 200, "{policy} {path}: {cs}");
-                assert!(answer.text() == want, "{policy} {path}: a wrong body");
-                assert_ne!(cs.detail(), Some("lock-timeout"), "{policy} {path}");
-            }
+            let hits = checked_stampede(&client, &proxies, &origin, &path, &want, policy).await;
             assert!(
-                took < LOCK_TIMEOUT + Duration::from_secs(2),
-                "{policy} {path}: the stampede took {took:?}"
+                (1..=3).contains(&hits),
+                "{policy} {path}: {hits} origin requests"
             );
-            let hits = origin.hits(&path);
-            if !(1..=3).contains(&hits) {
-                let mut seen = String::new();
-                for p in &proxies {
-                    let m = lifecycle::admin_get(p, "/metrics").await.body;
-                    for line in m.lines().filter(|l| {
-                        l.starts_with("corral_redis_errors_total")
-                            || l.starts_with("corral_lease_total")
-                            || l.starts_with("corral_l2_reads_total")
-                    }) {
-                        seen.push_str(line);
-                        seen.push('\n');
-                    }
-                    seen.push_str("--\n");
-                }
-                panic!("{policy} {path}: {hits} origin requests\n{seen}");
-            }
         }
         pressure.abort();
         let evicted: String = redis
@@ -670,6 +659,31 @@ async fn an_evicted_lease_costs_at_most_one_extra_fill() {
     assert!((1..=2).contains(&hits), "{hits} origin requests");
 }
 
+/// One route to `origin`, sharing `redis`, with a breaker that opens after
+/// two failures and stays open a minute (unless something closes it).
+fn long_breaker(origin: &RunningOrigin, redis: &Redis) -> Config {
+    Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("breaker", "{ failures: 2, open_for: 60s }")
+}
+
+/// With Redis down, misses on `path` (a new query each) until every
+/// instance's breaker is open.
+async fn open_breakers(client: &Client, proxies: &[RunningProxy], path: &str) {
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    for p in proxies {
+        eventually(DEADLINE, "the breaker opened", || async {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let answer = client.get(&p.url(&format!("{path}?miss={i}"))).await;
+            assert_eq!(answer.status, 200);
+            counter(p, "corral_redis_breaker_open", &[]).await == 1.0
+        })
+        .await;
+    }
+}
+
 /// After a Redis restart the instances share through it again as soon as
 /// their subscribers are back, not once their breakers' `open_for` has
 /// passed: the subscriber's reconnect (and its read of the log) is proof
@@ -681,25 +695,13 @@ async fn the_breaker_closes_when_the_subscriber_finds_redis_back() {
         .route("/down", cacheable("down"))
         .start()
         .await;
-    let config = Config::new()
-        .route(Route::new("api", origin.url()))
-        .redis(&redis.url())
-        .redis_field("op_timeout", "250ms")
-        .redis_field("breaker", "{ failures: 2, open_for: 60s }");
-    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let proxies = Proxy::new(long_breaker(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
     let client = Client::new();
     redis.kill();
-    // Misses while Redis is down open both breakers.
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    for p in &proxies {
-        eventually(DEADLINE, "the breaker opened", || async {
-            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let answer = client.get(&p.url(&format!("/down?miss={i}"))).await;
-            assert_eq!(answer.status, 200);
-            counter(p, "corral_redis_breaker_open", &[]).await == 1.0
-        })
-        .await;
-    }
+    open_breakers(&client, &proxies, "/down").await;
     redis.restart().await;
     corral_tests::shared::wait_shared_again(
         &origin,
@@ -727,27 +729,17 @@ async fn while_redis_is_unavailable_stale_while_revalidate_waits_for_it() {
         .route("/miss", cacheable("miss"))
         .start()
         .await;
-    let config = Config::new()
-        .route(Route::new("api", origin.url()))
-        .redis(&redis.url())
-        .redis_field("op_timeout", "250ms")
-        .redis_field("breaker", "{ failures: 2, open_for: 60s }");
-    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let proxies = Proxy::new(long_breaker(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
     let client = Client::new();
     for p in &proxies {
         assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
     }
     assert_eq!(origin.hits("/swr"), 1);
     redis.kill();
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    for p in &proxies {
-        eventually(DEADLINE, "the breaker opened", || async {
-            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            client.get(&p.url(&format!("/miss?i={i}"))).await;
-            counter(p, "corral_redis_breaker_open", &[]).await == 1.0
-        })
-        .await;
-    }
+    open_breakers(&client, &proxies, "/miss").await;
     // Stale now (max-age=1): served, the refresh deferred.
     eventually(DEADLINE, "/swr went stale on both", || async {
         let mut stale = 0;
