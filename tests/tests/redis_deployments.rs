@@ -322,10 +322,25 @@ async fn corral_follows_the_master_sentinel_promotes_and_the_lab_passes_before_a
         );
     }
 
-    // The promoted replica has the invalidation log and its epoch: the
-    // instances replayed the (empty) gap instead of dropping or
-    // unverifying what they held, and /before is still answered from each
-    // one's memory.
+    // The promoted replica has the invalidation log and its epoch: once
+    // every instance's subscriber is on it, they have replayed the (empty)
+    // gap instead of dropping or unverifying what they held, and /before
+    // is still answered from each one's memory.
+    eventually(
+        DEADLINE,
+        "every subscriber on the promoted master",
+        || async {
+            let (_, n): (String, i64) = deployment
+                .replica
+                .command(
+                    redis::cmd("PUBSUB").arg("NUMSUB").arg("corral:invalidate"),
+                    "NUMSUB",
+                )
+                .await;
+            n >= INSTANCES as i64
+        },
+    )
+    .await;
     for proxy in &proxies {
         let answer = client.get(&proxy.url("/before")).await;
         let cs = answer.cache_status();
