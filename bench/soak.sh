@@ -17,7 +17,9 @@
 # the run, 2 s before the first outage: correlated failures are the usual
 # kind. The seconds around both are printed again with their 503s per
 # second. SOAK_REDIS_RESTART_AT=S moves the restart to S seconds; 0 leaves
-# Redis alone.
+# Redis alone. SOAK_REDIS=sentinel runs a master, a replica and three
+# sentinels instead (corral follows the master they name), and at that
+# moment kills the master for good: a failover, not a restart.
 #
 # Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
 # in target/release.
@@ -41,9 +43,44 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 restart_at=${SOAK_REDIS_RESTART_AT:-58}
+mode=${SOAK_REDIS:-node}
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
 redis_pid=$!
 pids+=($redis_pid)
+redis_yaml="{ url: \"redis://127.0.0.1:$redis_port/0\", op_timeout: 100ms }"
+if [ "$mode" = sentinel ]; then
+  replica_port=$((redis_port - 1))
+  redis-server --port "$replica_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --replicaof 127.0.0.1 "$redis_port" >"$work/replica.log" 2>&1 &
+  pids+=($!)
+  nodes=()
+  for s in 0 1 2; do
+    sport=$((26397 + s))
+    cat >"$work/sentinel$s.conf" <<CONF
+port $sport
+bind 127.0.0.1
+sentinel monitor soak 127.0.0.1 $redis_port 2
+sentinel down-after-milliseconds soak 1000
+sentinel failover-timeout soak 5000
+CONF
+    redis-server "$work/sentinel$s.conf" --sentinel >"$work/sentinel$s.log" 2>&1 &
+    pids+=($!)
+    nodes+=("redis://127.0.0.1:$sport")
+  done
+  # Formed: every sentinel knows the replica and the two others.
+  for _ in $(seq 300); do
+    formed=1
+    for s in 0 1 2; do
+      r=$(redis-cli -p $((26397 + s)) sentinel replicas soak 2>/dev/null | grep -c "^$replica_port$" || true)
+      o=$(redis-cli -p $((26397 + s)) sentinel sentinels soak 2>/dev/null | grep -c '^name$' || true)
+      [ "$r" -ge 1 ] && [ "$o" -ge 2 ] || formed=0
+    done
+    [ "$formed" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$formed" = 1 ] || { echo "the sentinels did not form" >&2; exit 1; }
+  redis_yaml="{ sentinel: { master: soak, nodes: [$(IFS=,; echo "${nodes[*]}")] }, op_timeout: 100ms }"
+fi
 target/release/demo-origin "127.0.0.1:$origin_port" >"$work/origin.log" 2>&1 &
 pids+=($!)
 corrals=()
@@ -52,7 +89,7 @@ for i in 0 1 2; do
 listen: 127.0.0.1:${ports[$i]}
 admin: 127.0.0.1:${admins[$i]}
 cache: { memory: 64MiB, max_object_size: 1MiB }
-redis: { url: "redis://127.0.0.1:$redis_port/0", op_timeout: 100ms }
+redis: $redis_yaml
 routes:
   - name: soak
     match: { path_prefix: / }
@@ -71,7 +108,11 @@ done
 echo "corral $(git rev-parse --short HEAD): 3 instances, one Redis, $rate req/s, $cycles cycle(s) of 60 s + 30 s outage + 60 s"
 instances="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
 pidlist=$(IFS=,; echo "${corrals[*]}")
-if [ "$restart_at" -gt 0 ]; then
+if [ "$restart_at" -gt 0 ] && [ "$mode" = sentinel ]; then
+  ( sleep "$restart_at"; kill -9 "$redis_pid" ) &
+  pids+=($!)
+  echo "The Sentinel master is killed at ${restart_at} s (the replica is promoted); the first origin outage starts at 60 s"
+elif [ "$restart_at" -gt 0 ]; then
   # The restarted server replaces this subshell (exec), so cleanup stops it.
   (
     sleep "$restart_at"
@@ -87,7 +128,7 @@ timeout $((cycles * 150 + 60)) target/release/soak-load "$instances" "127.0.0.1:
   | tee "$work/seconds.tsv" || status=$?
 if [ "$restart_at" -gt 0 ]; then
   echo
-  echo "around the Redis restart (${restart_at} s) and the outage (60 s): origin requests and 503s per second"
+  echo "around the Redis $( [ "$mode" = sentinel ] && echo failover || echo restart ) (${restart_at} s) and the outage (60 s): origin requests and 503s per second"
   awk -v from=$((restart_at - 5)) -v to=$((restart_at + 12)) -F'\t' '
     $1 ~ /^[0-9]+$/ { d = $6 - last; last = $6; if ($1 >= from && $1 <= to) printf "t=%s\t%s\tanswers %s\torigin %s\t503 %s\n", $1, $2, $3, $4, d }
   ' "$work/seconds.tsv"
