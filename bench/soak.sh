@@ -20,6 +20,8 @@
 # Redis alone. SOAK_REDIS=sentinel runs a master, a replica and three
 # sentinels instead (corral follows the master they name), and at that
 # moment kills the master for good: a failover, not a restart.
+# SOAK_REDIS=cluster runs a six-node Cluster (three primaries, a replica
+# each) and kills the first primary for good instead.
 #
 # Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
 # in target/release.
@@ -80,6 +82,35 @@ CONF
   done
   [ "$formed" = 1 ] || { echo "the sentinels did not form" >&2; exit 1; }
   redis_yaml="{ sentinel: { master: soak, nodes: [$(IFS=,; echo "${nodes[*]}")] }, op_timeout: 100ms }"
+elif [ "$mode" = cluster ]; then
+  command -v redis-cli >/dev/null || { echo "SOAK_REDIS=cluster needs redis-cli" >&2; exit 1; }
+  addrs=() seeds=()
+  for n in 0 1 2 3 4 5; do
+    port=$((7301 + n))
+    mkdir -p "$work/node$n"
+    (cd "$work/node$n" && exec redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000 \
+      --repl-diskless-sync-delay 0 >"$work/node$n/log" 2>&1) &
+    [ "$n" = 0 ] && redis_pid=$!
+    pids+=($!)
+    addrs+=("127.0.0.1:$port")
+    seeds+=("redis://127.0.0.1:$port")
+  done
+  for n in 0 1 2 3 4 5; do
+    for _ in $(seq 100); do redis-cli -p $((7301 + n)) ping >/dev/null 2>&1 && break; sleep 0.05; done
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$work/create.log" 2>&1 \
+    || { cat "$work/create.log" >&2; exit 1; }
+  for _ in $(seq 300); do
+    ok=0
+    for n in 0 1 2 3 4 5; do
+      redis-cli -p $((7301 + n)) cluster info 2>/dev/null | grep -q 'cluster_state:ok' && ok=$((ok + 1))
+    done
+    [ "$ok" = 6 ] && break
+    sleep 0.1
+  done
+  [ "$ok" = 6 ] || { echo "the cluster did not form" >&2; exit 1; }
+  redis_yaml="{ cluster: [$(IFS=,; echo "${seeds[*]}")], op_timeout: 100ms }"
 fi
 target/release/demo-origin "127.0.0.1:$origin_port" >"$work/origin.log" 2>&1 &
 pids+=($!)
@@ -108,10 +139,10 @@ done
 echo "corral $(git rev-parse --short HEAD): 3 instances, one Redis, $rate req/s, $cycles cycle(s) of 60 s + 30 s outage + 60 s"
 instances="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
 pidlist=$(IFS=,; echo "${corrals[*]}")
-if [ "$restart_at" -gt 0 ] && [ "$mode" = sentinel ]; then
+if [ "$restart_at" -gt 0 ] && [ "$mode" != node ]; then
   ( sleep "$restart_at"; kill -9 "$redis_pid" ) &
   pids+=($!)
-  echo "The Sentinel master is killed at ${restart_at} s (the replica is promoted); the first origin outage starts at 60 s"
+  echo "The $mode's first primary is killed at ${restart_at} s (its replica is promoted); the first origin outage starts at 60 s"
 elif [ "$restart_at" -gt 0 ]; then
   # The restarted server replaces this subshell (exec), so cleanup stops it.
   (
@@ -128,7 +159,7 @@ timeout $((cycles * 150 + 60)) target/release/soak-load "$instances" "127.0.0.1:
   | tee "$work/seconds.tsv" || status=$?
 if [ "$restart_at" -gt 0 ]; then
   echo
-  echo "around the Redis $( [ "$mode" = sentinel ] && echo failover || echo restart ) (${restart_at} s) and the outage (60 s): origin requests and 503s per second"
+  echo "around the Redis $( [ "$mode" = node ] && echo restart || echo failover ) (${restart_at} s) and the outage (60 s): origin requests and 503s per second"
   awk -v from=$((restart_at - 5)) -v to=$((restart_at + 12)) -F'\t' '
     $1 ~ /^[0-9]+$/ { d = $6 - last; last = $6; if ($1 >= from && $1 <= to) printf "t=%s\t%s\tanswers %s\torigin %s\t503 %s\n", $1, $2, $3, $4, d }
   ' "$work/seconds.tsv"
