@@ -603,3 +603,70 @@ async fn a_password_protected_master_is_reached_through_sentinel_with_its_passwo
     })
     .await;
 }
+
+/// On a Cluster too, while the primary that holds a URI's records cannot
+/// be used (its breaker open), a stale-while-revalidate answer's refresh
+/// waits for it instead of every instance refreshing on its own: a
+/// failover under load was a surge of such refreshes. The primary is
+/// frozen (no failover); misses whose keys it holds open its breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_stale_answer_waits_for_its_primary() {
+    let cluster = RedisCluster::start_args(&[
+        "--cluster-replica-no-failover",
+        "yes",
+        "--cluster-require-full-coverage",
+        "no",
+    ])
+    .await;
+    let origin = Origin::new()
+        .route(
+            "/swr",
+            Reply::ok("swr").header("cache-control", "max-age=1, stale-while-revalidate=60"),
+        )
+        .start()
+        .await;
+    let config = config(&origin, ("cluster", yaml_list(&cluster.seeds())))
+        .redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let client = Client::new();
+    for p in &proxies {
+        assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
+    }
+    assert_eq!(origin.hits("/swr"), 1);
+    let entry = wait_for_key(&cluster, "*:e:*", DEADLINE).await;
+    let holder = cluster.primary_of(&entry).await;
+    cluster.node(holder).pause();
+    // Misses on new keys until the frozen primary's breaker is open on
+    // both: only its keys time out, so two timeouts in a row are its.
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    for p in &proxies {
+        eventually(
+            Duration::from_secs(30),
+            "the frozen primary's breaker open",
+            || async {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = format!("/miss-{i}");
+                origin.set_route(&path, cacheable("miss"));
+                assert_eq!(client.get(&p.url(&path)).await.status, 200);
+                scrape(p).await.sum("corral_redis_breaker_open", &[]) == 1.0
+            },
+        )
+        .await;
+    }
+    eventually(DEADLINE, "/swr stale on both", || async {
+        let mut stale = 0;
+        for p in &proxies {
+            let answer = client.get(&p.url("/swr")).await;
+            assert_eq!(answer.text(), "swr");
+            stale += usize::from(answer.cache_status().detail() == Some("stale-while-revalidate"));
+        }
+        stale == proxies.len()
+    })
+    .await;
+    for p in &proxies {
+        assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
+        assert!(scrape(p).await.sum("corral_refreshes_deferred_total", &[]) >= 1.0);
+    }
+    assert_eq!(origin.hits("/swr"), 1, "no instance refreshed alone");
+    cluster.node(holder).resume();
+}

@@ -206,7 +206,10 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             if refresh {
                 if !cache.l1.unverified(&entry) {
                     driver::refresh(cache, fill(Some(Arc::clone(&entry))));
-                } else if !cache.tier.as_ref().is_some_and(|t| t.unavailable())
+                } else if !cache
+                    .tier
+                    .as_ref()
+                    .is_some_and(|t| t.unavailable(&keys.primary))
                     && cache.resync.take()
                 {
                     if driver::refresh(cache, fill(Some(Arc::clone(&entry)))) {
@@ -223,7 +226,11 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             // With Redis unavailable the refresh would be this instance's
             // alone, and every instance would make its own: within the
             // window the origin allows, the stale copy waits for Redis.
-            if cache.tier.as_ref().is_some_and(|t| t.unavailable()) {
+            if cache
+                .tier
+                .as_ref()
+                .is_some_and(|t| t.unavailable(&keys.primary))
+            {
                 crate::telemetry::metrics::refresh_deferred();
             } else {
                 let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));

@@ -279,8 +279,14 @@ impl SharedTier for L2 {
     fn max_object_size(&self) -> u64 {
         self.max_object_size
     }
-    fn unavailable(&self) -> bool {
-        self.link.unavailable()
+    fn unavailable(&self, primary: &PrimaryKey) -> bool {
+        if !self.link.is_cluster() {
+            return self.link.unavailable_for("");
+        }
+        // Every key of a URI shares its hash tag: the entry key names its
+        // slot as well as any.
+        let keys = self.layout.keys(primary, Digest([0; 32]), None);
+        self.link.unavailable_for(&keys.entry())
     }
     fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(L2::probe(self, keys, stamp))

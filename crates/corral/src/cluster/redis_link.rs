@@ -448,12 +448,11 @@ impl RedisLink {
         )
     }
 
-    /// One node or Sentinel: Redis cannot be used now (not connected, or
-    /// the breaker open). A Cluster is never unavailable as a whole here:
-    /// its primaries' breakers are per key.
-    pub fn unavailable(&self) -> bool {
-        self.shards.is_none()
-            && (self.breaker.state() == BreakerState::Open || !self.is_connected())
+    /// Redis cannot be used now for `key`: not connected, or the breaker
+    /// of whatever serves `key` (one node's or Sentinel's master's, or the
+    /// Cluster primary that owns the key's slot) is open.
+    pub fn unavailable_for(&self, key: &str) -> bool {
+        !self.is_connected() || self.breaker_for(Some(key.as_bytes())).state() == BreakerState::Open
     }
 
     pub fn is_connected(&self) -> bool {

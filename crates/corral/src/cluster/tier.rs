@@ -79,11 +79,12 @@ pub trait SharedTier: Send + Sync {
     /// Subscribes to the variant's fill notices (before re-reading, so
     /// that no notice falls between the read and the wait).
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>>;
-    /// Redis cannot be used now (one node or Sentinel whose breaker is
-    /// open, or no connection): a background refresh would fetch for this
-    /// instance alone, so a stale-while-revalidate answer waits for Redis
-    /// instead (see `lookup`).
-    fn unavailable(&self) -> bool {
+    /// Redis cannot be used now for `primary`'s records (no connection,
+    /// or the breaker of the node or Cluster primary that holds them is
+    /// open): a background refresh would fetch for this instance alone, so
+    /// a stale-while-revalidate answer waits for Redis instead (see
+    /// `lookup`).
+    fn unavailable(&self, _primary: &PrimaryKey) -> bool {
         false
     }
     /// The largest body `store` writes.
