@@ -150,7 +150,16 @@ async fn bodies_pinned_by_slow_readers_are_counted_and_given_back() {
         let req = format!("GET /b?k={i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         readers.push(corral_tests::send_as_slow_reader(proxy.addr(), req.as_bytes()).await);
     }
-    assert_eq!(origin.hits("/b"), READERS, "the slow readers' were hits");
+    // The slow readers' requests were hits, but for at most one: L1's
+    // admission policy (moka's TinyLFU) may turn a new 8 MiB entry away,
+    // for the older and more used ones, before its reader's request
+    // arrives; a loaded machine makes that likelier (one CI run in six on
+    // 2026-12-02 saw 7 origin requests here).
+    let hits = origin.hits("/b");
+    assert!(
+        (READERS..=READERS + 1).contains(&hits),
+        "{hits} origin requests: the slow readers' should be hits"
+    );
     // Every body is still held by its reader, evicted or not.
     corral_tests::eventually(
         corral_tests::DEADLINE,
