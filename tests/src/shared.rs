@@ -162,3 +162,29 @@ pub async fn post_on_a_purges_b(
         tokio::time::sleep(ms(20)).await;
     }
 }
+
+/// Asks every proxy for `path` until each answers it as a stale copy served
+/// while it revalidates (`detail=stale-while-revalidate`); every answer
+/// must be `body`.
+pub async fn wait_stale_everywhere(
+    client: &Client,
+    proxies: &[RunningProxy],
+    path: &str,
+    body: &str,
+) {
+    crate::eventually(
+        crate::DEADLINE,
+        &format!("{path} answered stale on every instance"),
+        || async {
+            let mut stale = 0;
+            for p in proxies {
+                let answer = client.get(&p.url(path)).await;
+                assert_eq!(answer.text(), body, "{path}");
+                stale +=
+                    usize::from(answer.cache_status().detail() == Some("stale-while-revalidate"));
+            }
+            stale == proxies.len()
+        },
+    )
+    .await;
+}

@@ -653,16 +653,7 @@ async fn on_a_cluster_a_stale_answer_waits_for_its_primary() {
         )
         .await;
     }
-    eventually(DEADLINE, "/swr stale on both", || async {
-        let mut stale = 0;
-        for p in &proxies {
-            let answer = client.get(&p.url("/swr")).await;
-            assert_eq!(answer.text(), "swr");
-            stale += usize::from(answer.cache_status().detail() == Some("stale-while-revalidate"));
-        }
-        stale == proxies.len()
-    })
-    .await;
+    corral_tests::shared::wait_stale_everywhere(&client, &proxies, "/swr", "swr").await;
     for p in &proxies {
         assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");
         assert!(scrape(p).await.sum("corral_refreshes_deferred_total", &[]) >= 1.0);

@@ -741,16 +741,7 @@ async fn while_redis_is_unavailable_stale_while_revalidate_waits_for_it() {
     redis.kill();
     open_breakers(&client, &proxies, "/miss").await;
     // Stale now (max-age=1): served, the refresh deferred.
-    eventually(DEADLINE, "/swr went stale on both", || async {
-        let mut stale = 0;
-        for p in &proxies {
-            let answer = client.get(&p.url("/swr")).await;
-            assert_eq!(answer.text(), "swr");
-            stale += usize::from(answer.cache_status().detail() == Some("stale-while-revalidate"));
-        }
-        stale == proxies.len()
-    })
-    .await;
+    corral_tests::shared::wait_stale_everywhere(&client, &proxies, "/swr", "swr").await;
     for _ in 0..5 {
         for p in &proxies {
             assert_eq!(client.get(&p.url("/swr")).await.text(), "swr");

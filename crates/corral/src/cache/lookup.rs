@@ -197,6 +197,14 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         )
     });
     let is_pass = || cache.l1.is_pass(&keys.pass_scope());
+    // Redis cannot be used for this key now: a background refresh would
+    // be this instance's alone (asked only where a refresh would start).
+    let redis_unavailable = || {
+        cache
+            .tier
+            .as_ref()
+            .is_some_and(|t| t.unavailable(&keys.primary))
+    };
     let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce, is_pass) {
         Lookup::Fetch { coalesce, stale } => {
             let fill = fill(stale);
@@ -205,13 +213,8 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         Lookup::Hit { refresh, entry } => {
             if refresh {
                 if !cache.l1.unverified(&entry) {
-                    driver::refresh(cache, fill(Some(Arc::clone(&entry))));
-                } else if !cache
-                    .tier
-                    .as_ref()
-                    .is_some_and(|t| t.unavailable(&keys.primary))
-                    && cache.resync.take()
-                {
+                    let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+                } else if !redis_unavailable() && cache.resync.take() {
                     if driver::refresh(cache, fill(Some(Arc::clone(&entry)))) {
                         crate::telemetry::metrics::resync_refresh();
                     } else {
@@ -226,11 +229,7 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             // With Redis unavailable the refresh would be this instance's
             // alone, and every instance would make its own: within the
             // window the origin allows, the stale copy waits for Redis.
-            if cache
-                .tier
-                .as_ref()
-                .is_some_and(|t| t.unavailable(&keys.primary))
-            {
+            if redis_unavailable() {
                 crate::telemetry::metrics::refresh_deferred();
             } else {
                 let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));

@@ -133,13 +133,19 @@ impl Subscriber {
     /// in the log.
     fn deliver(&self, payload: &str) {
         let (id, notice) = split_logged(payload);
+        self.apply(id, notice);
+    }
+
+    /// Applies one notice, moving this instance's place in the log to
+    /// `id` (a logged notice's).
+    fn apply(&self, id: Option<LogId>, notice: &str) {
         if let Some(id) = id {
             let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
             place.last = place.last.max(id);
         }
         match ClusterNotice::decode(notice) {
             Some(notice) => (self.on_notice)(notice),
-            None => tracing::warn!(payload, "ignoring a malformed cluster notice"),
+            None => tracing::warn!(notice, "ignoring a malformed cluster notice"),
         }
     }
 
@@ -205,9 +211,11 @@ impl Subscriber {
             Err(_) => return self.lost(true, "reading it timed out"),
         };
         let kept = matches!(rows.first(), Some(Value::Int(1)));
-        let notices: Vec<(String, String)> = rows[1.min(rows.len())..]
+        let notices: Vec<(Option<LogId>, String)> = rows
+            .get(1..)
+            .unwrap_or_default()
             .chunks(2)
-            .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
+            .filter_map(|pair| Some((LogId::parse(&text(pair.first()?)?), text(pair.get(1)?)?)))
             .collect();
         {
             let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
@@ -218,7 +226,7 @@ impl Subscriber {
             return self.lost(true, "it was trimmed past this instance's place");
         }
         for (id, notice) in &notices {
-            self.deliver(&format!("{id} {notice}"));
+            self.apply(*id, notice);
         }
         crate::telemetry::metrics::invalidation_log_replayed(notices.len());
         if !notices.is_empty() {
