@@ -16,6 +16,7 @@ const FOLDERS: &[&str] = &[
     "routes",
     "limits",
     "origin",
+    "overload",
     "cluster",
     "sealed",
     "telemetry",

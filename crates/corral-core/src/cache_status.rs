@@ -91,6 +91,9 @@ pub enum Detail {
     InvalidToken,
     /// No `upstream_concurrency` slot came free within the queue timeout (503).
     UpstreamBusy,
+    /// corral was overloaded (`server.overload`): no new origin work or
+    /// new connection was taken on (503).
+    Overloaded,
 }
 
 /// How an exchange with the origin failed, as `Cache-Status` names it.
@@ -152,6 +155,7 @@ impl Detail {
             Detail::LimiterUnavailable => "limiter-unavailable",
             Detail::InvalidToken => "invalid-token",
             Detail::UpstreamBusy => "upstream-busy",
+            Detail::Overloaded => "overloaded",
         }
     }
 

@@ -10,6 +10,7 @@ mod http;
 mod limits;
 mod ops;
 mod origin;
+mod overload;
 mod routes;
 mod sealed;
 mod telemetry;
@@ -399,8 +400,11 @@ async fn serve(
         tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
+    crate::overload::spawn(config.server.overload.map(|p| f64::from(p) / 100.0));
     match config.server.runtime {
         RuntimeMode::Shared => {
+            // This runtime serves clients (per_core: each worker's does).
+            crate::overload::serving_here();
             let (plain, secure) = listeners.pop().context("no listener")?;
             let plain = TcpListener::from_std(plain).context("the client listener")?;
             let secure = match (secure, listener_tls) {

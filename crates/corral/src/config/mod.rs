@@ -207,7 +207,15 @@ pub struct ServerConfig {
     /// Threads serving clients (`server.workers`); `None`: one per
     /// available core (or `TOKIO_WORKER_THREADS` with `shared`).
     pub workers: Option<usize>,
+    /// `server.overload`: the share of time (percent) the serving threads
+    /// may be busy, sustained, before corral sheds new origin work and new
+    /// connections (`http::overload`); `None` (`off`): it never sheds.
+    pub overload: Option<u8>,
 }
+
+/// `server.overload` unless configured: shed once the serving threads have
+/// been busy 90% of the time for a second.
+pub const DEFAULT_OVERLOAD: u8 = 90;
 
 /// `server.runtime`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -238,6 +246,7 @@ impl Default for ServerConfig {
             listen_proxy_protocol: false,
             runtime: RuntimeMode::Shared,
             workers: None,
+            overload: Some(DEFAULT_OVERLOAD),
         }
     }
 }
@@ -1372,6 +1381,23 @@ routes:
             let error = refused(&format!("server:\n{fields}{}", route_with("")));
             let message = assert_at(&error, 2, column, field);
             assert!(message.contains(hint), "{fields}: {message}");
+        }
+    }
+
+    #[test]
+    fn overload_sheds_at_90_percent_unless_set_or_turned_off() {
+        assert_eq!(config(&route_with("")).server.overload, Some(90));
+        for (value, expected) in [("50%", Some(50)), ("100", Some(100)), ("off", None)] {
+            let c = config(&format!("server:\n  overload: {value}\n{}", route_with("")));
+            assert_eq!(c.server.overload, expected, "{value}");
+        }
+        for value in ["0%", "101%", "high", "95.5%"] {
+            let error = refused(&format!("server:\n  overload: {value}\n{}", route_with("")));
+            let message = assert_at(&error, 2, 13, "server.overload");
+            assert!(
+                message.contains("whole percentage from 1 to 100"),
+                "{value}: {message}"
+            );
         }
     }
 

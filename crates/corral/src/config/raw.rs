@@ -110,6 +110,7 @@ pub struct RawServer {
     pub listen_proxy_protocol: Option<bool>,
     pub runtime: Option<Text>,
     pub workers: Option<Text>,
+    pub overload: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -55,6 +55,9 @@ pub struct Limits {
     /// Each connection opens with a PROXY protocol header, read (within
     /// `header_read_timeout`) before HTTP; its address is the peer.
     pub proxy_protocol: bool,
+    /// A connection accepted while corral is overloaded is only told to
+    /// come back later (`http::overload`); the admin listener never is.
+    pub shed_when_overloaded: bool,
 }
 
 /// What one connection is doing, shared by its requests, its socket and its
@@ -311,6 +314,9 @@ struct Tracked<H> {
     /// The connection is TLS (`listen_tls`).
     tls: bool,
     upstream: crate::origin::descriptors::Own,
+    /// Accepted while overloaded: every request gets the 503 of
+    /// `overload::refusal`, and the connection closes after it.
+    shed: bool,
 }
 
 impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
@@ -322,6 +328,21 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
         let mut guard = self.activity.begin();
         if req.version() == http::Version::HTTP_2 {
             self.activity.http2.store(true, Ordering::Relaxed);
+        }
+        if self.shed {
+            // Not routed, not read: the request costs its parse and the
+            // short answer. HTTP/1 closes after it; the watchdog sends an
+            // HTTP/2 connection its GOAWAY.
+            let http1 = req.version() != http::Version::HTTP_2;
+            let res = crate::http::refusal::overloaded(http1);
+            guard.answered = true;
+            self.activity.alarm.notify_one();
+            return Box::pin(async move {
+                Ok(res.map(|inner| TrackedBody {
+                    inner,
+                    _guard: guard,
+                }))
+            });
         }
         let req = req.map(Body::new);
         // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
@@ -434,6 +455,10 @@ pub async fn serve_on<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         crate::telemetry::metrics::connection_accepted();
+        let shed = limits.shed_when_overloaded && crate::overload::shedding();
+        if shed {
+            crate::telemetry::metrics::overload_shed("connection");
+        }
         let activity = Activity::new();
         let handler = handler.clone();
         let builder = Arc::clone(&builder);
@@ -469,13 +494,14 @@ pub async fn serve_on<H: Handler>(
                 interim: Arc::clone(&interim),
                 tls: tls.is_some(),
                 upstream: crate::origin::descriptors::Own::new(),
+                shed,
             };
             let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
             match tls {
                 None => {
                     let io = crate::origin::interim::InterimIo::new(client, interim);
                     let conn = builder.serve_connection(TokioIo::new(io), service);
-                    watch_over(conn, &activity, &limits, shutdown).await;
+                    watch_over(conn, &activity, &limits, shutdown, shed).await;
                 }
                 Some(tls) => {
                     let accepted = tokio::time::timeout(
@@ -487,7 +513,7 @@ pub async fn serve_on<H: Handler>(
                         Ok(Ok(stream)) => {
                             let io = crate::origin::interim::InterimIo::new(stream, interim);
                             let conn = builder.serve_connection(TokioIo::new(io), service);
-                            watch_over(conn, &activity, &limits, shutdown).await;
+                            watch_over(conn, &activity, &limits, shutdown, shed).await;
                         }
                         Ok(Err(e)) => {
                             crate::telemetry::metrics::connection_closed("tls-handshake");
@@ -542,6 +568,7 @@ async fn watch_over<I, H: Handler>(
     activity: &Activity,
     limits: &Limits,
     mut shutdown: watch::Receiver<bool>,
+    shed: bool,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -605,6 +632,8 @@ async fn watch_over<I, H: Handler>(
             let reason = if activity.abusive() {
                 tracing::warn!("closing a connection whose client abandons most of its requests");
                 Some("abandoned-requests")
+            } else if shed && !first {
+                Some("overload")
             } else if idle && expired {
                 let reason = if first { "no-request" } else { "idle" };
                 // No request in progress, and on HTTP/1 possibly a head
@@ -640,6 +669,7 @@ mod tests {
             min_send_rate,
             max_connections: 16,
             proxy_protocol: false,
+            shed_when_overloaded: false,
         }
     }
 

@@ -1,11 +1,12 @@
 //! The answers to a refusal of the rate limits (`limits::Refusal`): a 401
 //! for a token the configuration refuses, a 429 with Retry-After, the
 //! RateLimit fields and a JSON body, or a 503 while a limit's shared
-//! counter is out of reach.
+//! counter is out of reach; and the 503 of a connection accepted while
+//! corral is overloaded (`overload`).
 
 use axum::body::Body;
 use corral_core::{Detail, Forward};
-use http::{HeaderValue, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 
 use crate::cache::respond::{self, Answer};
 use crate::limits::{RATELIMIT, RATELIMIT_POLICY, Refusal};
@@ -13,6 +14,27 @@ use crate::limits::{RATELIMIT, RATELIMIT_POLICY, Refusal};
 /// Carried by a refused answer to its access line: the limit's name.
 #[derive(Debug, Clone)]
 pub struct LimitedBy(pub String);
+
+/// The 503 every request on a connection accepted while shedding gets
+/// (`overload`); with `close`, the connection ends after it (HTTP/1).
+pub fn overloaded(close: bool) -> Response<Body> {
+    let mut res = respond::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Forward::Bypass,
+        Detail::Overloaded,
+        None,
+    )
+    .response;
+    let headers = res.headers_mut();
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
+    if let Some(v) = crate::overload::proxy_status(Detail::Overloaded) {
+        headers.insert(crate::overload::PROXY_STATUS.clone(), v);
+    }
+    if close {
+        headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
 
 /// The answer to `refusal`.
 pub fn answer(refusal: Refusal) -> Answer {
@@ -102,4 +124,28 @@ fn json_body(mut a: Answer, body: String) -> Answer {
     h.remove(http::header::CONTENT_LENGTH);
     *a.response.body_mut() = Body::from(body);
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overload_refusal_says_when_to_come_back_and_who_made_it() {
+        let res = overloaded(true);
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let h = res.headers();
+        assert_eq!(h["retry-after"], "1");
+        assert_eq!(
+            h["proxy-status"],
+            "corral; error=proxy_internal_response; details=\"overloaded\""
+        );
+        assert_eq!(h["connection"], "close");
+        assert!(
+            h["cache-status"]
+                .to_str()
+                .is_ok_and(|v| v.contains("detail=overloaded"))
+        );
+        assert!(!overloaded(false).headers().contains_key("connection"));
+    }
 }

@@ -48,6 +48,7 @@ fn shared(
         min_send_rate: config.min_send_rate,
         max_connections,
         proxy_protocol: config.listen_proxy_protocol,
+        shed_when_overloaded: config.overload.is_some(),
     };
     let builder = connection::builder(
         &limits,
@@ -192,6 +193,7 @@ pub async fn serve_per_core(
                         Ok((plain, secure)) => {
                             tracing::debug!(worker, "worker accepting");
                             crate::telemetry::metrics::worker_started(worker);
+                            crate::overload::serving_here();
                             serve_listeners(
                                 plain, secure, proxy, builder, limits, shutdown, grace, slots,
                             )

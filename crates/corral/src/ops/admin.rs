@@ -117,6 +117,7 @@ pub async fn serve(
         min_send_rate: server.min_send_rate,
         max_connections: ADMIN_CONNECTIONS,
         proxy_protocol: false,
+        shed_when_overloaded: false,
     };
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(

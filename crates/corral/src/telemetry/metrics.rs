@@ -296,13 +296,29 @@ pub fn origin_skipped(route: &str, reason: corral_core::Detail) {
         .increment(1);
 }
 
-/// A fill cancelled because its client went away and nobody else waited.
 /// A caller turned away because the key's flight had `max_waiters`
 /// callers waiting.
 pub fn wait_list_full(route: &str) {
     counter!("corral_wait_list_full_total", "route" => route.to_owned()).increment(1);
 }
 
+/// Whether corral sheds new work (`server.overload`): 1 while it does.
+pub fn overloaded(on: bool) {
+    gauge!("corral_overloaded").set(if on { 1.0 } else { 0.0 });
+}
+
+/// The share of the last tick the serving threads were busy (0 to 1).
+pub fn overload_busy(share: f64) {
+    gauge!("corral_overload_busy_ratio").set(share);
+}
+
+/// New work turned away while overloaded: `origin` (an exchange not
+/// started) or `connection` (a connection accepted only to answer 503).
+pub fn overload_shed(what: &'static str) {
+    counter!("corral_overload_shed_total", "what" => what).increment(1);
+}
+
+/// A fill cancelled because its client went away and nobody else waited.
 pub fn fill_cancelled(route: &str) {
     counter!("corral_fills_cancelled_total", "route" => route.to_owned()).increment(1);
 }

@@ -3,7 +3,7 @@
 
 use corral_core::BackoffPolicy;
 
-use super::{Resolver, whole_u32};
+use super::{Resolver, percentage, whole_u32};
 use crate::config::duration::describe_duration;
 use crate::config::raw::{RawBackoff, RawCircuit};
 use crate::config::{CircuitConfig, ConfigError};
@@ -70,16 +70,5 @@ impl Resolver<'_> {
             window: window.value,
             open_for: open_for.value,
         })
-    }
-}
-
-/// A whole percentage from `min` to `max` (`50` or `50%`).
-fn percentage(text: &str, min: u8, max: u8) -> Result<u8, String> {
-    let number = text.trim().trim_end_matches('%').trim();
-    match number.parse::<u8>() {
-        Ok(p) if (min..=max).contains(&p) => Ok(p),
-        _ => Err(format!(
-            "`{text}` is not a whole percentage from {min} to {max}"
-        )),
     }
 }

@@ -3,7 +3,7 @@
 
 use corral_core::client_addr::{Cidr, TrustedHeader, TrustedProxies};
 
-use super::{Resolver, whole_number, whole_u32};
+use super::{Resolver, percentage, whole_number, whole_u32};
 use crate::config::raw::RawServer;
 use crate::config::size::describe_size;
 use crate::config::{ConfigError, RuntimeMode, ServerConfig};
@@ -59,7 +59,14 @@ impl Resolver<'_> {
         })?;
         let trusted_proxies = self.trusted_proxies(raw)?;
         let (runtime, workers) = self.threads(raw)?;
+        let overload =
+            self.at("server.overload", &raw.overload)
+                .parse_or(defaults.overload, |t| match t.trim() {
+                    "off" => Ok(None),
+                    t => percentage(t, 1, 100).map(Some),
+                })?;
         Ok(ServerConfig {
+            overload,
             runtime,
             workers,
             trusted_proxies,

@@ -1,0 +1,243 @@
+//! Overload: what corral does when it is offered more than it can serve
+//! (`server.overload`, 90% by default, `off` to turn it off).
+//!
+//! **The signal** is the share of time the threads that serve clients were
+//! busy: tokio's busy time per worker, summed over every serving runtime
+//! (one with `shared`, one per worker with `per_core`) and sampled every
+//! [`TICK`]. Under HTTP/1.1 an overloaded server's queue is outside it:
+//! each connection has one request in flight and the rest wait in the
+//! clients and in the kernel, so corral's own run queue stays short and
+//! its lag says little. Busy time does see it: a thread that never parks
+//! is busy whether it runs or waits for a core (a noisy neighbour, a
+//! cgroup quota).
+//!
+//! **Shedding** starts once that share has stayed at or above the
+//! threshold for [`ENTER_AFTER`] ticks (a second) and stops once it has
+//! stayed below for [`LEAVE_AFTER`] (half a second). Like Envoy's overload
+//! manager, corral then turns away new work, never work it has taken on:
+//! - **New origin work** (a fill's leader, a pass, a refresh) is not
+//!   started: the request gets the stale copy where stale-if-error allows
+//!   it, else 503 with `Retry-After: 1` and `Proxy-Status` (a refresh is
+//!   skipped and the stale copy stays). Hits, stale answers and waiters
+//!   joining a fill already under way are served as before: they cost the
+//!   least and are what the cache is for. A miss costs several hits'
+//!   worth of work (the exchange, the body's copies, Redis).
+//! - **New connections**: one accepted while shedding answers each of its
+//!   requests 503 with `Retry-After: 1`, `Proxy-Status` and `Connection:
+//!   close` (HTTP/2: a GOAWAY), without routing them, so the clients
+//!   already served keep their pace and a load balancer sends the new
+//!   ones elsewhere. Its requests cost a parse and a short write.
+//!
+//! The origin work is turned away where every exchange starts
+//! (`origin::upstream`), the connections where they are accepted
+//! (`http::connection`, answered by `http::refusal::overloaded`). The admin
+//! listener never sheds. `corral_overloaded`,
+//! `corral_overload_busy_ratio` and `corral_overload_shed_total{what}`
+//! show it; entering and leaving are logged.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use corral_core::Detail;
+use http::{HeaderName, HeaderValue};
+
+/// How often the busy share is sampled.
+pub const TICK: Duration = Duration::from_millis(250);
+/// Ticks at or above the threshold before shedding starts.
+pub const ENTER_AFTER: u32 = 4;
+/// Ticks below the threshold before it stops.
+pub const LEAVE_AFTER: u32 = 2;
+
+/// True while corral sheds.
+static SHEDDING: AtomicBool = AtomicBool::new(false);
+
+/// The runtimes whose threads serve clients.
+static SERVING: Mutex<Vec<tokio::runtime::Handle>> = Mutex::new(Vec::new());
+
+/// True while corral sheds new work (one relaxed load).
+pub fn shedding() -> bool {
+    SHEDDING.load(Ordering::Relaxed)
+}
+
+/// Counts the calling runtime's threads as serving clients.
+pub fn serving_here() {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        SERVING
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(handle);
+    }
+}
+
+/// Whether to shed, from one busy share per tick.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    threshold: f64,
+    /// Ticks in a row on the other side of the threshold.
+    run: u32,
+    overloaded: bool,
+}
+
+impl Judge {
+    pub fn new(threshold: f64) -> Self {
+        Judge {
+            threshold,
+            run: 0,
+            overloaded: false,
+        }
+    }
+
+    /// One tick's busy share (0 to 1); the new state when it changes.
+    pub fn observe(&mut self, busy: f64) -> Option<bool> {
+        let over = busy >= self.threshold;
+        if over == self.overloaded {
+            self.run = 0;
+            return None;
+        }
+        self.run += 1;
+        let needed = if self.overloaded {
+            LEAVE_AFTER
+        } else {
+            ENTER_AFTER
+        };
+        if self.run < needed {
+            return None;
+        }
+        self.run = 0;
+        self.overloaded = over;
+        Some(over)
+    }
+}
+
+/// Busy time of every serving thread so far, and how many there are.
+fn busy_so_far() -> (Duration, usize) {
+    let serving = SERVING.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut busy = Duration::ZERO;
+    let mut workers = 0;
+    for handle in serving.iter() {
+        let metrics = handle.metrics();
+        for worker in 0..metrics.num_workers() {
+            busy += metrics.worker_total_busy_duration(worker);
+            workers += 1;
+        }
+    }
+    (busy, workers)
+}
+
+/// Samples the busy share every [`TICK`] (`corral_overload_busy_ratio`)
+/// and sheds past `threshold` (a share from 0 to 1); `None`: never sheds.
+pub fn spawn(threshold: Option<f64>) {
+    crate::telemetry::metrics::overloaded(false);
+    tokio::spawn(async move {
+        let mut judge = threshold.map(Judge::new);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Option<(tokio::time::Instant, Duration, usize)> = None;
+        let mut shed_since: Option<tokio::time::Instant> = None;
+        loop {
+            tick.tick().await;
+            let now = tokio::time::Instant::now();
+            let (busy, workers) = busy_so_far();
+            let before = last.replace((now, busy, workers));
+            // The first sample, or a worker that joined since: a baseline.
+            let Some((then, busy_then, workers_then)) = before else {
+                continue;
+            };
+            if workers_then != workers || workers == 0 {
+                continue;
+            }
+            let capacity = now.duration_since(then).as_secs_f64() * workers as f64;
+            if capacity <= 0.0 {
+                continue;
+            }
+            let share = (busy.saturating_sub(busy_then).as_secs_f64() / capacity).clamp(0.0, 1.0);
+            crate::telemetry::metrics::overload_busy(share);
+            let (Some(judge), Some(threshold)) = (judge.as_mut(), threshold) else {
+                continue;
+            };
+            match judge.observe(share) {
+                Some(true) => {
+                    SHEDDING.store(true, Ordering::Relaxed);
+                    crate::telemetry::metrics::overloaded(true);
+                    shed_since = Some(now);
+                    tracing::warn!(
+                        busy = format!("{:.0}%", share * 100.0),
+                        threshold = format!("{:.0}%", threshold * 100.0),
+                        "overloaded: the serving threads stayed busy past server.overload; new origin work and new connections get 503 until they are not"
+                    );
+                }
+                Some(false) => {
+                    SHEDDING.store(false, Ordering::Relaxed);
+                    crate::telemetry::metrics::overloaded(false);
+                    let lasted = shed_since.take().map(|s| now.duration_since(s));
+                    tracing::warn!(lasted = ?lasted, "no longer overloaded: new work is taken on again");
+                }
+                None => {}
+            }
+        }
+    });
+}
+
+/// The `Proxy-Status` field (RFC 9209) of corral's own answers, for the
+/// details that have one.
+pub fn proxy_status(detail: Detail) -> Option<HeaderValue> {
+    match detail {
+        Detail::Overloaded => Some(HeaderValue::from_static(
+            "corral; error=proxy_internal_response; details=\"overloaded\"",
+        )),
+        _ => None,
+    }
+}
+
+pub static PROXY_STATUS: HeaderName = HeaderName::from_static("proxy-status");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sheds_after_a_busy_second_and_stops_after_a_quiet_half_second() {
+        let mut j = Judge::new(0.9);
+        // Three busy ticks and a quiet one: not yet, and the count starts over.
+        for busy in [0.95, 1.0, 0.92] {
+            assert_eq!(j.observe(busy), None);
+        }
+        assert_eq!(j.observe(0.5), None);
+        for _ in 0..ENTER_AFTER - 1 {
+            assert_eq!(j.observe(0.9), None);
+        }
+        assert_eq!(j.observe(0.99), Some(true));
+        // Still busy: no change; one quiet tick is not enough.
+        assert_eq!(j.observe(1.0), None);
+        assert_eq!(j.observe(0.2), None);
+        assert_eq!(j.observe(0.95), None);
+        assert_eq!(j.observe(0.2), None);
+        assert_eq!(j.observe(0.89), Some(false));
+    }
+
+    proptest! {
+        /// Whatever the shares, the state changes only after a full run
+        /// on the other side of the threshold, and always to that side.
+        #[test]
+        fn changes_only_after_a_full_run(shares in proptest::collection::vec(0.0f64..=1.0, 0..200)) {
+            let mut j = Judge::new(0.8);
+            let mut state = false;
+            let mut run = 0u32;
+            for share in shares {
+                let over = share >= 0.8;
+                run = if over == state { 0 } else { run + 1 };
+                let needed = if state { LEAVE_AFTER } else { ENTER_AFTER };
+                let changed = j.observe(share);
+                if run >= needed {
+                    prop_assert_eq!(changed, Some(over));
+                    state = over;
+                    run = 0;
+                } else {
+                    prop_assert_eq!(changed, None);
+                }
+            }
+        }
+    }
+}
