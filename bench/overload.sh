@@ -9,12 +9,17 @@
 #   2. an open loop at twice that rate (oha -q, 400 kept-alive connections,
 #      latency corrected for coordinated omission, 10 s), hits alone;
 #   3. the same with one request in ten a miss on a new key;
-#   4. new clients: every request on a connection of its own
-#      (--disable-keepalive), open loop at twice the rate corral sustains
-#      that way.
+#   4. 50 clients that each open a connection per request, closed loop: what
+#      shedding costs at capacity.
+# During 2 and 3 two lone clients probe on connections of their own, 20
+# requests a second each from the second second on: one asks for the hit,
+# one for a new key every time (a miss). The loads' own latencies are
+# mostly their queue: 400 connections with one request in flight each
+# cannot carry twice the rate, so the rest waits in oha, outside corral;
+# the probes show what a client that is not behind that queue gets.
 # Prints per load the rate served, p50/p99/max latency of every answer,
-# the share not 200 (shed), corral's RSS after it, and what
-# corral counted as shed (corral_overload_shed_total) and its busy share.
+# the share not 200 (shed), corral's busy share 5 s in, its RSS after it,
+# and what it counted as shed (corral_overload_shed_total).
 #
 #   bench/overload.sh            # BENCH_NO_BUILD=1 uses target/release as is
 #   OVERLOAD_POLICIES="90%" bench/overload.sh   # only the default
@@ -41,15 +46,37 @@ hit='http://127.0.0.1:8262/hit?max-age=600&size=1024'
 metric() { # name{labels} -> value (0 when absent)
   curl -fsS http://127.0.0.1:9262/metrics | awk -v m="$1" '$1 == m { print $2; found = 1 } END { if (!found) print 0 }'
 }
-report() { # label oha.json
+report() { # label oha.json [busy]
   local shed_origin shed_conn
   shed_origin=$(metric 'corral_overload_shed_total{what="origin"}')
   shed_conn=$(metric 'corral_overload_shed_total{what="connection"}')
-  jq -r --arg l "$1" --arg rss "$(rss)" --arg so "$shed_origin" --arg sc "$shed_conn" '
+  jq -r --arg l "$1" --arg rss "$(rss)" --arg so "$shed_origin" --arg sc "$shed_conn" --arg busy "${3:--}" '
     def ms: . * 1000 | . * 10 | floor / 10;
     ([.statusCodeDistribution | to_entries[] | select(.key != "200") | .value] | add // 0) as $bad
     | ([.statusCodeDistribution | to_entries[] | .value] | add // 0) as $all
-    | "  \($l)\tserved \(.summary.requestsPerSec | floor) req/s\tp50 \(.latencyPercentiles.p50 | ms) ms\tp99 \(.latencyPercentiles.p99 | ms) ms\tmax \(.summary.slowest | ms) ms\tnot 200: \($bad) of \($all)\terrors \(.errorDistribution | to_entries | map(.value) | add // 0)\tRSS \($rss) MiB\tshed so far: origin \($so), connections \($sc)"' "$2"
+    | "  \($l)\tserved \(.summary.requestsPerSec | floor) req/s\tp50 \(.latencyPercentiles.p50 | ms) ms\tp99 \(.latencyPercentiles.p99 | ms) ms\tmax \(.summary.slowest | ms) ms\tnot 200: \($bad) of \($all)\terrors \(.errorDistribution | to_entries | map(.value) | add // 0)\tbusy \($busy)\tRSS \($rss) MiB\tshed so far: origin \($so), connections \($sc)"' "$2"
+}
+probe_report() { # label oha.json
+  jq -r --arg l "$1" '
+    def ms: . * 1000 | . * 10 | floor / 10;
+    ([.statusCodeDistribution | to_entries[] | select(.key != "200") | .value] | add // 0) as $bad
+    | ([.statusCodeDistribution | to_entries[] | .value] | add // 0) as $all
+    | "    probe, \($l):\tp50 \(.latencyPercentiles.p50 | ms) ms\tp99 \(.latencyPercentiles.p99 | ms) ms\tmax \(.summary.slowest | ms) ms\tnot 200: \($bad) of \($all)"' "$2"
+}
+# A load with the two probes beside it and the busy share read 5 s in.
+overload() { # label out.json oha-args...
+  local label=$1 out=$2; shift 2
+  (sleep 1; timeout -k 5 20 taskset -c 1 oha --no-tui --output-format json -z 8s -c 1 -q 20 "$hit" >"$work/probe-hit.json" 2>/dev/null || true) &
+  local p1=$!
+  (sleep 1; timeout -k 5 20 taskset -c 1 oha --no-tui --output-format json -z 8s -c 1 -q 20 --rand-regex-url 'http://127[.]0[.]0[.]1:8262/probe-[a-z]{16}[?]max-age=600&size=1024' >"$work/probe-miss.json" 2>/dev/null || true) &
+  local p2=$!
+  (sleep 5; metric corral_overload_busy_ratio >"$work/busy") &
+  local p3=$!
+  load "$out" "$@"
+  wait "$p1" "$p2" "$p3" || true
+  report "$label" "$out" "$(printf '%.2f' "$(cat "$work/busy")")"
+  probe_report "a lone client's hit" "$work/probe-hit.json"
+  probe_report "a lone client's miss" "$work/probe-miss.json"
 }
 load() { # out.json oha-args...
   local out=$1; shift
@@ -84,19 +111,13 @@ YAML
   echo "server.overload: $policy"
   load "$work/closed.json" -z 10s -c 50 "$hit"
   report "hits, closed loop, 50 connections" "$work/closed.json"
-  echo "  busy share after it: $(metric corral_overload_busy_ratio)"
   capacity=$(jq -r '.summary.requestsPerSec | floor' "$work/closed.json")
   rate=$((capacity * 2))
-  load "$work/open.json" -z 10s -c 400 -q "$rate" --latency-correction "$hit"
-  report "hits, open loop at ${rate}/s (2x)" "$work/open.json"
+  overload "hits, open loop at ${rate}/s (2x)" "$work/open.json" -z 10s -c 400 -q "$rate" --latency-correction "$hit"
   urls "$tag"
-  load "$work/mixed.json" -z 10s -c 400 -q "$rate" --latency-correction --urls-from-file "$work/urls-$tag.txt"
-  report "10% misses, open loop at ${rate}/s (2x)" "$work/mixed.json"
-  load "$work/fresh-closed.json" -z 10s -c 50 --disable-keepalive "$hit"
-  fresh=$(jq -r '.summary.requestsPerSec | floor' "$work/fresh-closed.json")
-  report "a connection per request, closed loop, 50 clients" "$work/fresh-closed.json"
-  load "$work/fresh-open.json" -z 10s -c 400 -q $((fresh * 2)) --latency-correction --disable-keepalive "$hit"
-  report "a connection per request, open loop at $((fresh * 2))/s (2x)" "$work/fresh-open.json"
+  overload "10% misses, open loop at ${rate}/s (2x)" "$work/mixed.json" -z 10s -c 400 -q "$rate" --latency-correction --urls-from-file "$work/urls-$tag.txt"
+  load "$work/fresh.json" -z 10s -c 50 --disable-keepalive "$hit"
+  report "a connection per request, closed loop, 50 clients" "$work/fresh.json"
   grep -c 'overloaded: the serving threads' "$work/corral-$tag.log" | sed 's/^/  times it began shedding: /'
   kill "$corral"; wait "$corral" 2>/dev/null || true
 done

@@ -161,6 +161,19 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     assert_eq!(head_values(&head, "retry-after"), ["1"], "{head}");
     assert_eq!(head_values(&head, "proxy-status"), [PROXY_STATUS], "{head}");
     assert!(head.contains("detail=overloaded"), "{head}");
+    // Turned away by corral, the origin was not asked: no verdict on it,
+    // so the key is not put in back-off and the circuit stays closed.
+    for _ in 0..4 {
+        assert_eq!(ask(&mut kept, "/cold").await.0, 503);
+    }
+    let scraped = scrape(&proxy).await;
+    assert_eq!(scraped.value("corral_origin_backoff_keys", &[]), Some(0.0));
+    assert_eq!(
+        scraped.value("corral_origin_circuit_open", &[("route", "api")]),
+        Some(0.0)
+    );
+    let (_, head, _) = ask(&mut kept, "/cold").await;
+    assert!(head.contains("detail=overloaded"), "{head}");
     // A stale copy stale-if-error allows is served instead.
     let (status, head, body) = ask(&mut kept, "/stale").await;
     assert_eq!((status, body.as_str()), (200, "kept"), "{head}");

@@ -104,8 +104,10 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
             (*detail == Detail::StaleIfError).then_some(false)
         }
+        // corral's own queue was full, or corral was overloaded: the
+        // origin was not asked.
         Ended::Outcome(FillOutcome::Shared {
-            detail: Some(Detail::UpstreamBusy),
+            detail: Some(Detail::UpstreamBusy | Detail::Overloaded),
             ..
         }) => None,
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {
