@@ -9,9 +9,11 @@
 #   2. an open loop at twice that rate (oha -q, 400 kept-alive connections,
 #      latency corrected for coordinated omission, 10 s), hits alone;
 #   3. the same with one request in ten a miss on a new key;
+#   3b. the same with one request in ten a pass (an answer without
+#      Cache-Control, never stored: corral learns to pass the key);
 #   4. 50 clients that each open a connection per request, closed loop: what
 #      shedding costs at capacity.
-# During 2 and 3 two lone clients probe on connections of their own, 20
+# During 2, 3 and 3b two lone clients probe on connections of their own, 20
 # requests a second each from the second second on: one asks for the hit,
 # one for a new key every time (a miss). The loads' own latencies are
 # mostly their queue: 400 connections with one request in flight each
@@ -47,14 +49,14 @@ metric() { # name{labels} -> value (0 when absent)
   curl -fsS http://127.0.0.1:9262/metrics | awk -v m="$1" '$1 == m { print $2; found = 1 } END { if (!found) print 0 }'
 }
 report() { # label oha.json [busy]
-  local shed_origin shed_conn
-  shed_origin=$(metric 'corral_overload_shed_total{what="origin"}')
+  local shed_pass shed_conn
+  shed_pass=$(metric 'corral_overload_shed_total{what="pass"}')
   shed_conn=$(metric 'corral_overload_shed_total{what="connection"}')
-  jq -r --arg l "$1" --arg rss "$(rss)" --arg so "$shed_origin" --arg sc "$shed_conn" --arg busy "${3:--}" '
+  jq -r --arg l "$1" --arg rss "$(rss)" --arg so "$shed_pass" --arg sc "$shed_conn" --arg busy "${3:--}" '
     def ms: . * 1000 | . * 10 | floor / 10;
     ([.statusCodeDistribution | to_entries[] | select(.key != "200") | .value] | add // 0) as $bad
     | ([.statusCodeDistribution | to_entries[] | .value] | add // 0) as $all
-    | "  \($l)\tserved \(.summary.requestsPerSec | floor) req/s\tp50 \(.latencyPercentiles.p50 | ms) ms\tp99 \(.latencyPercentiles.p99 | ms) ms\tmax \(.summary.slowest | ms) ms\tnot 200: \($bad) of \($all)\terrors \(.errorDistribution | to_entries | map(.value) | add // 0)\tbusy \($busy)\tRSS \($rss) MiB\tshed so far: origin \($so), connections \($sc)"' "$2"
+    | "  \($l)\tserved \(.summary.requestsPerSec | floor) req/s\tp50 \(.latencyPercentiles.p50 | ms) ms\tp99 \(.latencyPercentiles.p99 | ms) ms\tmax \(.summary.slowest | ms) ms\tnot 200: \($bad) of \($all)\terrors \(.errorDistribution | to_entries | map(.value) | add // 0)\tbusy \($busy)\tRSS \($rss) MiB\tshed so far: passes \($so), connections \($sc)"' "$2"
 }
 probe_report() { # label oha.json
   jq -r --arg l "$1" '
@@ -116,6 +118,9 @@ YAML
   overload "hits, open loop at ${rate}/s (2x)" "$work/open.json" -z 10s -c 400 -q "$rate" --latency-correction "$hit"
   urls "$tag"
   overload "10% misses, open loop at ${rate}/s (2x)" "$work/mixed.json" -z 10s -c 400 -q "$rate" --latency-correction --urls-from-file "$work/urls-$tag.txt"
+  for _ in 1 2 3 4 5 6 7 8 9; do echo "$hit"; done >"$work/passes.txt"
+  echo "http://127.0.0.1:8262/pass?size=1024" >>"$work/passes.txt"
+  overload "10% passes, open loop at ${rate}/s (2x)" "$work/passes.json" -z 10s -c 400 -q "$rate" --latency-correction --urls-from-file "$work/passes.txt"
   load "$work/fresh.json" -z 10s -c 50 --disable-keepalive "$hit"
   report "a connection per request, closed loop, 50 clients" "$work/fresh.json"
   grep -c 'overloaded: the serving threads' "$work/corral-$tag.log" | sed 's/^/  times it began shedding: /'

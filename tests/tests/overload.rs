@@ -5,18 +5,19 @@
 //! (it never parks), at almost no cost to the test's own threads. While
 //! that lasts:
 //! - a hit on a connection corral already had is served (200);
-//! - a miss is not fetched: 503 with `Retry-After` and `Proxy-Status`, and
-//!   the origin sees nothing; a stale copy that stale-if-error allows is
-//!   served instead;
+//! - a pass (a POST here) is turned away: 503 with `Retry-After` and
+//!   `Proxy-Status`, and the origin sees nothing;
+//! - a miss that will be stored is fetched, as ever;
 //! - a new connection, HTTP/1.1 or h2c, is answered 503 and closed.
 //!
-//! Once the load stops, corral stops shedding and the same miss reaches
+//! Once the load stops, corral stops shedding and the same pass reaches
 //! the origin once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -29,7 +30,13 @@ const PROXY_STATUS: &str = "corral; error=proxy_internal_response; details=\"ove
 /// One answer read off a kept-alive connection: status, head, body (by
 /// Content-Length).
 async fn ask(stream: &mut TcpStream, path: &str) -> (u16, String, String) {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: overload.test\r\n\r\n");
+    ask_with(stream, "GET", path).await
+}
+
+/// [`ask`] with another method (and an empty body).
+async fn ask_with(stream: &mut TcpStream, method: &str, path: &str) -> (u16, String, String) {
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: overload.test\r\nContent-Length: 0\r\n\r\n");
     stream
         .write_all(request.as_bytes())
         .await
@@ -122,10 +129,7 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
             "/hot",
             Reply::ok("hot").header("cache-control", "max-age=600"),
         )
-        .route(
-            "/stale",
-            Reply::ok("kept").header("cache-control", "max-age=1, stale-if-error=600"),
-        )
+        .route_method(Method::POST, "/write", Reply::ok("written"))
         .route(
             "/cold",
             Reply::ok("cold").header("cache-control", "max-age=600"),
@@ -139,10 +143,9 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     let proxy = Proxy::new(config).start().await;
     assert_eq!(metric(&proxy, "corral_overloaded", &[]).await, 0.0);
 
-    // A connection from before the overload, and two entries on it.
+    // A connection from before the overload, and an entry on it.
     let mut kept = TcpStream::connect(proxy.addr()).await.expect("connect");
     assert_eq!(ask(&mut kept, "/hot").await.0, 200);
-    assert_eq!(ask(&mut kept, "/stale").await.0, 200);
 
     let load = Load::start(proxy.addr(), "/hot", 2).await;
     eventually(
@@ -155,29 +158,16 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     // What corral has: a hit on a kept connection.
     let (status, _, body) = ask(&mut kept, "/hot").await;
     assert_eq!((status, body.as_str()), (200, "hot"));
-    // New origin work: not started.
-    let (status, head, _) = ask(&mut kept, "/cold").await;
+    // A pass (it will never be a hit): turned away, the origin not asked.
+    let (status, head, _) = ask_with(&mut kept, "POST", "/write").await;
     assert_eq!(status, 503, "{head}");
     assert_eq!(head_values(&head, "retry-after"), ["1"], "{head}");
     assert_eq!(head_values(&head, "proxy-status"), [PROXY_STATUS], "{head}");
     assert!(head.contains("detail=overloaded"), "{head}");
-    // Turned away by corral, the origin was not asked: no verdict on it,
-    // so the key is not put in back-off and the circuit stays closed.
-    for _ in 0..4 {
-        assert_eq!(ask(&mut kept, "/cold").await.0, 503);
-    }
-    let scraped = scrape(&proxy).await;
-    assert_eq!(scraped.value("corral_origin_backoff_keys", &[]), Some(0.0));
-    assert_eq!(
-        scraped.value("corral_origin_circuit_open", &[("route", "api")]),
-        Some(0.0)
-    );
-    let (_, head, _) = ask(&mut kept, "/cold").await;
-    assert!(head.contains("detail=overloaded"), "{head}");
-    // A stale copy stale-if-error allows is served instead.
-    let (status, head, body) = ask(&mut kept, "/stale").await;
-    assert_eq!((status, body.as_str()), (200, "kept"), "{head}");
-    assert!(head.contains("detail=overloaded"), "{head}");
+    // A miss that will be stored is fetched: it turns the next ones into hits.
+    let (status, head, body) = ask(&mut kept, "/cold").await;
+    assert_eq!((status, body.as_str()), (200, "cold"), "{head}");
+    assert_eq!(ask(&mut kept, "/cold").await.2, "cold");
     // A new HTTP/1.1 connection: 503, and corral closes it.
     let shed = corral_tests::exchange_full(
         proxy.addr(),
@@ -204,7 +194,10 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     );
     let shed_connections = [("what", "connection")];
     assert!(metric(&proxy, "corral_overload_shed_total", &shed_connections).await >= 2.0);
-    assert!(metric(&proxy, "corral_overload_shed_total", &[("what", "origin")]).await >= 2.0);
+    assert_eq!(
+        metric(&proxy, "corral_overload_shed_total", &[("what", "pass")]).await,
+        1.0
+    );
     // The h2c connection was told to go (GOAWAY) once answered.
     eventually(DEADLINE, "the shed h2c connection closed", || async {
         metric(
@@ -216,8 +209,7 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
             >= 1.0
     })
     .await;
-    assert_eq!(origin.hits("/cold"), 0, "no origin work while overloaded");
-    assert_eq!(origin.hits("/stale"), 1);
+    assert_eq!(origin.hits("/write"), 0, "no pass while overloaded");
 
     load.stop();
     eventually(
@@ -226,8 +218,8 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
         || async { metric(&proxy, "corral_overloaded", &[]).await == 0.0 },
     )
     .await;
-    let (status, _, body) = ask(&mut kept, "/cold").await;
-    assert_eq!((status, body.as_str()), (200, "cold"));
+    let (status, _, body) = ask_with(&mut kept, "POST", "/write").await;
+    assert_eq!((status, body.as_str()), (200, "written"));
     let fresh = corral_tests::exchange_full(
         proxy.addr(),
         b"GET /cold HTTP/1.1\r\nHost: overload.test\r\nConnection: close\r\n\r\n",
@@ -235,7 +227,8 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     )
     .await;
     assert_eq!(fresh.status, 200, "{}", fresh.head);
-    assert_eq!(origin.hits("/cold"), 1);
+    assert_eq!(origin.hits("/write"), 1);
+    assert_eq!(origin.hits("/cold"), 1, "fetched once, while overloaded");
     assert_eq!(origin.hits("/hot"), 1, "every /hot was a hit");
 }
 
@@ -256,10 +249,7 @@ async fn with_overload_off_nothing_is_shed() {
             "/hot",
             Reply::ok("hot").header("cache-control", "max-age=600"),
         )
-        .route(
-            "/cold",
-            Reply::ok("cold").header("cache-control", "max-age=600"),
-        )
+        .route_method(Method::POST, "/write", Reply::ok("written"))
         .start()
         .await;
     let config = Config::single(origin.url())
@@ -274,8 +264,8 @@ async fn with_overload_off_nothing_is_shed() {
         metric(&proxy, "corral_overload_busy_ratio", &[]).await > 0.5
     })
     .await;
-    let (status, _, body) = ask(&mut kept, "/cold").await;
-    assert_eq!((status, body.as_str()), (200, "cold"));
+    let (status, _, body) = ask_with(&mut kept, "POST", "/write").await;
+    assert_eq!((status, body.as_str()), (200, "written"));
     let fresh = corral_tests::exchange_full(
         proxy.addr(),
         b"GET /hot HTTP/1.1\r\nHost: overload.test\r\nConnection: close\r\n\r\n",
@@ -285,5 +275,5 @@ async fn with_overload_off_nothing_is_shed() {
     assert_eq!(fresh.status, 200, "{}", fresh.head);
     load.stop();
     assert_eq!(metric(&proxy, "corral_overloaded", &[]).await, 0.0);
-    assert_eq!(origin.hits("/cold"), 1);
+    assert_eq!(origin.hits("/write"), 1);
 }

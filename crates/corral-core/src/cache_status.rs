@@ -91,8 +91,8 @@ pub enum Detail {
     InvalidToken,
     /// No `upstream_concurrency` slot came free within the queue timeout (503).
     UpstreamBusy,
-    /// corral was overloaded (`server.overload`): no new origin work or
-    /// new connection was taken on (503).
+    /// corral was overloaded (`server.overload`): a passed-through
+    /// request or a new connection was turned away (503).
     Overloaded,
 }
 

@@ -104,10 +104,8 @@ fn origin_verdict(ended: &Ended) -> Option<bool> {
         Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
             (*detail == Detail::StaleIfError).then_some(false)
         }
-        // corral's own queue was full, or corral was overloaded: the
-        // origin was not asked.
         Ended::Outcome(FillOutcome::Shared {
-            detail: Some(Detail::UpstreamBusy | Detail::Overloaded),
+            detail: Some(Detail::UpstreamBusy),
             ..
         }) => None,
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {

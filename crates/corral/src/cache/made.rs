@@ -90,11 +90,6 @@ pub(crate) fn unavailable(
         http::header::RETRY_AFTER,
         http::HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64),
     );
-    if let Some(v) = crate::overload::proxy_status(detail) {
-        response
-            .headers
-            .insert(crate::overload::PROXY_STATUS.clone(), v);
-    }
     FillOutcome::Shared {
         response: Arc::new(response),
         fwd: fill.fwd,
@@ -105,13 +100,12 @@ pub(crate) fn unavailable(
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
-    if let UpstreamError::Busy(_) | UpstreamError::Overloaded = e {
-        // corral's own queue was full, or corral overloaded: the origin
-        // was not asked, so this is no verdict on it (see `origin_verdict`).
-        let detail = e.detail();
-        crate::telemetry::metrics::origin_skipped(&fill.route.name, detail);
-        return stale_on_error(fill, detail)
-            .unwrap_or_else(|| unavailable(fill, detail, Duration::from_secs(1)));
+    if let UpstreamError::Busy(_) = e {
+        // corral's own queue was full: the origin was not asked, so this
+        // is no verdict on it (see `origin_verdict`).
+        crate::telemetry::metrics::origin_skipped(&fill.route.name, Detail::UpstreamBusy);
+        return stale_on_error(fill, Detail::UpstreamBusy)
+            .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
     }
     if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
         return stale;

@@ -334,7 +334,7 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
             // short answer. HTTP/1 closes after it; the watchdog sends an
             // HTTP/2 connection its GOAWAY.
             let http1 = req.version() != http::Version::HTTP_2;
-            let res = crate::http::refusal::overloaded(http1);
+            let res = crate::http::refusal::overloaded_connection(http1);
             guard.answered = true;
             self.activity.alarm.notify_one();
             return Box::pin(async move {

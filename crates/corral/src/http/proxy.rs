@@ -545,6 +545,12 @@ async fn forward_uncached(
     interim: Option<Interim>,
     own: &crate::origin::descriptors::Own,
 ) -> Answer {
+    // Work that only costs (it will never be a hit) is what an overloaded
+    // corral turns away; fills go on (`overload`).
+    if crate::overload::shedding() {
+        crate::telemetry::metrics::overload_shed("pass");
+        return crate::http::refusal::overloaded(fwd);
+    }
     let slot = match route.upstream.slot().await {
         Ok(s) => s,
         Err(e) => return busy(fwd, &e),
@@ -617,15 +623,11 @@ async fn forward_uncached(
     Answer::new(Response::from_parts(parts, body), &st, head.version)
 }
 
-/// No `upstream_concurrency` slot came free, or corral is overloaded:
-/// 503, come back in a second.
+/// No `upstream_concurrency` slot came free: 503, come back in a second.
 fn busy(fwd: Forward, e: &UpstreamError) -> Answer {
-    let detail = e.detail();
-    let mut a = respond::error(e.status(), fwd, detail, None);
-    let headers = a.response.headers_mut();
-    headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(1u64));
-    if let Some(v) = crate::overload::proxy_status(detail) {
-        headers.insert(crate::overload::PROXY_STATUS.clone(), v);
-    }
+    let mut a = respond::error(e.status(), fwd, Detail::UpstreamBusy, None);
+    a.response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1u64));
     a
 }

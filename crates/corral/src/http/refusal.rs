@@ -15,23 +15,32 @@ use crate::limits::{RATELIMIT, RATELIMIT_POLICY, Refusal};
 #[derive(Debug, Clone)]
 pub struct LimitedBy(pub String);
 
-/// The 503 every request on a connection accepted while shedding gets
-/// (`overload`); with `close`, the connection ends after it (HTTP/1).
-pub fn overloaded(close: bool) -> Response<Body> {
-    let mut res = respond::error(
+/// The 503 of work an overloaded corral turns away (`overload`): a
+/// passed-through request, or any request on a connection accepted while
+/// shedding (which closes after it: [`overloaded_connection`]).
+pub fn overloaded(fwd: Forward) -> Answer {
+    let mut a = respond::error(
         StatusCode::SERVICE_UNAVAILABLE,
-        Forward::Bypass,
+        fwd,
         Detail::Overloaded,
         None,
-    )
-    .response;
-    let headers = res.headers_mut();
+    );
+    let headers = a.response.headers_mut();
     headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
-    if let Some(v) = crate::overload::proxy_status(Detail::Overloaded) {
-        headers.insert(crate::overload::PROXY_STATUS.clone(), v);
-    }
+    headers.insert(
+        crate::overload::PROXY_STATUS.clone(),
+        HeaderValue::from_static(crate::overload::PROXY_STATUS_OVERLOADED),
+    );
+    a
+}
+
+/// [`overloaded`] for a request on a connection accepted while shedding,
+/// not routed; with `close`, the connection ends after it (HTTP/1).
+pub fn overloaded_connection(close: bool) -> Response<Body> {
+    let mut res = overloaded(Forward::Bypass).response;
     if close {
-        headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        res.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     res
 }
@@ -132,7 +141,7 @@ mod tests {
 
     #[test]
     fn the_overload_refusal_says_when_to_come_back_and_who_made_it() {
-        let res = overloaded(true);
+        let res = overloaded_connection(true);
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         let h = res.headers();
         assert_eq!(h["retry-after"], "1");
@@ -146,6 +155,10 @@ mod tests {
                 .to_str()
                 .is_ok_and(|v| v.contains("detail=overloaded"))
         );
-        assert!(!overloaded(false).headers().contains_key("connection"));
+        assert!(
+            !overloaded_connection(false)
+                .headers()
+                .contains_key("connection")
+        );
     }
 }

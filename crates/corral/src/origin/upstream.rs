@@ -45,8 +45,6 @@ pub enum UpstreamError {
     Protocol(http::StatusCode),
     #[error("no upstream_concurrency slot came free within {0:?}")]
     Busy(Duration),
-    #[error("corral is overloaded: no new origin work is started")]
-    Overloaded,
 }
 
 impl UpstreamError {
@@ -56,9 +54,7 @@ impl UpstreamError {
             UpstreamError::HeaderTimeout(_) | UpstreamError::TotalTimeout(_) => {
                 http::StatusCode::GATEWAY_TIMEOUT
             }
-            UpstreamError::Busy(_) | UpstreamError::Overloaded => {
-                http::StatusCode::SERVICE_UNAVAILABLE
-            }
+            UpstreamError::Busy(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::BAD_GATEWAY,
         }
     }
@@ -76,7 +72,6 @@ impl UpstreamError {
             UpstreamError::Request(_) => F::Request,
             UpstreamError::Protocol(_) => F::Protocol,
             UpstreamError::Busy(_) => return Detail::UpstreamBusy,
-            UpstreamError::Overloaded => return Detail::Overloaded,
         })
     }
 }
@@ -266,14 +261,8 @@ impl Upstream {
 
     /// Waits for an `upstream_concurrency` slot (none without one); take
     /// it before starting the exchange's deadline: the wait is corral's own
-    /// queue, bounded by `upstream_queue_timeout`. Every exchange starts
-    /// here, so this is where an overloaded corral turns new origin work
-    /// away (`http::overload`).
+    /// queue, bounded by `upstream_queue_timeout`.
     pub async fn slot(&self) -> Result<Option<crate::origin::slots::Slot>, UpstreamError> {
-        if crate::overload::shedding() {
-            crate::telemetry::metrics::overload_shed("origin");
-            return Err(UpstreamError::Overloaded);
-        }
         match &self.slots {
             None => Ok(None),
             Some(s) => s

@@ -312,8 +312,9 @@ pub fn overload_busy(share: f64) {
     gauge!("corral_overload_busy_ratio").set(share);
 }
 
-/// New work turned away while overloaded: `origin` (an exchange not
-/// started) or `connection` (a connection accepted only to answer 503).
+/// New work turned away while overloaded: `pass` (a passed-through
+/// request answered 503) or `connection` (a connection accepted only to
+/// answer 503).
 pub fn overload_shed(what: &'static str) {
     counter!("corral_overload_shed_total", "what" => what).increment(1);
 }
