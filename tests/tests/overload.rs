@@ -119,6 +119,13 @@ impl Load {
     }
 }
 
+/// GET `path` on a connection of its own, read until corral closes it.
+async fn fresh_get(proxy: &RunningProxy, path: &str, close: bool) -> corral_tests::RawResponse {
+    let close = if close { "Connection: close\r\n" } else { "" };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: overload.test\r\n{close}\r\n");
+    corral_tests::exchange_full(proxy.addr(), request.as_bytes(), DEADLINE).await
+}
+
 async fn metric(proxy: &RunningProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
     scrape(proxy).await.value(name, labels).unwrap_or(0.0)
 }
@@ -169,12 +176,7 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     assert_eq!((status, body.as_str()), (200, "cold"), "{head}");
     assert_eq!(ask(&mut kept, "/cold").await.2, "cold");
     // A new HTTP/1.1 connection: 503, and corral closes it.
-    let shed = corral_tests::exchange_full(
-        proxy.addr(),
-        b"GET /hot HTTP/1.1\r\nHost: overload.test\r\n\r\n",
-        DEADLINE,
-    )
-    .await;
+    let shed = fresh_get(&proxy, "/hot", false).await;
     assert_eq!(shed.status, 503, "{}", shed.head);
     assert_eq!(shed.header("retry-after"), Some("1"), "{}", shed.head);
     assert_eq!(shed.header("proxy-status"), Some(PROXY_STATUS));
@@ -220,12 +222,7 @@ async fn sheds_new_work_and_serves_what_it_has(server: &[(&str, &str)]) {
     .await;
     let (status, _, body) = ask_with(&mut kept, "POST", "/write").await;
     assert_eq!((status, body.as_str()), (200, "written"));
-    let fresh = corral_tests::exchange_full(
-        proxy.addr(),
-        b"GET /cold HTTP/1.1\r\nHost: overload.test\r\nConnection: close\r\n\r\n",
-        DEADLINE,
-    )
-    .await;
+    let fresh = fresh_get(&proxy, "/cold", true).await;
     assert_eq!(fresh.status, 200, "{}", fresh.head);
     assert_eq!(origin.hits("/write"), 1);
     assert_eq!(origin.hits("/cold"), 1, "fetched once, while overloaded");
@@ -266,12 +263,7 @@ async fn with_overload_off_nothing_is_shed() {
     .await;
     let (status, _, body) = ask_with(&mut kept, "POST", "/write").await;
     assert_eq!((status, body.as_str()), (200, "written"));
-    let fresh = corral_tests::exchange_full(
-        proxy.addr(),
-        b"GET /hot HTTP/1.1\r\nHost: overload.test\r\nConnection: close\r\n\r\n",
-        DEADLINE,
-    )
-    .await;
+    let fresh = fresh_get(&proxy, "/hot", true).await;
     assert_eq!(fresh.status, 200, "{}", fresh.head);
     load.stop();
     assert_eq!(metric(&proxy, "corral_overloaded", &[]).await, 0.0);

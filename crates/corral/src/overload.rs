@@ -167,7 +167,7 @@ pub fn spawn(threshold: Option<f64>) {
                     tracing::warn!(
                         busy = format!("{:.0}%", share * 100.0),
                         threshold = format!("{:.0}%", threshold * 100.0),
-                        "overloaded: the serving threads stayed busy past server.overload; new origin work and new connections get 503 until they are not"
+                        "overloaded: the serving threads stayed busy past server.overload; passed-through requests and new connections get 503 until they are not"
                     );
                 }
                 Some(false) => {

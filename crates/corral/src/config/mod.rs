@@ -208,8 +208,8 @@ pub struct ServerConfig {
     /// available core (or `TOKIO_WORKER_THREADS` with `shared`).
     pub workers: Option<usize>,
     /// `server.overload`: the share of time (percent) the serving threads
-    /// may be busy, sustained, before corral sheds new origin work and new
-    /// connections (`http::overload`); `None` (`off`): it never sheds.
+    /// may be busy, sustained, before corral sheds passed-through requests
+    /// and new connections (`overload`); `None` (`off`): it never sheds.
     pub overload: Option<u8>,
 }
 
