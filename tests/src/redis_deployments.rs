@@ -66,6 +66,18 @@ impl RedisCluster {
         Self::start_with(None, &[]).await
     }
 
+    /// No failover, and the healthy shards keep serving while one is down:
+    /// for a primary frozen or killed for good.
+    pub async fn start_without_failover() -> Self {
+        Self::start_args(&[
+            "--cluster-replica-no-failover",
+            "yes",
+            "--cluster-require-full-coverage",
+            "no",
+        ])
+        .await
+    }
+
     /// With more arguments for every node (e.g. `--cluster-replica-no-failover yes`).
     pub async fn start_args(extra: &[&str]) -> Self {
         Self::start_with(None, extra).await

@@ -14,8 +14,6 @@
 //! the origin once.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -76,44 +74,30 @@ async fn ask_with(stream: &mut TcpStream, method: &str, path: &str) -> (u16, Str
 }
 
 /// Connections that pipeline GETs of `path` without waiting for the
-/// answers, which a reader of their own throws away, until dropped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
+/// answers, which a reader of their own throws away, until stopped.
+struct Load(Vec<tokio::task::JoinHandle<()>>);
 
 impl Load {
     async fn start(addr: SocketAddr, path: &str, connections: usize) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
         let batch = format!("GET {path} HTTP/1.1\r\nHost: overload.test\r\n\r\n").repeat(64);
         let mut tasks = Vec::new();
         for _ in 0..connections {
             let stream = TcpStream::connect(addr).await.expect("connect the load");
             let (mut rx, mut tx) = stream.into_split();
-            let (stop_w, stop_r, batch) = (Arc::clone(&stop), Arc::clone(&stop), batch.clone());
+            let batch = batch.clone();
             tasks.push(tokio::spawn(async move {
-                while !stop_w.load(Ordering::Relaxed) {
-                    if tx.write_all(batch.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
+                while tx.write_all(batch.as_bytes()).await.is_ok() {}
             }));
             tasks.push(tokio::spawn(async move {
                 let mut sink = vec![0u8; 64 * 1024];
-                while !stop_r.load(Ordering::Relaxed) {
-                    match rx.read(&mut sink).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                }
+                while matches!(rx.read(&mut sink).await, Ok(n) if n > 0) {}
             }));
         }
-        Load { stop, tasks }
+        Load(tasks)
     }
 
     fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
+        for t in self.0 {
             t.abort();
         }
     }

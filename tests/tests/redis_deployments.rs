@@ -493,14 +493,7 @@ async fn a_slot_moving_between_primaries_costs_no_client_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_primary_opens_its_own_breaker_and_the_other_shards_stay_in_use() {
     const PATHS: usize = 60;
-    // No failover, and the healthy shards keep serving while one is down.
-    let cluster = RedisCluster::start_args(&[
-        "--cluster-replica-no-failover",
-        "yes",
-        "--cluster-require-full-coverage",
-        "no",
-    ])
-    .await;
+    let cluster = RedisCluster::start_without_failover().await;
     let origin = Origin::new().start().await;
     let config = config(&origin, ("cluster", yaml_list(&cluster.seeds())))
         .redis_field("breaker", "{ failures: 5, open_for: 60s }");
@@ -611,13 +604,7 @@ async fn a_password_protected_master_is_reached_through_sentinel_with_its_passwo
 /// frozen (no failover); misses whose keys it holds open its breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_stale_answer_waits_for_its_primary() {
-    let cluster = RedisCluster::start_args(&[
-        "--cluster-replica-no-failover",
-        "yes",
-        "--cluster-require-full-coverage",
-        "no",
-    ])
-    .await;
+    let cluster = RedisCluster::start_without_failover().await;
     let origin = Origin::new()
         .route(
             "/swr",

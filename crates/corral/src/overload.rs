@@ -156,7 +156,7 @@ pub fn spawn(threshold: Option<f64>) {
             }
             let share = (busy.saturating_sub(busy_then).as_secs_f64() / capacity).clamp(0.0, 1.0);
             crate::telemetry::metrics::overload_busy(share);
-            let (Some(judge), Some(threshold)) = (judge.as_mut(), threshold) else {
+            let Some(judge) = judge.as_mut() else {
                 continue;
             };
             match judge.observe(share) {
@@ -166,7 +166,7 @@ pub fn spawn(threshold: Option<f64>) {
                     shed_since = Some(now);
                     tracing::warn!(
                         busy = format!("{:.0}%", share * 100.0),
-                        threshold = format!("{:.0}%", threshold * 100.0),
+                        threshold = format!("{:.0}%", judge.threshold * 100.0),
                         "overloaded: the serving threads stayed busy past server.overload; passed-through requests and new connections get 503 until they are not"
                     );
                 }

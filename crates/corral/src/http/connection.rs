@@ -56,7 +56,7 @@ pub struct Limits {
     /// `header_read_timeout`) before HTTP; its address is the peer.
     pub proxy_protocol: bool,
     /// A connection accepted while corral is overloaded is only told to
-    /// come back later (`http::overload`); the admin listener never is.
+    /// come back later (`overload`); the admin listener never is.
     pub shed_when_overloaded: bool,
 }
 
@@ -315,7 +315,7 @@ struct Tracked<H> {
     tls: bool,
     upstream: crate::origin::descriptors::Own,
     /// Accepted while overloaded: every request gets the 503 of
-    /// `overload::refusal`, and the connection closes after it.
+    /// `refusal::overloaded_connection`, and the connection closes after it.
     shed: bool,
 }
 

@@ -377,8 +377,6 @@ fn leaf(field: &str) -> &str {
     field.rsplit('.').next().unwrap_or(field)
 }
 
-/// A count of at least `min` (`what` names the unit in the message).
-/// [`whole_number`] for a `u32` field.
 /// A whole percentage from `min` to `max` (`50` or `50%`).
 fn percentage(text: &str, min: u8, max: u8) -> Result<u8, String> {
     let number = text.trim().trim_end_matches('%').trim();
@@ -390,6 +388,8 @@ fn percentage(text: &str, min: u8, max: u8) -> Result<u8, String> {
     }
 }
 
+/// A count of at least `min` (`what` names the unit in the message).
+/// [`whole_number`] for a `u32` field.
 fn whole_u32(text: &str, min: usize, what: &str) -> Result<u32, String> {
     whole_number(text, min, what)
         .and_then(|n| u32::try_from(n).map_err(|_| format!("`{text}` is too large")))
