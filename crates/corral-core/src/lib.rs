@@ -23,6 +23,7 @@ mod entry;
 pub mod envelope;
 mod flight;
 pub mod graphql;
+pub mod h1;
 pub mod head;
 pub mod hop_by_hop;
 mod identity;

@@ -58,6 +58,10 @@ pub struct Limits {
     /// A connection accepted while corral is overloaded is only told to
     /// come back later (`overload`); the admin listener never is.
     pub shed_when_overloaded: bool,
+    /// HTTP/1.1's GET and HEAD without a body are served by `h1`, reading
+    /// up to this many bytes of a head, until the first request it does
+    /// not take hands the connection to hyper; 0: hyper serves it all.
+    pub h1_buffer: usize,
 }
 
 /// What one connection is doing, shared by its requests, its socket and its
@@ -82,6 +86,8 @@ pub struct Activity {
     /// A request came over HTTP/2 (before one did, the connection is
     /// taken as HTTP/1).
     http2: std::sync::atomic::AtomicBool,
+    /// Told to close between requests (`h1`'s graceful shutdown).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -97,6 +103,7 @@ impl Activity {
             stalls: AtomicU64::new(0),
             alarm: tokio::sync::Notify::new(),
             http2: std::sync::atomic::AtomicBool::new(false),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -319,6 +326,59 @@ struct Tracked<H> {
     shed: bool,
 }
 
+impl<H: Handler> Tracked<H> {
+    /// The handler's answer to `req`, counted on the connection as the
+    /// request `guard` began, which it keeps until its body is sent.
+    fn answered(
+        &self,
+        req: Request<Body>,
+        mut guard: RequestGuard,
+    ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
+        // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
+        // hyper has no way to send them on h2.
+        let interim = (req.version() == http::Version::HTTP_11)
+            .then(|| crate::origin::interim::Sender::open(&self.interim));
+        let answer = self.handler.call(
+            req,
+            Peer {
+                addr: self.peer,
+                interim: interim.clone(),
+                tls: self.tls,
+                upstream: self.upstream.clone(),
+            },
+        );
+        async move {
+            if let Some(interim) = &interim {
+                interim.begin().await;
+            }
+            let res = answer.await;
+            if let Some(interim) = interim {
+                interim.finish().await;
+            }
+            guard.answered = true;
+            res.map(|inner| TrackedBody {
+                inner,
+                _guard: guard,
+            })
+        }
+    }
+}
+
+impl<H: Handler> crate::http::h1::Answers for Tracked<H> {
+    type Body = TrackedBody;
+
+    fn answer(
+        &self,
+        req: Request<Body>,
+    ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
+        self.answered(req, self.activity.begin())
+    }
+
+    fn stopping(&self) -> &std::sync::atomic::AtomicBool {
+        &self.activity.stopping
+    }
+}
+
 impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
     type Response = Response<TrackedBody>;
     type Error = Infallible;
@@ -344,34 +404,8 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
                 }))
             });
         }
-        let req = req.map(Body::new);
-        // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
-        // hyper has no way to send them on h2.
-        let interim = (req.version() == http::Version::HTTP_11)
-            .then(|| crate::origin::interim::Sender::open(&self.interim));
-        let answer = self.handler.call(
-            req,
-            Peer {
-                addr: self.peer,
-                interim: interim.clone(),
-                tls: self.tls,
-                upstream: self.upstream.clone(),
-            },
-        );
-        Box::pin(async move {
-            if let Some(interim) = &interim {
-                interim.begin().await;
-            }
-            let res = answer.await;
-            if let Some(interim) = interim {
-                interim.finish().await;
-            }
-            guard.answered = true;
-            Ok(res.map(|inner| TrackedBody {
-                inner,
-                _guard: guard,
-            }))
-        })
+        let answer = self.answered(req.map(Body::new), guard);
+        Box::pin(async move { Ok(answer.await) })
     }
 }
 
@@ -500,8 +534,7 @@ pub async fn serve_on<H: Handler>(
             match tls {
                 None => {
                     let io = crate::origin::interim::InterimIo::new(client, interim);
-                    let conn = builder.serve_connection(TokioIo::new(io), service);
-                    watch_over(conn, &activity, &limits, shutdown, shed).await;
+                    serve_http(io, service, &builder, &activity, &limits, shutdown).await;
                 }
                 Some(tls) => {
                     let accepted = tokio::time::timeout(
@@ -512,8 +545,7 @@ pub async fn serve_on<H: Handler>(
                     match accepted {
                         Ok(Ok(stream)) => {
                             let io = crate::origin::interim::InterimIo::new(stream, interim);
-                            let conn = builder.serve_connection(TokioIo::new(io), service);
-                            watch_over(conn, &activity, &limits, shutdown, shed).await;
+                            serve_http(io, service, &builder, &activity, &limits, shutdown).await;
                         }
                         Ok(Err(e)) => {
                             crate::telemetry::metrics::connection_closed("tls-handshake");
@@ -562,16 +594,92 @@ async fn read_proxy_header(stream: &mut TcpStream) -> Result<(Header, Bytes), &'
     }
 }
 
-/// Drives one connection to its end under its deadlines.
-async fn watch_over<I, H: Handler>(
-    conn: auto::Connection<'_, I, Tracked<H>, TokioExecutor>,
+/// One connection's HTTP: its HTTP/1.1 GETs and HEADs by `h1` while they
+/// come (unless the listener has no `h1_buffer` or the connection is shed),
+/// then the rest by hyper, from the first byte `h1` did not answer; each
+/// under the connection's deadlines.
+async fn serve_http<I, H: Handler>(
+    io: I,
+    service: Tracked<H>,
+    builder: &auto::Builder<TokioExecutor>,
+    activity: &Activity,
+    limits: &Limits,
+    shutdown: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let shed = service.shed;
+    let io = if limits.h1_buffer > 0 && !shed {
+        let fast = H1 {
+            serving: Box::pin(crate::http::h1::serve(
+                io,
+                service.clone(),
+                limits.h1_buffer,
+            )),
+            stopping: Arc::clone(&service.activity),
+        };
+        match watch_over(fast, activity, limits, shutdown.clone(), shed).await {
+            Some(Ok(crate::http::h1::Ended::Handoff(io))) => io,
+            Some(Ok(crate::http::h1::Ended::Closed)) | None => return,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "connection ended with an error");
+                return;
+            }
+        }
+    } else {
+        crate::http::h1::Rewind::new(Bytes::new(), io)
+    };
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    if let Some(Err(e)) = watch_over(conn, activity, limits, shutdown, shed).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// A connection being served, as its watchdog drives it.
+trait Served: Future {
+    /// Finish the requests in progress, take no more, then end.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, H: Handler> Served for auto::Connection<'_, I, Tracked<H>, TokioExecutor>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        auto::Connection::graceful_shutdown(self);
+    }
+}
+
+/// `h1`'s loop over a connection, told to stop through its activity.
+struct H1<F> {
+    serving: Pin<Box<F>>,
+    stopping: Arc<Activity>,
+}
+
+impl<F: Future> Future for H1<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.serving.as_mut().poll(cx)
+    }
+}
+
+impl<F: Future> Served for H1<F> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        // Read at every poll of the loop, and the watchdog polls it next.
+        self.stopping.stopping.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Drives one connection under its deadlines: its end, or `None` when the
+/// watchdog ended it.
+async fn watch_over<C: Served>(
+    conn: C,
     activity: &Activity,
     limits: &Limits,
     mut shutdown: watch::Receiver<bool>,
     shed: bool,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
+) -> Option<C::Output> {
     let mut conn = std::pin::pin!(conn);
     // Once told to close, the connection has this long to finish.
     let mut closing: Option<Instant> = None;
@@ -596,12 +704,7 @@ async fn watch_over<I, H: Handler>(
             next = next.min(end);
         }
         tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                return;
-            }
+            r = conn.as_mut() => return Some(r),
             _ = tokio::time::sleep_until(next) => {}
             _ = activity.alarm.notified(), if closing.is_none() => {}
             _ = shutdown.changed(), if closing.is_none() => {
@@ -612,18 +715,18 @@ async fn watch_over<I, H: Handler>(
         }
         let now = Instant::now();
         if closing.is_some_and(|hard| now >= hard) {
-            return; // dropping the connection closes it
+            return None; // dropping the connection closes it
         }
         let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
         if blocked != u64::MAX && now >= activity.at(blocked) + limits.send_timeout {
             crate::telemetry::metrics::connection_closed("send-timeout");
             tracing::debug!("closing a connection whose client read nothing for send_timeout");
-            return;
+            return None;
         }
         if pace.too_slow(activity, limits, now) {
             crate::telemetry::metrics::connection_closed("slow-reader");
             tracing::debug!("closing a connection whose client reads slower than min_send_rate");
-            return;
+            return None;
         }
         if closing.is_none() {
             let idle = activity.in_flight.load(Ordering::Acquire) == 0;
@@ -642,7 +745,7 @@ async fn watch_over<I, H: Handler>(
                 // HTTP/2 connection between requests gets its GOAWAY.
                 if first || !activity.http2.load(Ordering::Relaxed) {
                     crate::telemetry::metrics::connection_closed(reason);
-                    return;
+                    return None;
                 }
                 Some(reason)
             } else {
@@ -670,6 +773,7 @@ mod tests {
             max_connections: 16,
             proxy_protocol: false,
             shed_when_overloaded: false,
+            h1_buffer: 0,
         }
     }
 

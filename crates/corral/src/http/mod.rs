@@ -1,6 +1,7 @@
 //! The HTTP front end: listeners and the life of a client connection
-//! (`server`, `connection`, `client_stream`; the origin's 1xx answers are
-//! written under hyper by `origin::interim`) and the one request handler
+//! (`server`, `connection`, `client_stream`; HTTP/1.1's GET and HEAD
+//! without a body served by `h1`, everything else by hyper; the origin's
+//! 1xx answers are written under either by `origin::interim`) and the one request handler
 //! (`proxy`), with the rate limits that spare hits handed to the cache
 //! path (`gate`) and the answers to their refusals (`refusal`). Uses `cache` for GET/HEAD and `origin` to pass everything
 //! else through.
@@ -8,6 +9,7 @@
 pub mod client_stream;
 pub mod connection;
 pub mod gate;
+pub mod h1;
 pub mod proxy;
 pub mod refusal;
 pub mod server;

@@ -49,6 +49,7 @@ fn shared(
         max_connections,
         proxy_protocol: config.listen_proxy_protocol,
         shed_when_overloaded: config.overload.is_some(),
+        h1_buffer: usize::try_from(config.max_header_size.max(HYPER_BUF)).unwrap_or(usize::MAX),
     };
     let builder = connection::builder(
         &limits,

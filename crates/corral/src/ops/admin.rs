@@ -118,6 +118,7 @@ pub async fn serve(
         max_connections: ADMIN_CONNECTIONS,
         proxy_protocol: false,
         shed_when_overloaded: false,
+        h1_buffer: 0,
     };
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(

@@ -1,0 +1,308 @@
+//! Which HTTP/1.1 request heads corral's own connection loop may serve
+//! (`corral::http::h1`), and the request such a head is. A head is taken
+//! only when it is whole, parses with `httparse` (the parser hyper uses,
+//! with hyper's default settings), is `GET` or `HEAD` over HTTP/1.1 with
+//! an origin-form target, has at most [`MAX_FIELDS`] fields, and has none
+//! of the fields that frame or ask for a body or for a protocol change
+//! (`Content-Length`, `Transfer-Encoding`, `Expect`, `Upgrade`, `TE`).
+//! Everything else is [`Parsed::Other`]: hyper's, from the same bytes. So
+//! the request ends where its head ends, and the next byte is the next
+//! request's, as hyper would read it.
+
+use std::mem::MaybeUninit;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Uri, Version};
+
+/// A head with more fields than this is hyper's (which allows 100).
+pub const MAX_FIELDS: usize = 64;
+
+/// What a parse of a connection's unread bytes found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole head of the kind corral serves itself.
+    Fast(FastHead),
+    /// Not a whole head yet: read more.
+    Partial,
+    /// Anything else: hyper's.
+    Other,
+}
+
+/// Where one field's name and value lie in the bytes parsed, as offsets
+/// (name start, name end, value start, value end).
+pub type Field = (usize, usize, usize, usize);
+
+/// Where the parts of a head lie in the bytes parsed, as offsets; its
+/// fields are in the list given to [`parse`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct FastHead {
+    method: Method,
+    target: (usize, usize),
+    len: usize,
+    close: bool,
+}
+
+/// Reads a head off the start of `buf`; a head taken has its fields'
+/// places in `fields` (cleared first, and kept by the caller from one
+/// request to the next so that it is not allocated again).
+pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Other,
+    };
+    let method = match req.method {
+        Some("GET") => Method::GET,
+        Some("HEAD") => Method::HEAD,
+        _ => return Parsed::Other,
+    };
+    let (Some(1), Some(target)) = (req.version, req.path) else {
+        return Parsed::Other;
+    };
+    if !target.starts_with('/') {
+        return Parsed::Other;
+    }
+    let base = buf.as_ptr() as usize;
+    let at = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        (start, start + s.len())
+    };
+    let mut close = false;
+    fields.clear();
+    for f in req.headers.iter() {
+        let name = f.name.as_bytes();
+        if asks_for_more(name) {
+            return Parsed::Other;
+        }
+        if name.eq_ignore_ascii_case(b"connection") && has_token(f.value, b"close") {
+            close = true;
+        }
+        let (ns, ne) = at(name);
+        let (vs, ve) = at(f.value);
+        fields.push((ns, ne, vs, ve));
+    }
+    Parsed::Fast(FastHead {
+        method,
+        target: at(target.as_bytes()),
+        len,
+        close,
+    })
+}
+
+/// Fields that frame a body, ask for one, or ask for what only hyper
+/// does: their request is hyper's.
+fn asks_for_more(name: &[u8]) -> bool {
+    [
+        &b"content-length"[..],
+        b"transfer-encoding",
+        b"expect",
+        b"upgrade",
+        b"te",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// True when the comma-separated `value` lists `token` (in any case).
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+impl FastHead {
+    /// The head's length: the next request starts here.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a head has at least its request line.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The client said `Connection: close`: the connection ends after
+    /// the answer.
+    pub fn closes(&self) -> bool {
+        self.close
+    }
+
+    /// The request, its target and field values shared with `head` (the
+    /// bytes parsed, cut at [`len`](Self::len)), its fields those
+    /// [`parse`] listed; `None` when `http`'s
+    /// types refuse the target or a field, which hyper then answers.
+    pub fn request(&self, head: &Bytes, fields: &[Field]) -> Option<Request<()>> {
+        let uri = Uri::from_maybe_shared(head.slice(self.target.0..self.target.1)).ok()?;
+        let mut headers = HeaderMap::with_capacity(fields.len());
+        for &(ns, ne, vs, ve) in fields {
+            let name = HeaderName::from_bytes(&head[ns..ne]).ok()?;
+            let value = HeaderValue::from_maybe_shared(head.slice(vs..ve)).ok()?;
+            headers.append(name, value);
+        }
+        let mut req = Request::new(());
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = headers;
+        Some(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parsed(raw: &[u8]) -> Parsed {
+        parse(raw, &mut Vec::new())
+    }
+
+    fn fast(raw: &[u8]) -> (FastHead, Vec<Field>) {
+        let mut fields = Vec::new();
+        match parse(raw, &mut fields) {
+            Parsed::Fast(h) => (h, fields),
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
+        }
+    }
+
+    #[test]
+    fn a_plain_get_or_head_is_taken_and_ends_where_its_head_ends() {
+        let raw = b"GET /a/b?x=1&y=2 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nX-Two: 1\r\nX-Two: 2\r\n\r\nGET /next HTTP/1.1\r\n";
+        let (h, fields) = fast(raw);
+        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("end") + 4;
+        assert_eq!(h.len(), end);
+        assert!(!h.closes());
+        let req = h
+            .request(&Bytes::copy_from_slice(&raw[..h.len()]), &fields)
+            .expect("request");
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(req.uri(), "/a/b?x=1&y=2");
+        assert_eq!(req.headers()["host"], "example.com");
+        let two: Vec<_> = req.headers().get_all("x-two").iter().collect();
+        assert_eq!(two, ["1", "2"]);
+        let (h, _) = fast(b"HEAD / HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n");
+        assert_eq!(h.method(), Method::HEAD);
+        assert!(h.closes());
+    }
+
+    #[test]
+    fn anything_with_a_body_an_upgrade_or_another_shape_is_hypers() {
+        for raw in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello",
+            b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nTRANSFER-ENCODING: chunked\r\n\r\n",
+            // A space before the colon: refused by httparse, as by hyper.
+            b"GET / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\n continued\r\n\r\n",
+            b"GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            b"GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET http://example.com/ HTTP/1.1\r\n\r\n",
+            b"OPTIONS * HTTP/1.1\r\n\r\n",
+            b"DELETE / HTTP/1.1\r\n\r\n",
+            b"get / HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+            b"GET / HTTP/1.1\r\nBad\x01Name: x\r\n\r\n",
+        ] {
+            assert_eq!(
+                parsed(raw),
+                Parsed::Other,
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=MAX_FIELDS {
+            many.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(parsed(&many), Parsed::Other);
+    }
+
+    #[test]
+    fn a_head_cut_short_is_partial() {
+        let raw = b"GET /path HTTP/1.1\r\nHost: a\r\n\r\n";
+        for cut in 0..raw.len() {
+            assert_eq!(parsed(&raw[..cut]), Parsed::Partial, "cut at {cut}");
+        }
+    }
+
+    fn field_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("host".to_owned()),
+            Just("Content-Length".to_owned()),
+            Just("transfer-encoding".to_owned()),
+            Just("Connection".to_owned()),
+            Just("Expect".to_owned()),
+            Just("TE".to_owned()),
+            "[A-Za-z][A-Za-z0-9-]{0,12}",
+        ]
+    }
+
+    proptest! {
+        /// Whatever the bytes, a head taken is whole, is GET or HEAD over
+        /// HTTP/1.1, carries none of the fields that frame a body, keeps
+        /// its verdict whatever follows it, and is partial when cut.
+        #[test]
+        fn a_head_taken_frames_no_body_and_ends_at_its_blank_line(
+            method in prop_oneof![Just("GET".to_owned()), Just("HEAD".to_owned()), Just("POST".to_owned()), "[A-Z]{1,7}"],
+            target in "/[a-z0-9/?=&%.]{0,20}",
+            version in prop_oneof![Just("HTTP/1.1".to_owned()), Just("HTTP/1.0".to_owned())],
+            fields in proptest::collection::vec((field_name(), "[ -~]{0,16}"), 0..8),
+            tail in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            let mut raw = format!("{method} {target} {version}\r\n").into_bytes();
+            for (n, v) in &fields {
+                raw.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+            }
+            raw.extend_from_slice(b"\r\n");
+            let head_len = raw.len();
+            raw.extend_from_slice(&tail);
+            let mut listed = Vec::new();
+            match parse(&raw, &mut listed) {
+                Parsed::Fast(h) => {
+                    prop_assert_eq!(h.len(), head_len);
+                    prop_assert!(method == "GET" || method == "HEAD");
+                    prop_assert_eq!(version, "HTTP/1.1");
+                    if let Some(req) = h.request(&Bytes::copy_from_slice(&raw[..h.len()]), &listed) {
+                        for f in ["content-length", "transfer-encoding", "expect", "upgrade", "te"] {
+                            prop_assert!(!req.headers().contains_key(f));
+                        }
+                        prop_assert_eq!(req.headers().len(), fields.len());
+                    }
+                    prop_assert_eq!(parsed(&raw[..head_len]), Parsed::Fast(h));
+                    for cut in 0..head_len {
+                        prop_assert_eq!(parsed(&raw[..cut]), Parsed::Partial);
+                    }
+                }
+                Parsed::Partial => prop_assert!(false, "a whole head is never partial"),
+                Parsed::Other => {
+                    let framing = fields.iter().any(|(n, _)| asks_for_more(n.as_bytes()));
+                    let shape = !(method == "GET" || method == "HEAD") || version != "HTTP/1.1";
+                    prop_assert!(framing || shape, "{:?}", String::from_utf8_lossy(&raw));
+                }
+            }
+        }
+
+        #[test]
+        fn any_bytes_parse_without_panic(raw in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut fields = Vec::new();
+            if let Parsed::Fast(h) = parse(&raw, &mut fields) {
+                prop_assert!(h.len() <= raw.len());
+                let _ = h.request(&Bytes::copy_from_slice(&raw[..h.len()]), &fields);
+            }
+        }
+    }
+}
