@@ -174,10 +174,23 @@ cpu_ticks() { # pid: user+system clock ticks of the process and all its descenda
   done
   echo "$total"
 }
+calm() { # system: for corral, waits (at most 10 s) until it no longer sheds load.
+  # A run keeps its core busy past `server.overload` (90%), so corral is still
+  # shedding for up to 0.5 s after it: the next run's fresh connections would be
+  # told 503 and close, and a client that reconnects at once (oha does) keeps it
+  # busy and shedding. Each run starts, as the first did, on a calm server.
+  [ "$1" = corral ] || return 0
+  local deadline=$((SECONDS + 10))
+  while curl -s http://127.0.0.1:9150/metrics | grep -q '^corral_overloaded 1'; do
+    [ $SECONDS -lt $deadline ] || { log "corral still sheds load after 10 s"; return 0; }
+    sleep 0.1
+  done
+}
 oha_measured() { # system out.json bound oha-args...: oha_run, and the CPU seconds the
   # system's processes and oha used during it (server_cpu, client_cpu in $cpu_json)
   local s=$1 out=$2 bound=$3 before after hz cb ca
   shift 3
+  calm "$s"
   hz=$(getconf CLK_TCK)
   before=$(cpu_ticks "${pid_of[$s]}")
   cb=$(awk '{print $16 + $17}' /proc/$$/stat) # this shell's reaped children: oha

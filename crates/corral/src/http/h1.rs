@@ -76,15 +76,18 @@ where
     let mut fields = Vec::with_capacity(16);
     loop {
         let fast = loop {
+            // Told to close between requests: none more is begun, by either
+            // loop (hyper's graceful shutdown closes an idle HTTP/1.1
+            // connection too, pipelined requests unread).
+            if service.stopping().load(Ordering::Relaxed) {
+                return Ok(Ended::Closed);
+            }
             if !buf.is_empty() {
                 match parse(&buf, &mut fields) {
                     Parsed::Fast(fast) => break fast,
                     Parsed::Partial => {}
                     Parsed::Other => return Ok(Ended::Handoff(Rewind::new(buf.freeze(), io))),
                 }
-            }
-            if service.stopping().load(Ordering::Relaxed) {
-                return Ok(Ended::Closed);
             }
             if buf.len() >= max_buf {
                 // hyper answers a head past its buffer (431).
@@ -943,11 +946,18 @@ mod tests {
             stopping: AtomicBool::new(true),
             asked: Arc::new(AtomicUsize::new(0)),
         });
-        let (_client, server) = tokio::io::duplex(1 << 16);
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        // Even with a whole request waiting: none more is begun.
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("write");
+        let asked = Arc::clone(&answerer.asked);
         assert!(matches!(
             serve(server, answerer, 1024).await,
             Ok(Ended::Closed)
         ));
+        assert_eq!(asked.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]
