@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -34,18 +35,11 @@ pub trait Writes {
 pub struct ClientStream<W> {
     tcp: TcpStream,
     activity: Arc<W>,
-    /// Bytes read off the socket before hyper took over (past a PROXY
-    /// protocol header): hyper reads them first.
-    prefix: bytes::Bytes,
 }
 
 impl<W: Writes> ClientStream<W> {
-    pub fn new(tcp: TcpStream, activity: Arc<W>, prefix: bytes::Bytes) -> Self {
-        ClientStream {
-            tcp,
-            activity,
-            prefix,
-        }
+    pub fn new(tcp: TcpStream, activity: Arc<W>) -> Self {
+        ClientStream { tcp, activity }
     }
 
     /// Records whether a write went through or has to wait.
@@ -111,13 +105,7 @@ impl<W: Writes> AsyncRead for ClientStream<W> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.tcp).poll_read(cx, buf)
+        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
     }
 }
 
@@ -172,5 +160,67 @@ impl<W: Writes> AsyncWrite for ClientStream<W> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
+/// A stream whose reads give `prefix` first: bytes already read off it
+/// for someone else to read (past a PROXY protocol header, or what `h1`
+/// read and did not answer, for hyper). Writes go straight through,
+/// vectored ones included (sealed bodies go with sendfile).
+#[derive(Debug)]
+pub struct Rewind<I> {
+    prefix: Bytes,
+    inner: I,
+}
+
+impl<I> Rewind<I> {
+    pub fn new(prefix: Bytes, inner: I) -> Self {
+        Rewind { prefix, inner }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }

@@ -530,7 +530,10 @@ pub async fn serve_on<H: Handler>(
                 upstream: crate::origin::descriptors::Own::new(),
                 shed,
             };
-            let client = ClientStream::new(stream, Arc::clone(&activity), prefix);
+            let client = crate::http::client_stream::Rewind::new(
+                prefix,
+                ClientStream::new(stream, Arc::clone(&activity)),
+            );
             match tls {
                 None => {
                     let io = crate::origin::interim::InterimIo::new(client, interim);
@@ -627,7 +630,7 @@ async fn serve_http<I, H: Handler>(
             }
         }
     } else {
-        crate::http::h1::Rewind::new(Bytes::new(), io)
+        crate::http::client_stream::Rewind::new(Bytes::new(), io)
     };
     let conn = builder.serve_connection(TokioIo::new(io), service);
     if let Some(Err(e)) = watch_over(conn, activity, limits, shutdown, shed).await {

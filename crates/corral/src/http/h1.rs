@@ -39,6 +39,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
+use crate::http::client_stream::Rewind;
+
 /// The read buffer's first size, and what each read asks room for.
 const READ_CHUNK: usize = 8 * 1024;
 
@@ -565,67 +567,6 @@ async fn write_all<I: AsyncWrite + Unpin>(io: &mut I, bufs: &mut [IoSlice<'_>]) 
     Ok(())
 }
 
-/// A stream whose reads give `prefix` first: the bytes this loop read and
-/// did not answer, for hyper. Writes go straight through, vectored ones
-/// included (the client stream sends sealed bodies with sendfile).
-#[derive(Debug)]
-pub struct Rewind<I> {
-    prefix: Bytes,
-    inner: I,
-}
-
-impl<I> Rewind<I> {
-    pub fn new(prefix: Bytes, inner: I) -> Self {
-        Rewind { prefix, inner }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -704,6 +645,21 @@ mod tests {
         fn stopping(&self) -> &AtomicBool {
             &self.stopping
         }
+    }
+
+    /// A connection's view that answers an empty 200 (or `body`) to
+    /// every request, told to stop or not.
+    fn answerer(body: Shape, stopping: bool) -> Arc<Answerer> {
+        Arc::new(Answerer {
+            canned: Canned {
+                status: 200,
+                fields: vec![],
+                body,
+                reason: None,
+            },
+            stopping: AtomicBool::new(stopping),
+            asked: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// What a client that sends `request` and reads to the end gets back
@@ -882,16 +838,7 @@ mod tests {
 
     #[tokio::test]
     async fn pipelined_requests_are_answered_in_order_and_a_post_goes_to_hyper_with_its_bytes() {
-        let answerer = Arc::new(Answerer {
-            canned: Canned {
-                status: 200,
-                fields: vec![],
-                body: Shape::Full(3),
-                reason: None,
-            },
-            stopping: AtomicBool::new(false),
-            asked: Arc::new(AtomicUsize::new(0)),
-        });
+        let answerer = answerer(Shape::Full(3), false);
         let (mut client, server) = tokio::io::duplex(1 << 16);
         let post = b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
         let mut sent =
@@ -936,16 +883,7 @@ mod tests {
         .await;
         assert_eq!((got.len(), asked), (0, 0));
         // Told to stop while waiting for a head: closed.
-        let answerer = Arc::new(Answerer {
-            canned: Canned {
-                status: 200,
-                fields: vec![],
-                body: Shape::Empty,
-                reason: None,
-            },
-            stopping: AtomicBool::new(true),
-            asked: Arc::new(AtomicUsize::new(0)),
-        });
+        let answerer = answerer(Shape::Empty, true);
         let (mut client, server) = tokio::io::duplex(1 << 16);
         // Even with a whole request waiting: none more is begun.
         client
@@ -962,16 +900,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_past_the_buffer_goes_to_hyper_whole() {
-        let answerer = Arc::new(Answerer {
-            canned: Canned {
-                status: 200,
-                fields: vec![],
-                body: Shape::Empty,
-                reason: None,
-            },
-            stopping: AtomicBool::new(false),
-            asked: Arc::new(AtomicUsize::new(0)),
-        });
+        let answerer = answerer(Shape::Empty, false);
         let (mut client, server) = tokio::io::duplex(1 << 16);
         let mut sent = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
         sent.extend(std::iter::repeat_n(b'v', 4000));
