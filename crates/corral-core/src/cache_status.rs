@@ -307,18 +307,7 @@ fn push_int(s: &mut String, n: i64) {
     if n < 0 {
         s.push('-');
     }
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut v = n.unsigned_abs();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &d in &digits[i..] {
+    for &d in crate::h1::decimal(n.unsigned_abs(), &mut [0; 20]) {
         s.push(char::from(d));
     }
 }

@@ -113,6 +113,20 @@ pub fn has_token(value: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// `n` in decimal, written into `buf`: the digits, for a head written by
+/// hand (no formatting machinery on every answer).
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
 impl FastHead {
     /// The head's length: the next request starts here.
     pub fn len(&self) -> usize {
@@ -229,6 +243,13 @@ mod tests {
         }
         many.extend_from_slice(b"\r\n");
         assert_eq!(parsed(&many), Parsed::Other);
+    }
+
+    #[test]
+    fn decimal_writes_every_digit() {
+        for n in [0u64, 7, 10, 86_399, u64::MAX] {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
     }
 
     #[test]

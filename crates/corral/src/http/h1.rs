@@ -33,7 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use corral_core::h1::{Parsed, has_token, parse};
+use corral_core::h1::{Parsed, decimal, has_token, parse};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
@@ -114,6 +114,10 @@ where
                 Some(Err(e)) => return Err(e),
             }
         };
+        // How much the buffer holds, all of it kept alive by what is split
+        // off: past two reads' worth (a large head), it is let go once the
+        // connection is idle again (below).
+        let grown = buf.capacity() > 2 * READ_CHUNK;
         let head = buf.split_to(fast.len()).freeze();
         let Some(req) = fast.request(&head, &fields) else {
             // A target or a field hyper's types refuse: hyper says so.
@@ -143,6 +147,11 @@ where
         if last || framing == Framing::Close {
             let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
             return Ok(Ended::Closed);
+        }
+        if grown && buf.is_empty() {
+            // A kept-alive connection does not keep one large head's
+            // buffer (hyper's read buffer shrinks back too).
+            buf = BytesMut::with_capacity(READ_CHUNK);
         }
     }
 }
@@ -276,7 +285,6 @@ fn encode_head(
     // A framing or Connection field's line is open: its next values join it.
     let mut open: Option<HeaderName> = None;
     let mut chunked_last = true;
-    let mut content_length: Option<u64> = None;
     for (name, value) in &parts.headers {
         if open.as_ref().is_some_and(|o| o != name) {
             close_line(out, &mut open, chunked_last);
@@ -299,7 +307,8 @@ fn encode_head(
                     Length::Unknown => {
                         let n = parse_length(value)?;
                         if joins {
-                            if content_length != Some(n) {
+                            // Every value the same length, as hyper checks.
+                            if framing != Some(Framing::Length(n)) {
                                 return None;
                             }
                             continue;
@@ -307,7 +316,6 @@ fn encode_head(
                         if framing.is_some() {
                             return None;
                         }
-                        content_length = Some(n);
                         framing = Some(Framing::Length(n));
                         field(out, "content-length: ", value);
                         open = Some(name.clone());
@@ -386,7 +394,7 @@ fn encode_head(
             Length::Known(n) => {
                 if can_length {
                     out.extend_from_slice(b"content-length: ");
-                    out.extend_from_slice(itoa(n, &mut [0; 20]));
+                    out.extend_from_slice(decimal(n, &mut [0; 20]));
                     out.extend_from_slice(b"\r\n");
                     Framing::Length(n)
                 } else {
@@ -436,18 +444,6 @@ fn parse_length(value: &HeaderValue) -> Option<u64> {
     v.iter().try_fold(0u64, |n, d| {
         n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
-}
-
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 thread_local! {
