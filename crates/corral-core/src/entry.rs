@@ -355,11 +355,17 @@ pub fn header_map_bytes(headers: &HeaderMap) -> usize {
     std::mem::size_of::<HeaderMap>() + headers.capacity() * (BUCKET + 8) + fields
 }
 
+/// Names a stored map has room for beyond its own: the Content-Length the
+/// entry sets, and the Age, Via and Cache-Status every answer from it adds.
+/// An answer copies the stored map, and the copy keeps the table's size, so
+/// adding them rehashes nothing.
+pub const ANSWER_ROOM: usize = 4;
+
 /// A copy of `headers` without `drop`, every value in its own allocation
 /// and the table sized to fit: nothing in it points into the buffer the
 /// headers were read from.
 pub fn compact(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(headers.keys_len());
+    let mut out = HeaderMap::with_capacity(headers.keys_len() + ANSWER_ROOM);
     for (name, value) in headers {
         if drop.contains(name) {
             continue;

@@ -45,10 +45,26 @@ pub async fn serve(
     route: Arc<Route>,
     ctx: RequestHead,
     body: Option<Bytes>,
-    mut gate: Option<Arc<dyn Admit>>,
+    gate: Option<Arc<dyn Admit>>,
     interim: Option<interim::Sender>,
 ) -> Answer {
-    let head = ctx.method == Method::HEAD;
+    match answer_now(cache, route, ctx, body, interim) {
+        Ok(answer) => answer,
+        Err(missed) => missed.finish(gate).await,
+    }
+}
+
+/// The request looked up in L1, with nothing awaited: the answer from
+/// a stored copy (a hit, or stale while one refresh runs), or what the
+/// rest of the miss path needs ([`Missed::finish`]). A hit so never sets
+/// up, or moves, the futures of the layers below.
+pub fn answer_now(
+    cache: Arc<Cache>,
+    route: Arc<Route>,
+    ctx: RequestHead,
+    body: Option<Bytes>,
+    interim: Option<interim::Sender>,
+) -> Result<Answer, Box<Missed>> {
     let asked = Asked {
         keys: Keys::of(&route, &ctx, body.as_ref()),
         ctx: Arc::new(ctx),
@@ -57,25 +73,53 @@ pub async fn serve(
         body,
         interim,
     };
-    let mut miss = Miss::new();
-    loop {
-        let joining = match look(&asked, &miss) {
-            Looked::Answered(answer) => return answer,
-            Looked::Missed(joining) => joining,
-        };
-        // The cache cannot answer: the rate limits that spare hits count
-        // this request now, once, before it fetches or waits for a fetch.
-        if let Some(g) = gate.take()
-            && let Err(refused) = g.admit().await
-        {
-            return refused;
-        }
-        // Boxed: a miss pays one allocation, and a hit does not set up
-        // (and move) the flight's state.
-        match Box::pin(flight::fly(joining, &mut miss, head)).await {
-            Flown::Answer(answer) => return answer,
-            // The leader taught a Vary set, or left: look again.
-            Flown::LookAgain => {}
+    let miss = Miss::new();
+    match look(&asked, &miss) {
+        Looked::Answered(answer) => Ok(answer),
+        Looked::Missed(joining) => Err(Box::new(Missed {
+            asked,
+            miss,
+            joining,
+        })),
+    }
+}
+
+/// A request the cache could not answer from L1 at its first look.
+pub struct Missed {
+    asked: Asked,
+    miss: Miss,
+    joining: Joining,
+}
+
+impl Missed {
+    /// The rest of the miss path: the rate limits that spare hits (`gate`),
+    /// then the key's flight, looking again when the flight says to.
+    pub async fn finish(self, mut gate: Option<Arc<dyn Admit>>) -> Answer {
+        let Missed {
+            asked,
+            mut miss,
+            mut joining,
+        } = self;
+        let head = asked.ctx.method == Method::HEAD;
+        loop {
+            // The cache cannot answer: the rate limits that spare hits
+            // count this request now, once, before it fetches or waits
+            // for a fetch.
+            if let Some(g) = gate.take()
+                && let Err(refused) = g.admit().await
+            {
+                return refused;
+            }
+            // Boxed: the flight's state is set up only where it is used.
+            match Box::pin(flight::fly(joining, &mut miss, head)).await {
+                Flown::Answer(answer) => return answer,
+                // The leader taught a Vary set, or left: look again.
+                Flown::LookAgain => {}
+            }
+            joining = match look(&asked, &miss) {
+                Looked::Answered(answer) => return answer,
+                Looked::Missed(joining) => joining,
+            };
         }
     }
 }

@@ -3,7 +3,9 @@
 //! unsafe method answered 2xx/3xx invalidates the stored GET for its URI
 //! and for same-origin Location / Content-Location (RFC 9111 §4.4).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use crate::origin::interim::Sender as Interim;
 use bytes::{Bytes, BytesMut};
 use corral_core::{CacheStatus, Detail, Forward};
 use futures_util::StreamExt;
+use futures_util::future::Either;
 use http::Method;
 use http::header::RANGE;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -42,18 +45,26 @@ impl crate::http::connection::Handler for Proxy {
         req: Request<Body>,
         peer: crate::http::connection::Peer,
     ) -> impl std::future::Future<Output = Response<Body>> + Send + 'static {
-        let app = Arc::clone(&self.0);
-        // Boxed where it is made: moved whole into the connection's future
-        // it was copied on the way (12k instructions of memcpy per hit).
-        Box::pin(handle(app, peer, req))
+        match handle(Arc::clone(&self.0), peer, req) {
+            Handled::Now(res) => Either::Left(std::future::ready(res)),
+            Handled::Later(answer) => Either::Right(answer),
+        }
     }
 }
 
-pub async fn handle(
-    app: Arc<App>,
-    peer: crate::http::connection::Peer,
-    req: Request<Body>,
-) -> Response<Body> {
+/// A request's answer: made without waiting for anything (a hit), or a
+/// future of it, boxed where it is made (moved whole into the
+/// connection's future, it was copied on the way: 12k instructions of
+/// memcpy per hit once).
+pub enum Handled {
+    Now(Response<Body>),
+    Later(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
+}
+
+/// The client listener's answer to `req`. What can be answered without
+/// waiting (a request refused, or answered from L1 on a route without
+/// limits) is answered at once; the rest becomes a future.
+pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<Body>) -> Handled {
     let crate::http::connection::Peer {
         addr: peer,
         interim,
@@ -72,48 +83,131 @@ pub async fn handle(
     };
     // Copied only for the access line, and only when one is written.
     let path = access_log::enabled().then(|| req.uri().path().to_owned());
-    let (
-        route,
-        Answer {
+    let done = Done {
+        started,
+        method,
+        path,
+        peer,
+    };
+    match route_now(&app, peer, interim, tls, upstream, &client, req) {
+        Step::Answered(route, answer) => Handled::Now(done.finish(route, answer, &client)),
+        Step::Missed(route, missed) => Handled::Later(Box::pin(async move {
+            let answer = missed.finish(None).await;
+            done.finish(Some(route), answer, &client)
+        })),
+        Step::Routed(routed, interim, upstream) => Handled::Later(Box::pin(async move {
+            let (route, answer) = route_request(app, interim, upstream, &client, *routed).await;
+            done.finish(route, answer, &client)
+        })),
+    }
+}
+
+/// What the answer's last step needs of its request: the route's fields
+/// taken off, the request counted and logged.
+struct Done {
+    started: Instant,
+    method: Method,
+    /// The path for the access line, when one is written.
+    path: Option<String>,
+    peer: SocketAddr,
+}
+
+impl Done {
+    fn finish(
+        self,
+        route: Option<Arc<Route>>,
+        answer: Answer,
+        client: &corral_core::client_addr::ClientAddr,
+    ) -> Response<Body> {
+        let Answer {
             response: mut res,
             label,
             ..
-        },
-    ) = route_request(app, peer, interim, tls, upstream, &client, req).await;
-    if let Some(r) = &route {
-        r.strip_own_fields(res.headers_mut());
+        } = answer;
+        if let Some(r) = &route {
+            r.strip_own_fields(res.headers_mut());
+        }
+        let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
+        let cache = label.as_str();
+        match &route {
+            Some(r) => r.requests.count(&self.method, cache),
+            None => metrics::unrouted(&self.method, cache),
+        }
+        // The access line: never the query (it may carry tokens), never a
+        // credential header.
+        let Some(path) = self.path else {
+            return res;
+        };
+        access_log::log(&AccessLine {
+            route: route_name,
+            method: self.method.as_str(),
+            path: &path,
+            status: res.status().as_u16(),
+            cache,
+            cache_status: res
+                .headers()
+                .get(&respond::CACHE_STATUS)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            peer: self.peer.ip(),
+            client: client.client,
+            limit: res
+                .extensions()
+                .get::<crate::http::refusal::LimitedBy>()
+                .map(|l| l.0.as_str()),
+        });
+        res
     }
-    let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
-    let cache = label.as_str();
-    match &route {
-        Some(r) => r.requests.count(&method, cache),
-        None => metrics::unrouted(&method, cache),
-    }
-    // The access line: never the query (it may carry tokens), never a
-    // credential header.
-    let Some(path) = path else {
-        return res;
+}
+
+/// How far a request got without waiting.
+enum Step {
+    /// corral's own answer (refused, no route) or one from L1.
+    Answered(Option<Arc<Route>>, Answer),
+    /// Through the cache on a route without limits, and L1 could not
+    /// answer: the rest of the miss path.
+    Missed(Arc<Route>, Box<lookup::Missed>),
+    /// Everything else: counted against the route's limits, or not
+    /// through the cache.
+    Routed(
+        Box<Routed>,
+        Option<Interim>,
+        crate::origin::descriptors::Own,
+    ),
+}
+
+/// The request routed, and looked up in L1 when nothing has to be
+/// awaited before it (no limits count it first).
+fn route_now(
+    app: &App,
+    peer: SocketAddr,
+    interim: Option<Interim>,
+    tls: bool,
+    upstream: crate::origin::descriptors::Own,
+    client: &corral_core::client_addr::ClientAddr,
+    req: Request<Body>,
+) -> Step {
+    let routed = match routed(app, peer, tls, client, req) {
+        Ok(r) => r,
+        // A head that did not validate, or no route: no route's metrics
+        // or fields.
+        Err(answer) => return Step::Answered(None, *answer),
     };
-    access_log::log(&AccessLine {
-        route: route_name,
-        method: method.as_str(),
-        path: &path,
-        status: res.status().as_u16(),
-        cache,
-        cache_status: res
-            .headers()
-            .get(&respond::CACHE_STATUS)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(""),
-        ms: started.elapsed().as_secs_f64() * 1000.0,
-        peer: peer.ip(),
-        client: client.client,
-        limit: res
-            .extensions()
-            .get::<crate::http::refusal::LimitedBy>()
-            .map(|l| l.0.as_str()),
-    });
-    res
+    if !(routed.cached && routed.accounts.is_none()) {
+        return Step::Routed(Box::new(routed), interim, upstream);
+    }
+    let Routed { route, head, .. } = routed;
+    match lookup::answer_now(
+        Arc::clone(&app.cache),
+        Arc::clone(&route),
+        head,
+        None,
+        interim,
+    ) {
+        Ok(answer) => Step::Answered(Some(route), answer),
+        Err(missed) => Step::Missed(route, missed),
+    }
 }
 
 /// One count per trust entry that vouched for a hop of this request.
@@ -254,14 +348,13 @@ fn routed(
     })
 }
 
+/// A routed request that `route_now` could not answer without waiting.
 async fn route_request(
     app: Arc<App>,
-    peer: SocketAddr,
     interim: Option<Interim>,
-    tls: bool,
     upstream: crate::origin::descriptors::Own,
     client: &corral_core::client_addr::ClientAddr,
-    req: Request<Body>,
+    routed: Routed,
 ) -> (Option<Arc<Route>>, Answer) {
     let Routed {
         route,
@@ -270,14 +363,7 @@ async fn route_request(
         accounts,
         cached,
         coalesced_post,
-    } = match routed(&app, peer, tls, client, req) {
-        Ok(r) => r,
-        Err(answer) => {
-            // A head that did not validate, or no route: no route's
-            // metrics or fields.
-            return (None, *answer);
-        }
-    };
+    } = routed;
     let (mut tallies, gate) = match accounts {
         None => (Vec::new(), None),
         Some(accounts) => {
