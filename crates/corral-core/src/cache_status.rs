@@ -267,49 +267,66 @@ impl CacheStatus {
 
     /// The field value, e.g. `corral; fwd=uri-miss; fwd-status=200; stored; ttl=60`.
     pub fn to_header_value(&self) -> HeaderValue {
-        let mut s = String::with_capacity(64);
-        s.push_str(CACHE_NAME);
+        // Written on the stack, then copied into one allocation of its
+        // exact length, which the value keeps as it is (this runs for
+        // every answer, a hit's included). A value past the buffer (none
+        // today) is written on the heap.
+        let mut buf = [0u8; 128];
+        let mut len = 0;
+        let fits = self.write(&mut |part| match buf.get_mut(len..len + part.len()) {
+            Some(to) => {
+                to.copy_from_slice(part);
+                len += part.len();
+                true
+            }
+            None => false,
+        });
+        let value = if fits {
+            HeaderValue::from_bytes(&buf[..len])
+        } else {
+            let mut heap = Vec::new();
+            self.write(&mut |part| {
+                heap.extend_from_slice(part);
+                true
+            });
+            HeaderValue::from_bytes(&heap)
+        };
+        // Only ASCII tokens and numbers are written.
+        value.unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
+    }
+
+    /// Writes the field value's parts to `put` in order, while it takes
+    /// them; false when it refused one.
+    fn write(&self, put: &mut impl FnMut(&[u8]) -> bool) -> bool {
+        let mut ok = put(CACHE_NAME.as_bytes());
         if self.hit {
-            s.push_str("; hit");
+            ok &= put(b"; hit");
         }
         if let Some(fwd) = self.fwd {
-            s.push_str("; fwd=");
-            s.push_str(fwd.as_str());
+            ok &= put(b"; fwd=") && put(fwd.as_str().as_bytes());
         }
         if let Some(status) = self.fwd_status {
-            s.push_str("; fwd-status=");
-            push_int(&mut s, i64::from(status));
+            ok &= put(b"; fwd-status=") && put_int(put, i64::from(status));
         }
         if self.stored {
-            s.push_str("; stored");
+            ok &= put(b"; stored");
         }
         if self.collapsed {
-            s.push_str("; collapsed");
+            ok &= put(b"; collapsed");
         }
         if let Some(ttl) = self.ttl {
-            s.push_str("; ttl=");
-            push_int(&mut s, ttl);
+            ok &= put(b"; ttl=") && put_int(put, ttl);
         }
         if let Some(detail) = self.detail {
-            s.push_str("; detail=");
-            s.push_str(detail.as_str());
+            ok &= put(b"; detail=") && put(detail.as_str().as_bytes());
         }
-        // Only ASCII tokens and numbers are written above; the String's
-        // buffer becomes the header value without a copy.
-        HeaderValue::from_maybe_shared(bytes::Bytes::from(s))
-            .unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
+        ok
     }
 }
 
-/// `n` in decimal, without the formatting machinery (this runs on every
-/// answer).
-fn push_int(s: &mut String, n: i64) {
-    if n < 0 {
-        s.push('-');
-    }
-    for &d in crate::h1::decimal(n.unsigned_abs(), &mut [0; 20]) {
-        s.push(char::from(d));
-    }
+/// `n` in decimal, without the formatting machinery.
+fn put_int(put: &mut impl FnMut(&[u8]) -> bool, n: i64) -> bool {
+    (n >= 0 || put(b"-")) && put(crate::h1::decimal(n.unsigned_abs(), &mut [0; 20]))
 }
 
 #[cfg(test)]
@@ -319,10 +336,33 @@ mod tests {
     #[test]
     fn integers_are_written_like_display() {
         for n in [0, 1, 9, 10, 59, 86_399, -1, -6, -10, i64::MAX, i64::MIN] {
-            let mut s = String::new();
-            push_int(&mut s, n);
-            assert_eq!(s, n.to_string());
+            let mut s = Vec::new();
+            assert!(put_int(
+                &mut |p| {
+                    s.extend_from_slice(p);
+                    true
+                },
+                n
+            ));
+            assert_eq!(s, n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn a_writer_that_refuses_a_part_is_told() {
+        let st = CacheStatus::hit(i64::MIN).with_detail(Detail::StaleIfError);
+        let mut whole = Vec::new();
+        assert!(st.write(&mut |p| {
+            whole.extend_from_slice(p);
+            true
+        }));
+        assert_eq!(st.to_header_value().as_bytes(), &whole[..]);
+        let mut room = 10;
+        assert!(!st.write(&mut |p| {
+            let fits = p.len() <= room;
+            room = room.saturating_sub(p.len());
+            fits
+        }));
     }
 
     #[test]

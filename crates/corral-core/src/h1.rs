@@ -127,6 +127,48 @@ pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// How many numbers [`small_decimal`] has in its table.
+const SMALL: usize = 10_000;
+
+/// The decimal forms of `0..SMALL`, left-aligned, built at compile time.
+static SMALL_DIGITS: [[u8; 4]; SMALL] = small_digits();
+
+const fn small_digits() -> [[u8; 4]; SMALL] {
+    let mut table = [[0u8; 4]; SMALL];
+    let mut n = 0;
+    while n < SMALL {
+        let len = small_len(n);
+        let mut rest = n;
+        let mut i = len;
+        while i > 0 {
+            i -= 1;
+            table[n][i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        n += 1;
+    }
+    table
+}
+
+const fn small_len(n: usize) -> usize {
+    if n < 10 {
+        1
+    } else if n < 100 {
+        2
+    } else if n < 1000 {
+        3
+    } else {
+        4
+    }
+}
+
+/// `n` in decimal as static bytes, for `n` below 10,000: a field value
+/// made from them (a hit's `Age`) needs no allocation of its own.
+pub fn small_decimal(n: u64) -> Option<&'static [u8]> {
+    let n = usize::try_from(n).ok().filter(|&n| n < SMALL)?;
+    Some(&SMALL_DIGITS[n][..small_len(n)])
+}
+
 impl FastHead {
     /// The head's length: the next request starts here.
     pub fn len(&self) -> usize {
@@ -176,6 +218,19 @@ mod tests {
 
     fn parsed(raw: &[u8]) -> Parsed {
         parse(raw, &mut Vec::new())
+    }
+
+    #[test]
+    fn the_small_decimals_are_the_numbers_written_out() {
+        for n in [0, 1, 9, 10, 99, 100, 999, 1000, 4321, 9999] {
+            assert_eq!(small_decimal(n), Some(n.to_string().as_bytes()), "{n}");
+        }
+        for n in 0..SMALL as u64 {
+            let mut buf = [0; 20];
+            assert_eq!(small_decimal(n), Some(decimal(n, &mut buf)));
+        }
+        assert_eq!(small_decimal(10_000), None);
+        assert_eq!(small_decimal(u64::MAX), None);
     }
 
     fn fast(raw: &[u8]) -> (FastHead, Vec<Field>) {

@@ -96,7 +96,7 @@ fn answer(
     // answer adds (Age here, Via and Cache-Status in `Answer::new`; see
     // `corral_core::entry::ANSWER_ROOM`): no name is hashed again.
     let mut headers = entry.headers().clone();
-    headers.insert(AGE, HeaderValue::from(entry.age_secs(now)));
+    headers.insert(AGE, age_value(entry.age_secs(now)));
     // One pass over the request's headers for what may change the answer
     // (a hit pays for no lookup it does not need).
     let asked = Asked::of(request);
@@ -127,6 +127,13 @@ fn answer(
     *res.status_mut() = code;
     *res.headers_mut() = headers;
     Answer::new(res, status, Version::HTTP_11)
+}
+
+/// `Age: secs`, made without an allocation below 10,000 seconds.
+fn age_value(secs: u64) -> HeaderValue {
+    corral_core::h1::small_decimal(secs)
+        .and_then(|d| HeaderValue::from_maybe_shared(Bytes::from_static(d)).ok())
+        .unwrap_or_else(|| HeaderValue::from(secs))
 }
 
 /// The request headers that make an answer from an entry conditional or
