@@ -11,6 +11,9 @@ use crate::policy::PassReason;
 /// The cache's name in `Cache-Status`.
 pub const CACHE_NAME: &str = "corral";
 
+/// The field's name.
+pub static CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
+
 /// Why the request was forwarded (RFC 9211 §2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forward {

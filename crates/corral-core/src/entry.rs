@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{
-    AGE, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRANSFER_ENCODING,
+    AGE, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRANSFER_ENCODING, VIA,
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -41,6 +41,10 @@ pub struct StoredResponse {
     pub(crate) status: StatusCode,
     /// End-to-end headers as received (hop-by-hop already removed).
     pub(crate) headers: HeaderMap,
+    /// `headers` as every answer from this entry starts: with `Age`,
+    /// corral's `Via` and `Cache-Status` in their places, the first and
+    /// last with values each answer replaces ([`answer_head`]).
+    pub(crate) answer_head: HeaderMap,
     pub(crate) body: Bytes,
     /// The origin's `Age` when the response arrived (RFC 9111 §4.2.3).
     pub(crate) initial_age: Duration,
@@ -97,6 +101,10 @@ impl StoredResponse {
     /// End-to-end headers as received (hop-by-hop already removed).
     pub fn headers(&self) -> &HeaderMap {
         &self.headers
+    }
+    /// The head an answer from this entry copies: see [`answer_head`].
+    pub fn answer_head(&self) -> &HeaderMap {
+        &self.answer_head
     }
     pub fn body(&self) -> &Bytes {
         &self.body
@@ -234,6 +242,7 @@ impl StoredResponse {
         let total = std::mem::size_of::<Self>()
             + STORE_OVERHEAD
             + header_map_bytes(&self.headers)
+            + header_map_bytes(&self.answer_head)
             + body
             + vary
             + heap_bytes(self.uri.len());
@@ -252,6 +261,7 @@ impl StoredResponse {
         let headers = compact(headers, &[]);
         StoredResponse {
             initial_age: initial_age(&headers),
+            answer_head: answer_head(&headers),
             headers,
             response_time,
             fresh_until: later(response_time, freshness.ttl),
@@ -306,6 +316,7 @@ impl StoredResponseBuilder {
         StoredResponse {
             status: self.status,
             initial_age: initial_age(&headers),
+            answer_head: answer_head(&headers),
             headers,
             body: self.body,
             response_time: self.response_time,
@@ -355,17 +366,39 @@ pub fn header_map_bytes(headers: &HeaderMap) -> usize {
     std::mem::size_of::<HeaderMap>() + headers.capacity() * (BUCKET + 8) + fields
 }
 
-/// Names a stored map has room for beyond its own: the Content-Length the
-/// entry sets, and the Age, Via and Cache-Status every answer from it adds.
-/// An answer copies the stored map, and the copy keeps the table's size, so
-/// adding them rehashes nothing.
-pub const ANSWER_ROOM: usize = 4;
+/// corral's `Via` entry on an answer over HTTP/1.1 (the version every
+/// answer from an entry is built as).
+pub const VIA_1_1: &str = "1.1 corral";
+
+/// `headers` as an answer from an entry starts: `Age` (replacing the
+/// origin's, in its place), corral's `Via` after the origin's, and
+/// `Cache-Status` (replacing any the origin sent). `Age` and `Cache-Status`
+/// hold placeholders each answer replaces in place. Built once per entry,
+/// with the same operations an answer made per hit before, so an answer
+/// is a copy of this map with two values replaced: no name hashed into a
+/// new slot, no table grown.
+pub fn answer_head(headers: &HeaderMap) -> HeaderMap {
+    // One slot more than it holds: `HeaderMap::insert` makes room for a
+    // new name before it looks for the old one, and a full table would
+    // grow at every answer's first insert.
+    let mut head = HeaderMap::with_capacity(headers.len() + 4);
+    for (name, value) in headers {
+        head.append(name.clone(), value.clone());
+    }
+    head.insert(AGE, HeaderValue::from_static("0"));
+    head.append(VIA, HeaderValue::from_static(VIA_1_1));
+    head.insert(
+        crate::CACHE_STATUS.clone(),
+        HeaderValue::from_static(crate::cache_status::CACHE_NAME),
+    );
+    head
+}
 
 /// A copy of `headers` without `drop`, every value in its own allocation
 /// and the table sized to fit: nothing in it points into the buffer the
 /// headers were read from.
 pub fn compact(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(headers.keys_len() + ANSWER_ROOM);
+    let mut out = HeaderMap::with_capacity(headers.keys_len());
     for (name, value) in headers {
         if drop.contains(name) {
             continue;
@@ -528,6 +561,67 @@ mod tests {
         assert_eq!(kept.as_bytes(), b"vvvv");
         let original = h.get("x-slice").expect("original").as_bytes().as_ptr();
         assert_ne!(kept.as_bytes().as_ptr(), original, "a copy, not a slice");
+    }
+
+    #[test]
+    fn the_answer_head_is_the_stored_head_with_age_via_and_cache_status_in_place() {
+        // From 0 to 20 stored fields, some of them the three an answer
+        // sets, some names repeated.
+        for n in 0..20 {
+            let mut stored = HeaderMap::new();
+            for i in 0..n {
+                let name = match i % 7 {
+                    3 => AGE,
+                    5 => VIA,
+                    6 => crate::CACHE_STATUS.clone(),
+                    _ => HeaderName::from_bytes(format!("x-{}", i % 4).as_bytes()).expect("name"),
+                };
+                stored.append(name, HeaderValue::from(i));
+            }
+            let head = answer_head(&stored);
+            let values = |map: &HeaderMap, name: &HeaderName| -> Vec<String> {
+                map.get_all(name)
+                    .iter()
+                    .map(|v| v.to_str().expect("ascii").to_owned())
+                    .collect()
+            };
+            // The names in the stored order, the new ones after them.
+            let mut names: Vec<HeaderName> = stored.keys().cloned().collect();
+            for name in [AGE, VIA, crate::CACHE_STATUS.clone()] {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            assert_eq!(
+                head.keys().cloned().collect::<Vec<_>>(),
+                names,
+                "{n} fields"
+            );
+            for name in &names {
+                let want = if *name == AGE {
+                    vec!["0".to_owned()]
+                } else if *name == crate::CACHE_STATUS {
+                    vec![crate::cache_status::CACHE_NAME.to_owned()]
+                } else if *name == VIA {
+                    let mut v = values(&stored, name);
+                    v.push(VIA_1_1.to_owned());
+                    v
+                } else {
+                    values(&stored, name)
+                };
+                assert_eq!(values(&head, name), want, "{n} fields: {name}");
+            }
+            // An answer's copy takes both of its values without growing.
+            let mut copy = head.clone();
+            let capacity = copy.capacity();
+            copy.insert(AGE, HeaderValue::from_static("7"));
+            copy.insert(
+                crate::CACHE_STATUS.clone(),
+                HeaderValue::from_static("corral; hit"),
+            );
+            assert_eq!(copy.capacity(), capacity, "{n} fields: the copy grew");
+            assert_eq!(copy.len(), head.len());
+        }
     }
 
     #[test]

@@ -43,11 +43,12 @@ pub use backoff::{Backoff, BackoffPolicy};
 pub use ban::{Ban, BanList, BanTarget, Verdict, string_list};
 pub use budget::{Budget, Hold};
 pub use cache_control::{CacheControl, targeted_value};
-pub use cache_status::{CacheLabel, CacheStatus, Detail, Forward, UpstreamFailure};
+pub use cache_status::{CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, UpstreamFailure};
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use clock::{Clock, PausedClock, SystemClock};
 pub use entry::{
-    EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, compact, merge_not_modified,
+    EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, VIA_1_1, compact,
+    merge_not_modified,
 };
 pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult, Waiter};
 pub use identity::{Identity, IdentityRules};

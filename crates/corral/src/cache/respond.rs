@@ -11,14 +11,14 @@ use bytes::Bytes;
 use corral_core::range;
 use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
 use http::header::{
-    AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, HeaderName, IF_MODIFIED_SINCE,
-    IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE, VIA,
+    AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
+    IF_RANGE, LAST_MODIFIED, RANGE, VIA,
 };
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
 use crate::origin::request::via_value;
 
-pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+pub use corral_core::CACHE_STATUS;
 
 /// A response on its way to the client, with what the cache did for it.
 pub struct Answer {
@@ -38,6 +38,20 @@ impl Answer {
         let headers = response.headers_mut();
         headers.append(VIA, via_value(version));
         headers.insert(CACHE_STATUS.clone(), status.to_header_value());
+        let label = status.label(response.status());
+        Answer {
+            response,
+            label,
+            status: status.clone(),
+        }
+    }
+
+    /// `response`, made from an entry's [`StoredResponse::answer_head`]
+    /// (`Via` in place already), with `status` as its `Cache-Status`.
+    fn from_entry_head(mut response: Response<Body>, status: &CacheStatus) -> Answer {
+        response
+            .headers_mut()
+            .insert(CACHE_STATUS.clone(), status.to_header_value());
         let label = status.label(response.status());
         Answer {
             response,
@@ -92,10 +106,9 @@ fn answer(
     head: bool,
     request: &HeaderMap,
 ) -> Answer {
-    // A copy of the stored map, whose table has room for the fields every
-    // answer adds (Age here, Via and Cache-Status in `Answer::new`; see
-    // `corral_core::entry::ANSWER_ROOM`): no name is hashed again.
-    let mut headers = entry.headers().clone();
+    // A copy of the entry's answer head, which has Age, Via and
+    // Cache-Status in place already: two values replaced, nothing grown.
+    let mut headers = entry.answer_head().clone();
     headers.insert(AGE, age_value(entry.age_secs(now)));
     // One pass over the request's headers for what may change the answer
     // (a hit pays for no lookup it does not need).
@@ -126,7 +139,7 @@ fn answer(
     let mut res = Response::new(body);
     *res.status_mut() = code;
     *res.headers_mut() = headers;
-    Answer::new(res, status, Version::HTTP_11)
+    Answer::from_entry_head(res, status)
 }
 
 /// `Age: secs`, made without an allocation below 10,000 seconds.

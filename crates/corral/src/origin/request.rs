@@ -37,7 +37,7 @@ pub fn via_value(version: Version) -> HeaderValue {
         Version::HTTP_10 => "1.0 corral",
         Version::HTTP_2 => "2 corral",
         Version::HTTP_3 => "3 corral",
-        _ => "1.1 corral",
+        _ => corral_core::VIA_1_1,
     })
 }
 
