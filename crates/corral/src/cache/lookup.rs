@@ -12,7 +12,7 @@ use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss};
 use corral_core::{
     CacheStatus, Detail, Digest, EntryState, Forward, Identity, PrimaryKey, StoredResponse, UriKey,
-    VariantKey, Vary, xfetch,
+    Vary, xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -65,16 +65,16 @@ pub fn answer_now(
     body: Option<Bytes>,
     interim: Option<interim::Sender>,
 ) -> Result<Answer, Box<Missed>> {
-    let asked = Asked {
+    let mut asked = Asked {
         keys: Keys::of(&route, &ctx, body.as_ref()),
-        ctx: Arc::new(ctx),
+        ctx: Head::Own(ctx),
         cache,
         route,
         body,
         interim,
     };
     let miss = Miss::new();
-    match look(&asked, &miss) {
+    match look(&mut asked, &miss) {
         Looked::Answered(answer) => Ok(answer),
         Looked::Missed(joining) => Err(Box::new(Missed {
             asked,
@@ -96,11 +96,11 @@ impl Missed {
     /// then the key's flight, looking again when the flight says to.
     pub async fn finish(self, mut gate: Option<Arc<dyn Admit>>) -> Answer {
         let Missed {
-            asked,
+            mut asked,
             mut miss,
             mut joining,
         } = self;
-        let head = asked.ctx.method == Method::HEAD;
+        let head = asked.ctx.get().method == Method::HEAD;
         loop {
             // The cache cannot answer: the rate limits that spare hits
             // count this request now, once, before it fetches or waits
@@ -116,7 +116,7 @@ impl Missed {
                 // The leader taught a Vary set, or left: look again.
                 Flown::LookAgain => {}
             }
-            joining = match look(&asked, &miss) {
+            joining = match look(&mut asked, &miss) {
                 Looked::Answered(answer) => return answer,
                 Looked::Missed(joining) => joining,
             };
@@ -128,10 +128,65 @@ impl Missed {
 struct Asked {
     cache: Arc<Cache>,
     route: Arc<Route>,
-    ctx: Arc<RequestHead>,
+    ctx: Head,
     keys: Keys,
     body: Option<Bytes>,
     interim: Option<interim::Sender>,
+}
+
+/// The request's head: its own while only this request reads it, moved
+/// into one `Arc` when a fill first needs to share it (a hit never does).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a box would be the allocation per hit this type exists to avoid"
+)]
+enum Head {
+    Own(RequestHead),
+    Shared(Arc<RequestHead>),
+}
+
+impl Head {
+    fn get(&self) -> &RequestHead {
+        match self {
+            Head::Own(h) => h,
+            Head::Shared(h) => h,
+        }
+    }
+
+    /// The head as a fill holds it; shared from now on.
+    fn share(&mut self) -> Arc<RequestHead> {
+        let shared = match self {
+            Head::Shared(h) => return Arc::clone(h),
+            // Every field named, so a new one cannot be left behind.
+            Head::Own(RequestHead {
+                method,
+                version,
+                host,
+                path,
+                query,
+                headers,
+                forwarded_for,
+                peer,
+                client,
+                body,
+                tls,
+            }) => Arc::new(RequestHead {
+                method: method.clone(),
+                version: *version,
+                host: std::mem::take(host),
+                path: std::mem::take(path),
+                query: query.take(),
+                headers: std::mem::take(headers),
+                forwarded_for: forwarded_for.take(),
+                peer: *peer,
+                client: *client,
+                body: *body,
+                tls: *tls,
+            }),
+        };
+        *self = Head::Shared(Arc::clone(&shared));
+        shared
+    }
 }
 
 /// The keys a request is looked up and filled under.
@@ -193,11 +248,17 @@ enum Looked {
 
 /// Looks the request up in L1 and answers from the copy found, or says
 /// how to join the key's flight.
-fn look(asked: &Asked, miss: &Miss) -> Looked {
+fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     let Asked {
-        cache, route, ctx, ..
+        cache,
+        route,
+        ctx: head,
+        keys,
+        body,
+        interim,
     } = asked;
-    let keys = &asked.keys;
+    let (cache, route, keys): (&Arc<Cache>, &Arc<Route>, &Keys) = (cache, route, keys);
+    let ctx = head.get();
     let now = cache.clock.now();
     // While the origin is failing for this key, nothing here asks it.
     let backoff = cache.l1.active_backoff(|| keys.pass_scope(), now);
@@ -216,9 +277,19 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
         (None, Vary::Headers(_)) => Forward::VaryMiss,
         (None, _) => Forward::UriMiss,
     };
-    let fill = |stale| {
+    let method_is_head = ctx.method == Method::HEAD;
+    let mut fill = |stale| {
         let variant = keys.primary.variant(keys.identity.as_ref(), &values);
-        fill_request(asked, variant, fwd, stale)
+        FillRequest::new(
+            Arc::clone(cache),
+            Arc::clone(route),
+            head.share(),
+            (keys.primary.clone(), keys.identity, variant),
+            stale,
+            fwd,
+            body.clone(),
+            interim.clone(),
+        )
     };
     let seen = found.map(|entry| {
         let state = entry.state(now);
@@ -294,27 +365,13 @@ fn look(asked: &Asked, miss: &Miss) -> Looked {
             (st, entry)
         }
     };
-    let head = ctx.method == Method::HEAD;
-    Looked::Answered(respond::from_entry(&entry, &st, now, head, &ctx.headers))
-}
-
-/// The fill this request would make for `variant`, refreshing `stale`.
-fn fill_request(
-    asked: &Asked,
-    variant: VariantKey,
-    fwd: Forward,
-    stale: Option<Arc<StoredResponse>>,
-) -> FillRequest {
-    FillRequest::new(
-        Arc::clone(&asked.cache),
-        Arc::clone(&asked.route),
-        Arc::clone(&asked.ctx),
-        (asked.keys.primary.clone(), asked.keys.identity, variant),
-        stale,
-        fwd,
-        asked.body.clone(),
-        asked.interim.clone(),
-    )
+    Looked::Answered(respond::from_entry(
+        &entry,
+        &st,
+        now,
+        method_is_head,
+        &head.get().headers,
+    ))
 }
 
 /// The caller's own copy, else the shared one when the caller may have it.
