@@ -169,6 +169,35 @@ pub fn small_decimal(n: u64) -> Option<&'static [u8]> {
     Some(&SMALL_DIGITS[n][..small_len(n)])
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The names most requests carry, as clients spell them (all lowercase,
+/// or each word capitalized): compared whole, where
+/// `HeaderName::from_bytes` lowercases every name into a buffer and then
+/// matches it against every standard name. Anything else is `None`.
+fn known_name(raw: &[u8]) -> Option<HeaderName> {
+    use http::header;
+    Some(match raw {
+        b"host" | b"Host" => header::HOST,
+        b"user-agent" | b"User-Agent" => header::USER_AGENT,
+        b"accept" | b"Accept" => header::ACCEPT,
+        b"accept-encoding" | b"Accept-Encoding" => header::ACCEPT_ENCODING,
+        b"accept-language" | b"Accept-Language" => header::ACCEPT_LANGUAGE,
+        b"connection" | b"Connection" => header::CONNECTION,
+        b"cookie" | b"Cookie" => header::COOKIE,
+        b"authorization" | b"Authorization" => header::AUTHORIZATION,
+        b"cache-control" | b"Cache-Control" => header::CACHE_CONTROL,
+        b"if-none-match" | b"If-None-Match" => header::IF_NONE_MATCH,
+        b"if-modified-since" | b"If-Modified-Since" => header::IF_MODIFIED_SINCE,
+        b"referer" | b"Referer" => header::REFERER,
+        b"origin" | b"Origin" => header::ORIGIN,
+        b"pragma" | b"Pragma" => header::PRAGMA,
+        b"range" | b"Range" => header::RANGE,
+        b"x-forwarded-for" | b"X-Forwarded-For" => X_FORWARDED_FOR,
+        _ => return None,
+    })
+}
+
 impl FastHead {
     /// The head's length: the next request starts here.
     pub fn len(&self) -> usize {
@@ -198,7 +227,11 @@ impl FastHead {
         let uri = Uri::from_maybe_shared(head.slice(self.target.0..self.target.1)).ok()?;
         let mut headers = HeaderMap::with_capacity(fields.len());
         for &(ns, ne, vs, ve) in fields {
-            let name = HeaderName::from_bytes(&head[ns..ne]).ok()?;
+            let raw = &head[ns..ne];
+            let name = match known_name(raw) {
+                Some(name) => name,
+                None => HeaderName::from_bytes(raw).ok()?,
+            };
             let value = HeaderValue::from_maybe_shared(head.slice(vs..ve)).ok()?;
             headers.append(name, value);
         }
@@ -327,7 +360,73 @@ mod tests {
         ]
     }
 
+    /// The names `known_name` knows, as it spells them.
+    const KNOWN: [&str; 16] = [
+        "host",
+        "user-agent",
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "connection",
+        "cookie",
+        "authorization",
+        "cache-control",
+        "if-none-match",
+        "if-modified-since",
+        "referer",
+        "origin",
+        "pragma",
+        "range",
+        "x-forwarded-for",
+    ];
+
+    /// Each word capitalized: `User-Agent`.
+    fn capitalized(name: &str) -> String {
+        name.split('-')
+            .map(|w| {
+                let mut w = w.to_owned();
+                w[..1].make_ascii_uppercase();
+                w
+            })
+            .collect::<Vec<_>>()
+            .join("-")
+    }
+
+    #[test]
+    fn every_known_name_is_known_in_both_spellings() {
+        for name in KNOWN {
+            for raw in [name.to_owned(), capitalized(name)] {
+                let known = known_name(raw.as_bytes());
+                assert_eq!(known.as_ref().map(HeaderName::as_str), Some(name), "{raw}");
+            }
+        }
+        assert_eq!(known_name(b"HOST"), None);
+        assert_eq!(known_name(b"hosts"), None);
+        assert_eq!(known_name(b""), None);
+    }
+
     proptest! {
+        /// A name `known_name` knows is the name `http` makes of the same
+        /// bytes, in any spelling; the rest are left to `http`.
+        #[test]
+        fn a_known_name_is_the_name_http_makes(
+            pick in 0..KNOWN.len(),
+            flips in proptest::collection::vec(any::<bool>(), 20),
+            other in "[A-Za-z-]{0,20}",
+        ) {
+            let mut raw: Vec<u8> = KNOWN[pick].bytes().collect();
+            for (b, flip) in raw.iter_mut().zip(&flips) {
+                if *flip {
+                    *b = b.to_ascii_uppercase();
+                }
+            }
+            for raw in [raw, other.into_bytes()] {
+                if let Some(name) = known_name(&raw) {
+                    prop_assert_eq!(Some(name), HeaderName::from_bytes(&raw).ok());
+                }
+            }
+        }
+
         /// Whatever the bytes, a head taken is whole, is GET or HEAD over
         /// HTTP/1.1, carries none of the fields that frame a body, keeps
         /// its verdict whatever follows it, and is partial when cut.
