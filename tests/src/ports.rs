@@ -42,6 +42,17 @@ pub fn free_addr_for_restarts() -> std::io::Result<SocketAddr> {
     free_addr()
 }
 
+/// Returns a loopback address for a listener a test names in corral's
+/// config (`listen_tls`) before `Proxy` picks its listen and admin ports.
+/// Those come from port 0, in the ephemeral range, where a port just
+/// released can be handed out again: a `listen_tls` picked there once took
+/// the admin port of the same instance, which then could not start. This
+/// one is below the range (see [`free_addr_for_restarts`]), so the two
+/// never meet.
+pub fn free_addr_for_config() -> std::io::Result<SocketAddr> {
+    free_addr_for_restarts()
+}
+
 /// Returns `n` distinct loopback addresses that were free a moment ago.
 ///
 /// All `n` are held at once while picking, so none repeats; like

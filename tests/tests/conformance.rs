@@ -910,7 +910,7 @@ async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
     let pki = Pki::new(dir.path(), "ca");
     let cert = pki.issue("listener", &["corral.test"], false);
     let origin = hinting_origin().await;
-    let addr = corral_tests::ports::free_addr().expect("free port");
+    let addr = corral_tests::ports::free_addr_for_config().expect("free port");
     let _proxy = Proxy::new(Config::single(origin.url()).top("listen_tls", &cert.listen_tls(addr)))
         .start()
         .await;

@@ -144,7 +144,7 @@ async fn every_worker_serves_the_tls_listener_too() {
         .route("/hello", Reply::ok("hello"))
         .start()
         .await;
-    let addr = corral_tests::ports::free_addr().expect("free port");
+    let addr = corral_tests::ports::free_addr_for_config().expect("free port");
     let proxy = Proxy::new(per_core(origin.url()).top("listen_tls", &cert.listen_tls(addr)))
         .start()
         .await;

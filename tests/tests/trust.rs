@@ -717,7 +717,7 @@ async fn each_listener_tells_the_origin_its_scheme_and_schemes_never_share_an_en
         }
     })
     .await;
-    let tls_addr = corral_tests::ports::free_addr().expect("free port");
+    let tls_addr = corral_tests::ports::free_addr_for_config().expect("free port");
     let proxy =
         Proxy::new(Config::single(origin.url()).top("listen_tls", &cert.listen_tls(tls_addr)))
             .start()

@@ -195,7 +195,7 @@ async fn the_tls_listener_speaks_http1_and_h2_and_follows_its_certificate_files(
         .route("/hello", corral_tests::Reply::ok("hello"))
         .start()
         .await;
-    let addr = corral_tests::ports::free_addr().expect("free port");
+    let addr = corral_tests::ports::free_addr_for_config().expect("free port");
     let proxy = Proxy::new(Config::single(origin.url()).top("listen_tls", &first.listen_tls(addr)))
         .start()
         .await;
