@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 
-use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Reply, eventually};
+use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Reply, Route, eventually};
 
 /// Just past a `max-age=1`.
 const PAST_ONE_SECOND: Duration = Duration::from_millis(1200);
@@ -85,6 +85,50 @@ async fn stale_if_error_covers_an_origin_500_within_the_window_only() {
         failed.cache_status()
     );
     assert_ne!(failed.text(), "v1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_max_ratio_ends_a_large_default_stale_window_with_the_freshness_lifetime() {
+    // The route would serve any stale answer for an hour when the origin
+    // fails (`stale_if_error.default`); `stale_max_ratio: 1` allows no
+    // longer stale than fresh: the 1-second object is served stale for
+    // at most one more second.
+    let origin = Origin::new()
+        .route(
+            "/ratio",
+            Reply::ok("v1").header("cache-control", "max-age=1"),
+        )
+        .start()
+        .await;
+    let route = Route::new("api", origin.url())
+        .cache("stale_if_error", "{ default: 1h }")
+        .cache("stale_max_ratio", "1");
+    let proxy = Proxy::new(Config::new().route(route)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/ratio");
+
+    assert_eq!(client.get(&url).await.text(), "v1");
+    let filled = Instant::now();
+    origin.set_mode(OriginMode::InternalError);
+
+    sleep_until(filled + PAST_ONE_SECOND).await;
+    let stale = client.get(&url).await;
+    assert_eq!(stale.status, 200, "{}", stale.cache_status());
+    assert_eq!(stale.text(), "v1");
+    assert_eq!(stale.cache_status().detail(), Some("stale-if-error"));
+
+    // Past the relative bound (one second stale) with a second of margin,
+    // still 57 minutes inside the configured default.
+    sleep_until(filled + Duration::from_millis(3100)).await;
+    let failed = client.get(&url).await;
+    assert_eq!(
+        failed.status,
+        500,
+        "past the relative bound the origin's error goes through: {}",
+        failed.cache_status()
+    );
+    assert_ne!(failed.text(), "v1");
+    assert_eq!(origin.hits("/ratio"), 3, "the origin was asked each time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

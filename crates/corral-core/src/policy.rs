@@ -27,6 +27,11 @@ pub struct RoutePolicy {
     pub swr_max: Duration,
     pub sie_default: Duration,
     pub sie_max: Duration,
+    /// Neither stale window may be longer than this fraction of the
+    /// freshness lifetime the response was given (`stale_max_ratio`):
+    /// a 5-second object is not served stale for an hour because a
+    /// route's `stale_if_error.default` is large. `None`: no such bound.
+    pub stale_max_ratio: Option<f64>,
     /// Up to this percent is taken off each TTL, so keys filled together
     /// do not expire together. Only ever shortens.
     pub ttl_jitter_percent: u8,
@@ -55,6 +60,7 @@ impl Default for RoutePolicy {
             swr_max: Duration::from_secs(3600),
             sie_default: Duration::ZERO,
             sie_max: Duration::from_secs(86400),
+            stale_max_ratio: None,
             ttl_jitter_percent: 0,
             early_refresh_beta: 1.0,
             store_set_cookie: false,
@@ -293,6 +299,15 @@ impl RoutePolicy {
                 window(cc.stale_if_error, self.sie_default, self.sie_max),
             )
         };
+        // The smaller of the absolute bound (above) and the relative one.
+        let (swr, sie) = match self.stale_max_ratio {
+            Some(ratio) => {
+                let lifetime = ttl.saturating_add(policy.age(response_time));
+                let bound = stale_bound(lifetime, ratio);
+                (swr.min(bound), sie.min(bound))
+            }
+            None => (swr, sie),
+        };
         // §5.2.2.4: a `no-cache` response may be stored, and is then
         // revalidated before every reuse; worth it only with a validator
         // to make the revalidation conditional.
@@ -318,6 +333,17 @@ impl RoutePolicy {
             rand::rng().random_range(0.0..=f64::from(self.ttl_jitter_percent.min(100)) / 100.0);
         ttl.mul_f64(1.0 - fraction)
     }
+}
+
+/// `ratio` of `lifetime`: the longest a response given that freshness
+/// lifetime may be served stale. Never panics: a ratio that is not a
+/// finite number >= 0 (the configuration refuses one) allows no stale,
+/// and a product past `Duration`'s range allows any.
+fn stale_bound(lifetime: Duration, ratio: f64) -> Duration {
+    if !(ratio.is_finite() && ratio >= 0.0) {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(lifetime.as_secs_f64() * ratio).unwrap_or(Duration::MAX)
 }
 
 fn has_validator(headers: &http::HeaderMap) -> bool {
@@ -484,6 +510,87 @@ mod tests {
         // expired (and with no other freshness, not stored).
         let spaced = imf.replacen(' ', "  ", 1);
         assert!(ttl(decide(&p, &[("expires", &spaced), ("date", &date)])).is_none());
+    }
+
+    fn windows(d: Decision) -> Option<(Duration, Duration)> {
+        match d {
+            Decision::Store { freshness } => Some((freshness.swr, freshness.sie)),
+            Decision::Pass(_) => None,
+        }
+    }
+
+    #[test]
+    fn stale_max_ratio_bounds_both_stale_windows_by_the_freshness_lifetime() {
+        let secs = Duration::from_secs;
+        let p = RoutePolicy {
+            swr_default: secs(600),
+            sie_default: secs(3600),
+            stale_max_ratio: Some(0.5),
+            ..Default::default()
+        };
+        // A 5-second object: at most 2.5 s of either window.
+        assert_eq!(
+            windows(decide(&p, &[("cache-control", "max-age=5")])),
+            Some((Duration::from_millis(2500), Duration::from_millis(2500)))
+        );
+        // The origin's own directives are bounded the same way.
+        assert_eq!(
+            windows(decide(
+                &p,
+                &[(
+                    "cache-control",
+                    "max-age=100, stale-while-revalidate=30, stale-if-error=86400"
+                )]
+            )),
+            Some((secs(30), secs(50)))
+        );
+        // The lifetime is the one the response was given, not what was
+        // left of it on arrival (Age).
+        assert_eq!(
+            windows(decide(
+                &p,
+                &[("cache-control", "max-age=100"), ("age", "90")]
+            )),
+            Some((secs(50), secs(50)))
+        );
+        // A long-lived object keeps the absolute bounds.
+        assert_eq!(
+            windows(decide(&p, &[("cache-control", "max-age=86400")])),
+            Some((secs(600), secs(3600)))
+        );
+        // No freshness, no stale: with nothing else to serve it for, the
+        // answer is not stored.
+        assert!(matches!(
+            decide(
+                &p,
+                &[("cache-control", "max-age=0, stale-while-revalidate=60")]
+            ),
+            Decision::Pass(PassReason::NoFreshness)
+        ));
+        // Without the option, the absolute bounds alone, as before.
+        let unbounded = RoutePolicy {
+            stale_max_ratio: None,
+            ..p.clone()
+        };
+        assert_eq!(
+            windows(decide(&unbounded, &[("cache-control", "max-age=5")])),
+            Some((secs(600), secs(3600)))
+        );
+    }
+
+    #[test]
+    fn a_stale_bound_never_panics() {
+        let max = Duration::MAX;
+        assert_eq!(stale_bound(Duration::from_secs(10), 0.0), Duration::ZERO);
+        assert_eq!(
+            stale_bound(Duration::from_secs(10), 2.0),
+            Duration::from_secs(20)
+        );
+        assert_eq!(stale_bound(max, 1e300), max);
+        assert_eq!(stale_bound(max, 1.0), max);
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            assert_eq!(stale_bound(Duration::from_secs(10), bad), Duration::ZERO);
+        }
     }
 
     #[test]

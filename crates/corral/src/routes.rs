@@ -86,6 +86,7 @@ impl Route {
             swr_max: c.stale_while_revalidate.max,
             sie_default: c.stale_if_error.default,
             sie_max: c.stale_if_error.max,
+            stale_max_ratio: c.stale_max_ratio,
             ttl_jitter_percent: c.ttl_jitter,
             early_refresh_beta: c.early_refresh_beta,
             store_set_cookie: c.store_set_cookie,

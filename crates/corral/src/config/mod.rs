@@ -487,6 +487,9 @@ pub struct RouteCacheConfig {
     pub heuristic_freshness: bool,
     pub stale_while_revalidate: StaleWindow,
     pub stale_if_error: StaleWindow,
+    /// Neither stale window longer than this fraction of a response's
+    /// freshness lifetime (`0.5`: half); `None` (the default): no such bound.
+    pub stale_max_ratio: Option<f64>,
     /// Percent (0..=50) by which TTLs are randomly shortened to spread expiries.
     pub ttl_jitter: u8,
     /// Probabilistic early refresh strength (XFetch beta); 0 disables, always finite.
@@ -525,6 +528,7 @@ impl Default for RouteCacheConfig {
                 default: p.sie_default,
                 max: p.sie_max,
             },
+            stale_max_ratio: p.stale_max_ratio,
             ttl_jitter: p.ttl_jitter_percent,
             early_refresh_beta: p.early_refresh_beta,
             ignore_query: Vec::new(),
@@ -758,6 +762,7 @@ routes:
       heuristic_freshness: true
       stale_while_revalidate: { default: 10s, max: 1h }
       stale_if_error: { default: 1m, max: 1d }
+      stale_max_ratio: 0.5
       ttl_jitter: 10
       early_refresh_beta: 0
       ignore_query: [utm_*, fbclid]
@@ -792,6 +797,7 @@ routes:
         );
         assert_eq!(cache.stale_if_error.default, Duration::from_secs(60));
         assert_eq!(cache.stale_if_error.max, Duration::from_secs(86_400));
+        assert_eq!(cache.stale_max_ratio, Some(0.5));
         assert_eq!(cache.ttl_jitter, 10);
         assert_eq!(cache.early_refresh_beta, 0.0);
         assert_eq!(cache.identity_headers, ["authorization", "x-api-key"]);
@@ -1012,6 +1018,21 @@ routes:
         assert_eq!(
             message,
             "default (2d) must not exceed max (1d, the default)"
+        );
+    }
+
+    #[test]
+    fn a_stale_max_ratio_that_is_not_a_fraction_is_refused() {
+        assert_eq!(
+            RouteCacheConfig::default().stale_max_ratio,
+            None,
+            "off unless set"
+        );
+        let error = refused(&route_with("    cache:\n      stale_max_ratio: 50%\n"));
+        let message = assert_at(&error, 9, 24, "routes[0].cache.stale_max_ratio");
+        assert_eq!(
+            message,
+            "`50%` is not a finite number >= 0: a fraction of the freshness lifetime, e.g. 0.5 for half"
         );
     }
 

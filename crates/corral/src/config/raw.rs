@@ -210,6 +210,7 @@ pub struct RawRouteCache {
     pub heuristic_freshness: Option<bool>,
     pub stale_while_revalidate: Option<RawStaleWindow>,
     pub stale_if_error: Option<RawStaleWindow>,
+    pub stale_max_ratio: Option<Text>,
     pub ttl_jitter: Option<Text>,
     pub early_refresh_beta: Option<Text>,
     pub ignore_query: Option<Vec<Text>>,

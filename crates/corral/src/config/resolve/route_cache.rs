@@ -35,6 +35,9 @@ impl Resolver<'_> {
             &format!("{prefix}.stale_if_error"),
             defaults.stale_if_error,
         )?;
+        let stale_max_ratio = self
+            .under(prefix, "stale_max_ratio", &raw.stale_max_ratio)
+            .parse_or(defaults.stale_max_ratio, |t| stale_max_ratio(t).map(Some))?;
         let ttl_jitter = self
             .under(prefix, "ttl_jitter", &raw.ttl_jitter)
             .parse_or(defaults.ttl_jitter, ttl_jitter)?;
@@ -75,6 +78,7 @@ impl Resolver<'_> {
                 .unwrap_or(defaults.heuristic_freshness),
             stale_while_revalidate,
             stale_if_error,
+            stale_max_ratio,
             ttl_jitter,
             early_refresh_beta,
             ignore_query,
@@ -171,6 +175,17 @@ fn early_refresh_beta(text: &str) -> Result<f64, String> {
     }
 }
 
+/// `stale_max_ratio`: a fraction of the freshness lifetime, finite and not
+/// negative (`0` serves nothing stale, `1` as long stale as fresh).
+fn stale_max_ratio(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ratio) if ratio.is_finite() && ratio >= 0.0 => Ok(ratio),
+        _ => Err(format!(
+            "`{text}` is not a finite number >= 0: a fraction of the freshness lifetime, e.g. 0.5 for half"
+        )),
+    }
+}
+
 /// A query parameter left out of the key; a trailing `*` matches a prefix.
 fn ignore_query_entry(text: &str) -> Result<String, String> {
     if text.is_empty() {
@@ -235,6 +250,12 @@ mod tests {
         assert!(ttl_jitter("300").is_err());
         assert!(ttl_jitter("-1").is_err());
         assert!(ttl_jitter("ten").is_err());
+        assert_eq!(stale_max_ratio("0.5"), Ok(0.5));
+        assert_eq!(stale_max_ratio("0"), Ok(0.0));
+        assert_eq!(stale_max_ratio("2"), Ok(2.0));
+        for bad in ["-0.1", "inf", "NaN", "50%", "half", ""] {
+            assert!(stale_max_ratio(bad).is_err(), "{bad} accepted");
+        }
         assert_eq!(early_refresh_beta("0"), Ok(0.0));
         assert_eq!(early_refresh_beta("1.5"), Ok(1.5));
         for bad in ["-1", "inf", "NaN", ".nan", "x"] {
