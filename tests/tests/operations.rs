@@ -582,3 +582,100 @@ async fn a_stalled_stdout_never_holds_a_request() {
         metrics.text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_proxy_to_an_origin_caches_with_no_file_and_names_a_bad_flag() {
+    let origin = Origin::new()
+        .route(
+            "/one",
+            Reply::ok("from the origin").header("cache-control", "max-age=600"),
+        )
+        .start()
+        .await;
+    let addrs = corral_tests::ports::free_addrs(2).expect("free ports");
+    let (listen, admin) = (addrs[0], addrs[1]);
+    let mut cmd = tokio::process::Command::new(corral_tests::paths::corral_bin());
+    cmd.args(["proxy", "--to", &origin.url()])
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn corral proxy");
+    let client = Client::new();
+    let health = format!("http://{admin}/healthz");
+    let (client_ref, health_ref) = (&client, &health);
+    eventually(
+        DEADLINE,
+        "corral proxy answers its health check",
+        move || async move {
+            client_ref
+                .try_send(Method::GET, health_ref, &[], None)
+                .await
+                .is_ok_and(|a| a.status == 200)
+        },
+    )
+    .await;
+
+    let url = format!("http://{listen}/one");
+    let first = client.get(&url).await;
+    let second = client.get(&url).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.text(), "from the origin");
+    assert_eq!(second.text(), "from the origin");
+    assert!(second.cache_status().is_hit(), "{}", second.cache_status());
+    assert_eq!(
+        origin.hits("/one"),
+        1,
+        "the second answer came from the cache"
+    );
+    child.start_kill().expect("stop corral proxy");
+    let out = child.wait_with_output().await.expect("corral proxy output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("http://{listen} in front of {}", origin.url()))
+            && stdout.contains(&format!("http://{admin}")),
+        "it says where it listens: {stdout}"
+    );
+
+    // A bad flag is named as the flag, not as a field of a file the
+    // operator never wrote, and nothing starts.
+    for (flag, value, said) in [
+        (
+            "--to",
+            "ftp://127.0.0.1:1",
+            "corral proxy: --to: unsupported scheme `ftp`",
+        ),
+        (
+            "--listen",
+            "nowhere",
+            "corral proxy: --listen: `nowhere` is not an IP address",
+        ),
+        (
+            "--redis",
+            "http://127.0.0.1:1",
+            "corral proxy: --redis: unsupported scheme `http`",
+        ),
+        (
+            "--memory",
+            "lots",
+            "corral proxy: --memory: `lots` is not a size",
+        ),
+    ] {
+        let mut cmd = tokio::process::Command::new(corral_tests::paths::corral_bin());
+        cmd.arg("proxy");
+        if flag != "--to" {
+            cmd.args(["--to", "http://127.0.0.1:1"]);
+        }
+        cmd.args([flag, value]);
+        let out = corral_tests::command::output_within(&mut cmd, DEADLINE, "corral proxy").await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.starts_with(said), "{flag} {value}: {stderr}");
+    }
+}

@@ -51,6 +51,29 @@ enum Command {
         #[arg(long, value_enum, default_value_t = LogFormat::Json)]
         log_format: LogFormat,
     },
+    /// Run in front of one origin with the defaults, no file:
+    /// `corral proxy --to http://127.0.0.1:3000`.
+    Proxy {
+        /// The origin, e.g. http://127.0.0.1:3000 (or https://).
+        #[arg(long)]
+        to: String,
+        /// Where clients connect.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// The admin listener: health, metrics, purge.
+        #[arg(long, default_value = "127.0.0.1:9080")]
+        admin: String,
+        /// Share the cache and the coalescing with every instance on this
+        /// Redis, e.g. redis://127.0.0.1:6379.
+        #[arg(long)]
+        redis: Option<String>,
+        /// The cache's memory bound (L1), e.g. 256MiB or 1GiB.
+        #[arg(long, default_value = "256MiB")]
+        memory: String,
+        /// Log format on stdout.
+        #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
+        log_format: LogFormat,
+    },
     /// Validate a configuration file and exit (0 when valid).
     Check {
         #[arg(long, short)]
@@ -154,6 +177,28 @@ fn main() -> ExitCode {
             };
             purge_cli(&admin, &token, what, soft)
         }
+        Command::Proxy {
+            to,
+            listen,
+            admin,
+            redis,
+            memory,
+            log_format,
+        } => {
+            let text = proxy_config(&to, &listen, &admin, redis.as_deref(), &memory);
+            let config = match config::parse("corral proxy", &text) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("corral proxy: {}: {}", proxy_flag(&e.field), e.message);
+                    return ExitCode::from(2);
+                }
+            };
+            println!(
+                "corral proxy: http://{} in front of {to}; admin (health, metrics, purge) on http://{}",
+                config.listen, config.admin
+            );
+            run(config, None, log_format)
+        }
         Command::Serve { config, log_format } => {
             let path = config;
             // One read: what runs and what the reload watcher compares
@@ -172,55 +217,90 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let env_token = std::env::var("CORRAL_PURGE_TOKEN").ok();
-            let purge_token =
-                match purge::token(config.server.purge_token.as_deref(), env_token.as_deref()) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        eprintln!("corral: {e}");
-                        return ExitCode::from(2);
-                    }
-                };
-            init_logs(log_format);
-            let max_connections = budget_descriptors(config.server.max_connections);
-            // per_core: this runtime is the control thread (admin
-            // listener, reloads, Redis, signals); the client threads have
-            // their own (http/server.rs).
-            let mut builder = match (config.server.runtime, config.server.workers) {
-                (RuntimeMode::PerCore, _) => tokio::runtime::Builder::new_current_thread(),
-                (RuntimeMode::Shared, workers) => {
-                    let mut b = tokio::runtime::Builder::new_multi_thread();
-                    if let Some(n) = workers {
-                        b.worker_threads(n);
-                    }
-                    b
-                }
-            };
-            let runtime = match builder.enable_all().build() {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("corral: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let served = runtime.block_on(serve(
-                config,
-                path,
-                config::fingerprint(text.as_bytes()),
-                purge_token,
-                max_connections,
-            ));
-            // The last lines ("corral stopped") are still queued for stdout.
-            if !log_sink::flush_installed(Duration::from_secs(2)) {
-                eprintln!("corral: stdout did not take the last log lines within 2s");
+            let loaded = config::fingerprint(text.as_bytes());
+            run(config, Some((path, loaded)), log_format)
+        }
+    }
+}
+
+/// The configuration `corral proxy` runs: one route, everything under
+/// `/`, to `to`; the defaults for the rest. Each value is written as a
+/// quoted YAML string (a JSON string is one), so whatever the flags hold
+/// is read as that value and checked as a file's would be.
+fn proxy_config(to: &str, listen: &str, admin: &str, redis: Option<&str>, memory: &str) -> String {
+    let quoted = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".to_owned());
+    let mut text = format!(
+        "listen: {}\nadmin: {}\ncache: {{ memory: {} }}\n",
+        quoted(listen),
+        quoted(admin),
+        quoted(memory)
+    );
+    if let Some(url) = redis {
+        text.push_str(&format!("redis: {{ url: {} }}\n", quoted(url)));
+    }
+    text.push_str(&format!(
+        "routes:\n  - name: proxy\n    match: {{ path_prefix: / }}\n    upstream: {}\n",
+        quoted(to)
+    ));
+    text
+}
+
+/// The flag of `corral proxy` a configuration field came from.
+fn proxy_flag(field: &str) -> &str {
+    match field {
+        "routes[0].upstream" => "--to",
+        "listen" => "--listen",
+        "admin" => "--admin",
+        "cache.memory" => "--memory",
+        f if f.starts_with("redis") => "--redis",
+        f => f,
+    }
+}
+
+/// Runs `config` until a signal stops it; with `source` (the file and its
+/// fingerprint) it is reloaded when the file changes or on SIGHUP.
+fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFormat) -> ExitCode {
+    let env_token = std::env::var("CORRAL_PURGE_TOKEN").ok();
+    let purge_token = match purge::token(config.server.purge_token.as_deref(), env_token.as_deref())
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("corral: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logs(log_format);
+    let max_connections = budget_descriptors(config.server.max_connections);
+    // per_core: this runtime is the control thread (admin
+    // listener, reloads, Redis, signals); the client threads have
+    // their own (http/server.rs).
+    let mut builder = match (config.server.runtime, config.server.workers) {
+        (RuntimeMode::PerCore, _) => tokio::runtime::Builder::new_current_thread(),
+        (RuntimeMode::Shared, workers) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = workers {
+                b.worker_threads(n);
             }
-            match served {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("corral: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            b
+        }
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("corral: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let served = runtime.block_on(serve(config, source, purge_token, max_connections));
+    // The last lines ("corral stopped") are still queued for stdout.
+    if !log_sink::flush_installed(Duration::from_secs(2)) {
+        eprintln!("corral: stdout did not take the last log lines within 2s");
+    }
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corral: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -316,8 +396,7 @@ where
 
 async fn serve(
     config: config::Config,
-    path: PathBuf,
-    loaded: u64,
+    source: Option<(PathBuf, u64)>,
     purge_token: Option<String>,
     max_connections: usize,
 ) -> anyhow::Result<()> {
@@ -382,7 +461,9 @@ async fn serve(
         )
         .await;
     });
-    reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
+    if let Some((path, loaded)) = source {
+        reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
+    }
     tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {
@@ -478,5 +559,31 @@ async fn wait_for_signal() -> bool {
             let _ = tokio::signal::ctrl_c().await;
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_flag_is_one_value_whatever_it_holds() {
+        let config = |to: &str, redis: Option<&str>| {
+            config::parse(
+                "corral proxy",
+                &proxy_config(to, "127.0.0.1:8080", "127.0.0.1:9080", redis, "64MiB"),
+            )
+        };
+        // Quotes, a newline and YAML of its own stay inside the one value,
+        // which is then refused as the upstream it claims to be.
+        let Err(error) = config("http://127.0.0.1:3000\"\n  evil: {x: 1}\n", None) else {
+            panic!("a --to holding YAML was accepted");
+        };
+        assert_eq!(proxy_flag(&error.field), "--to", "{error}");
+        let ok = config("http://127.0.0.1:3000", Some("redis://127.0.0.1:6379")).expect("valid");
+        assert_eq!(ok.routes.len(), 1);
+        assert_eq!(ok.routes[0].path_prefix, "/");
+        assert!(ok.redis.is_some());
+        assert_eq!(ok.cache.memory, 64 << 20);
     }
 }
