@@ -270,6 +270,32 @@ impl CacheStatus {
 
     /// The field value, e.g. `corral; fwd=uri-miss; fwd-status=200; stored; ttl=60`.
     pub fn to_header_value(&self) -> HeaderValue {
+        // A plain hit's value changes once a second for a hot key: each
+        // worker thread keeps the last one it wrote and hands out copies
+        // (a reference count), not a new value per answer.
+        let plain_hit = *self
+            == CacheStatus {
+                ttl: self.ttl,
+                ..CacheStatus::hit(0)
+            };
+        match (plain_hit, self.ttl) {
+            (true, Some(ttl)) => LAST_HIT.with(|last| {
+                let mut last = last.borrow_mut();
+                match &*last {
+                    Some((t, value)) if *t == ttl => value.clone(),
+                    _ => {
+                        let value = self.written();
+                        *last = Some((ttl, value.clone()));
+                        value
+                    }
+                }
+            }),
+            _ => self.written(),
+        }
+    }
+
+    /// The field value, written out.
+    fn written(&self) -> HeaderValue {
         // Written on the stack, then copied into one allocation of its
         // exact length, which the value keeps as it is (this runs for
         // every answer, a hit's included). A value past the buffer (none
@@ -327,6 +353,12 @@ impl CacheStatus {
     }
 }
 
+thread_local! {
+    /// The last plain hit's value this thread wrote, with its `ttl`.
+    static LAST_HIT: std::cell::RefCell<Option<(i64, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// `n` in decimal, without the formatting machinery.
 fn put_int(put: &mut impl FnMut(&[u8]) -> bool, n: i64) -> bool {
     (n >= 0 || put(b"-")) && put(crate::h1::decimal(n.unsigned_abs(), &mut [0; 20]))
@@ -349,6 +381,26 @@ mod tests {
             ));
             assert_eq!(s, n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn a_remembered_hit_value_is_always_the_one_written_for_its_status() {
+        // Hits and other statuses interleaved, ttls repeating and changing:
+        // every value is what writing it out gives.
+        let statuses = [
+            CacheStatus::hit(59),
+            CacheStatus::hit(59),
+            CacheStatus::hit(58),
+            CacheStatus::hit(58).with_detail(Detail::L2),
+            CacheStatus::forward(Forward::Stale).with_ttl(58),
+            CacheStatus::hit(-1),
+            CacheStatus::hit(58),
+            CacheStatus::hit(59),
+        ];
+        for st in statuses.iter().cycle().take(40) {
+            assert_eq!(st.to_header_value(), st.written(), "{st:?}");
+        }
+        assert_eq!(CacheStatus::hit(7).to_header_value(), "corral; hit; ttl=7");
     }
 
     #[test]
