@@ -239,3 +239,56 @@ async fn idle_connections_do_not_keep_a_large_heads_buffer() {
     );
     assert_eq!(origin.hits("/k"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_a_large_answers_head() {
+    // The twin of the test above, for what corral writes: one answer with
+    // a 100 KB head (an origin's field), then every connection idle.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CONNECTIONS: usize = 200;
+    let big = "a".repeat(100_000);
+    let origin = Origin::new()
+        .route(
+            "/big",
+            Reply::ok("k")
+                .header("cache-control", "max-age=600")
+                .header("x-big", &big),
+        )
+        .start()
+        .await;
+    let config = Config::single(origin.url())
+        .server("header_read_timeout", "1m")
+        .server("idle_timeout", "1h");
+    let proxy = Proxy::new(config).start().await;
+    let request = b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n";
+    let before = proxy.held_mib();
+    let mut idle = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr())
+            .await
+            .expect("connect");
+        s.write_all(request).await.expect("request");
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 16384];
+        while corral_tests::raw::find_head_end(&got).is_none() {
+            let n = tokio::time::timeout(corral_tests::DEADLINE, s.read(&mut chunk))
+                .await
+                .expect("an answer in time")
+                .expect("read");
+            assert!(n > 0, "closed before its answer");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert!(
+            got.starts_with(b"HTTP/1.1 200") && got.len() > big.len(),
+            "{:?}",
+            String::from_utf8_lossy(&got[..got.len().min(200)])
+        );
+        idle.push(s);
+    }
+    let each_kib = (proxy.held_mib() - before) * 1024.0 / CONNECTIONS as f64;
+    assert!(
+        each_kib < 80.0,
+        "each idle connection holds {each_kib:.0} KiB after one 100 KB answer head"
+    );
+    assert_eq!(origin.hits("/big"), 1);
+}

@@ -44,6 +44,9 @@ use crate::http::client_stream::Rewind;
 /// The read buffer's first size, and what each read asks room for.
 const READ_CHUNK: usize = 8 * 1024;
 
+/// The answer head buffer's first size.
+const OUT_FIRST: usize = 512;
+
 /// How a connection's time on this loop ended.
 pub enum Ended<I> {
     /// The connection is done: the client closed it, an answer said
@@ -74,7 +77,7 @@ where
     A: Answers,
 {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    let mut out = Vec::with_capacity(512);
+    let mut out = Vec::with_capacity(OUT_FIRST);
     let mut fields = Vec::with_capacity(16);
     loop {
         let fast = loop {
@@ -152,6 +155,10 @@ where
             // A kept-alive connection does not keep one large head's
             // buffer (hyper's read buffer shrinks back too).
             buf = BytesMut::with_capacity(READ_CHUNK);
+        }
+        if out.capacity() > READ_CHUNK {
+            // Nor the buffer one large answer head was written in.
+            out = Vec::with_capacity(OUT_FIRST);
         }
     }
 }
