@@ -167,23 +167,26 @@ fn ttl_jitter(text: &str) -> Result<u8, String> {
 
 /// `early_refresh_beta`: finite and not negative.
 fn early_refresh_beta(text: &str) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(beta) if beta.is_finite() && beta >= 0.0 => Ok(beta),
-        _ => Err(format!(
-            "`{text}` is not a finite number >= 0 (0 disables early refresh)"
-        )),
-    }
+    finite_non_negative(text)
+        .ok_or_else(|| format!("`{text}` is not a finite number >= 0 (0 disables early refresh)"))
 }
 
 /// `stale_max_ratio`: a fraction of the freshness lifetime, finite and not
 /// negative (`0` serves nothing stale, `1` as long stale as fresh).
 fn stale_max_ratio(text: &str) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(ratio) if ratio.is_finite() && ratio >= 0.0 => Ok(ratio),
-        _ => Err(format!(
+    finite_non_negative(text).ok_or_else(|| {
+        format!(
             "`{text}` is not a finite number >= 0: a fraction of the freshness lifetime, e.g. 0.5 for half"
-        )),
-    }
+        )
+    })
+}
+
+/// `text` as a finite number >= 0, or `None`.
+fn finite_non_negative(text: &str) -> Option<f64> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|n| n.is_finite() && *n >= 0.0)
 }
 
 /// A query parameter left out of the key; a trailing `*` matches a prefix.
