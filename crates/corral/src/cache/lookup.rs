@@ -249,15 +249,15 @@ enum Looked {
 /// Looks the request up in L1 and answers from the copy found, or says
 /// how to join the key's flight.
 fn look(asked: &mut Asked, miss: &Miss) -> Looked {
+    // Only the head is changed (shared by a fill); the rest is read.
     let Asked {
-        cache,
-        route,
-        ctx: head,
-        keys,
-        body,
-        interim,
-    } = asked;
-    let (cache, route, keys): (&Arc<Cache>, &Arc<Route>, &Keys) = (cache, route, keys);
+        ref cache,
+        ref route,
+        ctx: ref mut head,
+        ref keys,
+        ref body,
+        ref interim,
+    } = *asked;
     let ctx = head.get();
     let now = cache.clock.now();
     // While the origin is failing for this key, nothing here asks it.
