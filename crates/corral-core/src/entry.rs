@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{
-    AGE, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRANSFER_ENCODING, VIA,
+    AGE, CONNECTION, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRAILER,
+    TRANSFER_ENCODING, VIA,
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -45,6 +46,9 @@ pub struct StoredResponse {
     /// corral's `Via` and `Cache-Status` in their places, the first and
     /// last with values each answer replaces ([`answer_head`]).
     pub(crate) answer_head: HeaderMap,
+    /// `answer_head` as HTTP/1.1 writes it, for the answers that copy it
+    /// whole ([`wire_head`]).
+    pub(crate) wire: Option<WireHead>,
     pub(crate) body: Bytes,
     /// The origin's `Age` when the response arrived (RFC 9111 §4.2.3).
     pub(crate) initial_age: Duration,
@@ -105,6 +109,10 @@ impl StoredResponse {
     /// The head an answer from this entry copies: see [`answer_head`].
     pub fn answer_head(&self) -> &HeaderMap {
         &self.answer_head
+    }
+    /// The answer head's bytes on an HTTP/1.1 connection: see [`wire_head`].
+    pub fn wire_head(&self) -> Option<&WireHead> {
+        self.wire.as_ref()
     }
     pub fn body(&self) -> &Bytes {
         &self.body
@@ -243,6 +251,7 @@ impl StoredResponse {
             + STORE_OVERHEAD
             + header_map_bytes(&self.headers)
             + header_map_bytes(&self.answer_head)
+            + self.wire.as_ref().map_or(0, |w| heap_bytes(w.bytes.len()))
             + body
             + vary
             + heap_bytes(self.uri.len());
@@ -259,9 +268,11 @@ impl StoredResponse {
         generation: u64,
     ) -> Self {
         let headers = compact(headers, &[]);
+        let answer_head = answer_head(&headers);
         StoredResponse {
             initial_age: initial_age(&headers),
-            answer_head: answer_head(&headers),
+            wire: wire_head(self.status, &answer_head),
+            answer_head,
             headers,
             response_time,
             fresh_until: later(response_time, freshness.ttl),
@@ -313,10 +324,12 @@ impl StoredResponseBuilder {
         // A stored copy never hands one caller's cookie to another.
         let mut headers = compact(&self.headers, &[SET_COOKIE, TRANSFER_ENCODING]);
         headers.insert(CONTENT_LENGTH, HeaderValue::from(self.body.len()));
+        let answer_head = answer_head(&headers);
         StoredResponse {
             status: self.status,
             initial_age: initial_age(&headers),
-            answer_head: answer_head(&headers),
+            wire: wire_head(self.status, &answer_head),
+            answer_head,
             headers,
             body: self.body,
             response_time: self.response_time,
@@ -392,6 +405,63 @@ pub fn answer_head(headers: &HeaderMap) -> HeaderMap {
         HeaderValue::from_static(crate::cache_status::CACHE_NAME),
     );
     head
+}
+
+/// An entry's answer head as an HTTP/1.1 server writes it: the status
+/// line, then every field of [`answer_head`] but the three each answer
+/// writes for itself (`Age` and `Cache-Status`, whose values change, and
+/// `Content-Length`, which is the body's), each `name: value` and CRLF,
+/// in the map's order. A plain hit on HTTP/1.1 copies these bytes and adds
+/// those three fields (and `Date` when `dated` is false), instead of
+/// copying the map and encoding it field by field.
+#[derive(Debug, Clone)]
+pub struct WireHead {
+    pub bytes: Bytes,
+    /// The head has its own `Date` (the origin's, RFC 9110 §6.6.1).
+    pub dated: bool,
+}
+
+/// `head` (an entry's [`answer_head`], answered with `status`) as a
+/// [`WireHead`]; `None` where a copy of it cannot answer: a status without
+/// a body (1xx, 204, 304), or a field that frames the body or governs the
+/// connection (`Transfer-Encoding`, `Connection`, `Trailer`), which only
+/// the field-by-field encoder handles.
+pub fn wire_head(status: StatusCode, head: &HeaderMap) -> Option<WireHead> {
+    if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return None;
+    }
+    let mut out = Vec::with_capacity(64 + head.len() * 32);
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let mut dated = false;
+    for (name, value) in head {
+        if name == TRANSFER_ENCODING || name == CONNECTION || name == TRAILER {
+            return None;
+        }
+        if name == AGE || name == crate::CACHE_STATUS || name == CONTENT_LENGTH {
+            continue;
+        }
+        dated |= name == http::header::DATE;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    Some(WireHead {
+        // Shrunk to fit: the entry's weight counts its length.
+        bytes: Bytes::from(out.into_boxed_slice()),
+        dated,
+    })
 }
 
 /// A copy of `headers` without `drop`, every value in its own allocation

@@ -72,6 +72,15 @@ impl Route {
         }
     }
 
+    /// True when [`Route::strip_own_fields`] would take anything off
+    /// `headers`.
+    pub fn strips_own_fields_of(&self, headers: &http::HeaderMap) -> bool {
+        self.policy
+            .targeted
+            .iter()
+            .any(|name| name != CDN_CACHE_CONTROL && headers.contains_key(name))
+    }
+
     fn from_config(
         rc: &RouteConfig,
         max_object_size: u64,

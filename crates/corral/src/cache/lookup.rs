@@ -48,7 +48,7 @@ pub async fn serve(
     gate: Option<Arc<dyn Admit>>,
     interim: Option<interim::Sender>,
 ) -> Answer {
-    match answer_now(cache, route, ctx, body, interim) {
+    match answer_now(cache, route, ctx, body, interim, false) {
         Ok(answer) => answer,
         Err(missed) => missed.finish(gate).await,
     }
@@ -57,13 +57,16 @@ pub async fn serve(
 /// The request looked up in L1, with nothing awaited: the answer from
 /// a stored copy (a hit, or stale while one refresh runs), or what the
 /// rest of the miss path needs ([`Missed::finish`]). A hit so never sets
-/// up, or moves, the futures of the layers below.
+/// up, or moves, the futures of the layers below. With `wire`, the caller
+/// writes a hit's head as HTTP/1.1 and adds nothing to it: a whole hit
+/// may then be a [`respond::Wire`].
 pub fn answer_now(
     cache: Arc<Cache>,
     route: Arc<Route>,
     ctx: RequestHead,
     body: Option<Bytes>,
     interim: Option<interim::Sender>,
+    wire: bool,
 ) -> Result<Answer, Box<Missed>> {
     let mut asked = Asked {
         keys: Keys::of(&route, &ctx, body.as_ref()),
@@ -72,6 +75,7 @@ pub fn answer_now(
         route,
         body,
         interim,
+        wire,
     };
     let miss = Miss::new();
     match look(&mut asked, &miss) {
@@ -101,6 +105,8 @@ impl Missed {
             mut joining,
         } = self;
         let head = asked.ctx.get().method == Method::HEAD;
+        // An answer after a wait is built whole (it is not the hot path).
+        asked.wire = false;
         loop {
             // The cache cannot answer: the rate limits that spare hits
             // count this request now, once, before it fetches or waits
@@ -132,6 +138,8 @@ struct Asked {
     keys: Keys,
     body: Option<Bytes>,
     interim: Option<interim::Sender>,
+    /// A hit may be answered as a [`respond::Wire`].
+    wire: bool,
 }
 
 /// The request's head: its own while only this request reads it, moved
@@ -257,6 +265,7 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
         ref keys,
         ref body,
         ref interim,
+        wire,
     } = *asked;
     let ctx = head.get();
     let now = cache.clock.now();
@@ -365,12 +374,16 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
             (st, entry)
         }
     };
-    Looked::Answered(respond::from_entry(
-        &entry,
+    // The route's own targeted fields are taken off each answer by the
+    // proxy: an entry that has one is answered with its header map.
+    let wire = wire && !route.strips_own_fields_of(entry.headers());
+    Looked::Answered(respond::hit(
+        entry,
         &st,
         now,
         method_is_head,
         &head.get().headers,
+        wire,
     ))
 }
 

@@ -29,6 +29,56 @@ pub struct Answer {
     /// What the `Cache-Status` header says, as the typed value it was
     /// written from.
     pub status: CacheStatus,
+    /// A hit whose head an HTTP/1.1 connection copies from the entry
+    /// ([`hit`]): then `response` holds only the status, and this is the
+    /// answer.
+    pub wire: Option<Box<Wire>>,
+}
+
+/// A whole answer from a stored entry, as an HTTP/1.1 connection writes
+/// it: the entry's [`WireHead`](corral_core::entry::WireHead), then `Age`,
+/// `Cache-Status` and `Content-Length`, `Date` where the head has none, and
+/// the body. Made only where nothing is added to the answer after the
+/// cache (see [`hit`]).
+pub struct Wire {
+    entry: Arc<StoredResponse>,
+    age: u64,
+    cache_status: HeaderValue,
+}
+
+impl Wire {
+    /// The status line and the entry's fields, each line ended.
+    pub fn head(&self) -> &[u8] {
+        self.entry.wire_head().map_or(&[], |w| &w.bytes)
+    }
+    /// The head has the origin's `Date`.
+    pub fn dated(&self) -> bool {
+        self.entry.wire_head().is_some_and(|w| w.dated)
+    }
+    pub fn age(&self) -> u64 {
+        self.age
+    }
+    pub fn cache_status(&self) -> &HeaderValue {
+        &self.cache_status
+    }
+    pub fn status(&self) -> StatusCode {
+        self.entry.status()
+    }
+    pub fn body(&self) -> &Bytes {
+        self.entry.body()
+    }
+
+    /// The same answer as a response with its header map, for a
+    /// connection that encodes heads itself (hyper's).
+    pub fn into_response(self) -> Response<Body> {
+        let mut headers = self.entry.answer_head().clone();
+        headers.insert(AGE, age_value(self.age));
+        headers.insert(CACHE_STATUS.clone(), self.cache_status);
+        let mut res = Response::new(Body::from(self.entry.body().clone()));
+        *res.status_mut() = self.entry.status();
+        *res.headers_mut() = headers;
+        res
+    }
 }
 
 impl Answer {
@@ -43,6 +93,7 @@ impl Answer {
             response,
             label,
             status: status.clone(),
+            wire: None,
         }
     }
 
@@ -57,6 +108,7 @@ impl Answer {
             response,
             label,
             status: status.clone(),
+            wire: None,
         }
     }
 
@@ -67,6 +119,7 @@ impl Answer {
             response: Response::from_parts(parts, Body::empty()),
             label: self.label,
             status: self.status,
+            wire: self.wire,
         }
     }
 }
@@ -80,6 +133,39 @@ pub fn from_entry(
     request: &HeaderMap,
 ) -> Answer {
     answer(entry, None, status, now, head, request)
+}
+
+/// A hit's answer from `entry`: with `wire`, and when the answer is the
+/// whole entry (a GET, not conditional, not a range, a head the wire can
+/// carry), as a [`Wire`], with no header map copied; otherwise as
+/// [`from_entry`] makes it.
+pub fn hit(
+    entry: Arc<StoredResponse>,
+    status: &CacheStatus,
+    now: SystemTime,
+    head: bool,
+    request: &HeaderMap,
+    wire: bool,
+) -> Answer {
+    if !wire || head || entry.wire_head().is_none() {
+        return answer(&entry, None, status, now, head, request);
+    }
+    let asked = Asked::of(request);
+    if asked.range.is_some() || (asked.if_none_match || asked.if_modified_since.is_some()) {
+        return answer(&entry, None, status, now, head, request);
+    }
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = entry.status();
+    Answer {
+        label: status.label(entry.status()),
+        status: status.clone(),
+        wire: Some(Box::new(Wire {
+            age: entry.age_secs(now),
+            cache_status: status.to_header_value(),
+            entry,
+        })),
+        response,
+    }
 }
 
 /// An answer from an entry whose body is still arriving: the same head

@@ -36,6 +36,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::cache::respond::Wire;
 use crate::http::client_stream::{ClientStream, Writes};
 
 /// Abandoned requests a connection may have before its abandon rate counts.
@@ -244,8 +245,25 @@ impl Drop for RequestGuard {
 /// A response body that keeps its request counted as in progress until the
 /// body has been sent (or dropped).
 pub struct TrackedBody {
-    inner: Body,
+    inner: Inner,
     _guard: RequestGuard,
+}
+
+enum Inner {
+    Body(Body),
+    /// A hit the HTTP/1.1 loop writes from the entry's head bytes; as a
+    /// body, the entry's, once (`true`: sent).
+    Wire(Box<Wire>, bool),
+}
+
+impl TrackedBody {
+    /// The hit to write from its entry's head bytes, if this is one.
+    pub fn wire(&self) -> Option<&Wire> {
+        match &self.inner {
+            Inner::Wire(w, _) => Some(w),
+            Inner::Body(_) => None,
+        }
+    }
 }
 
 impl HttpBody for TrackedBody {
@@ -256,16 +274,39 @@ impl HttpBody for TrackedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        match &mut self.inner {
+            Inner::Body(b) => Pin::new(b).poll_frame(cx),
+            Inner::Wire(w, sent) => {
+                if std::mem::replace(sent, true) || w.body().is_empty() {
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Ok(Frame::data(w.body().clone()))))
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Body(b) => b.is_end_stream(),
+            Inner::Wire(w, sent) => *sent || w.body().is_empty(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Body(b) => b.size_hint(),
+            Inner::Wire(w, sent) => {
+                SizeHint::with_exact(if *sent { 0 } else { w.body().len() as u64 })
+            }
+        }
     }
+}
+
+/// A handler's answer: a response, or (to a [`Peer`] that takes it) a hit
+/// written from its entry's head bytes.
+pub enum Reply {
+    Response(Response<Body>),
+    Wire(Box<Wire>),
 }
 
 /// Who sent a request, for its handler: the connection's peer, and the
@@ -278,6 +319,9 @@ pub struct Peer {
     pub tls: bool,
     /// The connection's own upstream socket (see `origin::descriptors`).
     pub upstream: crate::origin::descriptors::Own,
+    /// The connection writes a [`Reply::Wire`] itself (the HTTP/1.1 loop);
+    /// to any other, a handler answers with a response.
+    pub wire: bool,
 }
 
 /// What a listener hands each request to, with who sent it. The client
@@ -286,11 +330,7 @@ pub struct Peer {
 /// hit about a thousand instructions); the admin listener keeps an axum
 /// `Router`, which reads the peer as `ConnectInfo<Peer>`.
 pub trait Handler: Clone + Send + Sync + 'static {
-    fn call(
-        &self,
-        req: Request<Body>,
-        peer: Peer,
-    ) -> impl Future<Output = Response<Body>> + Send + 'static;
+    fn call(&self, req: Request<Body>, peer: Peer) -> impl Future<Output = Reply> + Send + 'static;
 }
 
 impl Handler for Router {
@@ -298,12 +338,12 @@ impl Handler for Router {
         &self,
         mut req: Request<Body>,
         peer: Peer,
-    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+    ) -> impl Future<Output = Reply> + Send + 'static {
         req.extensions_mut().insert(ConnectInfo(peer));
         let router = self.clone();
         async move {
             match router.oneshot(req).await {
-                Ok(res) => res,
+                Ok(res) => Reply::Response(res),
                 Err(never) => match never {},
             }
         }
@@ -329,10 +369,12 @@ struct Tracked<H> {
 impl<H: Handler> Tracked<H> {
     /// The handler's answer to `req`, counted on the connection as the
     /// request `guard` began, which it keeps until its body is sent.
+    /// `wire`: the connection writes a [`Reply::Wire`] itself.
     fn answered(
         &self,
         req: Request<Body>,
         mut guard: RequestGuard,
+        wire: bool,
     ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
         // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
         // hyper has no way to send them on h2.
@@ -345,6 +387,7 @@ impl<H: Handler> Tracked<H> {
                 interim: interim.clone(),
                 tls: self.tls,
                 upstream: self.upstream.clone(),
+                wire,
             },
         );
         async move {
@@ -356,10 +399,26 @@ impl<H: Handler> Tracked<H> {
                 interim.finish().await;
             }
             guard.answered = true;
-            res.map(|inner| TrackedBody {
-                inner,
-                _guard: guard,
-            })
+            match res {
+                Reply::Wire(w) if wire => {
+                    let status = w.status();
+                    let mut res = Response::new(TrackedBody {
+                        inner: Inner::Wire(w, false),
+                        _guard: guard,
+                    });
+                    *res.status_mut() = status;
+                    res
+                }
+                // Not asked for: the same answer with its header map.
+                Reply::Wire(w) => w.into_response().map(|inner| TrackedBody {
+                    inner: Inner::Body(inner),
+                    _guard: guard,
+                }),
+                Reply::Response(res) => res.map(|inner| TrackedBody {
+                    inner: Inner::Body(inner),
+                    _guard: guard,
+                }),
+            }
         }
     }
 }
@@ -371,7 +430,11 @@ impl<H: Handler> crate::http::h1::Answers for Tracked<H> {
         &self,
         req: Request<Body>,
     ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
-        self.answered(req, self.activity.begin())
+        self.answered(req, self.activity.begin(), true)
+    }
+
+    fn wire(body: &TrackedBody) -> Option<&Wire> {
+        body.wire()
     }
 
     fn stopping(&self) -> &std::sync::atomic::AtomicBool {
@@ -399,12 +462,12 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
             self.activity.alarm.notify_one();
             return Box::pin(async move {
                 Ok(res.map(|inner| TrackedBody {
-                    inner,
+                    inner: Inner::Body(inner),
                     _guard: guard,
                 }))
             });
         }
-        let answer = self.answered(req.map(Body::new), guard);
+        let answer = self.answered(req.map(Body::new), guard, false);
         Box::pin(async move { Ok(answer.await) })
     }
 }

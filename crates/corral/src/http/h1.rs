@@ -39,6 +39,7 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
+use crate::cache::respond::Wire;
 use crate::http::client_stream::Rewind;
 
 /// The read buffer's first size, and what each read asks room for.
@@ -67,6 +68,11 @@ pub trait Answers: Send + Sync + 'static {
     ) -> impl Future<Output = Response<Self::Body>> + Send + 'static;
     /// Set once the connection should close between requests.
     fn stopping(&self) -> &AtomicBool;
+    /// The hit in `body` to write from its entry's head bytes, if it is one
+    /// (its response then carries only the status).
+    fn wire(_body: &Self::Body) -> Option<&Wire> {
+        None
+    }
 }
 
 /// Serves `io`'s requests while they are the kind this loop takes; up to
@@ -139,15 +145,23 @@ where
         out.clear();
         let (mut parts, body) = res.into_parts();
         let keep_alive = !fast.closes() && !service.stopping().load(Ordering::Relaxed);
-        let Some((framing, last)) =
-            encode_head(&mut out, is_head, keep_alive, &mut parts, length_of(&body))
-        else {
-            // An answer hyper would refuse to frame: nothing is written.
-            return Ok(Ended::Closed);
+        let closes = if let Some(wire) = A::wire(&body) {
+            encode_wire(&mut out, wire, keep_alive);
+            let body: &[u8] = if is_head { &[] } else { wire.body() };
+            write_all(&mut io, &mut [IoSlice::new(&out), IoSlice::new(body)]).await?;
+            !keep_alive
+        } else {
+            let Some((framing, last)) =
+                encode_head(&mut out, is_head, keep_alive, &mut parts, length_of(&body))
+            else {
+                // An answer hyper would refuse to frame: nothing is written.
+                return Ok(Ended::Closed);
+            };
+            write_body(&mut io, &out, framing, body).await?;
+            last || framing == Framing::Close
         };
-        write_body(&mut io, &out, framing, body).await?;
         poll_fn(|cx| Pin::new(&mut io).poll_flush(cx)).await?;
-        if last || framing == Framing::Close {
+        if closes {
             let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
             return Ok(Ended::Closed);
         }
@@ -420,6 +434,35 @@ fn encode_head(
     }
     out.extend_from_slice(b"\r\n");
     Some((framing, last))
+}
+
+/// Writes a [`Wire`] hit's head into `out`: its entry's head bytes, then
+/// the fields each answer has its own values for, `Date` where the entry
+/// has none, and `Connection: close` when the connection is not kept
+/// alive. Its body (of `Content-Length`'s length) follows it, unless the
+/// request was a HEAD.
+fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(wire.head());
+    out.extend_from_slice(b"age: ");
+    out.extend_from_slice(
+        corral_core::h1::small_decimal(wire.age())
+            .unwrap_or_else(|| decimal(wire.age(), &mut digits)),
+    );
+    out.extend_from_slice(b"\r\ncache-status: ");
+    out.extend_from_slice(wire.cache_status().as_bytes());
+    out.extend_from_slice(b"\r\ncontent-length: ");
+    out.extend_from_slice(decimal(wire.body().len() as u64, &mut digits));
+    out.extend_from_slice(b"\r\n");
+    if !wire.dated() {
+        out.extend_from_slice(b"date: ");
+        date(out);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 fn field(out: &mut Vec<u8>, name: &str, value: &HeaderValue) {
@@ -914,5 +957,123 @@ mod tests {
         let mut handed = vec![0; sent.len()];
         rest.read_exact(&mut handed).await.expect("read");
         assert_eq!(handed, sent, "every byte read goes to hyper, in order");
+    }
+
+    /// A head's status line and its fields, sorted, names lowercased;
+    /// `Date`'s value blanked where the encoder wrote its own (it may be
+    /// a second apart between two writes).
+    fn fields_of(raw: &[u8], own_date: bool) -> (String, Vec<(String, String)>) {
+        let text = String::from_utf8_lossy(raw);
+        let (head, _) = text.split_once("\r\n\r\n").expect("a whole head");
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap_or_default().to_owned();
+        let mut fields: Vec<(String, String)> = lines
+            .map(|l| {
+                let (n, v) = l.split_once(": ").expect("name: value");
+                let n = n.to_ascii_lowercase();
+                let v = if own_date && n == "date" {
+                    String::new()
+                } else {
+                    v.to_owned()
+                };
+                (n, v)
+            })
+            .collect();
+        fields.sort();
+        (status, fields)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// A hit written from its entry's head bytes has the status line
+        /// and exactly the fields (each value, each repetition) that the
+        /// field-by-field encoder writes for the same answer made as a
+        /// response, and the same framing; a head the bytes cannot carry
+        /// is never written from them.
+        #[test]
+        fn a_wire_hit_writes_what_the_head_encoder_writes(
+            status in prop_oneof![
+                Just(200u16), Just(203), Just(204), Just(206), Just(301), Just(304),
+                Just(404), Just(410), Just(500), Just(599),
+            ],
+            fields in proptest::collection::vec(
+                prop_oneof![
+                    Just(("cache-control", "max-age=60")),
+                    Just(("x-two", "1")),
+                    Just(("x-two", "2")),
+                    Just(("etag", "\"v1\"")),
+                    Just(("date", "Sun, 06 Nov 1994 08:49:37 GMT")),
+                    Just(("age", "7")),
+                    Just(("cache-status", "upstream; hit")),
+                    Just(("via", "1.1 upstream")),
+                    Just(("content-length", "999")),
+                    Just(("connection", "close")),
+                    Just(("trailer", "x-sum")),
+                ],
+                0..6,
+            ),
+            len in prop_oneof![Just(0usize), 1usize..3000],
+            age in prop_oneof![0u64..100, 9_990u64..10_010, Just(40_000_000)],
+            keep_alive in any::<bool>(),
+        ) {
+            let mut headers = http::HeaderMap::new();
+            for (n, v) in &fields {
+                headers.append(*n, HeaderValue::from_static(v));
+            }
+            let now = SystemTime::now();
+            let freshness = corral_core::Freshness {
+                ttl: std::time::Duration::from_secs(60),
+                swr: std::time::Duration::ZERO,
+                sie: std::time::Duration::ZERO,
+                sharing: corral_core::Sharing::Everyone,
+            };
+            let status = StatusCode::from_u16(status).expect("status");
+            let entry = corral_core::StoredResponse::builder(
+                status,
+                headers,
+                Bytes::from(vec![b'b'; len]),
+                &freshness,
+                now - std::time::Duration::from_secs(age),
+            )
+            .build();
+            let bodyless = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+            let framed = fields.iter().any(|(n, _)| *n == "connection" || *n == "trailer");
+            let answer = crate::cache::respond::hit(
+                Arc::new(entry),
+                &corral_core::CacheStatus::hit(60),
+                now,
+                false,
+                &http::HeaderMap::new(),
+                true,
+            );
+            let Some(wire) = answer.wire else {
+                prop_assert!(bodyless || framed, "{status} {fields:?}: not written from its bytes");
+                return Ok(());
+            };
+            prop_assert!(!bodyless && !framed, "{status} {fields:?}: written from its bytes");
+            let own_date = !wire.dated();
+            let mut by_wire = Vec::new();
+            encode_wire(&mut by_wire, &wire, keep_alive);
+            prop_assert!(by_wire.ends_with(b"\r\n\r\n"));
+            let (mut parts, body) = wire.into_response().into_parts();
+            let mut by_map = Vec::new();
+            let (framing, last) =
+                encode_head(&mut by_map, false, keep_alive, &mut parts, length_of(&body))
+                    .expect("framed");
+            prop_assert_eq!(framing, Framing::Length(len as u64));
+            prop_assert_eq!(last, !keep_alive);
+            let (wire_status, wire_fields) = fields_of(&by_wire, own_date);
+            let (map_status, map_fields) = fields_of(&by_map, own_date);
+            prop_assert_eq!(&wire_status, &map_status);
+            prop_assert_eq!(&wire_fields, &map_fields);
+            // The origin's Age (7 where it sent one) plus the time stored.
+            let origin_age = if fields.iter().any(|(n, _)| *n == "age") { 7 } else { 0 };
+            let age_line = ("age".to_owned(), (origin_age + age).to_string());
+            prop_assert!(wire_fields.contains(&age_line), "{:?}", wire_fields);
+            prop_assert_eq!(
+                wire_fields.iter().filter(|(n, _)| n == "content-length").count(),
+                1
+            );
+        }
     }
 }

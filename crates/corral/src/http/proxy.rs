@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::cache::lookup;
 use crate::cache::respond::{self, Answer};
+use crate::http::connection::Reply;
 use crate::http::gate::Gate;
 use crate::limits::{Phase, Who};
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
@@ -44,7 +45,7 @@ impl crate::http::connection::Handler for Proxy {
         &self,
         req: Request<Body>,
         peer: crate::http::connection::Peer,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send + 'static {
+    ) -> impl std::future::Future<Output = Reply> + Send + 'static {
         match handle(Arc::clone(&self.0), peer, req) {
             Handled::Now(res) => Either::Left(std::future::ready(res)),
             Handled::Later(answer) => Either::Right(answer),
@@ -57,21 +58,17 @@ impl crate::http::connection::Handler for Proxy {
 /// connection's future, it was copied on the way: 12k instructions of
 /// memcpy per hit once).
 pub enum Handled {
-    Now(Response<Body>),
-    Later(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
+    Now(Reply),
+    Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
 }
 
 /// The client listener's answer to `req`. What can be answered without
 /// waiting (a request refused, or answered from L1 on a route without
 /// limits) is answered at once; the rest becomes a future.
 pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<Body>) -> Handled {
-    let crate::http::connection::Peer {
-        addr: peer,
-        interim,
-        tls,
-        upstream,
-    } = peer;
     let started = Instant::now();
+    let conn = peer;
+    let peer = conn.addr;
     let method = req.method().clone();
     // Who sent it, read from the original headers before anything is
     // stripped: the peer, unless a trusted proxy vouches for another.
@@ -89,7 +86,7 @@ pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<B
         path,
         peer,
     };
-    match route_now(&app, peer, interim, tls, upstream, &client, req) {
+    match route_now(&app, conn, &client, req) {
         Step::Answered(route, answer) => Handled::Now(done.finish(route, answer, &client)),
         Step::Missed(route, missed) => Handled::Later(Box::pin(async move {
             let answer = missed.finish(None).await;
@@ -118,13 +115,17 @@ impl Done {
         route: Option<Arc<Route>>,
         answer: Answer,
         client: &corral_core::client_addr::ClientAddr,
-    ) -> Response<Body> {
+    ) -> Reply {
         let Answer {
             response: mut res,
             label,
+            wire,
             ..
         } = answer;
-        if let Some(r) = &route {
+        // A wire answer was made only where the route strips nothing.
+        if let Some(r) = &route
+            && wire.is_none()
+        {
             r.strip_own_fields(res.headers_mut());
         }
         let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
@@ -136,7 +137,10 @@ impl Done {
         // The access line: never the query (it may carry tokens), never a
         // credential header.
         let Some(path) = self.path else {
-            return res;
+            return match wire {
+                Some(w) => Reply::Wire(w),
+                None => Reply::Response(res),
+            };
         };
         access_log::log(&AccessLine {
             route: route_name,
@@ -144,9 +148,12 @@ impl Done {
             path: &path,
             status: res.status().as_u16(),
             cache,
-            cache_status: res
-                .headers()
-                .get(&respond::CACHE_STATUS)
+            cache_status: wire
+                .as_ref()
+                .map_or_else(
+                    || res.headers().get(&respond::CACHE_STATUS),
+                    |w| Some(w.cache_status()),
+                )
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or(""),
             ms: self.started.elapsed().as_secs_f64() * 1000.0,
@@ -157,7 +164,10 @@ impl Done {
                 .get::<crate::http::refusal::LimitedBy>()
                 .map(|l| l.0.as_str()),
         });
-        res
+        match wire {
+            Some(w) => Reply::Wire(w),
+            None => Reply::Response(res),
+        }
     }
 }
 
@@ -181,13 +191,17 @@ enum Step {
 /// awaited before it (no limits count it first).
 fn route_now(
     app: &App,
-    peer: SocketAddr,
-    interim: Option<Interim>,
-    tls: bool,
-    upstream: crate::origin::descriptors::Own,
+    peer: crate::http::connection::Peer,
     client: &corral_core::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> Step {
+    let crate::http::connection::Peer {
+        addr: peer,
+        interim,
+        tls,
+        upstream,
+        wire,
+    } = peer;
     let routed = match routed(app, peer, tls, client, req) {
         Ok(r) => r,
         // A head that did not validate, or no route: no route's metrics
@@ -204,6 +218,7 @@ fn route_now(
         head,
         None,
         interim,
+        wire,
     ) {
         Ok(answer) => Step::Answered(Some(route), answer),
         Err(missed) => Step::Missed(route, missed),
