@@ -71,7 +71,9 @@ fn l1_hit(c: &mut Criterion) {
     l1.insert(&key, &uri, Arc::new(entry));
     c.bench_function("l1/hit-1KiB", |b| {
         b.iter(|| {
-            let e = l1.get(black_box(&key.local), &uri).expect("stored");
+            let e = l1
+                .get(black_box(key.local.as_bytes()), &uri)
+                .expect("stored");
             black_box(e.state(SystemTime::now()))
         })
     });

@@ -1,10 +1,13 @@
 //! Cache keys. A `UriKey` names the target URI (what RFC 9111 §4.4
 //! invalidation acts on); a `PrimaryKey` adds the route; a `VariantKey` adds
 //! the caller's identity and the values of the headers the response Varies
-//! on. Keys are hashed with BLAKE3 so they are the same in every process
-//! (never std's RandomState): other instances rely on that.
+//! on. Names that leave the process (L2, leases, notices) are BLAKE3
+//! digests, the same in every process (never std's RandomState): other
+//! instances rely on that. A variant's key in this process's L1 is its
+//! bytes, compared whole ([`LocalKey`]).
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::identity::Identity;
 
@@ -332,60 +335,49 @@ impl PrimaryKey {
         })
     }
 
-    /// The key of one stored variant in this process's L1: one BLAKE3 of
-    /// everything that tells variants apart, where [`PrimaryKey::variant`]
-    /// (the name shared through L2) chains two. The fixed-size and
-    /// length-prefixed parts come first and the readable form last, so the
-    /// encoding is unambiguous, and a plain GET's is a single 64-byte block
-    /// while its readable form (route, method, host, target) is at most 60
-    /// bytes. The leading tag keeps it apart from every other digest.
-    pub fn local(&self, identity: Option<&Identity>, vary_values: &[String]) -> Digest {
-        let mut fixed = [0u8; 68];
-        let mut n = 0;
-        let mut put = |bytes: &[u8]| {
-            fixed[n..n + bytes.len()].copy_from_slice(bytes);
-            n += bytes.len();
-        };
-        put(b"\x03");
+    /// The key of one stored variant in this process's L1: every byte that
+    /// tells variants apart, compared whole (see [`LocalKey`]), where
+    /// [`PrimaryKey::variant`] (the name shared through L2) is a digest. The
+    /// fixed-size and length-prefixed parts come first and the readable
+    /// form last, so the encoding is unambiguous; the leading tag keeps it
+    /// apart from every other encoding.
+    pub fn local(&self, identity: Option<&Identity>, vary_values: &[String]) -> LocalKey {
+        LocalKey(Arc::from(
+            self.local_bytes(identity, vary_values).as_slice(),
+        ))
+    }
+
+    /// The bytes of [`PrimaryKey::local`], made on the stack when they fit
+    /// (a plain GET's do): what a lookup passes to L1.
+    pub fn local_bytes(&self, identity: Option<&Identity>, vary_values: &[String]) -> LocalBytes {
+        let mut out = LocalBytes::new();
+        out.put(b"\x03");
         match &self.body {
             Some(body) => {
-                put(b"\x01");
-                put(body);
+                out.put(b"\x01");
+                out.put(body);
             }
-            None => put(b"\x00"),
+            None => out.put(b"\x00"),
         }
         match identity {
             Some(id) => {
-                put(b"\x01");
-                put(id.as_bytes());
+                out.put(b"\x01");
+                out.put(id.as_bytes());
             }
-            None => put(b"\x00"),
+            None => out.put(b"\x00"),
         }
-        put(if vary_values.is_empty() {
-            b"\x00"
+        if vary_values.is_empty() {
+            out.put(b"\x00");
         } else {
-            b"\x01"
-        });
-        let readable = self.readable.as_bytes();
-        if vary_values.is_empty() && n + readable.len() <= 128 {
-            // The same bytes as below, hashed in one call from the stack:
-            // the usual case.
-            let mut all = [0u8; 128];
-            all[..n].copy_from_slice(&fixed[..n]);
-            all[n..n + readable.len()].copy_from_slice(readable);
-            return Digest(*blake3::hash(&all[..n + readable.len()]).as_bytes());
-        }
-        let mut h = blake3::Hasher::new();
-        h.update(&fixed[..n]);
-        if !vary_values.is_empty() {
-            h.update(&(vary_values.len() as u64).to_le_bytes());
+            out.put(b"\x01");
+            out.put(&(vary_values.len() as u64).to_le_bytes());
             for v in vary_values {
-                h.update(&(v.len() as u64).to_le_bytes());
-                h.update(v.as_bytes());
+                out.put(&(v.len() as u64).to_le_bytes());
+                out.put(v.as_bytes());
             }
         }
-        h.update(readable);
-        Digest(*h.finalize().as_bytes())
+        out.put(self.readable.as_bytes());
+        out
     }
 
     /// The readable form without the query, for logs and metric labels:
@@ -457,14 +449,83 @@ impl fmt::Debug for PrimaryKey {
 }
 
 /// The key of one stored response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VariantKey {
     /// Its name in every process: L2, leases, the flights.
     pub digest: Digest,
     /// Keyed to one caller's credentials.
     pub private: bool,
     /// Its key in this process's L1 ([`PrimaryKey::local`]).
-    pub local: Digest,
+    pub local: LocalKey,
+}
+
+/// A stored variant's key in this process's L1 ([`PrimaryKey::local`]):
+/// the bytes themselves, not a digest of them. The table hashes them with
+/// its own hasher, keyed at random per process, and a lookup compares them
+/// whole, so two variants can never share an entry whatever their digests
+/// would have been, and a hit computes no cryptographic hash.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LocalKey(Arc<[u8]>);
+
+impl LocalKey {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for LocalKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LocalKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LocalKey({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// The bytes of a [`LocalKey`] being made: on the stack up to
+/// [`LocalBytes::STACK`] bytes, on the heap past that.
+pub struct LocalBytes {
+    stack: [u8; LocalBytes::STACK],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl LocalBytes {
+    /// Room for the tags, a body digest, an identity and a readable form
+    /// of 120 bytes.
+    pub const STACK: usize = 192;
+
+    fn new() -> Self {
+        LocalBytes {
+            stack: [0; Self::STACK],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() && self.len + bytes.len() <= Self::STACK {
+            self.stack[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+            return;
+        }
+        if self.heap.is_empty() {
+            self.heap.reserve(self.len + bytes.len());
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
+        }
+    }
 }
 
 #[cfg(test)]
@@ -625,24 +686,29 @@ mod tests {
             for b in &keys[i + 1..] {
                 assert_ne!(a, b);
             }
-            assert_ne!(*a, p.digest());
         }
-        // The variant carries its local key; the stack and the hasher
-        // agree on a target too long for the stack buffer.
+        // The variant carries its local key; the stack and the heap agree
+        // on a target too long for the stack buffer.
         assert_eq!(p.variant(Some(&id), &[]).local, keys[1]);
-        let long = PrimaryKey::new(
-            "r",
-            UriKey::new("h", &format!("/{}", "x".repeat(200)), None, &f),
-        );
-        let mut h = blake3::Hasher::new();
-        h.update(b"\x03\x00\x00\x00");
-        h.update(long.readable().as_bytes());
-        assert_eq!(long.local(None, &[]), Digest(*h.finalize().as_bytes()));
-        let short = PrimaryKey::new("r", UriKey::new("h", "/p", None, &f));
-        let mut h = blake3::Hasher::new();
-        h.update(b"\x03\x00\x00\x00");
-        h.update(short.readable().as_bytes());
-        assert_eq!(short.local(None, &[]), Digest(*h.finalize().as_bytes()));
+        for path in ["/p".to_owned(), format!("/{}", "x".repeat(200))] {
+            let key = PrimaryKey::new("r", UriKey::new("h", &path, None, &f));
+            let mut want = b"\x03\x00\x00\x00".to_vec();
+            want.extend_from_slice(key.readable().as_bytes());
+            assert_eq!(key.local(None, &[]).as_bytes(), &want[..]);
+            assert_eq!(key.local_bytes(None, &[]).as_slice(), &want[..]);
+        }
+        let values = ["a".repeat(150), "b".to_owned()];
+        let vary = p.local(Some(&id), &values);
+        let mut want = b"\x03\x00\x01".to_vec();
+        want.extend_from_slice(id.as_bytes());
+        want.push(1);
+        want.extend_from_slice(&2u64.to_le_bytes());
+        want.extend_from_slice(&150u64.to_le_bytes());
+        want.extend_from_slice(values[0].as_bytes());
+        want.extend_from_slice(&1u64.to_le_bytes());
+        want.extend_from_slice(b"b");
+        want.extend_from_slice(p.readable().as_bytes());
+        assert_eq!(vary.as_bytes(), &want[..]);
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub use entry::{
 };
 pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult, Waiter};
 pub use identity::{Identity, IdentityRules};
-pub use key::{Digest, PrimaryKey, QueryFilter, UriKey, VariantKey};
+pub use key::{Digest, LocalBytes, LocalKey, PrimaryKey, QueryFilter, UriKey, VariantKey};
 pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
 pub use store::{L1, L1Config};
 pub use vary::{Vary, normalized_value};

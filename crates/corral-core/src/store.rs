@@ -19,7 +19,7 @@ use moka::sync::Cache;
 use crate::backoff::Backoff;
 use crate::ban::{BanList, Verdict};
 use crate::entry::{MAX_RESIDENCY, StoredResponse};
-use crate::key::{Digest, PrimaryKey, UriKey, VariantKey};
+use crate::key::{Digest, LocalKey, PrimaryKey, UriKey, VariantKey};
 use crate::vary::Vary;
 
 /// Sizing for L1.
@@ -41,13 +41,19 @@ fn side_record_weight(value_bytes: usize) -> u32 {
     u32::try_from(32 + value_bytes + crate::entry::STORE_OVERHEAD).unwrap_or(u32::MAX)
 }
 
+/// What an entry's key costs beside the entry: its bytes and the `Arc`'s
+/// counts (the store's own share is in `STORE_OVERHEAD`).
+fn key_weight(k: &LocalKey) -> u32 {
+    u32::try_from(crate::entry::heap_bytes(16 + k.as_bytes().len())).unwrap_or(u32::MAX)
+}
+
 /// An entry lives until its last window closes, read on L1's clock.
 struct EntryExpiry(Arc<dyn Clock>);
 
-impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
+impl Expiry<LocalKey, Arc<StoredResponse>> for EntryExpiry {
     fn expire_after_create(
         &self,
-        _: &Digest,
+        _: &LocalKey,
         v: &Arc<StoredResponse>,
         _: Instant,
     ) -> Option<Duration> {
@@ -56,7 +62,7 @@ impl Expiry<Digest, Arc<StoredResponse>> for EntryExpiry {
 
     fn expire_after_update(
         &self,
-        _: &Digest,
+        _: &LocalKey,
         v: &Arc<StoredResponse>,
         _: Instant,
         _: Option<Duration>,
@@ -115,7 +121,7 @@ impl Expiry<Digest, BackoffRecord> for BackoffExpiry {
 
 /// The in-process cache.
 pub struct L1 {
-    entries: Cache<Digest, Arc<StoredResponse>>,
+    entries: Cache<LocalKey, Arc<StoredResponse>>,
     vary: Cache<Digest, Vary>,
     pass: Cache<Digest, PassMarker>,
     /// Keys whose origin failed: their back-off, kept a while past its end
@@ -164,7 +170,10 @@ impl L1 {
         L1 {
             entries: Cache::builder()
                 .max_capacity(entries)
-                .weigher(|_, v: &Arc<StoredResponse>| v.weight())
+                // The key's bytes are the entry's too.
+                .weigher(|k: &LocalKey, v: &Arc<StoredResponse>| {
+                    v.weight().saturating_add(key_weight(k))
+                })
                 .expire_after(EntryExpiry(Arc::clone(&time)))
                 .build(),
             vary: Cache::builder()
@@ -253,10 +262,11 @@ impl L1 {
         e.generation < self.suspect.load(Ordering::Relaxed)
     }
 
-    /// A stored variant, by its local key ([`VariantKey::local`], which a
-    /// hit computes alone with [`PrimaryKey::local`]), unless an
+    /// A stored variant, by its local key's bytes ([`VariantKey::local`],
+    /// which a hit makes on the stack with [`PrimaryKey::local_bytes`]),
+    /// unless an
     /// invalidation retired it.
-    pub fn get(&self, local: &Digest, uri: &UriKey) -> Option<Arc<StoredResponse>> {
+    pub fn get(&self, local: &[u8], uri: &UriKey) -> Option<Arc<StoredResponse>> {
         let e = self.entries.get(local)?;
         if e.generation < self.current_generation(uri) {
             self.entries.invalidate(local);
@@ -288,12 +298,12 @@ impl L1 {
         if entry.generation < self.current_generation(uri) {
             return false;
         }
-        self.entries.insert(key.local, entry);
+        self.entries.insert(key.local.clone(), entry);
         true
     }
 
     pub fn remove(&self, key: &VariantKey) {
-        self.entries.invalidate(&key.local);
+        self.entries.invalidate(key.local.as_bytes());
     }
 
     /// Retires every stored variant of `uri`, on every route.
@@ -461,22 +471,22 @@ mod tests {
         let (uri, k) = keys("/a");
         let stamp = l1.generation_stamp();
         assert!(l1.insert(&k, &uri, stored(b"one", stamp)));
-        assert!(l1.get(&k.local, &uri).is_some());
+        assert!(l1.get(k.local.as_bytes(), &uri).is_some());
         let in_flight = l1.generation_stamp();
         l1.invalidate_uri(&uri);
-        assert!(l1.get(&k.local, &uri).is_none());
+        assert!(l1.get(k.local.as_bytes(), &uri).is_none());
         // A fill that started before the invalidation is refused.
         assert!(!l1.insert(&k, &uri, stored(b"old", in_flight)));
         // One that starts after it is kept.
         assert!(l1.insert(&k, &uri, stored(b"new", l1.generation_stamp())));
         assert_eq!(
-            l1.get(&k.local, &uri).map(|e| e.body.clone()),
+            l1.get(k.local.as_bytes(), &uri).map(|e| e.body.clone()),
             Some(Bytes::from_static(b"new"))
         );
         // Other URIs are untouched.
         let (uri_b, kb) = keys("/b");
         assert!(l1.insert(&kb, &uri_b, stored(b"b", 1)));
-        assert!(l1.get(&kb.local, &uri_b).is_some());
+        assert!(l1.get(kb.local.as_bytes(), &uri_b).is_some());
     }
 
     #[test]
@@ -489,11 +499,11 @@ mod tests {
         assert!(l1.insert(&kb, &ub, stored(b"b", l1.generation_stamp())));
         let in_flight = l1.generation_stamp();
         l1.invalidate_all();
-        assert!(l1.get(&ka.local, &ua).is_none());
-        assert!(l1.get(&kb.local, &ub).is_none());
+        assert!(l1.get(ka.local.as_bytes(), &ua).is_none());
+        assert!(l1.get(kb.local.as_bytes(), &ub).is_none());
         assert!(!l1.insert(&ka, &ua, stored(b"late", in_flight)));
         assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
-        assert!(l1.get(&ka.local, &ua).is_some());
+        assert!(l1.get(ka.local.as_bytes(), &ua).is_some());
     }
 
     #[test]
@@ -505,19 +515,19 @@ mod tests {
         let in_flight = l1.generation_stamp();
         l1.unverify_all();
         // Kept and served, but unverified.
-        let a = l1.get(&ka.local, &ua).expect("kept");
+        let a = l1.get(ka.local.as_bytes(), &ua).expect("kept");
         assert!(l1.unverified(&a));
         // A fetch that began before it stores, unverified too; one that
         // begins after it is verified.
         assert!(l1.insert(&kb, &ub, stored(b"b", in_flight)));
-        assert!(l1.unverified(&l1.get(&kb.local, &ub).expect("stored")));
+        assert!(l1.unverified(&l1.get(kb.local.as_bytes(), &ub).expect("stored")));
         assert!(l1.insert(&ka, &ua, stored(b"new", l1.generation_stamp())));
-        assert!(!l1.unverified(&l1.get(&ka.local, &ua).expect("stored")));
+        assert!(!l1.unverified(&l1.get(ka.local.as_bytes(), &ua).expect("stored")));
         // An invalidation of one URI still retires it (the generations
         // lookup is not skipped once one happened).
         l1.invalidate_uri(&ua);
-        assert!(l1.get(&ka.local, &ua).is_none());
-        assert!(l1.get(&kb.local, &ub).is_some());
+        assert!(l1.get(ka.local.as_bytes(), &ua).is_none());
+        assert!(l1.get(kb.local.as_bytes(), &ub).is_some());
     }
 
     #[test]

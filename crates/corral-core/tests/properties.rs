@@ -603,7 +603,7 @@ proptest! {
             prop_assert!(sharing.admits(w.as_ref()), "{:?} wrote the shared key for {:?}", writer, sharing);
         }
         let own = r.as_ref().map(|id| primary.variant(Some(id), &values));
-        let read = own == Some(stored_under) || (stored_under == shared && sharing.admits(r.as_ref()));
+        let read = own.as_ref() == Some(&stored_under) || (stored_under == shared && sharing.admits(r.as_ref()));
         if read && w != r {
             prop_assert!(
                 sharing.admits(w.as_ref()) && sharing.admits(r.as_ref()),

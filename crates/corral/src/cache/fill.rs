@@ -251,7 +251,7 @@ impl FillRequest {
             head: Arc::clone(&self.head),
             primary: self.primary.clone(),
             identity: self.identity,
-            variant: self.variant,
+            variant: self.variant.clone(),
             stale: Some(entry),
             fwd: Forward::Stale,
             body: self.body.clone(),

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss};
 use corral_core::{
-    CacheStatus, Detail, Digest, EntryState, Forward, Identity, PrimaryKey, StoredResponse, UriKey,
-    Vary, xfetch,
+    CacheStatus, Detail, Digest, EntryState, Forward, Identity, LocalBytes, PrimaryKey,
+    StoredResponse, UriKey, Vary, xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -273,14 +273,20 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     let backoff = cache.l1.active_backoff(|| keys.pass_scope(), now);
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
-    // Looked up by their local keys (one hash each); the variant's shared
-    // name is hashed only for a fill.
-    let shared_key = keys.primary.local(None, &values);
+    // Looked up by their local keys, made on the stack; the variant's
+    // shared name is hashed only for a fill.
+    let shared_key = keys.primary.local_bytes(None, &values);
     let own_key = keys
         .identity
         .as_ref()
-        .map(|id| keys.primary.local(Some(id), &values));
-    let found = find(cache, keys, own_key.as_ref(), &shared_key, ctx);
+        .map(|id| keys.primary.local_bytes(Some(id), &values));
+    let found = find(
+        cache,
+        keys,
+        own_key.as_ref().map(LocalBytes::as_slice),
+        shared_key.as_slice(),
+        ctx,
+    );
     let fwd = match (&found, &vary) {
         (Some(_), _) => Forward::Stale,
         (None, Vary::Headers(_)) => Forward::VaryMiss,
@@ -391,8 +397,8 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
 fn find(
     cache: &Cache,
     keys: &Keys,
-    own_key: Option<&Digest>,
-    shared_key: &Digest,
+    own_key: Option<&[u8]>,
+    shared_key: &[u8],
     ctx: &RequestHead,
 ) -> Option<Arc<StoredResponse>> {
     let uri = keys.primary.uri();
