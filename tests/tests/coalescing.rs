@@ -122,9 +122,16 @@ async fn an_uncacheable_500_is_shared_by_the_coalesced_burst_and_not_stored() {
         (500, "kaput".to_owned())
     );
     assert_eq!(origin.hits("/fail"), 2);
+    // The origin's own 500 carries no Proxy-Status of corral's; corral's
+    // 503 says it is corral's (RFC 9209).
+    assert_eq!(retried.header("proxy-status"), None);
     let during = client.get(&proxy.url("/fail")).await;
     assert_eq!(during.status, 503);
     assert_eq!(during.cache_status().detail(), Some("backoff"));
+    assert_eq!(
+        during.header("proxy-status"),
+        Some("corral; error=destination_unavailable; details=\"backoff\"")
+    );
     assert_eq!(origin.hits("/fail"), 2);
     // Once it ends, the origin is asked again: the 500 was not stored.
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -348,6 +355,10 @@ async fn a_full_wait_list_turns_the_rest_away_with_a_503() {
     for a in &full {
         assert_eq!(a.cache_status().detail(), Some("wait-list-full"));
         assert_eq!(a.header("retry-after"), Some("1"));
+        assert_eq!(
+            a.header("proxy-status"),
+            Some("corral; error=connection_limit_reached; details=\"wait-list-full\"")
+        );
     }
     let scrape = corral_tests::lifecycle::scrape(&proxy).await;
     assert_eq!(

@@ -229,6 +229,10 @@ async fn a_route_whose_fetches_mostly_fail_opens_its_circuit_then_probes() {
         let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;
         assert_eq!(a.status, 503);
         assert_eq!(a.cache_status().detail(), Some("circuit-open"));
+        assert_eq!(
+            a.header("proxy-status"),
+            Some("corral; error=destination_unavailable; details=\"circuit-open\"")
+        );
     }
     assert_eq!(origin.hits("/c"), 5, "the open circuit sends nothing");
     let metrics = scrape(&proxy).await;

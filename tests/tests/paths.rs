@@ -134,6 +134,11 @@ async fn a_path_an_origin_could_read_two_ways_is_refused_and_never_forwarded() {
     ] {
         let answer = get(&proxy, target, Some("session=victim")).await;
         assert_eq!(answer.status, 400, "{target}: {}", answer.head);
+        assert_eq!(
+            answer.header("proxy-status"),
+            Some(format!("corral; error=http_request_error; details=\"{detail}\"").as_str()),
+            "{target}"
+        );
         let status = answer.header("cache-status").unwrap_or_default();
         assert!(
             status.contains(&format!("detail={detail}")),

@@ -175,6 +175,37 @@ async fn a_refused_upstream_with_nothing_stale_is_answered_502_with_a_detail() {
         status.detail().is_some(),
         "Cache-Status names the failure: {status}"
     );
+    // RFC 9209: corral's own 502, and why.
+    assert_eq!(
+        answer.header("proxy-status"),
+        Some("corral; error=connection_refused; details=\"upstream-connect-error\"")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_says_which_answers_are_its_own_with_proxy_status() {
+    let origin = Origin::new()
+        .route("/api/down", Reply::status(503, "origin down"))
+        .start()
+        .await;
+    let config = Config::new().route(Route::new("api", origin.url()).path_prefix("/api"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    // No route: corral's 404, never the origin's.
+    let none = client.get(&proxy.url("/elsewhere")).await;
+    assert_eq!(none.status, 404);
+    assert_eq!(
+        none.header("proxy-status"),
+        Some("corral; error=destination_not_found; details=\"no-route\"")
+    );
+    // The origin's own 503 passes without a Proxy-Status of corral's.
+    let down = client.get(&proxy.url("/api/down")).await;
+    assert_eq!(
+        (down.status.as_u16(), down.text().as_str()),
+        (503, "origin down")
+    );
+    assert_eq!(down.header("proxy-status"), None);
+    assert_eq!(origin.hits("/api/down"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,6 +227,10 @@ async fn a_slow_upstream_is_answered_504_after_the_response_headers_timeout() {
         answer.cache_status().detail().is_some(),
         "Cache-Status names the failure: {}",
         answer.cache_status()
+    );
+    assert_eq!(
+        answer.header("proxy-status"),
+        Some("corral; error=http_response_timeout; details=\"upstream-timeout\"")
     );
     assert!(
         elapsed < Duration::from_secs(3),

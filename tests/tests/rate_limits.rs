@@ -119,6 +119,10 @@ async fn an_address_over_its_limit_gets_429_with_retry_after_and_ratelimit_field
     assert_eq!(body["limit"], "per-ip");
     assert_eq!(body["retry_after"], retry);
     assert_eq!(refused.cache_status().detail(), Some("rate-limited"));
+    assert_eq!(
+        refused.header("proxy-status"),
+        Some("corral; error=http_request_denied; details=\"rate-limited\"")
+    );
     // Counted, and logged with the limit's name.
     let metrics = scrape(&proxy).await;
     let n = |outcome| {
@@ -644,6 +648,10 @@ async fn a_full_upstream_queue_answers_503_and_is_no_origin_failure() {
     assert_eq!(busy.status, 503);
     assert_eq!(busy.header("retry-after"), Some("1"));
     assert_eq!(busy.cache_status().detail(), Some("upstream-busy"));
+    assert_eq!(
+        busy.header("proxy-status"),
+        Some("corral; error=connection_limit_reached; details=\"upstream-busy\"")
+    );
     assert_eq!(origin.hits("/y"), 0);
     assert_eq!(slow.await.expect("slow GET").status, 200);
     // The origin was never asked, so /y is not in back-off: it is fetched now.

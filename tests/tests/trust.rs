@@ -581,6 +581,13 @@ async fn upgrades_are_refused_clearly_and_an_unrequested_101_is_an_error() {
     )
     .await;
     assert_eq!(ws.status, 501, "{}", ws.head);
+    assert!(
+        ws.head.to_ascii_lowercase().contains(
+            "\r\nproxy-status: corral; error=http_request_denied; details=\"upgrade-unsupported\"\r\n"
+        ),
+        "{}",
+        ws.head
+    );
     assert!(origin.requests().is_empty());
 
     let plain = Client::new()
@@ -590,6 +597,13 @@ async fn upgrades_are_refused_clearly_and_an_unrequested_101_is_an_error() {
     assert_eq!(
         plain.cache_status().detail(),
         Some("upstream-protocol-error")
+    );
+    // The origin did answer: Proxy-Status says with what.
+    assert_eq!(
+        plain.header("proxy-status"),
+        Some(
+            "corral; error=http_protocol_error; details=\"upstream-protocol-error\"; received-status=101"
+        )
     );
 }
 

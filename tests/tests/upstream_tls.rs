@@ -58,6 +58,12 @@ async fn a_wrong_ca_a_wrong_name_or_an_expired_certificate_is_a_clear_502() {
             Some("upstream-tls-error"),
             "{why}"
         );
+        // RFC 9209 tells a refused certificate from other TLS failures.
+        assert_eq!(
+            a.header("proxy-status"),
+            Some("corral; error=tls_certificate_error; details=\"upstream-tls-error\""),
+            "{why}"
+        );
         eventually(DEADLINE, &format!("a log line naming {why}"), || {
             let log = proxy.log();
             async move { log.contains("TLS handshake failed") && log.contains(why) }
@@ -98,6 +104,11 @@ async fn mutual_tls_sends_the_client_certificate_and_fails_clearly_without_it() 
     let a = client.get(&proxy.url("/x")).await;
     assert_eq!(a.status, 502);
     assert_eq!(a.cache_status().detail(), Some("upstream-tls-error"));
+    let proxy_status = a.header("proxy-status").unwrap_or_default();
+    assert!(
+        proxy_status.starts_with("corral; error=tls_"),
+        "{proxy_status}"
+    );
     assert_eq!(origin.requests(), 0);
 
     let with = format!(

@@ -14,6 +14,28 @@ pub const CACHE_NAME: &str = "corral";
 /// The field's name.
 pub static CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
 
+/// RFC 9209's field, on every answer corral makes itself.
+pub static PROXY_STATUS: http::HeaderName = http::HeaderName::from_static("proxy-status");
+
+/// The `Proxy-Status` of an answer corral made itself for `detail`: its
+/// name, the RFC 9209 error type ([`Detail::proxy_error`]), the detail
+/// `Cache-Status` gives, and the status the origin answered with when it
+/// did (`received-status`). So a client tells corral's 503 from the
+/// origin's: the origin's own answers never carry corral's member.
+pub fn proxy_status(detail: Detail, received: Option<u16>) -> HeaderValue {
+    let mut v = format!(
+        "{CACHE_NAME}; error={}; details=\"{}\"",
+        detail.proxy_error(),
+        detail.as_str()
+    );
+    if let Some(code) = received {
+        v.push_str("; received-status=");
+        v.push_str(&code.to_string());
+    }
+    // Tokens and digits only (every detail is lowercase ASCII and `-`).
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("corral"))
+}
+
 /// Why the request was forwarded (RFC 9211 §2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forward {
@@ -102,10 +124,19 @@ pub enum Detail {
 /// How an exchange with the origin failed, as `Cache-Status` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamFailure {
-    /// No connection could be made.
+    /// No connection could be made (neither refused nor timed out: a
+    /// name that does not resolve, a network that cannot be reached).
     Connect,
-    /// The TLS handshake failed (a certificate, a name, a protocol).
+    /// The origin refused the connection.
+    ConnectRefused,
+    /// Opening the connection timed out.
+    ConnectTimeout,
+    /// The TLS handshake failed (a protocol or a name).
     Tls,
+    /// The origin's certificate was refused (or it presented none).
+    TlsCertificate,
+    /// The origin ended the handshake with an alert.
+    TlsAlert,
     /// No response head within `timeouts.response_headers`.
     Timeout,
     /// The whole exchange ran past `timeouts.total`.
@@ -121,13 +152,34 @@ pub enum UpstreamFailure {
 impl UpstreamFailure {
     pub fn as_str(self) -> &'static str {
         match self {
-            UpstreamFailure::Connect => "upstream-connect-error",
-            UpstreamFailure::Tls => "upstream-tls-error",
+            UpstreamFailure::Connect
+            | UpstreamFailure::ConnectRefused
+            | UpstreamFailure::ConnectTimeout => "upstream-connect-error",
+            UpstreamFailure::Tls | UpstreamFailure::TlsCertificate | UpstreamFailure::TlsAlert => {
+                "upstream-tls-error"
+            }
             UpstreamFailure::Timeout => "upstream-timeout",
             UpstreamFailure::TotalTimeout => "upstream-total-timeout",
             UpstreamFailure::Exchange => "upstream-error",
             UpstreamFailure::Request => "bad-upstream-request",
             UpstreamFailure::Protocol => "upstream-protocol-error",
+        }
+    }
+
+    /// The RFC 9209 §2.3 error type (`Cache-Status` names the connect and
+    /// TLS failures alike; `Proxy-Status` tells them apart).
+    pub fn proxy_error(self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect => "destination_unavailable",
+            UpstreamFailure::ConnectRefused => "connection_refused",
+            UpstreamFailure::ConnectTimeout => "connection_timeout",
+            UpstreamFailure::Tls => "tls_protocol_error",
+            UpstreamFailure::TlsCertificate => "tls_certificate_error",
+            UpstreamFailure::TlsAlert => "tls_alert_received",
+            UpstreamFailure::Timeout | UpstreamFailure::TotalTimeout => "http_response_timeout",
+            UpstreamFailure::Exchange => "http_response_incomplete",
+            UpstreamFailure::Request => "proxy_internal_error",
+            UpstreamFailure::Protocol => "http_protocol_error",
         }
     }
 }
@@ -159,6 +211,37 @@ impl Detail {
             Detail::InvalidToken => "invalid-token",
             Detail::UpstreamBusy => "upstream-busy",
             Detail::Overloaded => "overloaded",
+        }
+    }
+
+    /// The RFC 9209 §2.3 error type of corral's own answer for this
+    /// reason: what went wrong on the way to the origin, or that corral
+    /// refused or could not take the request itself.
+    pub fn proxy_error(self) -> &'static str {
+        match self {
+            Detail::Upstream(f) => f.proxy_error(),
+            Detail::NoRoute => "destination_not_found",
+            Detail::CircuitOpen | Detail::Backoff => "destination_unavailable",
+            Detail::WaitListFull | Detail::FillLimit | Detail::UpstreamBusy => {
+                "connection_limit_reached"
+            }
+            Detail::LockTimeout => "http_response_timeout",
+            Detail::RateLimited
+            | Detail::InvalidToken
+            | Detail::UpgradeUnsupported
+            | Detail::MethodUnsupported => "http_request_denied",
+            Detail::BadRequest(_) | Detail::RequestHeadTooLarge | Detail::RequestBody => {
+                "http_request_error"
+            }
+            Detail::Overloaded => "proxy_internal_response",
+            Detail::LimiterUnavailable
+            | Detail::FillFailed
+            | Detail::FillPassed
+            | Detail::StaleWhileRevalidate
+            | Detail::StaleIfError
+            | Detail::L2
+            | Detail::Range
+            | Detail::Pass(_) => "proxy_internal_error",
         }
     }
 
@@ -367,6 +450,92 @@ fn put_int(put: &mut impl FnMut(&[u8]) -> bool, n: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_own_answer_names_a_registered_proxy_error_type() {
+        // RFC 9209 §2.3, the types corral may name.
+        const REGISTERED: [&str; 16] = [
+            "destination_not_found",
+            "destination_unavailable",
+            "connection_refused",
+            "connection_timeout",
+            "connection_limit_reached",
+            "tls_protocol_error",
+            "tls_certificate_error",
+            "tls_alert_received",
+            "http_request_error",
+            "http_request_denied",
+            "http_response_incomplete",
+            "http_response_timeout",
+            "http_protocol_error",
+            "proxy_internal_response",
+            "proxy_internal_error",
+            "proxy_configuration_error",
+        ];
+        use UpstreamFailure as F;
+        let mut details = vec![
+            Detail::StaleWhileRevalidate,
+            Detail::StaleIfError,
+            Detail::Backoff,
+            Detail::CircuitOpen,
+            Detail::LockTimeout,
+            Detail::FillLimit,
+            Detail::WaitListFull,
+            Detail::FillFailed,
+            Detail::FillPassed,
+            Detail::L2,
+            Detail::Range,
+            Detail::RequestBody,
+            Detail::NoRoute,
+            Detail::UpgradeUnsupported,
+            Detail::MethodUnsupported,
+            Detail::RequestHeadTooLarge,
+            Detail::BadRequest(BadHead::MissingHost),
+            Detail::Pass(PassReason::NoStore),
+            Detail::RateLimited,
+            Detail::LimiterUnavailable,
+            Detail::InvalidToken,
+            Detail::UpstreamBusy,
+            Detail::Overloaded,
+        ];
+        for f in [
+            F::Connect,
+            F::ConnectRefused,
+            F::ConnectTimeout,
+            F::Tls,
+            F::TlsCertificate,
+            F::TlsAlert,
+            F::Timeout,
+            F::TotalTimeout,
+            F::Exchange,
+            F::Request,
+            F::Protocol,
+        ] {
+            details.push(Detail::Upstream(f));
+        }
+        for d in details {
+            assert!(REGISTERED.contains(&d.proxy_error()), "{d:?}");
+            let v = proxy_status(d, None);
+            assert_eq!(
+                v.to_str().expect("ascii"),
+                format!(
+                    "corral; error={}; details=\"{}\"",
+                    d.proxy_error(),
+                    d.as_str()
+                )
+            );
+            assert!(
+                d.as_str()
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{d:?}: a detail fits an sf-string unescaped"
+            );
+        }
+        assert_eq!(
+            proxy_status(Detail::Upstream(F::Protocol), Some(101)),
+            "corral; error=http_protocol_error; details=\"upstream-protocol-error\"; received-status=101"
+        );
+    }
 
     #[test]
     fn integers_are_written_like_display() {

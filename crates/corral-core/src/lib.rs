@@ -43,7 +43,10 @@ pub use backoff::{Backoff, BackoffPolicy};
 pub use ban::{Ban, BanList, BanTarget, Verdict, string_list};
 pub use budget::{Budget, Hold};
 pub use cache_control::{CacheControl, targeted_value};
-pub use cache_status::{CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, UpstreamFailure};
+pub use cache_status::{
+    CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, PROXY_STATUS, UpstreamFailure,
+    proxy_status,
+};
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use clock::{Clock, PausedClock, SystemClock};
 pub use entry::{

@@ -43,8 +43,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use http::HeaderName;
-
 /// How often the busy share is sampled.
 pub const TICK: Duration = Duration::from_millis(250);
 /// Ticks at or above the threshold before shedding starts.
@@ -181,13 +179,6 @@ pub fn spawn(threshold: Option<f64>) {
         }
     });
 }
-
-/// `Proxy-Status` (RFC 9209), so a client can tell corral's refusal from
-/// its origin's 503.
-pub static PROXY_STATUS: HeaderName = HeaderName::from_static("proxy-status");
-/// Its value on the answers of an overloaded corral.
-pub const PROXY_STATUS_OVERLOADED: &str =
-    "corral; error=proxy_internal_response; details=\"overloaded\"";
 
 #[cfg(test)]
 mod tests {

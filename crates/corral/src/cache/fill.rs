@@ -69,11 +69,17 @@ pub struct SharedResponse {
 
 impl SharedResponse {
     /// corral's own error answer, for every waiter.
-    pub fn corral_error(status: StatusCode, detail: Detail) -> Self {
+    /// `received`: the status the origin answered with, where corral
+    /// refused that answer.
+    pub fn corral_error(status: StatusCode, detail: Detail, received: Option<u16>) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(
+            corral_core::PROXY_STATUS.clone(),
+            corral_core::proxy_status(detail, received),
         );
         SharedResponse {
             status,

@@ -37,6 +37,7 @@ fn lock_timeout_error(fill: &FillRequest) -> FillOutcome {
         response: Arc::new(SharedResponse::corral_error(
             StatusCode::GATEWAY_TIMEOUT,
             Detail::LockTimeout,
+            None,
         )),
         fwd: fill.fwd,
         detail: Some(Detail::LockTimeout),
@@ -85,7 +86,7 @@ pub(crate) fn unavailable(
     detail: Detail,
     retry_after: Duration,
 ) -> FillOutcome {
-    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail);
+    let mut response = SharedResponse::corral_error(StatusCode::SERVICE_UNAVAILABLE, detail, None);
     response.headers.insert(
         http::header::RETRY_AFTER,
         http::HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64),
@@ -112,7 +113,11 @@ pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
     FillOutcome::Shared {
-        response: Arc::new(SharedResponse::corral_error(e.status(), e.detail())),
+        response: Arc::new(SharedResponse::corral_error(
+            e.status(),
+            e.detail(),
+            e.received_status(),
+        )),
         fwd: fill.fwd,
         detail: Some(e.detail()),
     }

@@ -360,6 +360,10 @@ pub fn error(code: StatusCode, fwd: Forward, detail: Detail, fwd_status: Option<
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    res.headers_mut().insert(
+        corral_core::PROXY_STATUS.clone(),
+        corral_core::proxy_status(detail, fwd_status),
+    );
     Answer::new(res, &st, Version::HTTP_11)
 }
 

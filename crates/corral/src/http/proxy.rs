@@ -699,7 +699,7 @@ async fn forward_uncached(
         }
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.upstream.authority, error = %e, "upstream failed");
-            return respond::error(e.status(), fwd, e.detail(), None);
+            return respond::error(e.status(), fwd, e.detail(), e.received_status());
         }
     };
     if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {

@@ -25,12 +25,10 @@ pub fn overloaded(fwd: Forward) -> Answer {
         Detail::Overloaded,
         None,
     );
-    let headers = a.response.headers_mut();
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
-    headers.insert(
-        crate::overload::PROXY_STATUS.clone(),
-        HeaderValue::from_static(crate::overload::PROXY_STATUS_OVERLOADED),
-    );
+    // Its Proxy-Status (`proxy_internal_response`) is every own error's.
+    a.response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
     a
 }
 

@@ -31,8 +31,9 @@ pub enum UpstreamError {
     /// The cause is kept whole (its chain is also the message).
     #[error("connecting to the upstream failed: {}", chain(.0.as_ref()))]
     Connect(#[source] BodyError),
+    /// What went wrong, and which of the TLS failures it is.
     #[error("the upstream's TLS handshake failed: {0}")]
-    Tls(String),
+    Tls(String, corral_core::UpstreamFailure),
     #[error("the upstream sent no response headers within {0:?}")]
     HeaderTimeout(Duration),
     #[error("the upstream exchange exceeded its total deadline of {0:?}")]
@@ -59,13 +60,22 @@ impl UpstreamError {
         }
     }
 
+    /// The status the origin did answer with, when corral refused that
+    /// answer (`Proxy-Status`'s `received-status`).
+    pub fn received_status(&self) -> Option<u16> {
+        match self {
+            UpstreamError::Protocol(status) => Some(status.as_u16()),
+            _ => None,
+        }
+    }
+
     /// The `Cache-Status` detail: how the exchange failed, or that
     /// corral's own queue was full.
     pub fn detail(&self) -> corral_core::Detail {
         use corral_core::{Detail, UpstreamFailure as F};
         Detail::Upstream(match self {
-            UpstreamError::Connect(_) => F::Connect,
-            UpstreamError::Tls(_) => F::Tls,
+            UpstreamError::Connect(e) => connect_failure(e.as_ref()),
+            UpstreamError::Tls(_, kind) => *kind,
             UpstreamError::HeaderTimeout(_) => F::Timeout,
             UpstreamError::TotalTimeout(_) => F::TotalTimeout,
             UpstreamError::Exchange(_) => F::Exchange,
@@ -296,7 +306,7 @@ impl Upstream {
         // connection it had just closed).
         let before_answer = match e {
             UpstreamError::Exchange(_) => true,
-            UpstreamError::Connect(_) | UpstreamError::Tls(_) => pooled,
+            UpstreamError::Connect(_) | UpstreamError::Tls(..) => pooled,
             _ => false,
         };
         match retry {
@@ -348,7 +358,7 @@ impl Upstream {
             Ok(_) => self.pool.succeeded(i),
             Err(
                 UpstreamError::Connect(_)
-                | UpstreamError::Tls(_)
+                | UpstreamError::Tls(..)
                 | UpstreamError::Exchange(_)
                 | UpstreamError::HeaderTimeout(_)
                 | UpstreamError::TotalTimeout(_),
@@ -376,13 +386,13 @@ impl Upstream {
             Err(_) => Err(UpstreamError::HeaderTimeout(self.response_headers)),
             Ok(Ok(res)) => Ok(res),
             Ok(Err(e)) if e.is_connect() => match tls_failure(&e) {
-                Some(why) => Err(UpstreamError::Tls(why)),
+                Some((why, kind)) => Err(UpstreamError::Tls(why, kind)),
                 None => Err(UpstreamError::Connect(e.into())),
             },
             // TLS 1.3 servers refuse a client certificate after the
             // handshake, so that shows up here, on the first read.
             Ok(Err(e)) => match tls_failure(&e) {
-                Some(why) => Err(UpstreamError::Tls(why)),
+                Some((why, kind)) => Err(UpstreamError::Tls(why, kind)),
                 None => Err(UpstreamError::Exchange(e.into())),
             },
         }
@@ -440,7 +450,9 @@ fn unreachable_config() -> rustls::ClientConfig {
 /// The rustls error behind a connect failure, said plainly: a wrong CA,
 /// a name the certificate does not carry, an expired certificate, a
 /// client certificate the upstream refused.
-fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+fn tls_failure(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<(String, corral_core::UpstreamFailure)> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         // io::Error's own `source` skips what it wraps (and hyper-rustls
@@ -448,7 +460,14 @@ fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         let mut inner = err;
         loop {
             if let Some(t) = inner.downcast_ref::<rustls::Error>() {
-                return Some(t.to_string());
+                use corral_core::UpstreamFailure as F;
+                let kind = match t {
+                    rustls::Error::InvalidCertificate(_)
+                    | rustls::Error::NoCertificatesPresented => F::TlsCertificate,
+                    rustls::Error::AlertReceived(_) => F::TlsAlert,
+                    _ => F::Tls,
+                };
+                return Some((t.to_string(), kind));
             }
             match inner
                 .downcast_ref::<std::io::Error>()
@@ -461,6 +480,25 @@ fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         cur = err.source();
     }
     None
+}
+
+/// Which connect failure `e` is: refused, timed out, or another (a name
+/// that does not resolve, a network that cannot be reached), read from
+/// the first I/O error in its chain.
+fn connect_failure(e: &(dyn std::error::Error + 'static)) -> corral_core::UpstreamFailure {
+    use corral_core::UpstreamFailure as F;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return F::ConnectRefused,
+                std::io::ErrorKind::TimedOut => return F::ConnectTimeout,
+                _ => {}
+            }
+        }
+        cur = err.source();
+    }
+    F::Connect
 }
 
 /// An error and its sources, as one line: what a log line needs.
@@ -613,9 +651,31 @@ mod tests {
         );
         let source = std::error::Error::source(&e).expect("the cause is kept");
         assert!(source.downcast_ref::<Outer>().is_some());
+        // Refused, read from the I/O error in the chain: Proxy-Status
+        // says `connection_refused`, Cache-Status the connect error.
+        let detail = e.detail();
         assert_eq!(
-            e.detail(),
-            corral_core::Detail::Upstream(corral_core::UpstreamFailure::Connect)
+            detail,
+            corral_core::Detail::Upstream(corral_core::UpstreamFailure::ConnectRefused)
         );
+        assert_eq!(detail.as_str(), "upstream-connect-error");
+        assert_eq!(detail.proxy_error(), "connection_refused");
+        for (kind, failure) in [
+            (
+                std::io::ErrorKind::TimedOut,
+                corral_core::UpstreamFailure::ConnectTimeout,
+            ),
+            (
+                std::io::ErrorKind::NotFound,
+                corral_core::UpstreamFailure::Connect,
+            ),
+        ] {
+            let e = UpstreamError::Connect(Box::new(Outer(std::io::Error::new(kind, "x"))));
+            assert_eq!(
+                e.detail(),
+                corral_core::Detail::Upstream(failure),
+                "{kind:?}"
+            );
+        }
     }
 }
