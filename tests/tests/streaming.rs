@@ -40,6 +40,15 @@ impl GatedOrigin {
     }
 
     async fn with(chunks: usize, varying: bool) -> Self {
+        Self::with_fields(chunks, varying, Vec::new()).await
+    }
+
+    /// [`GatedOrigin::with`], its answer carrying `fields` too.
+    async fn with_fields(
+        chunks: usize,
+        varying: bool,
+        fields: Vec<(&'static str, String)>,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>> = Arc::default();
@@ -51,6 +60,7 @@ impl GatedOrigin {
                     return;
                 };
                 let (g, r) = (Arc::clone(&g), Arc::clone(&r));
+                let fields = fields.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |_req| {
                         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
@@ -84,6 +94,10 @@ impl GatedOrigin {
                         if varying {
                             res.headers_mut()
                                 .insert("vary", "accept-language".parse().expect("value"));
+                        }
+                        for (name, value) in &fields {
+                            res.headers_mut()
+                                .append(*name, value.parse().expect("value"));
                         }
                         async move { Ok::<_, Infallible>(res) }
                     });
@@ -479,4 +493,128 @@ async fn callers_of_another_variant_coalesce_on_their_own_flight() {
         );
     }
     assert_eq!(origin.requests(), 2, "one request per variant");
+}
+
+/// `Content-Digest` / `Repr-Digest` value of `body` (RFC 9530), computed
+/// here with sha2, not with corral's code.
+fn sha256_field(body: &[u8]) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    format!(
+        "sha-256=:{}:",
+        base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_fails_its_digest_fails_every_reader_and_is_not_stored() {
+    // Every byte arrives, to the last, but not the bytes the origin's
+    // Content-Digest names: one byte of the body differs.
+    let mut claimed = whole();
+    claimed[CHUNK * CHUNKS - 1] ^= 1;
+    let origin = GatedOrigin::with_fields(
+        CHUNKS,
+        false,
+        vec![("content-digest", sha256_field(&claimed))],
+    )
+    .await;
+    let route = Route::new("api", origin.url.clone()).field("backoff", "{ after: 1 }");
+    let proxy = Proxy::new(Config::new().route(route)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/digest");
+    let heads = {
+        let (c, u) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&c, &u, 20).await })
+    };
+    let gate = origin.gate(1).await;
+    gate.send(chunk(0)).expect("origin body");
+    let responses = heads.await.expect("task");
+    for i in 1..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let ends = join_all(responses.into_iter().map(|(first, mut res)| async move {
+        let mut got = first;
+        loop {
+            match res.chunk().await {
+                Ok(Some(b)) => got.extend_from_slice(&b),
+                Ok(None) => return Some(got),
+                Err(_) => return None,
+            }
+        }
+    }));
+    let ends = tokio::time::timeout(DEADLINE, ends)
+        .await
+        .expect("every caller's body ended");
+    for (i, end) in ends.iter().enumerate() {
+        assert!(
+            end.is_none(),
+            "caller {i} read {} bytes as a complete body",
+            end.as_ref().map_or(0, Vec::len)
+        );
+    }
+    // Not stored: the key backs off, like a body cut short.
+    let next = client.get(&url).await;
+    assert_eq!(next.status, 503, "{}", next.cache_status());
+    assert_eq!(next.cache_status().detail(), Some("backoff"));
+    assert_eq!(origin.requests(), 1);
+    let metrics = corral_tests::lifecycle::scrape(&proxy).await;
+    assert_eq!(
+        metrics.value(
+            "corral_digest_mismatches_total",
+            &[("route", "api"), ("field", "content-digest")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_has_its_digest_is_stored_and_one_read_whole_that_fails_it_is_a_502() {
+    use corral_tests::{Origin, Reply};
+    let body = "{\"hello\": \"world\"}";
+    let origin = Origin::new()
+        .route(
+            "/good",
+            Reply::ok(body)
+                .header("cache-control", "max-age=60")
+                .header(
+                    "content-digest",
+                    &format!("md5=:AAAA:, {}", sha256_field(body.as_bytes())),
+                )
+                .header("repr-digest", &sha256_field(body.as_bytes())),
+        )
+        // Chunked (no length): read whole before anyone gets a byte.
+        .route(
+            "/bad",
+            Reply::trickle(100, 3, Duration::from_millis(1))
+                .header("cache-control", "max-age=60")
+                .header("repr-digest", &sha256_field(b"something else")),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let good = client.get(&proxy.url("/good")).await;
+    assert_eq!((good.status.as_u16(), good.text().as_str()), (200, body));
+    let hit = client.get(&proxy.url("/good")).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(origin.hits("/good"), 1);
+
+    let bad = client.get(&proxy.url("/bad")).await;
+    assert_eq!(bad.status, 502, "{}", bad.cache_status());
+    assert_eq!(
+        bad.cache_status().detail(),
+        Some("upstream-digest-mismatch")
+    );
+    assert_eq!(
+        bad.header("proxy-status"),
+        Some("corral; error=http_response_incomplete; details=\"upstream-digest-mismatch\"")
+    );
+    let metrics = corral_tests::lifecycle::scrape(&proxy).await;
+    assert_eq!(
+        metrics.value(
+            "corral_digest_mismatches_total",
+            &[("route", "api"), ("field", "repr-digest")]
+        ),
+        Some(1.0)
+    );
 }

@@ -147,6 +147,8 @@ pub enum UpstreamFailure {
     Request,
     /// The origin answered what corral never asked for (a 101).
     Protocol,
+    /// The body did not match its `Content-Digest` or `Repr-Digest`.
+    Digest,
 }
 
 impl UpstreamFailure {
@@ -163,6 +165,7 @@ impl UpstreamFailure {
             UpstreamFailure::Exchange => "upstream-error",
             UpstreamFailure::Request => "bad-upstream-request",
             UpstreamFailure::Protocol => "upstream-protocol-error",
+            UpstreamFailure::Digest => "upstream-digest-mismatch",
         }
     }
 
@@ -180,6 +183,8 @@ impl UpstreamFailure {
             UpstreamFailure::Exchange => "http_response_incomplete",
             UpstreamFailure::Request => "proxy_internal_error",
             UpstreamFailure::Protocol => "http_protocol_error",
+            // What arrived is not the whole, true body: like a cut one.
+            UpstreamFailure::Digest => "http_response_incomplete",
         }
     }
 }
@@ -510,6 +515,7 @@ mod tests {
             F::Exchange,
             F::Request,
             F::Protocol,
+            F::Digest,
         ] {
             details.push(Detail::Upstream(f));
         }

@@ -19,6 +19,7 @@ pub mod caller;
 mod circuit;
 pub mod client_addr;
 mod clock;
+pub mod digest;
 mod entry;
 pub mod envelope;
 mod flight;

@@ -183,6 +183,9 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
     let declared = declared_length(&parts.headers);
     match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => {
+            if let Err(e) = store::checked(fill, &parts, &bytes) {
+                return Ended::Outcome(made::failed(fill, &e));
+            }
             let own = parts.clone();
             match SharedResponse::from_origin(parts, bytes.clone(), &fill.head.headers) {
                 Some(response) => Ended::Outcome(FillOutcome::Shared {

@@ -130,6 +130,11 @@ pub(crate) async fn store(
             Buffered::Failed(e) => return Ended::Outcome(made::failed(fill, &e)),
         },
     };
+    // A body that is not what its digest says is never stored, and the
+    // writer, dropped, aborts every reader (the last chunk was held back).
+    if let Err(e) = checked(fill, &parts, &bytes) {
+        return Ended::Outcome(made::failed(fill, &e));
+    }
     let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
@@ -146,6 +151,23 @@ pub(crate) async fn store(
         entry,
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
+    })
+}
+
+/// `body` checked against the digests its answer claims (RFC 9530), before
+/// it is stored or shared as complete; a mismatch is counted and is the
+/// origin's error, like a body cut short.
+pub(crate) fn checked(
+    fill: &FillRequest,
+    parts: &http::response::Parts,
+    body: &Bytes,
+) -> Result<(), UpstreamError> {
+    let whole = parts.status != http::StatusCode::PARTIAL_CONTENT;
+    let expected = corral_core::digest::expected(&parts.headers, whole);
+    corral_core::digest::verify(&expected, body).map_err(|m| {
+        crate::telemetry::metrics::digest_mismatch(&fill.route.name, m.field);
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "{m}");
+        UpstreamError::Digest(m)
     })
 }
 

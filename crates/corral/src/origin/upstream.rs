@@ -46,6 +46,10 @@ pub enum UpstreamError {
     Protocol(http::StatusCode),
     #[error("no upstream_concurrency slot came free within {0:?}")]
     Busy(Duration),
+    /// The body arrived whole but not as its `Content-Digest` or
+    /// `Repr-Digest` says (RFC 9530).
+    #[error("the upstream's body failed its integrity check: {0}")]
+    Digest(corral_core::digest::Mismatch),
 }
 
 impl UpstreamError {
@@ -81,6 +85,7 @@ impl UpstreamError {
             UpstreamError::Exchange(_) => F::Exchange,
             UpstreamError::Request(_) => F::Request,
             UpstreamError::Protocol(_) => F::Protocol,
+            UpstreamError::Digest(_) => F::Digest,
             UpstreamError::Busy(_) => return Detail::UpstreamBusy,
         })
     }

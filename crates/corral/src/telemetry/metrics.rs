@@ -296,6 +296,13 @@ pub fn origin_skipped(route: &str, reason: corral_core::Detail) {
         .increment(1);
 }
 
+/// An origin's body that did not match the digest its answer claimed
+/// (`field`: `content-digest` or `repr-digest`): not stored, not shared.
+pub fn digest_mismatch(route: &str, field: &'static str) {
+    counter!("corral_digest_mismatches_total", "route" => route.to_owned(), "field" => field)
+        .increment(1);
+}
+
 /// A caller turned away because the key's flight had `max_waiters`
 /// callers waiting.
 pub fn wait_list_full(route: &str) {
