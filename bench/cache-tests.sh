@@ -40,11 +40,19 @@ if [ -z "$suite" ]; then
   suite=$work/suite
 fi
 suite=$(cd "$suite" && pwd)
-[ -f "$suite/cli.mjs" ] && [ -f "$suite/tests/index.mjs" ] || { echo "$suite is not a cache-tests checkout" >&2; exit 1; }
+# The engine (cli.mjs, server/) moved from the suite's root into
+# test-engine/ in July 2023; either layout runs.
+if [ -f "$suite/test-engine/cli.mjs" ]; then
+  engine=$suite/test-engine
+else
+  engine=$suite
+fi
+[ -f "$engine/cli.mjs" ] && [ -f "$engine/server/server.mjs" ] && [ -f "$suite/tests/index.mjs" ] \
+  || { echo "$suite is not a cache-tests checkout (no cli.mjs, server/server.mjs and tests/index.mjs)" >&2; exit 1; }
 [ -d "$suite/node_modules" ] || (cd "$suite" && npm install --no-audit --no-fund --omit=dev >/dev/null)
 
 (cd "$suite" && exec env npm_config_pidfile="$work/origin.pid" npm_config_protocol=http \
-  npm_config_port="$origin_port" node server/server.mjs) >"$work/origin.log" 2>&1 &
+  npm_config_port="$origin_port" node "$engine/server/server.mjs") >"$work/origin.log" 2>&1 &
 pids+=($!)
 cat >"$work/corral.yaml" <<YAML
 listen: 127.0.0.1:$port
@@ -68,7 +76,7 @@ kill -0 "$corral_pid" 2>/dev/null && curl -sf -o /dev/null "http://127.0.0.1:$ad
   || { echo "corral did not start:" >&2; cat "$work/corral.log" >&2; exit 1; }
 
 (cd "$suite" && npm_package_config_id= npm_config_base="http://127.0.0.1:$port" \
-  timeout 600 node --no-warnings cli.mjs) >"$results"
+  timeout 600 node --no-warnings "$engine/cli.mjs") >"$results"
 kill -0 "$corral_pid" 2>/dev/null || { echo "corral exited during the run:" >&2; cat "$work/corral.log" >&2; exit 1; }
 
 cat >"$work/tally.mjs" <<'JS'
