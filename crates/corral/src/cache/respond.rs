@@ -112,14 +112,19 @@ impl Answer {
         }
     }
 
-    /// The same answer without its body (for HEAD).
+    /// The same answer without its body (for HEAD): a [`Wire`] becomes
+    /// the response it stands for, so no body is written from it.
     pub fn without_body(self) -> Answer {
-        let (parts, _) = self.response.into_parts();
+        let response = match self.wire {
+            Some(w) => w.into_response(),
+            None => self.response,
+        };
+        let (parts, _) = response.into_parts();
         Answer {
             response: Response::from_parts(parts, Body::empty()),
             label: self.label,
             status: self.status,
-            wire: self.wire,
+            wire: None,
         }
     }
 }
@@ -380,6 +385,64 @@ pub fn error_body(code: StatusCode, detail: Detail) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wire_hit_without_its_body_is_the_head_it_stands_for() {
+        let mut headers = HeaderMap::new();
+        headers.insert(ETAG, HeaderValue::from_static("\"v\""));
+        let freshness = corral_core::Freshness {
+            ttl: std::time::Duration::from_secs(60),
+            swr: std::time::Duration::ZERO,
+            sie: std::time::Duration::ZERO,
+            sharing: corral_core::Sharing::Everyone,
+        };
+        let now = SystemTime::now();
+        let entry = StoredResponse::builder(
+            StatusCode::OK,
+            headers,
+            Bytes::from_static(b"body"),
+            &freshness,
+            now,
+        )
+        .build();
+        let status = CacheStatus::hit(60);
+        let wire = hit(
+            Arc::new(entry.clone()),
+            &status,
+            now,
+            false,
+            &HeaderMap::new(),
+            true,
+        );
+        assert!(wire.wire.is_some());
+        // Not asked for, conditional or HEAD: a response, as before.
+        for (head, wire_ok, request) in [
+            (false, false, HeaderMap::new()),
+            (true, true, HeaderMap::new()),
+            (false, true, {
+                let mut h = HeaderMap::new();
+                h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"v\""));
+                h
+            }),
+        ] {
+            let a = hit(
+                Arc::new(entry.clone()),
+                &status,
+                now,
+                head,
+                &request,
+                wire_ok,
+            );
+            assert!(a.wire.is_none(), "{head} {wire_ok}");
+        }
+        let bare = wire.without_body();
+        assert!(bare.wire.is_none());
+        let h = bare.response.headers();
+        assert_eq!(h.get(ETAG), Some(&HeaderValue::from_static("\"v\"")));
+        assert_eq!(h.get(AGE), Some(&HeaderValue::from_static("0")));
+        assert!(h.get(&CACHE_STATUS).is_some());
+        assert!(http_body::Body::is_end_stream(bare.response.body()));
+    }
 
     #[test]
     fn if_none_match_uses_weak_comparison() {
