@@ -111,6 +111,37 @@ impl Judge {
     }
 }
 
+/// The busy share over the last [`ENTER_AFTER`] ticks (a second), not
+/// one tick's: tokio adds a worker's busy time to its total only when the
+/// worker parks or every so many task polls, so a worker that never parks
+/// (one connection's pipelined requests answered in one poll after
+/// another) shows a tick of nothing, then several ticks' busy time at once.
+/// Over a second those even out; one tick alone read 0% three ticks in
+/// four for a worker busy throughout, and never shed.
+#[derive(Debug, Default)]
+struct Window {
+    /// (busy seconds, capacity seconds) per tick, oldest first.
+    ticks: std::collections::VecDeque<(f64, f64)>,
+}
+
+impl Window {
+    /// Adds one tick and gives the share over the window (0 to 1).
+    fn share(&mut self, busy: f64, capacity: f64) -> f64 {
+        if self.ticks.len() == ENTER_AFTER as usize {
+            self.ticks.pop_front();
+        }
+        self.ticks.push_back((busy, capacity));
+        let (busy, capacity) = self
+            .ticks
+            .iter()
+            .fold((0.0, 0.0), |(b, c), (tb, tc)| (b + tb, c + tc));
+        if capacity <= 0.0 {
+            return 0.0;
+        }
+        (busy / capacity).clamp(0.0, 1.0)
+    }
+}
+
 /// Busy time of every serving thread so far, and how many there are.
 fn busy_so_far() -> (Duration, usize) {
     let serving = SERVING.lock().unwrap_or_else(PoisonError::into_inner);
@@ -135,6 +166,7 @@ pub fn spawn(threshold: Option<f64>) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last: Option<(tokio::time::Instant, Duration, usize)> = None;
+        let mut window = Window::default();
         let mut shed_since: Option<tokio::time::Instant> = None;
         loop {
             tick.tick().await;
@@ -146,13 +178,14 @@ pub fn spawn(threshold: Option<f64>) {
                 continue;
             };
             if workers_then != workers || workers == 0 {
+                window = Window::default();
                 continue;
             }
             let capacity = now.duration_since(then).as_secs_f64() * workers as f64;
             if capacity <= 0.0 {
                 continue;
             }
-            let share = (busy.saturating_sub(busy_then).as_secs_f64() / capacity).clamp(0.0, 1.0);
+            let share = window.share(busy.saturating_sub(busy_then).as_secs_f64(), capacity);
             crate::telemetry::metrics::overload_busy(share);
             let Some(judge) = judge.as_mut() else {
                 continue;
@@ -184,6 +217,31 @@ pub fn spawn(threshold: Option<f64>) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn busy_time_reported_in_lumps_reads_as_the_busy_it_was() {
+        // A worker busy throughout whose busy time reaches tokio's total
+        // once every fourth tick (as measured under a pipelined load).
+        let mut window = Window::default();
+        let mut judge = Judge::new(0.5);
+        let mut entered = None;
+        for tick in 0..16 {
+            let busy = if tick % 4 == 3 { 1.0 } else { 0.0 };
+            let share = window.share(busy, 0.25);
+            if tick >= 3 {
+                assert!(share >= 0.99, "tick {tick}: {share}");
+            }
+            if judge.observe(share) == Some(true) {
+                entered.get_or_insert(tick);
+            }
+        }
+        assert!(entered.is_some(), "never shed");
+        // An idle second reads as idle.
+        for _ in 0..4 {
+            window.share(0.0, 0.25);
+        }
+        assert_eq!(window.share(0.0, 0.25), 0.0);
+    }
 
     #[test]
     fn sheds_after_a_busy_second_and_stops_after_a_quiet_half_second() {
