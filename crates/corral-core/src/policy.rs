@@ -291,7 +291,18 @@ impl RoutePolicy {
         let (swr, sie) = if cc.forbids_stale() {
             (Duration::ZERO, Duration::ZERO)
         } else {
+            // §5.2.2.10: `s-maxage` carries proxy-revalidate's meaning for
+            // a shared cache. The origin's own stale-while-revalidate or
+            // stale-if-error still permits stale (it names the window on
+            // purpose, as `s-maxage=1, stale-while-revalidate=59` does);
+            // the route's defaults never do.
+            let defaults_apply = cc.s_maxage.is_none();
             let window = |given: Option<u64>, default: Duration, max: Duration| {
+                let default = if defaults_apply {
+                    default
+                } else {
+                    Duration::ZERO
+                };
                 given.map_or(default, Duration::from_secs).min(max)
             };
             (
@@ -741,6 +752,27 @@ mod tests {
         };
         assert!(freshness.sie.is_zero());
         assert_eq!(freshness.sharing, Sharing::Authorization);
+    }
+
+    #[test]
+    fn s_maxage_takes_the_routes_stale_defaults_away_but_not_the_origins_own() {
+        // cache-tests' stale-close-s-maxage: with a route default for
+        // stale-if-error, an s-maxage answer was served stale when the
+        // origin went away.
+        let p = RoutePolicy {
+            swr_default: Duration::from_secs(30),
+            sie_default: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let stale = |cc: &str| match decide(&p, &[("cache-control", cc)]) {
+            Decision::Store { freshness, .. } => (freshness.swr.as_secs(), freshness.sie.as_secs()),
+            other => panic!("{cc}: {other:?}"),
+        };
+        assert_eq!(stale("max-age=2"), (30, 60));
+        assert_eq!(stale("s-maxage=2"), (0, 0));
+        assert_eq!(stale("max-age=60, s-maxage=2"), (0, 0));
+        assert_eq!(stale("s-maxage=1, stale-while-revalidate=59"), (59, 0));
+        assert_eq!(stale("s-maxage=1, stale-if-error=5"), (0, 5));
     }
 
     #[test]
