@@ -930,3 +930,80 @@ async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
     assert!(h2.interim.is_empty(), "{:?}", h2.interim);
     assert_eq!(hits(&origin, "/tls-h1") + hits(&origin, "/tls-h2"), 2);
 }
+
+// ---------------------------------------------------------------------------
+// Compression dictionaries (RFC 9842)
+// ---------------------------------------------------------------------------
+
+/// An origin that answers `Content-Encoding: dcb` with a body naming the
+/// dictionary the caller offered (`Available-Dictionary`), as a body only
+/// that caller could decode; on /varying it also says
+/// `Vary: Available-Dictionary`.
+async fn dictionary_origin() -> corral_tests::RunningOrigin {
+    use corral_tests::{Origin, Reply};
+    let dcb = |r: Reply| {
+        r.header("cache-control", "max-age=60")
+            .header("content-encoding", "dcb")
+    };
+    Origin::new()
+        .route(
+            "/plain",
+            dcb(Reply::echo_header("for ", "available-dictionary")),
+        )
+        .route(
+            "/varying",
+            dcb(Reply::echo_header("for ", "available-dictionary"))
+                .header("vary", "Available-Dictionary"),
+        )
+        .start()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dictionary_compressed_answer_reaches_only_the_caller_whose_dictionary_it_is() {
+    let origin = dictionary_origin().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/plain");
+    let (a, b) = (":YWFh:", ":YmJi:");
+    // Without Vary on the dictionary: never stored, never shared.
+    for dict in [a, b, a] {
+        let got = client
+            .get_with(&url, &[("available-dictionary", dict)])
+            .await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.text(), format!("for {dict}"));
+        assert_eq!(got.cache_status().detail(), Some("dictionary-compressed"));
+    }
+    assert_eq!(origin.hits("/plain"), 3);
+    // Nor handed to the waiters of one flight: 20 callers at once, two
+    // dictionaries, each gets the body for its own.
+    let (ca, cb) = (client.clone(), client.clone());
+    let (ua, ub) = (url.clone(), url.clone());
+    let (with_a, with_b) = tokio::join!(
+        async move { ca.burst(10, &ua, &[("available-dictionary", a)]).await },
+        async move { cb.burst(10, &ub, &[("available-dictionary", b)]).await },
+    );
+    for got in &with_a {
+        assert_eq!(got.text(), format!("for {a}"));
+    }
+    for got in &with_b {
+        assert_eq!(got.text(), format!("for {b}"));
+    }
+
+    // With Vary on it: one entry per dictionary, and none for a caller
+    // that offers none.
+    let url = proxy.url("/varying");
+    let first = client.get_with(&url, &[("available-dictionary", a)]).await;
+    assert_eq!(first.text(), format!("for {a}"));
+    let other = client.get_with(&url, &[("available-dictionary", b)]).await;
+    assert_eq!(other.text(), format!("for {b}"));
+    assert!(!other.cache_status().is_hit(), "{}", other.cache_status());
+    let again = client.get_with(&url, &[("available-dictionary", a)]).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(again.text(), format!("for {a}"));
+    let none = client.get(&url).await;
+    assert!(!none.cache_status().is_hit(), "{}", none.cache_status());
+    assert_eq!(none.text(), "for ");
+    assert_eq!(origin.hits("/varying"), 3);
+}

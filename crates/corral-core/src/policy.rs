@@ -144,6 +144,10 @@ pub enum PassReason {
     /// The origin framed the answer with both Content-Length and
     /// Transfer-Encoding (RFC 9112 §6.3): passed on as chunked, never stored.
     ConflictingFraming,
+    /// Compressed with a dictionary the caller named (RFC 9842:
+    /// `Content-Encoding: dcb` or `dcz`) without `Vary: Available-Dictionary`:
+    /// only that caller can decode it, so it is neither stored nor shared.
+    DictionaryCompressed,
 }
 
 impl PassReason {
@@ -160,6 +164,7 @@ impl PassReason {
             PassReason::HitForPass => "hit-for-pass",
             PassReason::FillMemory => "fill-memory",
             PassReason::ConflictingFraming => "conflicting-framing",
+            PassReason::DictionaryCompressed => "dictionary-compressed",
         }
     }
 }
@@ -169,6 +174,18 @@ impl PassReason {
 pub enum Decision {
     Store { freshness: Freshness },
     Pass(PassReason),
+}
+
+/// True when `headers` say the body is compressed with a shared
+/// dictionary (RFC 9842: the `dcb` or `dcz` content coding, in any place
+/// of the list).
+pub fn dictionary_compressed(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|c| c.eq_ignore_ascii_case(b"dcb") || c.eq_ignore_ascii_case(b"dcz"))
 }
 
 impl RoutePolicy {
@@ -199,6 +216,17 @@ impl RoutePolicy {
                 &targeted
             }
         };
+        // RFC 9842: an answer compressed with the caller's dictionary is the
+        // caller's alone unless it varies on the dictionary. Decided first:
+        // whatever else its fields say, it is never stored or shared.
+        if dictionary_compressed(&res.headers)
+            && !Vary::parse(&res.headers)
+                .names()
+                .iter()
+                .any(|n| n == "available-dictionary")
+        {
+            return Decision::Pass(PassReason::DictionaryCompressed);
+        }
         let cc = CacheControl::parse(&res.headers);
         // §5.2.2.3: `must-understand` stores only statuses corral
         // understands, and for those overrides `no-store`.
@@ -752,6 +780,52 @@ mod tests {
         };
         assert!(freshness.sie.is_zero());
         assert_eq!(freshness.sharing, Sharing::Authorization);
+    }
+
+    #[test]
+    fn a_dictionary_compressed_answer_is_stored_only_varying_on_the_dictionary() {
+        let p = RoutePolicy::default();
+        for ce in ["dcb", "DCZ", "gzip, dcb", "dcz ,br"] {
+            for extra in [None, Some("no-store"), Some("public")] {
+                let cc = match extra {
+                    Some(e) => format!("max-age=60, {e}"),
+                    None => "max-age=60".to_owned(),
+                };
+                let d = decide(&p, &[("cache-control", &cc), ("content-encoding", ce)]);
+                assert!(
+                    matches!(d, Decision::Pass(PassReason::DictionaryCompressed)),
+                    "{ce} {cc}: {d:?}"
+                );
+                let d = decide(
+                    &p,
+                    &[
+                        ("cache-control", &cc),
+                        ("content-encoding", ce),
+                        ("vary", "Accept-Encoding"),
+                    ],
+                );
+                assert!(
+                    matches!(d, Decision::Pass(PassReason::DictionaryCompressed)),
+                    "{ce}"
+                );
+            }
+            let d = decide(
+                &p,
+                &[
+                    ("cache-control", "max-age=60"),
+                    ("content-encoding", ce),
+                    ("vary", "accept-encoding, Available-Dictionary"),
+                ],
+            );
+            assert!(matches!(d, Decision::Store { .. }), "{ce}: {d:?}");
+        }
+        for ce in ["gzip", "br, zstd", "dcbx", ""] {
+            let d = decide(
+                &p,
+                &[("cache-control", "max-age=60"), ("content-encoding", ce)],
+            );
+            assert!(matches!(d, Decision::Store { .. }), "{ce}: {d:?}");
+        }
     }
 
     #[test]

@@ -233,7 +233,10 @@ fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
 /// point of the request, and a cookie set with it belongs to its caller.)
 fn shareable(reason: PassReason, post: bool) -> bool {
     match reason {
-        PassReason::Private | PassReason::ConflictingFraming | PassReason::VaryStar => false,
+        PassReason::Private
+        | PassReason::ConflictingFraming
+        | PassReason::VaryStar
+        | PassReason::DictionaryCompressed => false,
         PassReason::NoStore | PassReason::SetCookie => !post,
         _ => true,
     }
