@@ -1007,3 +1007,101 @@ async fn a_dictionary_compressed_answer_reaches_only_the_caller_whose_dictionary
     assert_eq!(none.text(), "for ");
     assert_eq!(origin.hits("/varying"), 3);
 }
+
+// ---------------------------------------------------------------------------
+// QUERY (RFC 10008)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_answers_are_cached_and_coalesced_by_their_content() {
+    use bytes::Bytes;
+    use corral_tests::{Origin, Reply};
+    use http::Method;
+    let query = Method::from_bytes(b"QUERY").expect("method");
+    let origin = Origin::new()
+        .route_method(
+            query.clone(),
+            "/search",
+            Reply::echo_body().header("cache-control", "max-age=60"),
+        )
+        .route(
+            "/page",
+            Reply::ok("page").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/search");
+    let ask = |body: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        let (client, url, query) = (client.clone(), url.clone(), query.clone());
+        async move {
+            client
+                .send(
+                    query,
+                    &url,
+                    headers,
+                    Some(Bytes::from_static(body.as_bytes())),
+                )
+                .await
+        }
+    };
+    const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+    const TEXT: &[(&str, &str)] = &[("content-type", "text/plain")];
+    let first = ask("{\"q\":1}", JSON).await;
+    assert_eq!(
+        (first.status.as_u16(), first.text().as_str()),
+        (200, "{\"q\":1}")
+    );
+    let again = ask("{\"q\":1}", JSON).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(again.text(), "{\"q\":1}");
+    assert_eq!(origin.hits("/search"), 1);
+    // Other content, or the same bytes of another type, is another query.
+    assert_eq!(ask("{\"q\":2}", JSON).await.text(), "{\"q\":2}");
+    let typed = ask("{\"q\":1}", TEXT).await;
+    assert!(!typed.cache_status().is_hit(), "{}", typed.cache_status());
+    assert_eq!(origin.hits("/search"), 3);
+    // What reached the origin was a QUERY with its content.
+    let seen = origin.requests("/search");
+    assert!(seen.iter().all(|r| r.method == query));
+
+    // Twenty at once on a new query: one origin request.
+    let answers = futures_util::future::join_all((0..20).map(|_| ask("{\"q\":3}", JSON))).await;
+    for a in &answers {
+        assert_eq!((a.status.as_u16(), a.text().as_str()), (200, "{\"q\":3}"));
+    }
+    assert_eq!(origin.hits("/search"), 4);
+
+    // A QUERY is safe: a method override does not reach the origin, and
+    // a QUERY too large to key (passed through) invalidates nothing.
+    let overridden = client
+        .send(
+            query.clone(),
+            &url,
+            &[
+                ("content-type", "application/json"),
+                ("x-http-method-override", "DELETE"),
+            ],
+            Some(Bytes::from_static(b"{\"q\":4}")),
+        )
+        .await;
+    assert_eq!(overridden.status, 200);
+    let last = origin
+        .requests("/search")
+        .pop()
+        .expect("the override's request");
+    assert_eq!(last.header("x-http-method-override"), None);
+    let page = proxy.url("/page");
+    client.get(&page).await;
+    let big = Bytes::from(vec![b'a'; 100 * 1024]);
+    let passed = client.send(query.clone(), &page, &[], Some(big)).await;
+    assert!(!passed.cache_status().is_hit(), "{}", passed.cache_status());
+    let still = client.get(&page).await;
+    assert!(still.cache_status().is_hit(), "{}", still.cache_status());
+    assert_eq!(
+        origin.hits("/page"),
+        2,
+        "the GET once, the large QUERY once"
+    );
+}

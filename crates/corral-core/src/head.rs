@@ -154,6 +154,12 @@ impl RequestHead {
         self
     }
 
+    /// QUERY (RFC 10008): safe and idempotent, with the request's content
+    /// as part of what is asked: cached and coalesced keyed by it.
+    pub fn is_query(&self) -> bool {
+        is_query(&self.method)
+    }
+
     /// GET or HEAD: the methods corral caches and coalesces.
     pub fn is_cacheable_method(&self) -> bool {
         self.method == Method::GET || self.method == Method::HEAD
@@ -167,13 +173,26 @@ impl RequestHead {
     }
 }
 
+/// The QUERY method (RFC 10008).
+pub fn is_query(method: &Method) -> bool {
+    method.as_str() == "QUERY"
+}
+
+/// Safe (RFC 9110 §9.2.1): GET, HEAD, OPTIONS, TRACE, and QUERY (RFC
+/// 10008 §2), which http's `is_safe` does not know. A safe request never
+/// invalidates what is stored.
+pub fn is_safe(method: &Method) -> bool {
+    method.is_safe() || is_query(method)
+}
+
 /// Removes everything a client may not pass to the origin: hop-by-hop
 /// headers and those `Connection` names, framing (rebuilt for the body
 /// corral actually sends), Host (the upstream's is set), proxy-control
 /// headers, and on GET/HEAD method overrides. One pass over the headers;
 /// removals only for names present.
 pub fn strip_for_upstream(headers: &mut HeaderMap, method: &Method) {
-    let cacheable = *method == Method::GET || *method == Method::HEAD;
+    // QUERY is read-only too: a method override must not make a write of it.
+    let cacheable = *method == Method::GET || *method == Method::HEAD || is_query(method);
     // One pass of comparisons and `match`es over the names present: this
     // runs for every request, and one that carries nothing to strip but
     // Host (the usual case) allocates nothing and looks up one name.

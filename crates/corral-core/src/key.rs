@@ -292,6 +292,20 @@ impl PrimaryKey {
         content_type: Option<&[u8]>,
         body: &[u8],
     ) -> Self {
+        Self::with_content("POST", route, uri, tls, content_type, body)
+    }
+
+    /// The key of a request whose content is part of what it asks: a
+    /// coalesced POST ([`PrimaryKey::post`]) or a QUERY (RFC 10008), the
+    /// method named in the key, so the two never share one.
+    pub fn with_content(
+        method: &str,
+        route: &str,
+        uri: UriKey,
+        tls: bool,
+        content_type: Option<&[u8]>,
+        body: &[u8],
+    ) -> Self {
         let mut hasher = blake3::Hasher::new();
         let ct = content_type.unwrap_or(b"");
         hasher.update(&(ct.len() as u64).to_le_bytes());
@@ -300,7 +314,9 @@ impl PrimaryKey {
         let body_digest = hasher.finalize();
         let mut readable = String::with_capacity(route.len() + 80 + uri.readable().len());
         readable.push_str(route);
-        readable.push_str(if tls { " POST https " } else { " POST " });
+        readable.push(' ');
+        readable.push_str(method);
+        readable.push_str(if tls { " https " } else { " " });
         readable.push_str(uri.readable());
         readable.push_str(" body=");
         readable.push_str(&body_digest.to_hex()[..16]);
@@ -763,6 +779,21 @@ mod tests {
         assert_eq!(
             a,
             PrimaryKey::post("api", uri(), false, Some(b"application/json"), b"{q}")
+        );
+        // A QUERY of the same content is another request (RFC 10008).
+        let q = PrimaryKey::with_content(
+            "QUERY",
+            "api",
+            uri(),
+            false,
+            Some(b"application/json"),
+            b"{q}",
+        );
+        assert_ne!(a, q);
+        assert_ne!(a.digest(), q.digest());
+        assert!(
+            q.readable().starts_with("api QUERY h/graphql body="),
+            "{q:?}"
         );
         assert_ne!(
             a,

@@ -268,7 +268,13 @@ impl RoutePolicy {
         }
 
         let mut req_for_policy = http::Request::new(());
-        *req_for_policy.method_mut() = method.clone();
+        // RFC 10008 §2.8: a QUERY's answer is cached as a GET's is (its
+        // content is in the key); the crate knows GET's rules.
+        *req_for_policy.method_mut() = if crate::head::is_query(method) {
+            http::Method::GET
+        } else {
+            method.clone()
+        };
         *req_for_policy.uri_mut() = uri.clone();
         let req_for_policy: request::Parts = req_for_policy.into_parts().0;
         // What the crate reads wrongly is normalised first (directive

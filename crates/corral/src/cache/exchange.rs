@@ -75,8 +75,9 @@ async fn ask(
         descriptor: None,
     };
     let (method, body, framing) = match &fill.body {
+        // A coalesced POST, or a QUERY: sent as it came.
         Some(b) => (
-            Method::POST,
+            fill.head.method.clone(),
             Body::from(b.clone()),
             RequestBody::Sized(b.len() as u64),
         ),
@@ -156,7 +157,7 @@ fn against_stale(
 /// never stored.
 fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -> Decision {
     let method = if fill.body.is_some() {
-        Method::POST
+        fill.head.method.clone()
     } else {
         Method::GET
     };

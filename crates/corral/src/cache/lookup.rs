@@ -215,7 +215,14 @@ impl Keys {
         );
         let (primary, identity) = match body {
             Some(b) => (
-                PrimaryKey::post(&route.name, uri, ctx.tls, Some(&body_kind(ctx)), b),
+                PrimaryKey::with_content(
+                    ctx.method.as_str(),
+                    &route.name,
+                    uri,
+                    ctx.tls,
+                    Some(&body_kind(ctx)),
+                    b,
+                ),
                 // Keyed on the whole Cookie field unless the route names its
                 // identity cookies: see `IdentityRules::identify_post`.
                 route.identity.identify_post(&ctx.headers),

@@ -320,7 +320,8 @@ struct Routed {
     accounts: Option<Arc<corral_core::caller::AccountSources>>,
     /// GET or HEAD through the cache.
     cached: bool,
-    coalesced_post: bool,
+    /// A coalesced POST or a QUERY: its content is read and keyed.
+    keyed_content: bool,
 }
 
 /// The request validated and routed, or corral's own answer to it.
@@ -351,17 +352,35 @@ fn routed(
         && route.cache_enabled
         && head.body == RequestBody::None
         && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
-    let coalesced_post =
-        head.method == Method::POST && route.cache_enabled && route.post_max_body.is_some();
+    let keyed_content = content_limit(&route, &head).is_some();
     Ok(Routed {
         route,
         head,
         body,
         accounts,
         cached,
-        coalesced_post,
+        keyed_content,
     })
 }
+
+/// How much of a request's content is read to key it: a POST on a route
+/// that coalesces them (`coalesce.post.max_body`), or a QUERY (RFC 10008)
+/// on a route that caches (the same bound, 64 KiB without one); `None`
+/// for any other request.
+fn content_limit(route: &Route, head: &RequestHead) -> Option<u64> {
+    if !route.cache_enabled {
+        return None;
+    }
+    if head.method == Method::POST {
+        return route.post_max_body;
+    }
+    head.is_query()
+        .then(|| route.post_max_body.unwrap_or(QUERY_MAX_BODY))
+}
+
+/// A QUERY's content read for its key, on a route that names no
+/// `coalesce.post.max_body`.
+const QUERY_MAX_BODY: u64 = 64 * 1024;
 
 /// A routed request that `route_now` could not answer without waiting.
 async fn route_request(
@@ -377,12 +396,12 @@ async fn route_request(
         body,
         accounts,
         cached,
-        coalesced_post,
+        keyed_content,
     } = routed;
     let (mut tallies, gate) = match accounts {
         None => (Vec::new(), None),
         Some(accounts) => {
-            let spared = cached || coalesced_post;
+            let spared = cached || keyed_content;
             match Box::pin(counted(&app, &route, &head, client, &accounts, spared)).await {
                 Ok(counted) => counted,
                 Err(refused) => return (Some(route), *refused),
@@ -486,16 +505,14 @@ async fn route_through(
     // origin request); a larger one, one the POST budget cannot hold now,
     // or a GraphQL mutation passes through on its own.
     let mut body = body;
-    if head.method == Method::POST
-        && route.cache_enabled
-        && let Some(max) = route.post_max_body
-    {
+    if let Some(max) = content_limit(&route, &head) {
         // Counted in the POST bodies' own budget and read under their own
         // deadline: stalled bodies hold no fill's memory, and not for long.
         let mut hold = app.post_memory.hold();
         match read_up_to(body, max, head.body, route.post_read_timeout, &mut hold).await {
-            // A GraphQL write reaches the origin once per request sent.
-            Read::Whole(bytes) if corral_core::graphql::may_write(&bytes) => {
+            // A GraphQL write reaches the origin once per request sent
+            // (a QUERY is safe by definition: RFC 10008 §2).
+            Read::Whole(bytes) if !head.is_query() && corral_core::graphql::may_write(&bytes) => {
                 drop(hold);
                 if let Some(g) = &gate
                     && let Err(answer) = g.admit().await
@@ -702,7 +719,9 @@ async fn forward_uncached(
             return respond::error(e.status(), fwd, e.detail(), e.received_status());
         }
     };
-    if !head.method.is_safe() && (parts.status.is_success() || parts.status.is_redirection()) {
+    if !corral_core::head::is_safe(&head.method)
+        && (parts.status.is_success() || parts.status.is_redirection())
+    {
         crate::cache::invalidate::after_write(
             &app.cache,
             &app.routes(),
