@@ -253,3 +253,107 @@ async fn an_answer_larger_than_max_object_size_is_served_whole_and_not_stored() 
     }
     assert_eq!(origin.hits("/big"), 2);
 }
+
+/// No-Vary-Search (draft-ietf-httpbis-no-vary-search-10), opted in per
+/// route: the rule of each path is learned from its answers, and the
+/// parameters it says do not matter leave the key, and the request the
+/// origin is asked (so a stored answer is always the origin's answer to
+/// exactly the URL it is stored under). What matters never shares; a
+/// path without the field, a malformed field and a route that did not
+/// opt in all keep every parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
+    let echo = |rule: &'static str| {
+        let reply = Reply::from_request(|req| format!("query:{}", req.query().unwrap_or_default()))
+            .header("cache-control", "max-age=60");
+        if rule.is_empty() {
+            reply
+        } else {
+            reply.header("no-vary-search", rule)
+        }
+    };
+    let origin = Origin::new()
+        .route("/only-id", echo(r#"params, except=("id")"#))
+        .route("/utm", echo(r#"key-order, params=("utm_source" "fbclid")"#))
+        .route("/none", echo(""))
+        .route("/malformed", echo("params=(utm_source)"))
+        .start()
+        .await;
+    let learns = Proxy::new(
+        Config::new().route(Route::new("api", origin.url()).cache("no_vary_search", "true")),
+    )
+    .start()
+    .await;
+    let client = Client::new();
+    let get = |path: &str| {
+        let client = client.clone();
+        let url = learns.url(path);
+        async move { client.get(&url).await }
+    };
+
+    // The first answer of a path teaches its rule; it was fetched and is
+    // stored under the whole query (nothing was known yet).
+    let taught = get("/only-id?id=1&x=1").await;
+    assert_eq!(taught.text(), "query:id=1&x=1");
+    // From now on only `id` is in the key, and in what the origin is asked.
+    let first = get("/only-id?x=2&id=1").await;
+    assert_eq!(first.text(), "query:id=1", "the origin is asked the key");
+    for same in ["/only-id?id=1", "/only-id?y=3&id=1&session=abc"] {
+        let answer = get(same).await;
+        assert!(
+            answer.cache_status().is_hit(),
+            "{same}: {}",
+            answer.cache_status()
+        );
+        assert_eq!(answer.text(), "query:id=1", "{same}");
+    }
+    let other = get("/only-id?id=2&x=2").await;
+    assert!(!other.cache_status().is_hit(), "{}", other.cache_status());
+    assert_eq!(other.text(), "query:id=2", "`id` matters");
+    assert_eq!(origin.hits("/only-id"), 3);
+    // A write to one of its URLs retires the entry that answers it
+    // (RFC 9111 §4.4), stored under the key the rule makes.
+    let write = client
+        .send(Method::POST, &learns.url("/only-id?x=7&id=1"), &[], None)
+        .await;
+    assert_eq!(write.status, 200);
+    let after = get("/only-id?id=1").await;
+    assert!(!after.cache_status().is_hit(), "{}", after.cache_status());
+    assert_eq!(origin.hits("/only-id"), 5, "the POST, then the GET again");
+
+    // `params=(...)`: the named ones go, encoded or not; the rest stay.
+    get("/utm?q=a").await;
+    let hit = get("/utm?utm%5Fsource=x&q=a&fbclid=y").await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(hit.text(), "query:q=a");
+    let other = get("/utm?q=b&utm_source=x").await;
+    assert_eq!(other.text(), "query:q=b");
+    let cased = get("/utm?q=a&UTM_SOURCE=x").await;
+    assert_eq!(
+        cased.text(),
+        "query:UTM_SOURCE=x&q=a",
+        "names are compared exactly"
+    );
+    assert_eq!(origin.hits("/utm"), 3);
+
+    // No field, or one that does not parse: every parameter matters.
+    for path in ["/none", "/malformed"] {
+        for query in [
+            "?a=1&utm_source=1",
+            "?a=1&utm_source=2",
+            "?a=1&utm_source=2",
+        ] {
+            get(&format!("{path}{query}")).await;
+        }
+        assert_eq!(origin.hits(path), 2, "{path}: one fetch per distinct query");
+    }
+
+    // A route that did not opt in keeps every parameter, whatever the
+    // origin says.
+    let plain = Proxy::new(Config::single(origin.url())).start().await;
+    for query in ["id=5&x=1", "id=5&x=2", "id=5&x=2"] {
+        let answer = client.get(&plain.url(&format!("/only-id?{query}"))).await;
+        assert_eq!(answer.text(), format!("query:{query}"));
+    }
+    assert_eq!(origin.hits("/only-id"), 7, "two fetches: x differs");
+}

@@ -37,6 +37,7 @@ const CACHE: &[&str] = &[
     "exchange",
     "store",
     "invalidate",
+    "rules",
     "made",
     "fill",
     "respond",

@@ -670,3 +670,102 @@ async fn a_lease_held_past_lock_age_is_taken_over_by_a_waiting_instance() {
     assert_eq!(origin.hits("/stuck"), 2);
     stuck.abort();
 }
+
+/// No-Vary-Search across instances: A learns the path's rule from the
+/// origin and records it in Redis; B, which never saw an answer of the
+/// path, reads it there on its first miss. A thousand concurrent
+/// requests on both, in 50 query strings that differ only in the
+/// parameters the rule names (and their order), are one flight for the
+/// fleet: the origin is asked once, for the URL without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_vary_search_makes_fifty_utm_variants_one_fetch_for_the_fleet() {
+    const PER_INSTANCE: usize = 500;
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/warm", Reply::ok("warm").delay(ms(300)))
+        .route(
+            "/search",
+            Reply::from_request(|req| format!("query:{}", req.query().unwrap_or_default()))
+                .header("cache-control", "max-age=60")
+                .header(
+                    "no-vary-search",
+                    r#"key-order, params=("utm_source" "utm_medium" "fbclid")"#,
+                )
+                .delay(ms(300)),
+        )
+        .start()
+        .await;
+    let config = Config::new()
+        .route(
+            Route::new("api", origin.url())
+                .path_prefix("/search")
+                .cache("no_vary_search", "true"),
+        )
+        .route(
+            Route::new("warm", origin.url())
+                .path_prefix("/warm")
+                .cache("enabled", "false"),
+        )
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+
+    // A learns the rule from one answer of the path.
+    let taught = client.get(&a.url("/search?q=teach")).await;
+    assert_eq!(taught.text(), "query:q=teach");
+    let record = wait_for_key(&redis, "*:nvs", ms(2000)).await;
+    assert_eq!(
+        redis.get_raw(&record).await.as_deref(),
+        Some(&br#"params=("fbclid" "utm_medium" "utm_source")"#[..]),
+        "the rule as recorded for every instance"
+    );
+
+    let warm_urls: Vec<String> = proxies.iter().map(|p| p.url("/warm")).collect();
+    join_all(warm_urls.iter().map(|url| client.warm(PER_INSTANCE, url))).await;
+
+    // 50 query strings: one `q`, utm values and orders that vary.
+    let variant = |i: usize| match i % 3 {
+        0 => format!("/search?utm_source=s{i}&q=shoes"),
+        1 => format!("/search?q=shoes&utm_medium=m{i}&utm_source=s{i}"),
+        _ => format!("/search?fbclid=f{i}&q=shoes&utm_medium=m{i}"),
+    };
+    let tasks: Vec<_> = (0..2 * PER_INSTANCE)
+        .map(|i| {
+            let url = [a, b][i % 2].url(&variant(i % 50));
+            let client = client.clone();
+            tokio::spawn(async move { client.get(&url).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        answers.push(task.await.expect("request task"));
+    }
+    assert_every_answer(answers.iter(), 200, "query:q=shoes");
+    assert_eq!(
+        origin.hits("/search"),
+        2,
+        "the teaching request, then one for the thousand: {:#?}",
+        tally(answers.iter())
+    );
+    let asked: Vec<Option<String>> = origin
+        .requests("/search")
+        .iter()
+        .map(|r| r.query().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        asked,
+        [Some("q=teach".to_owned()), Some("q=shoes".to_owned())]
+    );
+
+    // A parameter the rule does not name still matters, on both.
+    for (proxy, q) in [(a, "boots"), (b, "sandals")] {
+        let other = client
+            .get(&proxy.url(&format!("/search?q={q}&utm_source=x")))
+            .await;
+        assert_eq!(other.text(), format!("query:q={q}"));
+    }
+    assert_eq!(origin.hits("/search"), 4);
+    wait_no_lease(&redis, ms(2000)).await;
+}

@@ -13,20 +13,15 @@
 //! can never match and counts as a mismatch.
 
 use base64::Engine;
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
-use base64::engine::{DecodePaddingMode, general_purpose};
+use base64::engine::general_purpose;
 use http::HeaderMap;
 use http::header::HeaderName;
 use sha2::Digest as _;
 
+use crate::sf;
+
 pub static CONTENT_DIGEST: HeaderName = HeaderName::from_static("content-digest");
 pub static REPR_DIGEST: HeaderName = HeaderName::from_static("repr-digest");
-
-/// RFC 8941 §4.2.7: a parser should not fail on missing `=` padding.
-const BASE64: GeneralPurpose = GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
 
 /// A hash algorithm of the RFC 9530 registry that corral computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,17 +92,9 @@ pub fn expected(headers: &HeaderMap, whole: bool) -> Vec<Expected> {
         fields.push((&REPR_DIGEST, "repr-digest"));
     }
     for (name, field) in fields {
-        let mut lines = headers.get_all(name).iter().peekable();
-        if lines.peek().is_none() {
+        let Some(joined) = sf::joined(headers.get_all(name).iter()) else {
             continue;
-        }
-        let mut joined = Vec::new();
-        for (i, v) in lines.enumerate() {
-            if i > 0 {
-                joined.extend_from_slice(b", ");
-            }
-            joined.extend_from_slice(v.as_bytes());
-        }
+        };
         for (algorithm, value) in parse(&joined).unwrap_or_default() {
             out.push(Expected {
                 field,
@@ -137,160 +124,17 @@ pub fn verify(expected: &[Expected], body: &[u8]) -> Result<(), Mismatch> {
 /// key is an algorithm corral computes, the last of a repeated key.
 /// `None`: not such a dictionary.
 pub fn parse(raw: &[u8]) -> Option<Vec<(Algorithm, Vec<u8>)>> {
-    let mut p = Parser { s: raw, at: 0 };
-    let mut members: Vec<(String, Vec<u8>)> = Vec::new();
-    p.spaces();
-    if p.at == raw.len() {
-        return Some(Vec::new());
-    }
-    loop {
-        let key = p.key()?;
-        p.expect(b'=')?;
-        let value = p.byte_sequence()?;
-        p.parameters()?;
-        // A repeated key: its last value stands (RFC 8941 §4.2.2).
-        members.retain(|(k, _)| *k != key);
-        members.push((key, value));
-        p.ows();
-        if p.at == raw.len() {
-            break;
-        }
-        p.expect(b',')?;
-        p.ows();
-        if p.at == raw.len() {
-            // A trailing comma.
+    let members = sf::dictionary(raw)?;
+    let mut out = Vec::with_capacity(members.len());
+    for (key, value) in members {
+        let sf::Member::Item(sf::Item::ByteSequence(value)) = value else {
             return None;
+        };
+        if let Some(algorithm) = Algorithm::of(&key) {
+            out.push((algorithm, value));
         }
     }
-    Some(
-        members
-            .into_iter()
-            .filter_map(|(k, v)| Some((Algorithm::of(&k)?, v)))
-            .collect(),
-    )
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    at: usize,
-}
-
-impl Parser<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.at).copied()
-    }
-
-    fn spaces(&mut self) {
-        while self.peek() == Some(b' ') {
-            self.at += 1;
-        }
-    }
-
-    fn ows(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t')) {
-            self.at += 1;
-        }
-    }
-
-    fn expect(&mut self, b: u8) -> Option<()> {
-        (self.peek() == Some(b)).then(|| self.at += 1)
-    }
-
-    /// `key = ( lcalpha / "*" ) *( lcalpha / DIGIT / "_" / "-" / "." / "*" )`
-    fn key(&mut self) -> Option<String> {
-        let start = self.at;
-        match self.peek() {
-            Some(b'a'..=b'z' | b'*') => self.at += 1,
-            _ => return None,
-        }
-        while matches!(
-            self.peek(),
-            Some(b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*')
-        ) {
-            self.at += 1;
-        }
-        std::str::from_utf8(&self.s[start..self.at])
-            .ok()
-            .map(str::to_owned)
-    }
-
-    /// `":" *( ALPHA / DIGIT / "+" / "/" / "=" ) ":"`, decoded.
-    fn byte_sequence(&mut self) -> Option<Vec<u8>> {
-        self.expect(b':')?;
-        let start = self.at;
-        while matches!(
-            self.peek(),
-            Some(b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'+' | b'/' | b'=')
-        ) {
-            self.at += 1;
-        }
-        let encoded = &self.s[start..self.at];
-        self.expect(b':')?;
-        BASE64.decode(encoded).ok()
-    }
-
-    /// `*( ";" *SP key [ "=" bare-item ] )`, skipped: a bare item here is
-    /// a token, a number, a string, a byte sequence or a boolean.
-    fn parameters(&mut self) -> Option<()> {
-        while self.peek() == Some(b';') {
-            self.at += 1;
-            self.spaces();
-            self.key()?;
-            if self.peek() == Some(b'=') {
-                self.at += 1;
-                self.bare_item()?;
-            }
-        }
-        Some(())
-    }
-
-    fn bare_item(&mut self) -> Option<()> {
-        match self.peek()? {
-            b'"' => {
-                self.at += 1;
-                loop {
-                    match self.peek()? {
-                        b'\\' => {
-                            self.at += 1;
-                            if !matches!(self.peek()?, b'"' | b'\\') {
-                                return None;
-                            }
-                            self.at += 1;
-                        }
-                        b'"' => {
-                            self.at += 1;
-                            return Some(());
-                        }
-                        0x20..=0x7e => self.at += 1,
-                        _ => return None,
-                    }
-                }
-            }
-            b':' => self.byte_sequence().map(|_| ()),
-            b'?' => {
-                self.at += 1;
-                matches!(self.peek()?, b'0' | b'1').then(|| self.at += 1)
-            }
-            b'-' | b'0'..=b'9' => {
-                self.at += 1;
-                while matches!(self.peek(), Some(b'0'..=b'9' | b'.')) {
-                    self.at += 1;
-                }
-                Some(())
-            }
-            b'A'..=b'Z' | b'a'..=b'z' | b'*' => {
-                self.at += 1;
-                while self
-                    .peek()
-                    .is_some_and(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b))
-                {
-                    self.at += 1;
-                }
-                Some(())
-            }
-            _ => None,
-        }
-    }
+    Some(out)
 }
 
 /// `body`'s `Content-Digest` value in `algorithm` (for tests and tools).

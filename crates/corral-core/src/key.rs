@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::identity::Identity;
+use crate::no_vary_search::NoVarySearch;
 
 /// A fixed-size, process-independent digest of a key.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,7 +91,7 @@ impl QueryFilter {
     /// True when `query` is already what [`QueryFilter::normalize`] makes
     /// of it: no empty or dropped parameter, names in order. One pass over
     /// the bytes, each name read once: this runs on every hit.
-    fn in_order(&self, query: &str) -> bool {
+    fn in_order(&self, query: &str, rule: Option<&NoVarySearch>) -> bool {
         let bytes = query.as_bytes();
         let mut prev: &[u8] = &[];
         let mut start = 0;
@@ -105,7 +106,7 @@ impl QueryFilter {
             }
             let name = &pair[..pair.iter().position(|&b| b == b'=').unwrap_or(pair.len())];
             // `&` and `=` are ASCII, so `name` is whole characters.
-            if name < prev || (self.filters() && self.drops(&query[start..start + name.len()])) {
+            if name < prev || self.leaves(&query[start..start + name.len()], rule) {
                 return false;
             }
             prev = name;
@@ -119,11 +120,24 @@ impl QueryFilter {
         !self.exact.is_empty() || !self.prefixes.is_empty()
     }
 
+    /// True when the parameter `name` is left out of the key: the route
+    /// ignores it, or the origin's No-Vary-Search rule says it does not
+    /// matter.
+    fn leaves(&self, name: &str, rule: Option<&NoVarySearch>) -> bool {
+        (self.filters() && self.drops(name)) || rule.is_some_and(|r| !r.matters(name))
+    }
+
     /// The query with ignored parameters dropped and the rest sorted, so
     /// `?b=2&a=1` and `?a=1&b=2` name the same resource.
     pub fn normalize(&self, query: &str) -> String {
+        self.normalize_with(query, None)
+    }
+
+    /// [`QueryFilter::normalize`], also leaving out what `rule` says does
+    /// not matter.
+    pub fn normalize_with(&self, query: &str, rule: Option<&NoVarySearch>) -> String {
         let mut out = String::with_capacity(query.len());
-        self.normalize_into(query, &mut out);
+        self.normalize_into(query, rule, &mut out);
         out
     }
 
@@ -132,10 +146,10 @@ impl QueryFilter {
     /// origins commonly read the first (`?a=1&a=2` is not `?a=2&a=1`). A
     /// query already in order with nothing to drop (the common case) is
     /// copied as it is, without collecting and sorting its pairs.
-    fn normalize_into(&self, query: &str, out: &mut String) {
+    fn normalize_into(&self, query: &str, rule: Option<&NoVarySearch>, out: &mut String) {
         let name = |p: &str| -> usize { p.bytes().position(|b| b == b'=').unwrap_or(p.len()) };
-        let kept = |p: &&str| !p.is_empty() && !self.drops(&p[..name(p)]);
-        if self.in_order(query) {
+        let kept = |p: &&str| !p.is_empty() && !self.leaves(&p[..name(p)], rule);
+        if self.in_order(query, rule) {
             out.push_str(query);
             return;
         }
@@ -176,6 +190,18 @@ impl Eq for UriKey {}
 
 impl UriKey {
     pub fn new(host: &str, path: &str, query: Option<&str>, filter: &QueryFilter) -> Self {
+        Self::with_rule(host, path, query, filter, None)
+    }
+
+    /// [`UriKey::new`], leaving out the parameters that the origin's
+    /// No-Vary-Search `rule` for this path says do not matter.
+    pub fn with_rule(
+        host: &str,
+        path: &str,
+        query: Option<&str>,
+        filter: &QueryFilter,
+        rule: Option<&NoVarySearch>,
+    ) -> Self {
         let host = host_name(host);
         let mut readable =
             String::with_capacity(host.len() + path.len() + 1 + query.map_or(0, str::len));
@@ -187,7 +213,7 @@ impl UriKey {
         if let Some(q) = query {
             readable.push('?');
             let mark = readable.len();
-            filter.normalize_into(q, &mut readable);
+            filter.normalize_into(q, rule, &mut readable);
             // Drop the `?` only when the filter kept nothing: a `?` that
             // ends a kept value (`a=?`) is the client's and stays.
             if readable.len() == mark {
@@ -461,6 +487,47 @@ impl PrimaryKey {
 impl fmt::Debug for PrimaryKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.readable)
+    }
+}
+
+/// Where one path's No-Vary-Search rule is kept: route, scheme, host and
+/// path, without the query (the rule says what of the query matters).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PathScope(Arc<[u8]>);
+
+impl PathScope {
+    pub fn new(route: &str, host: &str, path: &str, tls: bool) -> Self {
+        let host = host_name(host);
+        let mut b = Vec::with_capacity(4 + route.len() + 1 + host.len() + path.len());
+        // Length-prefixed route; the host has no `/` and the path starts
+        // with one, so the bytes read back one way only.
+        b.extend_from_slice(&u32::try_from(route.len()).unwrap_or(u32::MAX).to_le_bytes());
+        b.extend_from_slice(route.as_bytes());
+        b.push(u8::from(tls));
+        b.extend(host.bytes().map(|c| c.to_ascii_lowercase()));
+        b.extend_from_slice(path.as_bytes());
+        PathScope(b.into())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Its name in every process (Redis).
+    pub fn digest(&self) -> Digest {
+        Digest(*blake3::hash(&self.0).as_bytes())
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for PathScope {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PathScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PathScope({})", String::from_utf8_lossy(&self.0))
     }
 }
 
@@ -825,5 +892,101 @@ mod tests {
             PrimaryKey::new("api", uri()).readable(),
             "api GET h/graphql"
         );
+    }
+
+    mod no_vary_search {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NAMES: &[&str] = &["a", "b", "utm", "%61", "a+b", "a%20b", "id", "%FF"];
+        const VALUES: &[&str] = &["", "=1", "=2", "=%31"];
+
+        fn query() -> impl Strategy<Value = String> {
+            proptest::collection::vec((0..NAMES.len(), 0..VALUES.len()), 0..6).prop_map(|pairs| {
+                pairs
+                    .into_iter()
+                    .map(|(n, v)| format!("{}{}", NAMES[n], VALUES[v]))
+                    .collect::<Vec<_>>()
+                    .join("&")
+            })
+        }
+
+        fn rule() -> impl Strategy<Value = Option<NoVarySearch>> {
+            let names = proptest::collection::vec(0..NAMES.len(), 0..4);
+            (0..3u8, names).prop_map(|(kind, picked)| {
+                let list: Vec<String> = picked
+                    .into_iter()
+                    .map(|i| format!("\"{}\"", NAMES[i]))
+                    .collect();
+                let field = match kind {
+                    0 => return None,
+                    1 => format!("params=({})", list.join(" ")),
+                    _ => format!("params, except=({})", list.join(" ")),
+                };
+                NoVarySearch::parse(field.as_bytes())
+            })
+        }
+
+        /// The pairs whose parameter matters, in the order the key keeps
+        /// them: what the origin's answer may depend on.
+        fn mattering(query: &str, rule: Option<&NoVarySearch>) -> Vec<String> {
+            let name = |p: &str| p[..p.find('=').unwrap_or(p.len())].to_owned();
+            let mut pairs: Vec<String> = query
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .filter(|p| rule.is_none_or(|r| r.matters(&name(p))))
+                .map(str::to_owned)
+                .collect();
+            pairs.sort_by_key(|p| name(p));
+            pairs
+        }
+
+        proptest! {
+            /// Two requests share a key exactly when the pairs whose
+            /// parameter matters are the same: a rule never merges
+            /// requests that differ in a parameter it says matters, and
+            /// does merge those that differ only in what it names.
+            #[test]
+            fn a_rule_shares_a_key_only_where_nothing_that_matters_differs(
+                a in query(),
+                b in query(),
+                rule in rule(),
+            ) {
+                let key = |q: &str| {
+                    UriKey::with_rule("h", "/p", Some(q), &QueryFilter::default(), rule.as_ref())
+                };
+                prop_assert_eq!(
+                    key(&a) == key(&b),
+                    mattering(&a, rule.as_ref()) == mattering(&b, rule.as_ref()),
+                    "{:?} / {:?} under {:?}", key(&a), key(&b), rule
+                );
+                // The key is the target the origin is asked for, and the
+                // same key again when made from it.
+                let target = key(&a).target().to_owned();
+                let again = UriKey::with_rule(
+                    "h",
+                    "/p",
+                    target.split_once('?').map(|(_, q)| q),
+                    &QueryFilter::default(),
+                    rule.as_ref(),
+                );
+                prop_assert_eq!(again, key(&a));
+            }
+        }
+
+        #[test]
+        fn the_names_a_rule_gives_are_compared_decoded() {
+            let rule = NoVarySearch::parse(br#"params=("utm_source" "a b")"#);
+            let key = |q: &str| {
+                UriKey::with_rule("h", "/p", Some(q), &QueryFilter::default(), rule.as_ref())
+                    .readable()
+                    .to_owned()
+            };
+            assert_eq!(key("q=1&utm_source=x"), "h/p?q=1");
+            assert_eq!(key("utm%5Fsource=x&q=1"), "h/p?q=1");
+            assert_eq!(key("a+b=1&q=1&a%20b=2"), "h/p?q=1");
+            assert_eq!(key("utm_source=x"), "h/p");
+            assert_eq!(key("UTM_SOURCE=x&q=1"), "h/p?UTM_SOURCE=x&q=1");
+        }
     }
 }

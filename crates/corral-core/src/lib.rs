@@ -30,12 +30,14 @@ pub mod hop_by_hop;
 mod identity;
 mod key;
 pub mod miss;
+mod no_vary_search;
 pub mod path;
 mod policy;
 pub mod proxy_protocol;
 pub mod range;
 pub mod rate_limit;
 pub mod rfc9111;
+mod sf;
 mod store;
 mod vary;
 pub mod xfetch;
@@ -56,7 +58,10 @@ pub use entry::{
 };
 pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult, Waiter};
 pub use identity::{Identity, IdentityRules};
-pub use key::{Digest, LocalBytes, LocalKey, PrimaryKey, QueryFilter, UriKey, VariantKey};
+pub use key::{
+    Digest, LocalBytes, LocalKey, PathScope, PrimaryKey, QueryFilter, UriKey, VariantKey,
+};
+pub use no_vary_search::{NO_VARY_SEARCH, NoVarySearch};
 pub use policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
-pub use store::{L1, L1Config};
+pub use store::{L1, L1Config, PathRule};
 pub use vary::{Vary, normalized_value};

@@ -19,7 +19,8 @@ use moka::sync::Cache;
 use crate::backoff::Backoff;
 use crate::ban::{BanList, Verdict};
 use crate::entry::{MAX_RESIDENCY, StoredResponse};
-use crate::key::{Digest, LocalKey, PrimaryKey, UriKey, VariantKey};
+use crate::key::{Digest, LocalKey, PathScope, PrimaryKey, UriKey, VariantKey};
+use crate::no_vary_search::NoVarySearch;
 use crate::vary::Vary;
 
 /// Sizing for L1.
@@ -32,7 +33,8 @@ pub struct L1Config {
 }
 
 /// The share of `memory` each side table (Vary sets, pass markers, back-off
-/// markers, generations) may hold: 1/32 each, 1/8 together.
+/// markers, generations, No-Vary-Search rules) may hold: 1/32 each, 5/32
+/// together.
 const SIDE_TABLE_SHARE: u64 = 32;
 
 /// What one side-table record costs: the 32-byte key, the value and the
@@ -119,6 +121,51 @@ impl Expiry<Digest, BackoffRecord> for BackoffExpiry {
     }
 }
 
+/// What L1 knows of one path's No-Vary-Search rule, and for how long.
+#[derive(Clone)]
+struct RuleRecord {
+    /// `None`: every parameter matters.
+    rule: Option<Arc<NoVarySearch>>,
+    keep: Duration,
+}
+
+struct RuleExpiry;
+
+impl Expiry<PathScope, RuleRecord> for RuleExpiry {
+    fn expire_after_create(&self, _: &PathScope, v: &RuleRecord, _: Instant) -> Option<Duration> {
+        Some(v.keep)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &PathScope,
+        v: &RuleRecord,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(v.keep)
+    }
+}
+
+/// What L1 knows of a path's No-Vary-Search rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRule {
+    /// Nothing: ask Redis, or learn it from the next answer.
+    Unknown,
+    /// Every parameter matters.
+    None,
+    Rule(Arc<NoVarySearch>),
+}
+
+impl PathRule {
+    pub fn rule(&self) -> Option<&NoVarySearch> {
+        match self {
+            PathRule::Rule(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 /// The in-process cache.
 pub struct L1 {
     /// Hashed with foldhash, seeded at random per process: a key is
@@ -131,6 +178,8 @@ pub struct L1 {
     /// so that the next failure counts as one more in a row.
     backoff: Cache<Digest, BackoffRecord>,
     generations: Cache<Digest, u64>,
+    /// The No-Vary-Search rule learned per path, on routes that use them.
+    rules: Cache<PathScope, RuleRecord, foldhash::quality::RandomState>,
     /// Set once any response Varied; until then `learned_vary` is free.
     any_vary: AtomicBool,
     /// Set once any key went into back-off; until then the hit path skips
@@ -167,7 +216,7 @@ impl L1 {
         let floor = Arc::new(AtomicU64::new(0));
         let listener_floor = Arc::clone(&floor);
         let side = (config.memory / SIDE_TABLE_SHARE).max(1);
-        let entries = config.memory.saturating_sub(4 * side).max(1);
+        let entries = config.memory.saturating_sub(5 * side).max(1);
         let marker_weight =
             |_: &Digest, _: &PassMarker| side_record_weight(size_of::<PassMarker>());
         L1 {
@@ -208,6 +257,15 @@ impl L1 {
                     }
                 })
                 .build(),
+            rules: Cache::builder()
+                .max_capacity(side)
+                .weigher(|k: &PathScope, v: &RuleRecord| {
+                    side_record_weight(
+                        k.as_bytes().len() + v.rule.as_deref().map_or(0, NoVarySearch::weight),
+                    )
+                })
+                .expire_after(RuleExpiry)
+                .build_with_hasher(foldhash::quality::RandomState::default()),
             clock: AtomicU64::new(1),
             any_vary: AtomicBool::new(false),
             any_backoff: AtomicBool::new(false),
@@ -344,6 +402,39 @@ impl L1 {
             self.any_vary.store(true, Ordering::Release);
             self.vary.insert(primary.digest(), vary.clone());
         }
+    }
+
+    /// What is known of `scope`'s No-Vary-Search rule.
+    pub fn path_rule(&self, scope: &PathScope) -> PathRule {
+        match self.rules.get(scope.as_bytes()) {
+            None => PathRule::Unknown,
+            Some(RuleRecord { rule: None, .. }) => PathRule::None,
+            Some(RuleRecord { rule: Some(r), .. }) => PathRule::Rule(r),
+        }
+    }
+
+    /// Records `scope`'s rule for `keep`; true when it is not what was
+    /// known before.
+    pub fn learn_path_rule(
+        &self,
+        scope: &PathScope,
+        rule: Option<NoVarySearch>,
+        keep: Duration,
+    ) -> bool {
+        let changed = match (self.path_rule(scope), &rule) {
+            (PathRule::Unknown, _) => true,
+            (PathRule::None, None) => false,
+            (PathRule::Rule(old), Some(new)) => *old != *new,
+            _ => true,
+        };
+        self.rules.insert(
+            scope.clone(),
+            RuleRecord {
+                rule: rule.map(Arc::new),
+                keep,
+            },
+        );
+        changed
     }
 
     /// True while `key` is remembered as uncacheable.

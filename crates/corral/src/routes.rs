@@ -22,6 +22,9 @@ pub struct Route {
     pub cache_enabled: bool,
     pub policy: RoutePolicy,
     pub query_filter: QueryFilter,
+    /// `cache.no_vary_search`: keys leave out what the path's learned
+    /// No-Vary-Search rule says does not matter.
+    pub no_vary_search: bool,
     pub identity: IdentityRules,
     pub coalesce: bool,
     pub lock_timeout: Duration,
@@ -127,6 +130,7 @@ impl Route {
             cache_enabled: c.enabled,
             policy,
             query_filter: QueryFilter::new(&c.ignore_query),
+            no_vary_search: c.no_vary_search,
             identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),
             coalesce: rc.coalesce.enabled,
             lock_timeout: rc.coalesce.lock_timeout,

@@ -69,6 +69,10 @@ pub async fn after_write(
         ctx.query.as_deref(),
         &route.query_filter,
     );
+    let url = (ctx.host.as_str(), ctx.path.as_str(), ctx.query.as_deref());
+    for narrowed in crate::cache::rules::narrowed(cache, route, url, &uri) {
+        everywhere(cache, &route.name, narrowed).await;
+    }
     everywhere(cache, &route.name, uri).await;
     for name in [LOCATION, CONTENT_LOCATION] {
         let Some(target) = response.get(&name).and_then(|v| v.to_str().ok()) else {
@@ -93,6 +97,10 @@ pub async fn after_write(
         };
         let target = routes.find(&ctx.host, &path).map_or(route, |r| r.as_ref());
         let key = UriKey::new(&ctx.host, &path, uri.query(), &target.query_filter);
+        let url = (ctx.host.as_str(), path.as_ref(), uri.query());
+        for narrowed in crate::cache::rules::narrowed(cache, target, url, &key) {
+            everywhere(cache, &target.name, narrowed).await;
+        }
         everywhere(cache, &target.name, key).await;
     }
 }

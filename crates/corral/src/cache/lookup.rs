@@ -11,8 +11,8 @@ use bytes::Bytes;
 use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss};
 use corral_core::{
-    CacheStatus, Detail, Digest, EntryState, Forward, Identity, LocalBytes, PrimaryKey,
-    StoredResponse, UriKey, Vary, xfetch,
+    CacheStatus, Detail, Digest, EntryState, Forward, Identity, LocalBytes, PathRule, PathScope,
+    PrimaryKey, StoredResponse, UriKey, Vary, xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -22,6 +22,7 @@ use crate::cache::fill::Cache;
 use crate::cache::fill::FillRequest;
 use crate::cache::flight::{self, Flown, Joining};
 use crate::cache::respond::{self, Answer};
+use crate::cache::rules;
 use crate::origin::interim;
 use crate::routes::Route;
 
@@ -35,7 +36,9 @@ pub trait Admit: Send + Sync {
 /// True when this caller's view of the URI is hit-for-pass: the last
 /// answer could not be stored.
 pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
-    cache.l1.is_pass(&Keys::of(route, ctx, None).pass_scope())
+    cache
+        .l1
+        .is_pass(&Keys::of(cache, route, ctx, None).pass_scope())
 }
 
 /// GET and HEAD through the cache; with `body`, a POST the route
@@ -69,7 +72,7 @@ pub fn answer_now(
     wire: bool,
 ) -> Result<Answer, Box<Missed>> {
     let mut asked = Asked {
-        keys: Keys::of(&route, &ctx, body.as_ref()),
+        keys: Keys::of(&cache, &route, &ctx, body.as_ref()),
         ctx: Head::Own(ctx),
         cache,
         route,
@@ -107,6 +110,15 @@ impl Missed {
         let head = asked.ctx.get().method == Method::HEAD;
         // An answer after a wait is built whole (it is not the hot path).
         asked.wire = false;
+        // Another instance may know the path's No-Vary-Search rule: with
+        // it, this request may be a hit, or join the flight of the key
+        // the rule makes rather than fetch a key of its own.
+        if asked.read_rule().await {
+            joining = match look(&mut asked, &miss) {
+                Looked::Answered(answer) => return answer,
+                Looked::Missed(joining) => joining,
+            };
+        }
         loop {
             // The cache cannot answer: the rate limits that spare hits
             // count this request now, once, before it fetches or waits
@@ -140,6 +152,24 @@ struct Asked {
     interim: Option<interim::Sender>,
     /// A hit may be answered as a [`respond::Wire`].
     wire: bool,
+}
+
+impl Asked {
+    /// Reads the path's No-Vary-Search rule from Redis when this
+    /// instance knows none, and makes the keys again with it; true when
+    /// they changed.
+    async fn read_rule(&mut self) -> bool {
+        let Some((scope, PathRule::Unknown)) = &self.keys.rule else {
+            return false;
+        };
+        if rules::read(&self.cache, scope).await == PathRule::Unknown {
+            return false;
+        }
+        let keys = Keys::of(&self.cache, &self.route, self.ctx.get(), self.body.as_ref());
+        let changed = keys.primary != self.keys.primary;
+        self.keys = keys;
+        changed
+    }
 }
 
 /// The request's head: its own while only this request reads it, moved
@@ -201,17 +231,25 @@ impl Head {
 struct Keys {
     primary: PrimaryKey,
     identity: Option<Identity>,
+    /// On a route that learns No-Vary-Search rules, a GET's path and what
+    /// L1 knew of its rule when the key was made.
+    rule: Option<(PathScope, PathRule)>,
 }
 
 impl Keys {
-    fn of(route: &Route, ctx: &RequestHead, body: Option<&Bytes>) -> Self {
+    fn of(cache: &Cache, route: &Route, ctx: &RequestHead, body: Option<&Bytes>) -> Self {
+        let rule = match body {
+            None => rules::known(cache, route, ctx),
+            Some(_) => None,
+        };
         // The key and (in the fill) the upstream request both come from
         // this one validated head.
-        let uri = UriKey::new(
+        let uri = UriKey::with_rule(
             &ctx.host,
             &ctx.path,
             ctx.query.as_deref(),
             &route.query_filter,
+            rule.as_ref().and_then(|(_, r)| r.rule()),
         );
         let (primary, identity) = match body {
             Some(b) => (
@@ -232,7 +270,11 @@ impl Keys {
                 route.identity.identify(&ctx.headers),
             ),
         };
-        Keys { primary, identity }
+        Keys {
+            primary,
+            identity,
+            rule,
+        }
     }
 
     /// Where this caller's hit-for-pass marker and back-off live: hashed

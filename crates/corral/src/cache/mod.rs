@@ -21,7 +21,8 @@
 //! shares: the [`Cache`] state, what a fill is given and what it
 //! produces),
 //! `respond` (answers from an entry, corral's errors) and `growing` (a
-//! body readers share as it arrives). `invalidate` is what a write or a
+//! body readers share as it arrives). `rules` is the No-Vary-Search rule
+//! learned per path that keys are made with. `invalidate` is what a write or a
 //! purge retires. The order is checked by `tests/tests/layers.rs`.
 
 pub use fill::Cache;
@@ -39,6 +40,7 @@ pub mod outcome;
 pub mod records;
 pub mod respond;
 pub mod resync;
+pub mod rules;
 pub mod shared;
 pub mod store;
 

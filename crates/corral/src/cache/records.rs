@@ -10,6 +10,7 @@ use std::sync::Arc;
 use corral_core::{EntryState, StoredResponse, VariantKey};
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest};
+use crate::cache::rules;
 use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{Probe, SharedTier};
@@ -117,6 +118,7 @@ pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     let entry = Arc::new(probe.entry.take()?);
     let key: VariantKey = fill.entry_key(&entry);
     fill.cache.l1.learn_vary(&fill.primary, entry.vary());
+    rules::learn(fill, entry.headers());
     fill.cache
         .l1
         .insert(&key, fill.primary.uri(), Arc::clone(&entry));
@@ -178,6 +180,8 @@ pub(crate) async fn publish_result(
     }
     match fetched {
         Fetched::Stored(entry) => {
+            // The path's rule, for the instances that know none yet.
+            rules::publish(fill, entry.headers()).await;
             if store(tier, fill, keys, &entry, generation).await {
                 FillNotice::Stored
             } else {

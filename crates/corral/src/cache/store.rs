@@ -138,6 +138,7 @@ pub(crate) async fn store(
     let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
+    crate::cache::rules::learn(fill, entry.headers());
     l1.clear_pass(&fill.pass_scope());
     l1.insert(
         &fill.entry_key(&entry),

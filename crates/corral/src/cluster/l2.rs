@@ -14,7 +14,7 @@ use http::header::HeaderName;
 use crate::cluster::lease;
 use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
-    STORE, millis,
+    RULE_TTL, STORE, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
@@ -363,6 +363,29 @@ impl SharedTier for L2 {
         notice: FillNotice,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::publish(self, keys, notice))
+    }
+
+    fn path_rule(&self, scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(self.layout.rule_key(scope));
+            self.link.query::<Option<String>>(&cmd).await
+        })
+    }
+
+    fn set_path_rule(&self, scope: Digest, record: String) -> BoxFuture<'_, Result<(), L2Error>> {
+        Box::pin(async move {
+            // Paused while Redis refuses writes for want of memory.
+            if self.link.writes_paused() {
+                return Ok(());
+            }
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(self.layout.rule_key(scope))
+                .arg(record)
+                .arg("PX")
+                .arg(millis(RULE_TTL));
+            self.link.query::<()>(&cmd).await
+        })
     }
 }
 

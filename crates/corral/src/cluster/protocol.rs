@@ -14,6 +14,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use corral_core::{Ban, BanTarget, Digest, Identity, PrimaryKey};
 use redis::Script;
 
+/// How long a path's No-Vary-Search record lives in Redis: each stored
+/// answer of the path writes it again.
+pub const RULE_TTL: Duration = Duration::from_secs(86400);
+
 /// How long generation, variant-set and ban records live.
 pub const RECORD_TTL: Duration = Duration::from_secs(8 * 86400);
 
@@ -71,6 +75,13 @@ impl Layout {
     /// holders scored by when their slot lapses.
     pub fn slots_key(&self, route: &str) -> String {
         format!("{}slots:{{{route}}}", self.prefix)
+    }
+
+    /// One path's No-Vary-Search rule (`PathScope::digest`), as the last
+    /// answer of the path that an instance stored said it: its own hash
+    /// tag (any slot), read with one GET.
+    pub fn rule_key(&self, scope: Digest) -> String {
+        format!("{}{{{}}}:nvs", self.prefix, scope.to_hex())
     }
 
     /// The keys of one variant of `primary`, for the caller `identity`.

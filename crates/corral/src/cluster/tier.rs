@@ -125,6 +125,16 @@ pub trait SharedTier: Send + Sync {
     /// Records a ban for every instance (those connected later read it
     /// too) and broadcasts it.
     fn publish_ban<'a>(&'a self, ban: &'a Ban) -> BoxFuture<'a, Result<(), L2Error>>;
+    /// The No-Vary-Search rule an instance recorded for the path `scope`
+    /// (`PathScope::digest`), as `NoVarySearch::record` wrote it, or `-`
+    /// for none; `Ok(None)` when nothing is recorded.
+    fn path_rule(&self, _scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// Records the rule the origin gave `scope` for every instance.
+    fn set_path_rule(&self, _scope: Digest, _record: String) -> BoxFuture<'_, Result<(), L2Error>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Announces how a fill ended to the variant's waiters.
     fn publish<'a>(
         &'a self,

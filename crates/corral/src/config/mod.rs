@@ -496,6 +496,10 @@ pub struct RouteCacheConfig {
     pub early_refresh_beta: f64,
     /// Query parameter names left out of the cache key; a trailing `*` matches a prefix.
     pub ignore_query: Vec<String>,
+    /// Learn each path's No-Vary-Search rule from the origin's answers and
+    /// leave the parameters it names out of the key (off by default: the
+    /// origin then decides what shares an entry).
+    pub no_vary_search: bool,
     /// `identity.headers`: lowercased request headers that make a response user-specific.
     pub identity_headers: Vec<String>,
     /// `identity.cookies`: request cookies that make a response user-specific.
@@ -532,6 +536,7 @@ impl Default for RouteCacheConfig {
             ttl_jitter: p.ttl_jitter_percent,
             early_refresh_beta: p.early_refresh_beta,
             ignore_query: Vec::new(),
+            no_vary_search: false,
             identity_headers: vec!["authorization".to_owned()],
             identity_cookies: Vec::new(),
             store_set_cookie: p.store_set_cookie,
@@ -766,6 +771,7 @@ routes:
       ttl_jitter: 10
       early_refresh_beta: 0
       ignore_query: [utm_*, fbclid]
+      no_vary_search: true
       identity: { headers: [Authorization, X-Api-Key], cookies: [session] }
       store_set_cookie: true
       hit_for_pass: 0s
@@ -798,6 +804,7 @@ routes:
         assert_eq!(cache.stale_if_error.default, Duration::from_secs(60));
         assert_eq!(cache.stale_if_error.max, Duration::from_secs(86_400));
         assert_eq!(cache.stale_max_ratio, Some(0.5));
+        assert!(cache.no_vary_search);
         assert_eq!(cache.ttl_jitter, 10);
         assert_eq!(cache.early_refresh_beta, 0.0);
         assert_eq!(cache.identity_headers, ["authorization", "x-api-key"]);

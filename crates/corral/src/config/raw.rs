@@ -214,6 +214,7 @@ pub struct RawRouteCache {
     pub ttl_jitter: Option<Text>,
     pub early_refresh_beta: Option<Text>,
     pub ignore_query: Option<Vec<Text>>,
+    pub no_vary_search: Option<bool>,
     pub identity: Option<RawIdentity>,
     pub store_set_cookie: Option<bool>,
     pub hit_for_pass: Option<Text>,

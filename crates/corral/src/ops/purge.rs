@@ -173,10 +173,17 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
         .ok_or("no route serves this url")?;
     let key = UriKey::new(&host, &path, uri.query(), &route.query_filter);
     let readable = key.readable().to_owned();
-    if soft {
-        crate::cache::invalidate::ban(&app.cache, BanTarget::Uri(readable.clone()), true).await;
-    } else {
-        crate::cache::invalidate::everywhere(&app.cache, &route.name, key).await;
+    // Under a No-Vary-Search rule, the entry that answers the URL is
+    // stored under the key the rule makes of it.
+    let url = (host.as_str(), path.as_ref(), uri.query());
+    let narrowed = crate::cache::rules::narrowed(&app.cache, route, url, &key);
+    for key in narrowed.into_iter().chain([key]) {
+        if soft {
+            let target = BanTarget::Uri(key.readable().to_owned());
+            crate::cache::invalidate::ban(&app.cache, target, true).await;
+        } else {
+            crate::cache::invalidate::everywhere(&app.cache, &route.name, key).await;
+        }
     }
     Ok(readable)
 }

@@ -82,6 +82,7 @@ impl Resolver<'_> {
             ttl_jitter,
             early_refresh_beta,
             ignore_query,
+            no_vary_search: raw.no_vary_search.unwrap_or(defaults.no_vary_search),
             identity_headers,
             identity_cookies,
             store_set_cookie: raw.store_set_cookie.unwrap_or(defaults.store_set_cookie),

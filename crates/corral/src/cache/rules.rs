@@ -1,0 +1,106 @@
+//! No-Vary-Search rules, learned per path on a route with
+//! `cache.no_vary_search`: from each stored answer of the path (L1, and
+//! a record in Redis for every instance), read from Redis by an instance
+//! that knows none yet, and used to make the key of every GET of the
+//! path (`UriKey::with_rule`) before it is looked up or joins a flight.
+
+use std::time::Duration;
+
+use corral_core::head::RequestHead;
+use corral_core::{NoVarySearch, PathRule, PathScope, UriKey};
+use http::{HeaderMap, Method};
+
+use crate::cache::fill::{Cache, FillRequest};
+use crate::routes::Route;
+
+/// How long L1 keeps a rule it learned (from an answer or from Redis):
+/// every stored answer of the path teaches it again.
+pub const KEEP: Duration = Duration::from_secs(3600);
+
+/// How long L1 remembers that Redis had no rule for a path, before a
+/// miss on it asks again.
+pub const KEEP_UNKNOWN: Duration = Duration::from_secs(2);
+
+/// Where the rule of `ctx`'s path is kept, if the route learns rules and
+/// the request is one they apply to (GET and HEAD).
+pub fn scope(route: &Route, ctx: &RequestHead) -> Option<PathScope> {
+    (route.no_vary_search && (ctx.method == Method::GET || ctx.method == Method::HEAD))
+        .then(|| PathScope::new(&route.name, &ctx.host, &ctx.path, ctx.tls))
+}
+
+/// What L1 knows of the rule of `ctx`'s path; `None` where rules do not
+/// apply. A request without a query has nothing for a rule to leave out
+/// and never asks.
+pub fn known(cache: &Cache, route: &Route, ctx: &RequestHead) -> Option<(PathScope, PathRule)> {
+    ctx.query.as_ref()?;
+    let scope = scope(route, ctx)?;
+    let rule = cache.l1.path_rule(&scope);
+    Some((scope, rule))
+}
+
+/// Reads the rule another instance recorded for `scope`, into L1. Errors
+/// (Redis away) leave it unknown: the key is then made without a rule,
+/// which never shares more than the origin allows.
+pub async fn read(cache: &Cache, scope: &PathScope) -> PathRule {
+    let Some(tier) = &cache.tier else {
+        return PathRule::Unknown;
+    };
+    let Ok(record) = tier.path_rule(scope.digest()).await else {
+        return PathRule::Unknown;
+    };
+    let (rule, keep) = match record {
+        // "-" (or anything unreadable) is a path whose answers name no rule.
+        Some(r) => (NoVarySearch::parse(r.as_bytes()), KEEP),
+        None => (None, KEEP_UNKNOWN),
+    };
+    cache.l1.learn_path_rule(scope, rule, keep);
+    cache.l1.path_rule(scope)
+}
+
+/// Learns the rule of an answer the fill stores (or found in Redis);
+/// true when it is not what this instance knew.
+pub fn learn(fill: &FillRequest, headers: &HeaderMap) -> bool {
+    let Some(scope) = scope(&fill.route, &fill.head) else {
+        return false;
+    };
+    fill.cache
+        .l1
+        .learn_path_rule(&scope, NoVarySearch::of(headers), KEEP)
+}
+
+/// Records the rule of an answer the fill stored for every instance.
+pub async fn publish(fill: &FillRequest, headers: &HeaderMap) {
+    let (Some(tier), Some(scope)) = (&fill.cache.tier, scope(&fill.route, &fill.head)) else {
+        return;
+    };
+    let record = NoVarySearch::of(headers).map_or_else(|| "-".to_owned(), |r| r.record());
+    if let Err(e) = tier.set_path_rule(scope.digest(), record).await {
+        tracing::debug!(route = %fill.route.name, error = %e, "No-Vary-Search rule not recorded in Redis");
+    }
+}
+
+/// The keys the rules this instance knows for the path make of `query`
+/// (for either scheme), where they differ from `plain`, the key made
+/// without one: what a write to, or a purge of, the URL must retire too,
+/// since the entry that answers it is stored under them.
+pub fn narrowed(
+    cache: &Cache,
+    route: &Route,
+    (host, path, query): (&str, &str, Option<&str>),
+    plain: &UriKey,
+) -> Vec<UriKey> {
+    let mut out: Vec<UriKey> = Vec::new();
+    if !route.no_vary_search || query.is_none() {
+        return out;
+    }
+    for tls in [false, true] {
+        let scope = PathScope::new(&route.name, host, path, tls);
+        if let PathRule::Rule(rule) = cache.l1.path_rule(&scope) {
+            let key = UriKey::with_rule(host, path, query, &route.query_filter, Some(&rule));
+            if key != *plain && !out.contains(&key) {
+                out.push(key);
+            }
+        }
+    }
+    out
+}
