@@ -1105,3 +1105,101 @@ async fn query_answers_are_cached_and_coalesced_by_their_content() {
         "the GET once, the large QUERY once"
     );
 }
+
+/// RFC 10008 with RFC 9110 §8.7: a stored QUERY answer whose
+/// Content-Location (or Location) names a GET of the same path also
+/// answers that GET, on this instance and, through Redis, on another.
+/// Never an answer private to the QUERY's caller, never another path's
+/// URI, never a GET that differs in its query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_answer_answers_the_get_its_content_location_names() {
+    use bytes::Bytes;
+    use corral_tests::{Origin, Redis, Reply};
+    use http::Method;
+    let query = Method::from_bytes(b"QUERY").expect("method");
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route_method(
+            query.clone(),
+            "/search",
+            Reply::echo_body()
+                .header("cache-control", "max-age=60")
+                .header("content-location", "/search?q=shoes"),
+        )
+        .route_method(
+            query.clone(),
+            "/elsewhere",
+            Reply::echo_body()
+                .header("cache-control", "max-age=60")
+                .header("content-location", "/search?q=elsewhere"),
+        )
+        .route(
+            "/search",
+            Reply::from_request(|req| format!("get:{}", req.query().unwrap_or_default()))
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let config = Config::single(origin.url()).redis(&redis.url());
+    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+    let ask = |url: String, headers: &'static [(&'static str, &'static str)]| {
+        let (client, query) = (client.clone(), query.clone());
+        async move {
+            let body = Bytes::from_static(b"{\"q\":\"shoes\"}");
+            client.send(query, &url, headers, Some(body)).await
+        }
+    };
+    const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
+    let asked = ask(a.url("/search"), JSON).await;
+    assert_eq!(asked.text(), "{\"q\":\"shoes\"}");
+    assert!(asked.cache_status().stored(), "{}", asked.cache_status());
+    for (proxy, name) in [(a, "A"), (b, "B")] {
+        let got = client.get(&proxy.url("/search?q=shoes")).await;
+        assert!(
+            got.cache_status().is_hit(),
+            "{name}: {}",
+            got.cache_status()
+        );
+        assert_eq!(got.text(), "{\"q\":\"shoes\"}", "{name}");
+    }
+    let gets = || {
+        origin
+            .requests("/search")
+            .iter()
+            .filter(|r| r.method == Method::GET)
+            .count()
+    };
+    assert_eq!(gets(), 0, "no GET reached the origin");
+    // Another query string is another resource.
+    assert_eq!(
+        client.get(&a.url("/search?q=boots")).await.text(),
+        "get:q=boots"
+    );
+    assert_eq!(gets(), 1);
+
+    // A QUERY on another path names /search: not its to claim.
+    ask(a.url("/elsewhere"), JSON).await;
+    let other = client.get(&a.url("/search?q=elsewhere")).await;
+    assert_eq!(other.text(), "get:q=elsewhere");
+    assert_eq!(gets(), 2);
+
+    // A QUERY answer private to its caller (Authorization, no `public`)
+    // is never a GET's: on a fresh pair, the GET goes to the origin.
+    let fresh = Proxy::new(Config::single(origin.url())).start().await;
+    const AUTHORIZED: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("authorization", "Bearer the-querys-own"),
+    ];
+    let private = ask(fresh.url("/search"), AUTHORIZED).await;
+    assert!(
+        private.cache_status().stored(),
+        "{}",
+        private.cache_status()
+    );
+    let anonymous = client.get(&fresh.url("/search?q=shoes")).await;
+    assert_eq!(anonymous.text(), "get:q=shoes");
+    assert_eq!(gets(), 3);
+}

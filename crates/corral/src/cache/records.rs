@@ -182,6 +182,14 @@ pub(crate) async fn publish_result(
         Fetched::Stored(entry) => {
             // The path's rule, for the instances that know none yet.
             rules::publish(fill, entry.headers()).await;
+            // A QUERY answer's GET aliases, written only where no
+            // invalidation ever reached them (their generation was not
+            // read: 0 is what a URI never invalidated has).
+            for (primary, key) in crate::cache::store::aliases(fill, &entry) {
+                let alias = tier.keys(&primary, key.digest, None);
+                let now = fill.cache.clock.now();
+                let _ = tier.store(&alias, &entry, 0, now).await;
+            }
             if store(tier, fill, keys, &entry, generation).await {
                 FillNotice::Stored
             } else {

@@ -104,3 +104,24 @@ pub fn narrowed(
     }
     out
 }
+
+/// The key a GET of `head`'s host and path with `query` is looked up
+/// under, with the path's rule where the route learns them.
+pub fn get_key(cache: &Cache, route: &Route, head: &RequestHead, query: Option<&str>) -> UriKey {
+    let rule = match route.no_vary_search && query.is_some() {
+        true => cache.l1.path_rule(&PathScope::new(
+            &route.name,
+            &head.host,
+            &head.path,
+            head.tls,
+        )),
+        false => PathRule::Unknown,
+    };
+    UriKey::with_rule(
+        &head.host,
+        &head.path,
+        query,
+        &route.query_filter,
+        rule.rule(),
+    )
+}

@@ -10,11 +10,11 @@ use std::time::SystemTime;
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use corral_core::{Budget, Freshness, PassReason, StoredResponse, Vary};
+use corral_core::{Budget, Freshness, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary};
 use corral_core::{Detail, Forward};
 use futures_util::StreamExt;
-use http::header::CONTENT_LENGTH;
-use http::{HeaderMap, Response, StatusCode, response};
+use http::header::{CONTENT_LENGTH, CONTENT_LOCATION, LOCATION};
+use http::{HeaderMap, Response, StatusCode, Uri, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
@@ -24,6 +24,48 @@ use crate::cache::made;
 use crate::cache::respond::Answer;
 use crate::origin::exchange::Answered;
 use crate::origin::upstream::{DeadlineBody, OriginBody, UpstreamError};
+
+/// The GET keys a stored QUERY answer is also stored under (RFC 10008):
+/// the URI its `Content-Location` names (RFC 9110 §8.7: the content
+/// is that resource's representation), else the one its `Location` names
+/// (a GET of it repeats the query), when it is on the same host and path
+/// as the QUERY (so the same route, and the same resource owner) and
+/// differs only in its query. Only a shareable answer: one private to the
+/// QUERY's caller, whose identity a GET may read differently (a QUERY is
+/// keyed on its whole Cookie field), is never a GET's.
+pub(crate) fn aliases(fill: &FillRequest, entry: &StoredResponse) -> Vec<(PrimaryKey, VariantKey)> {
+    let head = &fill.head;
+    if !head.is_query() || entry.private() || !entry.status().is_success() {
+        return Vec::new();
+    }
+    let headers = entry.headers();
+    let Some(named) = [CONTENT_LOCATION, LOCATION]
+        .iter()
+        .find_map(|name| headers.get(name))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<Uri>().ok())
+    else {
+        return Vec::new();
+    };
+    let same_host = named.authority().is_none_or(|a| {
+        corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
+            == Some(head.host.as_str())
+    });
+    let same_path = corral_core::path::normalize(named.path()).is_ok_and(|p| p == head.path);
+    if !same_host
+        || !same_path
+        || named
+            .scheme()
+            .is_some_and(|s| (s == &http::uri::Scheme::HTTPS) != head.tls)
+    {
+        return Vec::new();
+    }
+    let route = &fill.route;
+    let uri = crate::cache::rules::get_key(&fill.cache, route, head, named.query());
+    let primary = PrimaryKey::get(&route.name, uri, head.tls);
+    let key = primary.variant(None, entry.vary_values());
+    vec![(primary, key)]
+}
 
 /// What an entry is built of, besides its headers and body.
 pub(crate) struct Keep {
@@ -145,6 +187,11 @@ pub(crate) async fn store(
         fill.primary.uri(),
         Arc::clone(&entry),
     );
+    // A QUERY's answer that names the GET of its result also answers it.
+    for (primary, key) in aliases(fill, &entry) {
+        l1.learn_vary(&primary, entry.vary());
+        l1.insert(&key, primary.uri(), Arc::clone(&entry));
+    }
     if let Some(writer) = writer {
         writer.finish(entry.body());
     }
