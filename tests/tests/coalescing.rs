@@ -242,12 +242,49 @@ async fn waiters_past_the_lock_timeout_answer_504_when_told_to() {
     assert_eq!(leader.text(), "slow");
     for answer in &followers {
         assert_eq!(answer.status, 504, "followers: {:#?}", tally(&followers));
+        assert_eq!(
+            answer.header("proxy-status"),
+            Some("corral; error=http_response_timeout; details=\"lock-timeout\"")
+        );
     }
     assert!(
         waited < ms(1200),
         "the followers gave up after {waited:?}, not after the 300ms lock timeout"
     );
     assert_eq!(origin.hits("/slow"), 1);
+}
+
+/// A fill that waited the route's lock timeout for a slot of its fill
+/// limit (`coalesce.max_fills`) is refused at once, as corral's own 503:
+/// the origin never saw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_past_the_fill_limit_is_corrals_own_503() {
+    let origin = slow_origin().start().await;
+    let config = Config::new().route(
+        Route::new("api", origin.url())
+            .coalesce("lock_timeout", "300ms")
+            .coalesce("max_fills", "1"),
+    );
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let holder = {
+        let (client, url) = (client.clone(), proxy.url("/slow?k=1"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let refused = client.get(&proxy.url("/slow?k=2")).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.cache_status().detail(), Some("fill-limit"));
+    assert_eq!(
+        refused.header("proxy-status"),
+        Some("corral; error=connection_limit_reached; details=\"fill-limit\"")
+    );
+    assert_eq!(holder.await.expect("holder").text(), "slow");
+    assert_eq!(
+        origin.hits("/slow"),
+        1,
+        "the refused fill never reached the origin"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -431,6 +431,10 @@ async fn a_verified_token_names_the_account_and_a_bad_one_is_never_trusted() {
             got[0].header("www-authenticate"),
             Some("Bearer error=\"invalid_token\"")
         );
+        assert_eq!(
+            got[0].header("proxy-status"),
+            Some("corral; error=http_request_denied; details=\"invalid-token\"")
+        );
     }
     assert_eq!(origin.hits("/me"), before);
     let ok = each(
@@ -554,6 +558,10 @@ async fn redis_lost_falls_back_to_a_local_share_and_comes_back_to_shared() {
     assert_eq!(closed[0].header("retry-after"), Some("1"));
     let body: serde_json::Value = serde_json::from_slice(&closed[0].body).expect("JSON");
     assert_eq!(body["error"], "limiter_unavailable");
+    assert_eq!(
+        closed[0].header("proxy-status"),
+        Some("corral; error=proxy_internal_error; details=\"limiter-unavailable\"")
+    );
 
     // Redis back (empty): shared again, the total is the whole 20.
     redis.restart().await;
