@@ -24,10 +24,10 @@ use corral_tests::{Client, Config, DEADLINE, Proxy, Route};
 const CHUNK: usize = 64 * 1024;
 const CHUNKS: usize = 16; // 1 MiB
 
-/// An origin whose one answer (Content-Length: CHUNK × CHUNKS, cacheable,
-/// and with `varying`, `Vary: Accept-Language`) sends a chunk each time the
-/// test says so; closing the sender before the last one cuts the body
-/// short. Counts the requests it got.
+/// An origin whose one answer (Content-Length: CHUNK × CHUNKS, or chunked
+/// with `chunked`; cacheable, and with `varying`, `Vary: Accept-Language`)
+/// sends a chunk each time the test says so; closing the sender before the
+/// last one cuts the body short. Counts the requests it got.
 struct GatedOrigin {
     url: String,
     gates: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<Bytes>>>>>,
@@ -43,11 +43,25 @@ impl GatedOrigin {
         Self::with_fields(chunks, varying, Vec::new()).await
     }
 
+    /// An answer of `chunks` chunks with no Content-Length: chunked.
+    async fn chunked(chunks: usize) -> Self {
+        Self::serve(chunks, false, Vec::new(), true).await
+    }
+
     /// [`GatedOrigin::with`], its answer carrying `fields` too.
     async fn with_fields(
         chunks: usize,
         varying: bool,
         fields: Vec<(&'static str, String)>,
+    ) -> Self {
+        Self::serve(chunks, varying, fields, false).await
+    }
+
+    async fn serve(
+        chunks: usize,
+        varying: bool,
+        fields: Vec<(&'static str, String)>,
+        chunked: bool,
     ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -85,10 +99,12 @@ impl GatedOrigin {
                             },
                         );
                         let mut res = hyper::Response::new(StreamBody::new(frames));
-                        res.headers_mut().insert(
-                            "content-length",
-                            (CHUNK * chunks).to_string().parse().expect("value"),
-                        );
+                        if !chunked {
+                            res.headers_mut().insert(
+                                "content-length",
+                                (CHUNK * chunks).to_string().parse().expect("value"),
+                            );
+                        }
                         res.headers_mut()
                             .insert("cache-control", "max-age=60".parse().expect("value"));
                         if varying {
@@ -582,11 +598,13 @@ async fn a_body_that_has_its_digest_is_stored_and_one_read_whole_that_fails_it_i
                 )
                 .header("repr-digest", &sha256_field(body.as_bytes())),
         )
-        // Chunked (no length): read whole before anyone gets a byte.
+        // The first answer with a Vary: read whole before anyone gets a
+        // byte (its flight's callers were keyed without it).
         .route(
             "/bad",
             Reply::trickle(100, 3, Duration::from_millis(1))
                 .header("cache-control", "max-age=60")
+                .header("vary", "accept-language")
                 .header("repr-digest", &sha256_field(b"something else")),
         )
         .start()
@@ -617,4 +635,147 @@ async fn a_body_that_has_its_digest_is_stored_and_one_read_whole_that_fails_it_i
         ),
         Some(1.0)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Answers without a Content-Length (chunked)
+// ---------------------------------------------------------------------------
+
+/// Reads the rest of each response after its first bytes, all at once;
+/// `Err` for a body that failed.
+async fn rest_of(responses: Vec<(Vec<u8>, reqwest::Response)>) -> Vec<Result<Vec<u8>, String>> {
+    let bodies = join_all(responses.into_iter().map(|(mut got, mut res)| async move {
+        loop {
+            match res.chunk().await {
+                Ok(Some(b)) => got.extend_from_slice(&b),
+                Ok(None) => return Ok(got),
+                Err(e) => return Err(format!("{e:#}")),
+            }
+        }
+    }));
+    tokio::time::timeout(DEADLINE, bodies)
+        .await
+        .expect("every body ended")
+}
+
+/// A chunked answer streams to every caller of its flight as it arrives,
+/// as one with a Content-Length does, and is stored once complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_reaches_every_coalesced_caller_while_it_arrives() {
+    let origin = GatedOrigin::chunked(CHUNKS).await;
+    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/chunked");
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&client, &url, 100).await })
+    };
+    let gate = origin.gate(1).await;
+    for i in 0..CHUNKS / 2 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let responses = tokio::time::timeout(DEADLINE, heads)
+        .await
+        .expect("every caller got its first bytes while the origin held the rest back")
+        .expect("task");
+    assert_eq!(origin.requests(), 1);
+    assert!(
+        responses
+            .iter()
+            .all(|(_, r)| r.headers().get("content-length").is_none()),
+        "no length is made up"
+    );
+    for i in CHUNKS / 2..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    let expected = whole();
+    for body in rest_of(responses).await {
+        let body = body.expect("a whole body");
+        assert!(body == expected, "a body of {} bytes differs", body.len());
+    }
+    let hit = client.get(&url).await;
+    assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+    assert_eq!(hit.body, expected);
+    assert_eq!(origin.requests(), 1);
+}
+
+/// A chunked answer the origin cuts short (no last chunk) fails every
+/// caller that was reading it, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_cut_off_fails_every_caller_and_is_not_stored() {
+    let origin = GatedOrigin::chunked(CHUNKS).await;
+    let route = Route::new("api", origin.url.clone()).field("backoff", "{ after: 1 }");
+    let proxy = Proxy::new(Config::new().route(route)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/cut");
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&client, &url, 20).await })
+    };
+    let gate = origin.gate(1).await;
+    for i in 0..CHUNKS / 2 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let responses = heads.await.expect("task");
+    drop(gate);
+    for body in rest_of(responses).await {
+        assert!(body.is_err(), "a cut body read as complete");
+    }
+    let next = client.get(&url).await;
+    assert!(!next.cache_status().is_hit(), "{}", next.cache_status());
+    assert_eq!(
+        next.cache_status().detail(),
+        Some("backoff"),
+        "nothing stored"
+    );
+    assert_eq!(origin.requests(), 1);
+}
+
+/// A chunked answer that outgrows `max_object_size` after its readers
+/// began is passed through to them: each gets the whole body, byte for
+/// byte, nothing is stored, and the next caller fetches alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_past_the_object_size_reaches_its_readers_whole_and_is_not_stored() {
+    let origin = GatedOrigin::chunked(CHUNKS).await;
+    // 1 MiB in 64 KiB chunks against a 256 KiB object size.
+    let config = Config::single(origin.url.clone()).cache("max_object_size", "256KiB");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let url = proxy.url("/large");
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&client, &url, 20).await })
+    };
+    let gate = origin.gate(1).await;
+    gate.send(chunk(0)).expect("origin body");
+    let responses = tokio::time::timeout(DEADLINE, heads)
+        .await
+        .expect("every caller got its first bytes")
+        .expect("task");
+    let reading = tokio::spawn(rest_of(responses));
+    for i in 1..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    let expected = whole();
+    for body in reading.await.expect("task") {
+        let body = body.expect("a whole body");
+        assert!(body == expected, "a body of {} bytes differs", body.len());
+    }
+    assert_eq!(origin.requests(), 1);
+    // Not stored: the next caller fetches its own copy.
+    let next = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    let gate = origin.gate(2).await;
+    for i in 0..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    let next = next.await.expect("task");
+    assert!(!next.cache_status().is_hit(), "{}", next.cache_status());
+    assert!(next.body == expected);
+    assert_eq!(origin.requests(), 2);
 }

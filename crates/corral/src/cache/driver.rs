@@ -103,9 +103,16 @@ async fn drive(
     // A pass marker the fetch found as it ended still releases the
     // waiters before the outcome reaches them; a stream it announced is
     // moot now that the whole answer is in.
+    // A stream that outgrew the store has no other answer than the one
+    // its readers read: heard even now.
+    let passed_through = matches!(ended, Ended::Outcome(FillOutcome::Pass { .. }));
     while let Ok(event) = heard.try_recv() {
-        if let FillEvent::PassKnown = event {
-            heard_so_far.hear(event, permit, leader);
+        match event {
+            FillEvent::PassKnown => heard_so_far.hear(event, permit, leader),
+            FillEvent::Streaming(_) | FillEvent::Overflowed if passed_through => {
+                heard_so_far.hear(event, permit, leader);
+            }
+            _ => {}
         }
     }
     Some(ended)
@@ -143,6 +150,11 @@ impl Heard {
             FillEvent::PassKnown => {
                 if let Some(p) = permit.take() {
                     release(&self.key, p, PassReason::HitForPass);
+                }
+            }
+            FillEvent::Overflowed => {
+                if let Some(p) = permit.take() {
+                    release(&self.key, p, PassReason::TooLarge);
                 }
             }
         }

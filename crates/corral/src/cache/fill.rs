@@ -205,6 +205,10 @@ pub enum FillEvent {
     /// Another instance found the key uncacheable (the shared pass
     /// marker): the flight's waiters fetch on their own, now.
     PassKnown,
+    /// A streamed answer without a declared length outgrew what can be
+    /// stored: its readers read on, and everyone else (latecomers to the
+    /// flight, the waiting instances) fetches alone, now.
+    Overflowed,
 }
 
 /// The sending end of a fill's events, handed down the layers.

@@ -100,8 +100,11 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
             fits: entry.matches_vary(request),
             outcome,
         },
-        FillOutcome::Streaming { head, .. } => WaitEnd::Stored {
-            fits: head.matches_vary(request),
+        // A stream that began to pass through without being stored can
+        // no longer be read from its first byte: look again (and fetch
+        // alone, the key now being hit-for-pass).
+        FillOutcome::Streaming { head, body, .. } => WaitEnd::Stored {
+            fits: head.matches_vary(request) && body.joinable(),
             outcome,
         },
         FillOutcome::Shared { response, .. } => WaitEnd::Shared {

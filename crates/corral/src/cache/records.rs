@@ -145,19 +145,19 @@ impl Fetched {
         match ended {
             Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
             Ended::Outcome(FillOutcome::FromL2 { .. }) => Fetched::InL2,
-            Ended::Stream(..) => Fetched::Pass,
+            // A stream, or a streamed answer that outgrew what is stored.
+            Ended::Stream(..) | Ended::Outcome(FillOutcome::Pass { .. }) => Fetched::Pass,
             Ended::Outcome(FillOutcome::Shared { response, .. })
                 if !response.status.is_server_error() =>
             {
                 Fetched::Shared
             }
             // A 5xx (the origin's or corral's own), the stale copy
-            // stale-if-error served, or (never from a fetch) a pass or a
-            // stream handed out as an outcome.
+            // stale-if-error served, or (never from a fetch) a stream
+            // handed out as an outcome.
             Ended::Outcome(
                 FillOutcome::Shared { .. }
                 | FillOutcome::Stale { .. }
-                | FillOutcome::Pass { .. }
                 | FillOutcome::Streaming { .. },
             ) => Fetched::Failed,
         }

@@ -210,8 +210,11 @@ fn answer(
         (StatusCode::NOT_MODIFIED, Body::empty())
     } else if let Some(growing) = growing {
         // The head was built without its body: the length is the one
-        // being streamed.
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(growing.len()));
+        // being streamed, or none (chunked on HTTP/1.1).
+        match growing.len() {
+            Some(len) => headers.insert(CONTENT_LENGTH, HeaderValue::from(len)),
+            None => headers.remove(CONTENT_LENGTH),
+        };
         let body = if head {
             Body::empty()
         } else {

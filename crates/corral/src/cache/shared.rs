@@ -218,10 +218,12 @@ async fn lead(
         tokio::select! {
             ended = &mut fetching => break ended,
             Some(event) = heard.recv() => {
-                if let FillEvent::Declared(len) = event
-                    && len > tier.max_object_size()
-                    && let Some(held) = lease.take()
-                {
+                let too_large = match event {
+                    FillEvent::Declared(len) => len > tier.max_object_size(),
+                    FillEvent::Overflowed => true,
+                    _ => false,
+                };
+                if too_large && let Some(held) = lease.take() {
                     give_up(tier, keys, held, keep_alive.take()).await;
                 }
                 events.send(event);

@@ -140,11 +140,11 @@ pub(crate) async fn store(
     let total = fill.route.upstream.total;
     let mut hold = fill.cache.fill_memory.hold();
     // Two copies while it streams: the chunks readers share, and the
-    // entry being built.
-    let streamed =
-        streamable(fill, events, declared, &keep.vary).filter(|n| hold.grow(n.saturating_mul(2)));
-    // Held until the entry is stored; given back at once otherwise.
-    let _hold = streamed.map(|_| hold);
+    // entry being built. A body without a declared length takes its hold
+    // as it arrives.
+    let incremental = incremental(&parts.headers);
+    let streamed = streamable(fill, events, declared, &keep.vary, incremental)
+        .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
     let (bytes, writer) = match streamed {
         Some(n) => {
             let growing = Growing::new(n);
@@ -155,22 +155,51 @@ pub(crate) async fn store(
                 fwd: fill.fwd,
                 fwd_status: Some(keep.status.as_u16()),
             }));
-            match stream_into(body, &growing, n, deadline, total).await {
+            let streamed = match n {
+                Some(n) => stream_into(body, &growing, n, deadline, total)
+                    .await
+                    .map(Some),
+                None => {
+                    let limit = fill.route.policy.max_object_size;
+                    let route = fill.route.name.as_str();
+                    let room = Room {
+                        limit,
+                        hold: &mut hold,
+                        events,
+                        route,
+                    };
+                    stream_unknown(body, &growing, room, deadline, total).await
+                }
+            };
+            match streamed {
                 // The writer, dropped, aborts every reader.
                 Err(e) => return Ended::Outcome(made::failed(fill, &e)),
-                Ok(bytes) => (bytes, Some(writer)),
+                Ok(Some(bytes)) => (bytes, Some(writer)),
+                // Passed through to its readers whole; nothing to store,
+                // and the next caller fetches alone.
+                Ok(None) => {
+                    writer.passed();
+                    fill.mark_pass();
+                    return Ended::Outcome(FillOutcome::Pass {
+                        reason: PassReason::TooLarge,
+                    });
+                }
             }
         }
-        None => match read_body(fill, body, declared, deadline).await {
-            Buffered::Full(bytes) => (bytes, None),
-            Buffered::Over(reason, rest) => {
-                if reason == PassReason::TooLarge {
-                    fill.mark_pass();
+        None => {
+            // Given back at once: the buffered read takes its own.
+            drop(hold);
+            match read_body(fill, body, declared, deadline).await {
+                Buffered::Full(bytes) => (bytes, None),
+                Buffered::Over(reason, rest) => {
+                    if reason == PassReason::TooLarge {
+                        fill.mark_pass();
+                    }
+                    return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
                 }
-                return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
+                Buffered::Failed(e) => return Ended::Outcome(made::failed(fill, &e)),
             }
-            Buffered::Failed(e) => return Ended::Outcome(made::failed(fill, &e)),
-        },
+        }
     };
     // A body that is not what its digest says is never stored, and the
     // writer, dropped, aborts every reader (the last chunk was held back).
@@ -219,23 +248,120 @@ pub(crate) fn checked(
     })
 }
 
-/// The length to stream a storable answer at, if it streams: someone
-/// waits on it, its length is declared and within the route's object
-/// size, and it varies on what this URI was already known to vary on (an
-/// answer with a new Vary is read whole: the flight's callers were keyed
-/// without it, and those of another variant must wait for the stored
-/// entry to learn the Vary and coalesce on their own variant, not find
-/// the stream is not theirs and fetch alone).
+/// How a storable answer streams, if it does (`Some(None)`: without a
+/// declared length): someone waits on it, its declared length (if any)
+/// is within the route's object size, and it varies on what this URI was
+/// already known to vary on (an answer with a new Vary is read whole: the
+/// flight's callers were keyed without it, and those of another variant
+/// must wait for the stored entry to learn the Vary and coalesce on their
+/// own variant, not find the stream is not theirs and fetch alone). An
+/// `Incremental: ?1` answer (draft-ietf-httpbis-incremental) streams even
+/// when a stale copy could answer if it failed: its readers must never
+/// wait for its end.
 fn streamable(
     fill: &FillRequest,
     events: &Events,
     declared: Option<u64>,
     vary: &Vary,
-) -> Option<u64> {
-    declared
-        .filter(|n| *n > 0 && *n <= fill.route.policy.max_object_size)
-        .filter(|_| fill.streams(events))
-        .filter(|_| *vary == fill.cache.l1.learned_vary(&fill.primary))
+    incremental: bool,
+) -> Option<Option<u64>> {
+    let fits = declared.is_none_or(|n| n > 0 && n <= fill.route.policy.max_object_size);
+    (fits
+        && (fill.streams(events) || (incremental && events.streams))
+        && *vary == fill.cache.l1.learned_vary(&fill.primary))
+    .then_some(declared)
+}
+
+/// `Incremental: ?1`: each part of the answer is meant to reach the
+/// client as it arrives.
+fn incremental(headers: &HeaderMap) -> bool {
+    headers
+        .get("incremental")
+        .is_some_and(|v| v.as_bytes().trim_ascii() == b"?1")
+}
+
+/// How long a body passing through waits for a reader that holds the
+/// others back (more than the object size behind) before cutting it off.
+const PASS_THROUGH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What a body without a declared length may take while it streams.
+struct Room<'a> {
+    /// The route's object size: past it, nothing is stored.
+    limit: u64,
+    /// The fill's hold on `cache.fill_memory`.
+    hold: &'a mut corral_core::Hold,
+    events: &'a Events,
+    /// For the metrics.
+    route: &'a str,
+}
+
+/// Reads a body without a declared length, handing each chunk to the
+/// readers of `growing` as it arrives (but the last, held back until the
+/// entry is stored) and building the entry's copy alongside. `Ok(None)`
+/// when it outgrew the route's object size or the fill memory: then the
+/// copy is dropped, the body is passed through to the readers already
+/// reading (at most the object size of it held for them: see
+/// `Growing::pass_through`), and everyone else is told to fetch alone.
+async fn stream_unknown(
+    mut body: OriginBody,
+    growing: &Growing,
+    room: Room<'_>,
+    deadline: Instant,
+    total: std::time::Duration,
+) -> Result<Option<Bytes>, UpstreamError> {
+    let Room {
+        limit,
+        hold,
+        events,
+        route,
+    } = room;
+    let mut whole = Some(BytesMut::new());
+    let mut held_back: Option<Bytes> = None;
+    loop {
+        // Passing through: read on from the origin only while what the
+        // readers have yet to read is within the bound.
+        if whole.is_none() {
+            match tokio::time::timeout_at(deadline, growing.room(PASS_THROUGH_PATIENCE)).await {
+                Err(_) => return Err(UpstreamError::TotalTimeout(total)),
+                Ok(0) => {}
+                Ok(cut) => crate::telemetry::metrics::stream_readers_cut(route, cut),
+            }
+        }
+        let data = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(UpstreamError::TotalTimeout(total)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e)),
+            Ok(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => data,
+                _ => continue, // trailers are not stored
+            },
+        };
+        if let Some(copy) = &mut whole {
+            let n = data.len() as u64;
+            let fits = copy.len() as u64 + n <= limit;
+            if fits && hold.grow(n.saturating_mul(2)) {
+                copy.extend_from_slice(&data);
+                if let Some(previous) = held_back.replace(data) {
+                    growing.push(previous);
+                }
+                continue;
+            }
+            // Not to be stored: what the readers have not been given yet
+            // goes out, and from now on the body only passes through,
+            // holding for its readers no more than the fill's hold covers
+            // (the copy it no longer builds was half of it).
+            whole = None;
+            growing.pass_through(hold.held() / 2);
+            let reason = if fits { "fill-memory" } else { "too-large" };
+            crate::telemetry::metrics::stream_passed_through(route, reason);
+            if let Some(previous) = held_back.take() {
+                growing.push(previous);
+            }
+            events.send(FillEvent::Overflowed);
+        }
+        growing.push(data);
+    }
+    Ok(whole.map(BytesMut::freeze))
 }
 
 /// Reads a fill's body into memory within the route's object size, the

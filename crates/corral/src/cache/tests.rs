@@ -1670,6 +1670,7 @@ fn drained(heard: &mut tokio::sync::mpsc::UnboundedReceiver<FillEvent>) -> Vec<S
         seen.push(match event {
             FillEvent::Committed => "committed".to_owned(),
             FillEvent::Declared(n) => format!("declared {n}"),
+            FillEvent::Overflowed => "overflowed".to_owned(),
             FillEvent::Streaming(_) => "streaming".to_owned(),
             FillEvent::PassKnown => "pass-known".to_owned(),
         });

@@ -303,6 +303,20 @@ pub fn digest_mismatch(route: &str, field: &'static str) {
         .increment(1);
 }
 
+/// A streamed answer without a declared length that could not be stored
+/// (`reason`: `too-large` past the object size, `fill-memory` past
+/// `cache.fill_memory`), passed through to the readers already reading.
+pub fn stream_passed_through(route: &str, reason: &'static str) {
+    counter!("corral_streams_passed_through_total", "route" => route.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// Readers of a passing-through answer cut off for holding the others
+/// back (and the memory held for them) past their patience.
+pub fn stream_readers_cut(route: &str, n: usize) {
+    counter!("corral_stream_readers_cut_total", "route" => route.to_owned()).increment(n as u64);
+}
+
 /// A caller turned away because the key's flight had `max_waiters`
 /// callers waiting.
 pub fn wait_list_full(route: &str) {
