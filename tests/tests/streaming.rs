@@ -48,6 +48,11 @@ impl GatedOrigin {
         Self::serve(chunks, false, Vec::new(), true).await
     }
 
+    /// [`GatedOrigin::chunked`], its answer carrying `fields` too.
+    async fn chunked_with(chunks: usize, fields: Vec<(&'static str, String)>) -> Self {
+        Self::serve(chunks, false, fields, true).await
+    }
+
     /// [`GatedOrigin::with`], its answer carrying `fields` too.
     async fn with_fields(
         chunks: usize,
@@ -112,8 +117,13 @@ impl GatedOrigin {
                                 .insert("vary", "accept-language".parse().expect("value"));
                         }
                         for (name, value) in &fields {
-                            res.headers_mut()
-                                .append(*name, value.parse().expect("value"));
+                            let value = value.parse().expect("value");
+                            // A Cache-Control of the test's replaces the default.
+                            if *name == "cache-control" {
+                                res.headers_mut().insert(*name, value);
+                            } else {
+                                res.headers_mut().append(*name, value);
+                            }
                         }
                         async move { Ok::<_, Infallible>(res) }
                     });
@@ -777,5 +787,53 @@ async fn a_chunked_body_past_the_object_size_reaches_its_readers_whole_and_is_no
     let next = next.await.expect("task");
     assert!(!next.cache_status().is_hit(), "{}", next.cache_status());
     assert!(next.body == expected);
+    assert_eq!(origin.requests(), 2);
+}
+
+/// A miss that has a stale copy an origin error could serve reads its
+/// answer whole first (a streamed head could not fall back to the copy),
+/// unless the answer says `Incremental: ?1`: then it streams, and its
+/// readers get its first bytes while the origin holds the rest back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incremental_answer_streams_even_with_a_stale_copy_in_hand() {
+    let fields = vec![
+        ("cache-control", "max-age=0, stale-if-error=600".to_owned()),
+        ("incremental", "?1".to_owned()),
+    ];
+    let origin = GatedOrigin::chunked_with(4, fields).await;
+    let proxy = Proxy::new(Config::single(origin.url.clone())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/events");
+    // The first answer is stored, stale at once but good for errors.
+    let first = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    let gate = origin.gate(1).await;
+    for i in 0..4 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    let first = first.await.expect("task");
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+    assert!(first.body == whole_of(4));
+    // The next miss has that copy in hand, and still streams.
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { first_bytes(&client, &url, 5).await })
+    };
+    let gate = origin.gate(2).await;
+    gate.send(chunk(0)).expect("origin body");
+    let responses = tokio::time::timeout(DEADLINE, heads)
+        .await
+        .expect("the callers got the first bytes while the origin held the rest")
+        .expect("task");
+    for i in 1..4 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    for body in rest_of(responses).await {
+        assert!(body.expect("whole") == whole_of(4));
+    }
     assert_eq!(origin.requests(), 2);
 }

@@ -296,8 +296,10 @@ struct Room<'a> {
 }
 
 /// Reads a body without a declared length, handing each chunk to the
-/// readers of `growing` as it arrives (but the last, held back until the
-/// entry is stored) and building the entry's copy alongside. `Ok(None)`
+/// readers of `growing` as it arrives and building the entry's copy
+/// alongside. No reader can take it for complete before the fill says so
+/// (`Writer::finish`, once the entry is stored): with no length to reach,
+/// its end is that word alone. `Ok(None)`
 /// when it outgrew the route's object size or the fill memory: then the
 /// copy is dropped, the body is passed through to the readers already
 /// reading (at most the object size of it held for them: see
@@ -316,7 +318,6 @@ async fn stream_unknown(
         route,
     } = room;
     let mut whole = Some(BytesMut::new());
-    let mut held_back: Option<Bytes> = None;
     loop {
         // Passing through: read on from the origin only while what the
         // readers have yet to read is within the bound.
@@ -341,23 +342,16 @@ async fn stream_unknown(
             let fits = copy.len() as u64 + n <= limit;
             if fits && hold.grow(n.saturating_mul(2)) {
                 copy.extend_from_slice(&data);
-                if let Some(previous) = held_back.replace(data) {
-                    growing.push(previous);
-                }
-                continue;
+            } else {
+                // Not to be stored: from now on the body only passes
+                // through, holding for its readers no more than the fill's
+                // hold covers (the copy it no longer builds was half of it).
+                whole = None;
+                growing.pass_through(hold.held() / 2);
+                let reason = if fits { "fill-memory" } else { "too-large" };
+                crate::telemetry::metrics::stream_passed_through(route, reason);
+                events.send(FillEvent::Overflowed);
             }
-            // Not to be stored: what the readers have not been given yet
-            // goes out, and from now on the body only passes through,
-            // holding for its readers no more than the fill's hold covers
-            // (the copy it no longer builds was half of it).
-            whole = None;
-            growing.pass_through(hold.held() / 2);
-            let reason = if fits { "fill-memory" } else { "too-large" };
-            crate::telemetry::metrics::stream_passed_through(route, reason);
-            if let Some(previous) = held_back.take() {
-                growing.push(previous);
-            }
-            events.send(FillEvent::Overflowed);
         }
         growing.push(data);
     }
