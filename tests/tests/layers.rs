@@ -38,6 +38,7 @@ const CACHE: &[&str] = &[
     "store",
     "invalidate",
     "rules",
+    "compress",
     "made",
     "fill",
     "respond",

@@ -22,6 +22,9 @@ pub struct CacheControl {
     pub must_understand: bool,
     pub stale_while_revalidate: Option<u64>,
     pub stale_if_error: Option<u64>,
+    /// §5.2.2.6: no intermediary transforms the content (corral does not
+    /// compress it).
+    pub no_transform: bool,
 }
 
 impl CacheControl {
@@ -30,8 +33,10 @@ impl CacheControl {
         let mut cc = CacheControl::default();
         for value in headers.get_all(CACHE_CONTROL) {
             let Ok(value) = value.to_str() else {
-                // Unreadable bytes: behave as if the origin forbade storing.
+                // Unreadable bytes: behave as if the origin forbade storing
+                // (and transforming).
                 cc.no_store = true;
+                cc.no_transform = true;
                 continue;
             };
             for directive in split_directives(value) {
@@ -63,6 +68,7 @@ impl CacheControl {
             "must-revalidate" => self.must_revalidate = true,
             "proxy-revalidate" => self.proxy_revalidate = true,
             "must-understand" => self.must_understand = true,
+            "no-transform" => self.no_transform = true,
             _ => {}
         }
     }

@@ -15,6 +15,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
+use crate::coding::{Accepted, Coding};
 use crate::policy::{Freshness, Sharing};
 use crate::vary::Vary;
 
@@ -72,6 +73,11 @@ pub struct StoredResponse {
     /// The readable URI key (`host/path?query`), for prefix purges. Not
     /// part of the L2 envelope: whoever reads an entry knows its URI.
     pub(crate) uri: Arc<str>,
+    /// The same answer compressed, one entry per coding (made once, when
+    /// it is stored; an answer picks among them: [`StoredResponse::pick`]).
+    /// Not part of the L2 envelope: each instance compresses what it
+    /// stores.
+    pub(crate) encoded: Vec<(Coding, Arc<StoredResponse>)>,
 }
 
 impl StoredResponse {
@@ -101,6 +107,43 @@ impl StoredResponse {
 
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// This answer in another representation: `headers` and `body` (the
+    /// same freshness, Vary and sharing), with a Content-Length of its own.
+    pub fn representation(&self, mut headers: HeaderMap, body: Bytes) -> StoredResponse {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let answer_head = answer_head(&headers);
+        StoredResponse {
+            wire: wire_head(self.status, &answer_head),
+            answer_head,
+            headers,
+            body,
+            encoded: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The same entry, answering callers that accept one of `encoded`'s
+    /// codings with that representation (in that order of preference).
+    pub fn with_encoded(mut self, encoded: Vec<(Coding, Arc<StoredResponse>)>) -> Self {
+        self.encoded = encoded;
+        self
+    }
+
+    /// The compressed representations.
+    pub fn encoded(&self) -> &[(Coding, Arc<StoredResponse>)] {
+        &self.encoded
+    }
+
+    /// The representation to answer `request` with, when it is not this
+    /// one: the compressed one the caller accepts best.
+    #[inline]
+    pub fn pick(&self, request: &HeaderMap) -> Option<&Arc<StoredResponse>> {
+        if self.encoded.is_empty() {
+            return None;
+        }
+        Accepted::of(request)?.best(self.encoded.iter().map(|(c, e)| (*c, e)))
     }
     /// End-to-end headers as received (hop-by-hop already removed).
     pub fn headers(&self) -> &HeaderMap {
@@ -254,7 +297,12 @@ impl StoredResponse {
             + self.wire.as_ref().map_or(0, |w| heap_bytes(w.bytes.len()))
             + body
             + vary
-            + heap_bytes(self.uri.len());
+            + heap_bytes(self.uri.len())
+            + self
+                .encoded
+                .iter()
+                .map(|(_, e)| e.weight() as usize)
+                .sum::<usize>();
         u32::try_from(total).unwrap_or(u32::MAX)
     }
 
@@ -280,6 +328,8 @@ impl StoredResponse {
             sie: freshness.sie,
             sharing: freshness.sharing,
             generation,
+            // Compressed again by whoever stores the refreshed copy.
+            encoded: Vec::new(),
             ..self.clone()
         }
     }
@@ -343,6 +393,7 @@ impl StoredResponseBuilder {
             private: self.private,
             sharing: self.freshness.sharing,
             uri: Arc::from(""),
+            encoded: Vec::new(),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod caller;
 mod circuit;
 pub mod client_addr;
 mod clock;
+mod coding;
 pub mod digest;
 mod entry;
 pub mod envelope;
@@ -52,6 +53,7 @@ pub use cache_status::{
 };
 pub use circuit::{Admission, Circuit, CircuitSettings};
 pub use clock::{Clock, PausedClock, SystemClock};
+pub use coding::{Accepted, Coding, choose as choose_coding};
 pub use entry::{
     EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, VIA_1_1, compact,
     merge_not_modified,

@@ -25,6 +25,9 @@ pub struct Route {
     /// `cache.no_vary_search`: keys leave out what the path's learned
     /// No-Vary-Search rule says does not matter.
     pub no_vary_search: bool,
+    /// `compression:`: stored answers are kept compressed too, and the
+    /// origin is asked for the unencoded one.
+    pub compression: Option<crate::config::CompressionConfig>,
     pub identity: IdentityRules,
     pub coalesce: bool,
     pub lock_timeout: Duration,
@@ -131,6 +134,7 @@ impl Route {
             policy,
             query_filter: QueryFilter::new(&c.ignore_query),
             no_vary_search: c.no_vary_search,
+            compression: rc.compression.clone(),
             identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),
             coalesce: rc.coalesce.enabled,
             lock_timeout: rc.coalesce.lock_timeout,

@@ -83,11 +83,22 @@ async fn ask(
         ),
         None => (Method::GET, Body::empty(), RequestBody::None),
     };
+    let mut headers = fill_headers(&fill.head.headers, stale.filter(|_| fill.body.is_none()));
+    // A route that compresses asks for the unencoded answer, in one form
+    // whoever asked: one fill for every caller, whatever they accept. A
+    // key known to be uncacheable passes with the caller's own field (its
+    // answer reaches that caller alone, as the origin encodes it).
+    if fill.route.compression.is_some() && !fill.cache.l1.is_pass(&fill.pass_scope()) {
+        headers.insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
+    }
     let asked = Asked {
         method,
         // What is stored is exactly what was asked for.
         target: fill.primary.uri().target(),
-        headers: fill_headers(&fill.head.headers, stale.filter(|_| fill.body.is_none())),
+        headers,
         body,
         framing,
         retry: fill.body.is_none(),
@@ -262,11 +273,12 @@ fn revalidated(
         .evaluate(&Method::GET, uri, &merged_parts, response_time)
     {
         Decision::Store { freshness } => {
-            let entry = Arc::new(stale.revalidated(
-                &merged_parts.headers,
-                &freshness,
-                response_time,
-                stamp,
+            let refreshed =
+                stale.revalidated(&merged_parts.headers, &freshness, response_time, stamp);
+            let entry = Arc::new(crate::cache::compress::encode(
+                route.compression.as_ref(),
+                &route.name,
+                refreshed,
             ));
             let key = fill.entry_key(&entry);
             fill.cache

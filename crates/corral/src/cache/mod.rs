@@ -27,6 +27,7 @@
 
 pub use fill::Cache;
 
+pub mod compress;
 pub mod driver;
 pub mod exchange;
 pub mod fill;

@@ -115,7 +115,14 @@ pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     if !can_serve(fill, probe) {
         return None;
     }
-    let entry = Arc::new(probe.entry.take()?);
+    let route = &fill.route;
+    let read = probe.entry.take()?;
+    // Compressed here as when it was fetched here.
+    let entry = Arc::new(crate::cache::compress::encode(
+        route.compression.as_ref(),
+        &route.name,
+        read,
+    ));
     let key: VariantKey = fill.entry_key(&entry);
     fill.cache.l1.learn_vary(&fill.primary, entry.vary());
     rules::learn(fill, entry.headers());

@@ -152,6 +152,11 @@ pub fn hit(
     request: &HeaderMap,
     wire: bool,
 ) -> Answer {
+    // The compressed representation the caller accepts, if it has some.
+    let entry = match entry.pick(request) {
+        Some(encoded) => Arc::clone(encoded),
+        None => entry,
+    };
     if !wire || head || entry.wire_head().is_none() {
         return answer(&entry, None, status, now, head, request);
     }
@@ -197,6 +202,12 @@ fn answer(
     head: bool,
     request: &HeaderMap,
 ) -> Answer {
+    // A stored body in the compressed representation the caller accepts,
+    // if it has some (one still arriving is sent as it comes).
+    let entry = match growing {
+        None => entry.pick(request).map_or(entry, |e| &**e),
+        Some(_) => entry,
+    };
     // A copy of the entry's answer head, which has Age, Via and
     // Cache-Status in place already: two values replaced, nothing grown.
     let mut headers = entry.answer_head().clone();

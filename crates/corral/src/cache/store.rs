@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::growing::{Growing, Writer};
-use crate::cache::made;
 use crate::cache::respond::Answer;
+use crate::cache::{compress, made};
 use crate::origin::exchange::Answered;
 use crate::origin::upstream::{DeadlineBody, OriginBody, UpstreamError};
 
@@ -88,7 +88,18 @@ impl Keep {
         response_time: SystemTime,
         stamp: u64,
     ) -> Self {
-        let vary = Vary::parse(&answered.parts.headers);
+        let mut vary = Vary::parse(&answered.parts.headers);
+        // A route that compresses asked for the unencoded answer whoever
+        // asked, and picks the coding per caller itself: the callers'
+        // Accept-Encoding selects no variant.
+        if fill.route.compression.is_some()
+            && let Vary::Headers(names) = &mut vary
+        {
+            names.retain(|n| n != http::header::ACCEPT_ENCODING);
+            if names.is_empty() {
+                vary = Vary::None;
+            }
+        }
         Keep {
             status: answered.parts.status,
             private: freshness.sharing.keeps_private(fill.identity.as_ref()),
@@ -206,7 +217,13 @@ pub(crate) async fn store(
     if let Err(e) = checked(fill, &parts, &bytes) {
         return Ended::Outcome(made::failed(fill, &e));
     }
-    let entry = Arc::new(keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes)));
+    let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
+    let route = &fill.route;
+    let entry = Arc::new(compress::encode(
+        route.compression.as_ref(),
+        &route.name,
+        entry,
+    ));
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
     crate::cache::rules::learn(fill, entry.headers());

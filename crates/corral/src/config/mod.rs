@@ -396,6 +396,8 @@ const DEFAULT_BREAKER_OPEN_FOR: Duration = Duration::from_secs(2);
 pub struct RouteConfig {
     /// Unique, `[A-Za-z0-9_-]+`; used in logs, metrics and headers.
     pub name: String,
+    /// `compression:`: stored answers kept compressed too; `None`: off.
+    pub compression: Option<CompressionConfig>,
     /// `match.host`: a lowercased host name; `None` matches any host.
     pub host: Option<String>,
     /// `match.path_prefix`: starts with `/`; default `/`.
@@ -477,6 +479,39 @@ impl Default for TimeoutsConfig {
 }
 
 /// Caching policy of one route.
+/// A route's `compression:`: what stored answers are compressed in, once,
+/// when they are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressionConfig {
+    /// In the order they are preferred when a caller accepts several.
+    pub encodings: Vec<corral_core::Coding>,
+    /// Smaller bodies are kept as they are.
+    pub min_size: u64,
+    /// Media types compressed (`type/subtype`, or `type/*`), lowercased.
+    pub types: Vec<String>,
+}
+
+impl Default for CompressionConfig {
+    fn default() -> Self {
+        CompressionConfig {
+            encodings: vec![corral_core::Coding::Br, corral_core::Coding::Gzip],
+            min_size: 1024,
+            types: [
+                "application/json",
+                "application/*+json",
+                "application/javascript",
+                "application/xml",
+                "application/*+xml",
+                "application/x-ndjson",
+                "image/svg+xml",
+                "text/*",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RouteCacheConfig {
     /// Whether responses of this route are cached at all.

@@ -185,6 +185,15 @@ pub struct RawRoute {
     pub upstream_http2: Option<bool>,
     pub upstream_concurrency: Option<Text>,
     pub upstream_queue_timeout: Option<Text>,
+    pub compression: Option<Spanned<RawCompression>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompression {
+    pub encodings: Option<Vec<Text>>,
+    pub min_size: Option<Text>,
+    pub types: Option<Vec<Text>>,
 }
 
 #[derive(Debug, Deserialize)]

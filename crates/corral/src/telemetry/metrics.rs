@@ -317,6 +317,21 @@ pub fn stream_readers_cut(route: &str, n: usize) {
     counter!("corral_stream_readers_cut_total", "route" => route.to_owned()).increment(n as u64);
 }
 
+/// An answer compressed in `coding` when it was stored: its bytes before
+/// and after.
+pub fn compressed(route: &str, coding: &'static str, before: usize, after: usize) {
+    counter!("corral_compression_bytes_in_total", "route" => route.to_owned(), "coding" => coding)
+        .increment(before as u64);
+    counter!("corral_compression_bytes_out_total", "route" => route.to_owned(), "coding" => coding)
+        .increment(after as u64);
+}
+
+/// Time spent compressing stored answers (every coding of one answer).
+pub fn compression_time(route: &str, took: Duration) {
+    counter!("corral_compression_microseconds_total", "route" => route.to_owned())
+        .increment(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+}
+
 /// A caller turned away because the key's flight had `max_waiters`
 /// callers waiting.
 pub fn wait_list_full(route: &str) {

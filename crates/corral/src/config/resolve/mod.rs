@@ -12,6 +12,7 @@
 mod cache;
 mod callers;
 mod coalesce;
+mod compression;
 mod limits;
 mod origin_failure;
 mod redis;

@@ -100,6 +100,10 @@ impl Resolver<'_> {
             )
             .duration_or(DEFAULT_UPSTREAM_QUEUE_TIMEOUT)?
             .positive()?;
+        let compression = match &raw.compression {
+            Some(c) => Some(self.compression(c, prefix)?),
+            None => None,
+        };
         let upstream_http2 = raw.upstream_http2.unwrap_or(false);
         if upstream_http2 && tls.is_none() {
             return Err(self.error(
@@ -109,6 +113,7 @@ impl Resolver<'_> {
             ));
         }
         Ok(RouteConfig {
+            compression,
             upstream_http2,
             upstreams,
             balance,

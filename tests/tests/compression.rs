@@ -1,0 +1,366 @@
+//! Compression on a route with `compression:`: the origin is asked once,
+//! for the unencoded answer, whatever the callers accept; each caller gets
+//! the stored coding it accepts best (decoded here and compared with the
+//! origin's bytes), and a hit copies, never compresses. What must not be
+//! compressed (no-transform, already encoded, too small, a type that is
+//! not compressible) never is.
+
+use std::io::Read;
+use std::time::Duration;
+
+use corral_tests::lifecycle::scrape;
+use corral_tests::{Answer, Client, Config, Origin, Proxy, Reply, Route, RunningOrigin, tally};
+
+/// A JSON document of about 20 KiB.
+fn document() -> String {
+    let items: Vec<String> = (0..200)
+        .map(|i| format!("{{\"id\":{i},\"name\":\"item {i}\",\"tags\":[\"cache\",\"proxy\"]}}"))
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// The answer's body decoded from its Content-Encoding.
+fn decoded(a: &Answer) -> Vec<u8> {
+    let mut out = Vec::new();
+    match a.header("content-encoding") {
+        None => out = a.body.to_vec(),
+        Some("gzip") => {
+            flate2::read::GzDecoder::new(&a.body[..])
+                .read_to_end(&mut out)
+                .expect("gzip");
+        }
+        Some("br") => {
+            brotli::Decompressor::new(&a.body[..], 4096)
+                .read_to_end(&mut out)
+                .expect("br");
+        }
+        Some("zstd") => out = zstd::decode_all(&a.body[..]).expect("zstd"),
+        Some(other) => panic!("a coding corral does not make: {other}"),
+    }
+    out
+}
+
+/// The coding a caller with this Accept-Encoding gets of zstd, br, gzip.
+fn best(accept: Option<&str>) -> Option<&'static str> {
+    match accept {
+        Some("gzip, deflate, br, zstd") => Some("zstd"),
+        Some("gzip") => Some("gzip"),
+        Some("br;q=1.0, gzip;q=0.8") => Some("br"),
+        _ => None,
+    }
+}
+
+fn compressing(origin: &RunningOrigin, encodings: &str) -> Config {
+    Config::new().route(
+        Route::new("api", origin.url())
+            .field("compression", &format!("{{ encodings: {encodings} }}")),
+    )
+}
+
+async fn compressed_in(proxy: &corral_tests::RunningProxy) -> f64 {
+    scrape(proxy)
+        .await
+        .sum("corral_compression_bytes_in_total", &[])
+}
+
+/// The issue's stampede: 1,000 callers with five different
+/// Accept-Encoding fields on a cold key are one origin request, asked
+/// unencoded; each gets a body it accepts that decodes to the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stampede_in_five_accept_encodings_is_one_fetch_and_every_body_decodes() {
+    const ACCEPTS: [Option<&str>; 5] = [
+        Some("gzip, deflate, br, zstd"),
+        Some("gzip"),
+        Some("br;q=1.0, gzip;q=0.8"),
+        Some("identity"),
+        None,
+    ];
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/catalog",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\"")
+                .delay(Duration::from_millis(300)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
+        .start()
+        .await;
+    let client = Client::new();
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let (client, url) = (client.clone(), proxy.url("/catalog"));
+            let accept = ACCEPTS[i % ACCEPTS.len()];
+            tokio::spawn(async move {
+                let headers: Vec<(&str, &str)> =
+                    accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+                (accept, client.get_with(&url, &headers).await)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.expect("task"));
+    }
+    assert_eq!(
+        origin.hits("/catalog"),
+        1,
+        "{:#?}",
+        tally(answers.iter().map(|(_, a)| a))
+    );
+    let asked = origin.requests("/catalog");
+    assert_eq!(asked[0].header("accept-encoding"), Some("identity"));
+    for (accept, a) in &answers {
+        assert_eq!(a.status, 200);
+        assert!(decoded(a) == doc.as_bytes(), "{accept:?}: the body differs");
+        let coding = a.header("content-encoding");
+        // The flight's callers read the answer as it arrived, unencoded
+        // (it is compressed once it is whole); a later one gets the
+        // coding it accepts best. Never one it did not accept.
+        assert!(
+            coding.is_none() || coding == best(*accept),
+            "{accept:?} got {coding:?}"
+        );
+        assert_eq!(
+            a.header("content-length").map(str::to_owned),
+            Some(a.body.len().to_string())
+        );
+    }
+    // Hits copy: nothing more is compressed for them.
+    let before = compressed_in(&proxy).await;
+    assert!(before > 0.0);
+    for accept in ACCEPTS {
+        let headers: Vec<(&str, &str)> =
+            accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+        let hit = client.get_with(&proxy.url("/catalog"), &headers).await;
+        assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+        assert_eq!(hit.header("content-encoding"), best(accept), "{accept:?}");
+        assert!(decoded(&hit) == doc.as_bytes());
+    }
+    assert_eq!(compressed_in(&proxy).await, before, "a hit compressed");
+}
+
+/// `curl --compressed` and plain `curl` from one stored entry: the one
+/// gets br (the default order prefers it), the other the origin's bytes;
+/// each representation has its own ETag, conditionals and ranges are
+/// answered on the representation served, and every one says
+/// `Vary: Accept-Encoding`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json; charset=utf-8")
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\""),
+        )
+        .start()
+        .await;
+    let config = Config::new().route(Route::new("api", origin.url()).field("compression", "{}"));
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    let first = client.get(&url).await;
+    assert_eq!(first.body, doc.as_bytes());
+    let compressed = client
+        .get_with(&url, &[("accept-encoding", "deflate, gzip, br")])
+        .await;
+    assert!(
+        compressed.cache_status().is_hit(),
+        "{}",
+        compressed.cache_status()
+    );
+    assert_eq!(compressed.header("content-encoding"), Some("br"));
+    assert_eq!(compressed.header("etag"), Some("\"v1-br\""));
+    assert!(decoded(&compressed) == doc.as_bytes());
+    let plain = client.get(&url).await;
+    assert!(plain.cache_status().is_hit(), "{}", plain.cache_status());
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(plain.header("etag"), Some("\"v1\""));
+    assert_eq!(plain.body, doc.as_bytes());
+    for a in [&compressed, &plain] {
+        assert!(
+            a.header("vary")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("accept-encoding")),
+            "{:?}",
+            a.header("vary")
+        );
+    }
+    let gzip = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
+    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
+    // Conditionals: each representation by its own ETag.
+    let not_modified = client
+        .get_with(
+            &url,
+            &[
+                ("accept-encoding", "gzip"),
+                ("if-none-match", "\"v1-gzip\""),
+            ],
+        )
+        .await;
+    assert_eq!(not_modified.status, 304);
+    let other = client
+        .get_with(
+            &url,
+            &[("accept-encoding", "gzip"), ("if-none-match", "\"v1\"")],
+        )
+        .await;
+    assert_eq!(
+        other.status, 200,
+        "the unencoded ETag is not the gzip one's"
+    );
+    // A range of the representation served.
+    let ranged = client
+        .get_with(&url, &[("accept-encoding", "gzip"), ("range", "bytes=0-9")])
+        .await;
+    assert_eq!(ranged.status, 206);
+    assert_eq!(ranged.body, gzip.body.slice(0..10));
+    assert_eq!(origin.hits("/doc"), 1);
+}
+
+/// What is never compressed: `no-transform`, an answer the origin encoded
+/// itself (not encoded twice), one under `min_size`, and one whose type is
+/// not listed. Each reaches a caller that accepts gzip as the origin sent
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_must_not_be_compressed_never_is() {
+    let doc = document();
+    let gzipped = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(doc.as_bytes()).expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let json = |body: Vec<u8>| {
+        Reply::ok(body)
+            .header("content-type", "application/json")
+            .header("cache-control", "max-age=60")
+    };
+    let origin = Origin::new()
+        .route(
+            "/no-transform",
+            json(doc.clone().into_bytes()).header("cache-control", "max-age=60, no-transform"),
+        )
+        .route(
+            "/encoded",
+            json(gzipped.clone()).header("content-encoding", "gzip"),
+        )
+        .route("/small", json(b"{\"ok\":true}".to_vec()))
+        .route(
+            "/png",
+            Reply::ok(doc.clone())
+                .header("content-type", "image/png")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[gzip]")).start().await;
+    let client = Client::new();
+    for (path, body, coding) in [
+        ("/no-transform", doc.as_bytes().to_vec(), None),
+        ("/encoded", gzipped.clone(), Some("gzip")),
+        ("/small", b"{\"ok\":true}".to_vec(), None),
+        ("/png", doc.as_bytes().to_vec(), None),
+    ] {
+        for round in 0..2 {
+            let a = client
+                .get_with(&proxy.url(path), &[("accept-encoding", "gzip")])
+                .await;
+            assert_eq!(a.status, 200, "{path}");
+            assert_eq!(a.header("content-encoding"), coding, "{path} round {round}");
+            assert!(
+                a.body == body,
+                "{path} round {round}: the origin's bytes, as sent"
+            );
+        }
+    }
+    assert_eq!(compressed_in(&proxy).await, 0.0, "nothing was compressed");
+}
+
+/// A mistake in `compression:` names its field, and `corral check`
+/// refuses the file.
+#[tokio::test]
+async fn a_compression_mistake_names_its_field() {
+    for (value, field, says) in [
+        (
+            "{ encodings: [deflate] }",
+            "routes[0].compression.encodings[0]",
+            "not a coding",
+        ),
+        (
+            "{ encodings: [gzip, gzip] }",
+            "routes[0].compression.encodings[1]",
+            "listed twice",
+        ),
+        (
+            "{ encodings: [] }",
+            "routes[0].compression.encodings",
+            "no coding",
+        ),
+        (
+            "{ types: [json] }",
+            "routes[0].compression.types[0]",
+            "not a media type",
+        ),
+        (
+            "{ min_size: lots }",
+            "routes[0].compression.min_size",
+            "lots",
+        ),
+        ("{ level: 9 }", "level", "unknown"),
+    ] {
+        let config = Config::new()
+            .route(Route::new("api", "http://127.0.0.1:9").field("compression", value))
+            .render(
+                "127.0.0.1:18080".parse().expect("addr"),
+                "127.0.0.1:18081".parse().expect("addr"),
+            );
+        let (status, stderr) = corral_tests::corral_check(&config).await;
+        assert!(!status.success(), "{value}: accepted");
+        assert!(
+            stderr.contains(field) && stderr.contains(says),
+            "{value}: {stderr}"
+        );
+    }
+}
+
+/// An uncacheable answer is not compressed; once its key is known to be
+/// uncacheable, the origin is asked with the caller's own
+/// Accept-Encoding (its answer goes to that caller alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncacheable_key_passes_with_the_callers_own_accept_encoding() {
+    let origin = Origin::new()
+        .route(
+            "/private",
+            Reply::ok(document())
+                .header("content-type", "application/json")
+                .header("cache-control", "no-store"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[gzip]")).start().await;
+    let client = Client::new();
+    for _ in 0..2 {
+        let a = client
+            .get_with(&proxy.url("/private"), &[("accept-encoding", "gzip")])
+            .await;
+        assert_eq!(a.header("content-encoding"), None);
+        assert_eq!(a.body, document().as_bytes());
+    }
+    let asked: Vec<Option<String>> = origin
+        .requests("/private")
+        .iter()
+        .map(|r| r.header("accept-encoding").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        asked,
+        [Some("identity".to_owned()), Some("gzip".to_owned())],
+        "the fill asks unencoded; the known pass asks as its caller did"
+    );
+}
