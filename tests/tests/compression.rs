@@ -227,7 +227,7 @@ async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators(
 /// What is never compressed: `no-transform`, an answer the origin encoded
 /// itself (not encoded twice), one under `min_size`, and one whose type is
 /// not listed. Each reaches a caller that accepts gzip as the origin sent
-/// it.
+/// it (decoding is not compressing: the counters stay at zero).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_must_not_be_compressed_never_is() {
     let doc = document();
@@ -363,4 +363,76 @@ async fn an_uncacheable_key_passes_with_the_callers_own_accept_encoding() {
         [Some("identity".to_owned()), Some("gzip".to_owned())],
         "the fill asks unencoded; the known pass asks as its caller did"
     );
+}
+
+/// An origin that encodes its answer although it was asked for none: the
+/// answer is kept as it came for callers that accept its coding, and
+/// decoded once for every other caller (with a weak ETag: the same
+/// content, not the same bytes). One it cannot decode within
+/// `max_object_size` (a decompression bomb) is never stored: only the
+/// caller it was fetched for gets it, and the next one fetches its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_origin_encoded_anyway_reaches_only_callers_that_accept_it() {
+    use std::io::Write;
+    let gzip = |body: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(body).expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let doc = document();
+    let sent = gzip(doc.as_bytes());
+    let bomb = gzip(&vec![0u8; 4 * 1024 * 1024]);
+    let origin = Origin::new()
+        .route(
+            "/gzipped",
+            Reply::ok(sent.clone())
+                .header("content-type", "application/json")
+                .header("content-encoding", "gzip")
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"e1\""),
+        )
+        .route(
+            "/bomb",
+            Reply::ok(bomb.clone())
+                .header("content-type", "application/json")
+                .header("content-encoding", "gzip")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let config = compressing(&origin, "[gzip]").cache("max_object_size", "1MiB");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    let url = proxy.url("/gzipped");
+    let first = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    assert!(first.body == sent);
+    for accept in [None, Some("br"), Some("identity"), Some("gzip;q=0, *")] {
+        let headers: Vec<(&str, &str)> =
+            accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+        let a = client.get_with(&url, &headers).await;
+        assert!(
+            a.cache_status().is_hit(),
+            "{accept:?}: {}",
+            a.cache_status()
+        );
+        assert_eq!(a.header("content-encoding"), None, "{accept:?}");
+        assert_eq!(a.body, doc.as_bytes(), "{accept:?}");
+        assert_eq!(a.header("etag"), Some("W/\"e1\""), "{accept:?}");
+    }
+    let again = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert!(again.body == sent, "the origin's bytes, as sent");
+    assert_eq!(again.header("etag"), Some("\"e1\""));
+    assert_eq!(origin.hits("/gzipped"), 1);
+
+    let bomb_url = proxy.url("/bomb");
+    let caller = client
+        .get_with(&bomb_url, &[("accept-encoding", "gzip")])
+        .await;
+    assert!(caller.body == bomb, "its caller gets it as sent");
+    assert_eq!(caller.cache_status().detail(), Some("undecodable"));
+    let plain = client.get(&bomb_url).await;
+    assert!(!plain.cache_status().is_hit(), "{}", plain.cache_status());
+    assert_eq!(origin.hits("/bomb"), 2, "never stored");
 }

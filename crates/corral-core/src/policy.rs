@@ -148,6 +148,11 @@ pub enum PassReason {
     /// `Content-Encoding: dcb` or `dcz`) without `Vary: Available-Dictionary`:
     /// only that caller can decode it, so it is neither stored nor shared.
     DictionaryCompressed,
+    /// Encoded by the origin on a route that compresses (which asked it
+    /// for none), in a coding corral cannot decode within the object size:
+    /// only callers that accept the coding could read it, so it is
+    /// neither stored nor shared.
+    Undecodable,
 }
 
 impl PassReason {
@@ -165,6 +170,7 @@ impl PassReason {
             PassReason::FillMemory => "fill-memory",
             PassReason::ConflictingFraming => "conflicting-framing",
             PassReason::DictionaryCompressed => "dictionary-compressed",
+            PassReason::Undecodable => "undecodable",
         }
     }
 }

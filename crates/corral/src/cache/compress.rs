@@ -24,17 +24,28 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use crate::config::CompressionConfig;
 
 /// `entry`, with its compressed representations when the route
-/// compresses and the answer is compressible; as it was otherwise.
+/// compresses and the answer is compressible; as it was otherwise. `Err`:
+/// the origin encoded it in a coding corral cannot decode within `limit`,
+/// and it must not be stored (see [`PassReason::Undecodable`]).
+///
+/// [`PassReason::Undecodable`]: corral_core::PassReason::Undecodable
 pub fn encode(
     config: Option<&CompressionConfig>,
     route: &str,
     entry: StoredResponse,
-) -> StoredResponse {
+    limit: u64,
+) -> Result<StoredResponse, Box<StoredResponse>> {
     let Some(config) = config else {
-        return entry;
+        return Ok(entry);
     };
+    if encoded_by_origin(&entry) {
+        return match origin_coding(&entry) {
+            Some(coding) => decoded(entry, coding, limit),
+            None => Err(Box::new(entry)),
+        };
+    }
     if !compressible(config, &entry) {
-        return entry;
+        return Ok(entry);
     }
     let started = Instant::now();
     let body = entry.body();
@@ -56,12 +67,94 @@ pub fn encode(
     }
     crate::telemetry::metrics::compression_time(route, started.elapsed());
     if encoded.is_empty() {
-        return entry;
+        return Ok(entry);
     }
     let body = entry.body().clone();
-    entry
+    Ok(entry
         .representation(identity_headers, body)
-        .with_encoded(encoded)
+        .with_encoded(encoded))
+}
+
+/// True when the answer has a Content-Encoding other than identity.
+fn encoded_by_origin(entry: &StoredResponse) -> bool {
+    has_coding(entry.headers())
+}
+
+/// True when `headers` name a Content-Encoding other than identity.
+pub fn has_coding(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"))
+}
+
+/// The one coding corral knows that the origin encoded its answer in
+/// (though it was asked for none).
+fn origin_coding(entry: &StoredResponse) -> Option<Coding> {
+    let mut codings = entry.headers().get_all(CONTENT_ENCODING).iter();
+    let only = codings.next()?;
+    if codings.next().is_some() {
+        return None;
+    }
+    Coding::from_name(only.to_str().ok()?.trim())
+}
+
+/// An answer the origin encoded anyway, kept as it came for the callers
+/// that accept its coding, beside its decoded bytes for every other caller
+/// (never sent a coding it did not accept). The decoded body is bounded
+/// by `limit` (the route's object size): past it, or if it does not
+/// decode, `Err` gives the entry back as it was.
+fn decoded(
+    entry: StoredResponse,
+    coding: Coding,
+    limit: u64,
+) -> Result<StoredResponse, Box<StoredResponse>> {
+    let Some(body) = decompress(coding, entry.body(), limit) else {
+        return Err(Box::new(entry));
+    };
+    let mut as_sent = entry.headers().clone();
+    add_vary(&mut as_sent);
+    let mut plain = as_sent.clone();
+    plain.remove(CONTENT_ENCODING);
+    plain.remove(corral_core::digest::CONTENT_DIGEST.clone());
+    plain.remove(corral_core::digest::REPR_DIGEST.clone());
+    // The origin's validator names its encoded bytes; the decoded ones
+    // are the same content, not the same bytes: a weak validator.
+    if let Some(weak) = plain
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(|t| {
+            if t.starts_with("W/") {
+                t.to_owned()
+            } else {
+                format!("W/{t}")
+            }
+        })
+        .and_then(|t| HeaderValue::from_str(&t).ok())
+    {
+        plain.insert(ETAG, weak);
+    }
+    let original = entry.representation(as_sent, entry.body().clone());
+    Ok(entry
+        .representation(plain, Bytes::from(body))
+        .with_encoded(vec![(coding, Arc::new(original))]))
+}
+
+/// `body` decoded from `coding`, if it decodes to at most `limit` bytes.
+fn decompress(coding: Coding, body: &[u8], limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let read = match coding {
+        Coding::Gzip => flate2::read::MultiGzDecoder::new(body)
+            .take(limit + 1)
+            .read_to_end(&mut out),
+        Coding::Br => brotli::Decompressor::new(body, 4096)
+            .take(limit + 1)
+            .read_to_end(&mut out),
+        Coding::Zstd => zstd::stream::read::Decoder::new(body)
+            .and_then(|d| d.take(limit + 1).read_to_end(&mut out)),
+    };
+    (read.is_ok() && out.len() as u64 <= limit).then_some(out)
 }
 
 /// True when the answer is one the route compresses.
@@ -69,9 +162,6 @@ fn compressible(config: &CompressionConfig, entry: &StoredResponse) -> bool {
     let h = entry.headers();
     entry.status() == StatusCode::OK
         && (entry.body().len() as u64) >= config.min_size
-        && h.get_all(CONTENT_ENCODING)
-            .iter()
-            .all(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"))
         && !h.contains_key(CONTENT_RANGE)
         && !CacheControl::parse(h).no_transform
         && h.get(CONTENT_TYPE)

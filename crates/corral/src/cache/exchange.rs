@@ -275,11 +275,16 @@ fn revalidated(
         Decision::Store { freshness } => {
             let refreshed =
                 stale.revalidated(&merged_parts.headers, &freshness, response_time, stamp);
-            let entry = Arc::new(crate::cache::compress::encode(
-                route.compression.as_ref(),
-                &route.name,
-                refreshed,
-            ));
+            // What was stored was decoded or unencoded: it encodes again.
+            let entry = Arc::new(
+                crate::cache::compress::encode(
+                    route.compression.as_ref(),
+                    &route.name,
+                    refreshed,
+                    route.policy.max_object_size,
+                )
+                .unwrap_or_else(|refreshed| *refreshed),
+            );
             let key = fill.entry_key(&entry);
             fill.cache
                 .l1

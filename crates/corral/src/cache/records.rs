@@ -117,12 +117,17 @@ pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     }
     let route = &fill.route;
     let read = probe.entry.take()?;
-    // Compressed here as when it was fetched here.
-    let entry = Arc::new(crate::cache::compress::encode(
-        route.compression.as_ref(),
-        &route.name,
-        read,
-    ));
+    // Compressed here as when it was fetched here (one no instance could
+    // store is fetched again rather than served).
+    let entry = Arc::new(
+        crate::cache::compress::encode(
+            route.compression.as_ref(),
+            &route.name,
+            read,
+            route.policy.max_object_size,
+        )
+        .ok()?,
+    );
     let key: VariantKey = fill.entry_key(&entry);
     fill.cache.l1.learn_vary(&fill.primary, entry.vary());
     rules::learn(fill, entry.headers());

@@ -91,8 +91,16 @@ impl Keep {
         let mut vary = Vary::parse(&answered.parts.headers);
         // A route that compresses asked for the unencoded answer whoever
         // asked, and picks the coding per caller itself: the callers'
-        // Accept-Encoding selects no variant.
+        // Accept-Encoding selects no variant. An origin that encoded its
+        // answer anyway keeps its Vary.
+        let unencoded = answered
+            .parts
+            .headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .all(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
         if fill.route.compression.is_some()
+            && unencoded
             && let Vary::Headers(names) = &mut vary
         {
             names.retain(|n| n != http::header::ACCEPT_ENCODING);
@@ -154,7 +162,11 @@ pub(crate) async fn store(
     // entry being built. A body without a declared length takes its hold
     // as it arrives.
     let incremental = incremental(&parts.headers);
+    // On a route that compresses, an answer the origin encoded anyway
+    // reaches only callers that accept its coding: never streamed to all.
+    let encoded = fill.route.compression.is_some() && compress::has_coding(&parts.headers);
     let streamed = streamable(fill, events, declared, &keep.vary, incremental)
+        .filter(|_| !encoded)
         .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
     let (bytes, writer) = match streamed {
         Some(n) => {
@@ -219,11 +231,22 @@ pub(crate) async fn store(
     }
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
     let route = &fill.route;
-    let entry = Arc::new(compress::encode(
-        route.compression.as_ref(),
-        &route.name,
-        entry,
-    ));
+    let limit = route.policy.max_object_size;
+    let entry = match compress::encode(route.compression.as_ref(), &route.name, entry, limit) {
+        Ok(entry) => Arc::new(entry),
+        // Encoded by the origin past what corral can undo: only its
+        // caller gets it.
+        Err(entry) => {
+            fill.mark_pass();
+            let reason = PassReason::Undecodable;
+            let mut head = Response::new(());
+            *head.status_mut() = entry.status();
+            *head.headers_mut() = entry.headers().clone();
+            let (parts, ()) = head.into_parts();
+            let body = Body::from(entry.body().clone());
+            return Ended::Stream(reason, pass_response(parts, body, fill.fwd, reason));
+        }
+    };
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
     crate::cache::rules::learn(fill, entry.headers());
