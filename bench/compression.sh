@@ -119,17 +119,18 @@ done
 
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # utime + stime, clock ticks
 hits() { # name url pid
-  local url=$2 pid=$3 before after json
+  local url=$2 pid=$3 before after
   curl -sf -o /dev/null -H 'Accept-Encoding: gzip' "$url" # the miss
   curl -sf -o /dev/null -H 'Accept-Encoding: gzip' "$url"
   bytes=$(curl -sf -H 'Accept-Encoding: gzip' "$url" | wc -c)
   before=$(cpu "$pid")
-  json=$(timeout 60 taskset -c 1 oha --no-tui -j -z 10s -c 50 -H 'Accept-Encoding: gzip' "$url")
+  timeout 60 taskset -c 1 oha --no-tui --worker-threads 1 --output-format json -o "$work/oha.json" \
+    -z 10s -c 50 -H 'Accept-Encoding: gzip' "$url" >/dev/null
   after=$(cpu "$pid")
-  python3 - "$1" "$bytes" "$before" "$after" "$(getconf CLK_TCK)" <<PY
+  python3 - "$1" "$bytes" "$before" "$after" "$(getconf CLK_TCK)" "$work/oha.json" <<'PY'
 import json, sys
 name, size, b, a, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-r = json.loads('''$json''')
+r = json.load(open(sys.argv[6]))
 n = sum(r["statusCodeDistribution"].values())
 rps = r["summary"]["requestsPerSec"]
 print(f"| {name} | {rps:,.0f} | {(a - b) / hz / n * 10000:.2f} | {size} |")
