@@ -40,6 +40,11 @@ fn decoded(a: &Answer) -> Vec<u8> {
     out
 }
 
+/// The request's fields: this Accept-Encoding, or none.
+fn accepting(accept: Option<&str>) -> Vec<(&str, &str)> {
+    accept.map(|a| ("accept-encoding", a)).into_iter().collect()
+}
+
 /// The coding a caller with this Accept-Encoding gets of zstd, br, gzip.
 fn best(accept: Option<&str>) -> Option<&'static str> {
     match accept {
@@ -95,11 +100,7 @@ async fn a_stampede_in_five_accept_encodings_is_one_fetch_and_every_body_decodes
         .map(|i| {
             let (client, url) = (client.clone(), proxy.url("/catalog"));
             let accept = ACCEPTS[i % ACCEPTS.len()];
-            tokio::spawn(async move {
-                let headers: Vec<(&str, &str)> =
-                    accept.map(|a| ("accept-encoding", a)).into_iter().collect();
-                (accept, client.get_with(&url, &headers).await)
-            })
+            tokio::spawn(async move { (accept, client.get_with(&url, &accepting(accept)).await) })
         })
         .collect();
     let mut answers = Vec::new();
@@ -134,9 +135,9 @@ async fn a_stampede_in_five_accept_encodings_is_one_fetch_and_every_body_decodes
     let before = compressed_in(&proxy).await;
     assert!(before > 0.0);
     for accept in ACCEPTS {
-        let headers: Vec<(&str, &str)> =
-            accept.map(|a| ("accept-encoding", a)).into_iter().collect();
-        let hit = client.get_with(&proxy.url("/catalog"), &headers).await;
+        let hit = client
+            .get_with(&proxy.url("/catalog"), &accepting(accept))
+            .await;
         assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
         assert_eq!(hit.header("content-encoding"), best(accept), "{accept:?}");
         assert!(decoded(&hit) == doc.as_bytes());
@@ -408,9 +409,7 @@ async fn an_answer_the_origin_encoded_anyway_reaches_only_callers_that_accept_it
     assert_eq!(first.header("content-encoding"), Some("gzip"));
     assert!(first.body == sent);
     for accept in [None, Some("br"), Some("identity"), Some("gzip;q=0, *")] {
-        let headers: Vec<(&str, &str)> =
-            accept.map(|a| ("accept-encoding", a)).into_iter().collect();
-        let a = client.get_with(&url, &headers).await;
+        let a = client.get_with(&url, &accepting(accept)).await;
         assert!(
             a.cache_status().is_hit(),
             "{accept:?}: {}",

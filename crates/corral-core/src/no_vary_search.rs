@@ -27,6 +27,7 @@ use std::borrow::Cow;
 use http::HeaderMap;
 use http::header::HeaderName;
 
+use crate::path::hex;
 use crate::sf;
 
 pub static NO_VARY_SEARCH: HeaderName = HeaderName::from_static("no-vary-search");
@@ -168,15 +169,6 @@ fn form_decoded(raw: &[u8]) -> Cow<'_, [u8]> {
         i += 1;
     }
     Cow::Owned(out)
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// A decoded name as a String's content that [`form_decoded`] turns back

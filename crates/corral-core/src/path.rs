@@ -92,7 +92,8 @@ fn is_normal(p: &[u8]) -> bool {
     true
 }
 
-fn hex(b: u8) -> Option<u8> {
+/// The value of one hex digit.
+pub(crate) fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),

@@ -413,28 +413,22 @@ impl L1 {
         }
     }
 
-    /// Records `scope`'s rule for `keep`; true when it is not what was
-    /// known before.
+    /// Records `scope`'s rule for `keep`, and says what is now known.
     pub fn learn_path_rule(
         &self,
         scope: &PathScope,
         rule: Option<NoVarySearch>,
         keep: Duration,
-    ) -> bool {
-        let changed = match (self.path_rule(scope), &rule) {
-            (PathRule::Unknown, _) => true,
-            (PathRule::None, None) => false,
-            (PathRule::Rule(old), Some(new)) => *old != *new,
-            _ => true,
-        };
+    ) -> PathRule {
+        let rule = rule.map(Arc::new);
         self.rules.insert(
             scope.clone(),
             RuleRecord {
-                rule: rule.map(Arc::new),
+                rule: rule.clone(),
                 keep,
             },
         );
-        changed
+        rule.map_or(PathRule::None, PathRule::Rule)
     }
 
     /// True while `key` is remembered as uncacheable.

@@ -38,7 +38,7 @@ pub fn encode(
     let Some(config) = config else {
         return Ok(entry);
     };
-    if encoded_by_origin(&entry) {
+    if has_coding(entry.headers()) {
         return match origin_coding(&entry) {
             Some(coding) => decoded(entry, coding, limit),
             None => Err(Box::new(entry)),
@@ -73,11 +73,6 @@ pub fn encode(
     Ok(entry
         .representation(identity_headers, body)
         .with_encoded(encoded))
-}
-
-/// True when the answer has a Content-Encoding other than identity.
-fn encoded_by_origin(entry: &StoredResponse) -> bool {
-    has_coding(entry.headers())
 }
 
 /// True when `headers` name a Content-Encoding other than identity.

@@ -38,6 +38,14 @@ pub fn known(cache: &Cache, route: &Route, ctx: &RequestHead) -> Option<(PathSco
     Some((scope, rule))
 }
 
+/// What L1 knows of the rule of `host` and `path` on `route` (any
+/// method's view of a GET of it).
+fn rule_of(cache: &Cache, route: &Route, (host, path): (&str, &str), tls: bool) -> PathRule {
+    cache
+        .l1
+        .path_rule(&PathScope::new(&route.name, host, path, tls))
+}
+
 /// Reads the rule another instance recorded for `scope`, into L1. Errors
 /// (Redis away) leave it unknown: the key is then made without a rule,
 /// which never shares more than the origin allows.
@@ -53,19 +61,16 @@ pub async fn read(cache: &Cache, scope: &PathScope) -> PathRule {
         Some(r) => (NoVarySearch::parse(r.as_bytes()), KEEP),
         None => (None, KEEP_UNKNOWN),
     };
-    cache.l1.learn_path_rule(scope, rule, keep);
-    cache.l1.path_rule(scope)
+    cache.l1.learn_path_rule(scope, rule, keep)
 }
 
-/// Learns the rule of an answer the fill stores (or found in Redis);
-/// true when it is not what this instance knew.
-pub fn learn(fill: &FillRequest, headers: &HeaderMap) -> bool {
-    let Some(scope) = scope(&fill.route, &fill.head) else {
-        return false;
-    };
-    fill.cache
-        .l1
-        .learn_path_rule(&scope, NoVarySearch::of(headers), KEEP)
+/// Learns the rule of an answer the fill stores (or found in Redis).
+pub fn learn(fill: &FillRequest, headers: &HeaderMap) {
+    if let Some(scope) = scope(&fill.route, &fill.head) {
+        fill.cache
+            .l1
+            .learn_path_rule(&scope, NoVarySearch::of(headers), KEEP);
+    }
 }
 
 /// Records the rule of an answer the fill stored for every instance.
@@ -94,8 +99,7 @@ pub fn narrowed(
         return out;
     }
     for tls in [false, true] {
-        let scope = PathScope::new(&route.name, host, path, tls);
-        if let PathRule::Rule(rule) = cache.l1.path_rule(&scope) {
+        if let PathRule::Rule(rule) = rule_of(cache, route, (host, path), tls) {
             let key = UriKey::with_rule(host, path, query, &route.query_filter, Some(&rule));
             if key != *plain && !out.contains(&key) {
                 out.push(key);
@@ -109,12 +113,7 @@ pub fn narrowed(
 /// under, with the path's rule where the route learns them.
 pub fn get_key(cache: &Cache, route: &Route, head: &RequestHead, query: Option<&str>) -> UriKey {
     let rule = match route.no_vary_search && query.is_some() {
-        true => cache.l1.path_rule(&PathScope::new(
-            &route.name,
-            &head.host,
-            &head.path,
-            head.tls,
-        )),
+        true => rule_of(cache, route, (&head.host, &head.path), head.tls),
         false => PathRule::Unknown,
     };
     UriKey::with_rule(

@@ -93,12 +93,7 @@ impl Keep {
         // asked, and picks the coding per caller itself: the callers'
         // Accept-Encoding selects no variant. An origin that encoded its
         // answer anyway keeps its Vary.
-        let unencoded = answered
-            .parts
-            .headers
-            .get_all(http::header::CONTENT_ENCODING)
-            .iter()
-            .all(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
+        let unencoded = !compress::has_coding(&answered.parts.headers);
         if fill.route.compression.is_some()
             && unencoded
             && let Vary::Headers(names) = &mut vary
