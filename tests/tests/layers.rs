@@ -36,6 +36,7 @@ const CACHE: &[&str] = &[
     "gate",
     "exchange",
     "store",
+    "outlets",
     "invalidate",
     "rules",
     "compress",

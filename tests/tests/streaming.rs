@@ -837,3 +837,334 @@ async fn an_incremental_answer_streams_even_with_a_stale_copy_in_hand() {
     }
     assert_eq!(origin.requests(), 2);
 }
+
+// ---------------------------------------------------------------------------
+// Compressed as it arrives (a route with `compression:`)
+// ---------------------------------------------------------------------------
+
+/// The Accept-Encoding fields of a flight's callers, and the coding each
+/// gets of zstd, br, gzip (none: the unencoded body).
+const ACCEPTS: [(Option<&str>, Option<&str>); 5] = [
+    (Some("gzip, deflate, br, zstd"), Some("zstd")),
+    (Some("gzip"), Some("gzip")),
+    (Some("br;q=1.0, gzip;q=0.8"), Some("br")),
+    (Some("identity"), None),
+    (None, None),
+];
+
+fn compressing(origin: &GatedOrigin) -> Config {
+    Config::new().route(
+        Route::new("api", origin.url.clone())
+            .field("compression", "{ encodings: [zstd, br, gzip] }"),
+    )
+}
+
+fn json() -> Vec<(&'static str, String)> {
+    vec![("content-type", "application/json".to_owned())]
+}
+
+/// What a reader can decode of `coding` so far (a body still arriving).
+fn decode_prefix(coding: Option<&str>, packed: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut reader: Box<dyn Read + '_> = match coding {
+        None => return packed.to_vec(),
+        Some("gzip") => Box::new(flate2::read::GzDecoder::new(packed)),
+        Some("br") => Box::new(brotli::Decompressor::new(packed, 4096)),
+        Some("zstd") => Box::new(zstd::stream::read::Decoder::new(packed).expect("zstd")),
+        Some(other) => panic!("a coding corral does not make: {other}"),
+    };
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = reader.read(&mut buf) {
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}
+
+/// A caller's answer in the making: its coding, and the bytes so far.
+struct Reading {
+    accept: Option<&'static str>,
+    coding: Option<String>,
+    got: Vec<u8>,
+    res: reqwest::Response,
+}
+
+impl Reading {
+    /// Reads on until `n` bytes of the body decode (the answer still
+    /// arriving), within the deadline.
+    async fn until_decoded(&mut self, n: usize) {
+        tokio::time::timeout(DEADLINE, async {
+            while decode_prefix(self.coding.as_deref(), &self.got).len() < n {
+                let more = self.res.chunk().await.expect("more").expect("not the end");
+                self.got.extend_from_slice(&more);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{:?}: fewer than {n} bytes decoded", self.accept));
+    }
+
+    /// The rest of the body, or the error it ended with.
+    async fn rest(mut self) -> Result<Vec<u8>, String> {
+        loop {
+            match self.res.chunk().await {
+                Ok(Some(b)) => self.got.extend_from_slice(&b),
+                Ok(None) => return Ok(self.got),
+                Err(e) => return Err(format!("{e:#}")),
+            }
+        }
+    }
+}
+
+/// `n` callers, their Accept-Encoding in turn from [`ACCEPTS`], each
+/// returned once its answer's head came.
+async fn callers(client: &reqwest::Client, url: &str, n: usize) -> Vec<Reading> {
+    join_all((0..n).map(|i| async move {
+        let accept = ACCEPTS[i % ACCEPTS.len()].0;
+        let mut req = client.get(url);
+        if let Some(a) = accept {
+            req = req.header("accept-encoding", a);
+        }
+        let res = req.send().await.expect("answer head");
+        assert_eq!(res.status(), 200);
+        let coding = res
+            .headers()
+            .get("content-encoding")
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        Reading {
+            accept,
+            coding,
+            got: Vec::new(),
+            res,
+        }
+    }))
+    .await
+}
+
+fn expected_coding(accept: Option<&str>) -> Option<&'static str> {
+    ACCEPTS
+        .iter()
+        .find(|(a, _)| *a == accept)
+        .and_then(|(_, c)| *c)
+}
+
+/// The flight's callers get the coding they accept while the answer is
+/// still arriving: it is compressed once, as it arrives, and each
+/// caller's first half decodes while the origin holds the second back.
+/// Those codings are the ones stored: later callers hit them, and no
+/// coding was made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flights_callers_read_their_coding_while_the_answer_arrives() {
+    for chunked in [false, true] {
+        let origin = GatedOrigin::serve(CHUNKS, false, json(), chunked).await;
+        let proxy = Proxy::new(compressing(&origin)).start().await;
+        let client = Client::new();
+        let url = proxy.url("/feed");
+        let heads = {
+            let (client, url) = (client.inner().clone(), url.clone());
+            tokio::spawn(async move { callers(&client, &url, 50).await })
+        };
+        let gate = origin.gate(1).await;
+        for i in 0..CHUNKS / 2 {
+            gate.send(chunk(i)).expect("origin body");
+        }
+        let mut readings = tokio::time::timeout(DEADLINE, heads)
+            .await
+            .expect("every caller got its head while the origin held the rest back")
+            .expect("task");
+        let half = CHUNK * CHUNKS / 2;
+        for r in &mut readings {
+            assert_eq!(
+                r.coding.as_deref(),
+                expected_coding(r.accept),
+                "{:?}",
+                r.accept
+            );
+            if r.coding.is_some() {
+                assert!(r.res.headers().get("content-length").is_none());
+                let vary = r.res.headers().get("vary").expect("vary");
+                assert_eq!(vary.to_str().expect("ascii"), "Accept-Encoding");
+            }
+            r.until_decoded(half).await;
+        }
+        assert_eq!(origin.requests(), 1, "chunked: {chunked}");
+        for i in CHUNKS / 2..CHUNKS {
+            gate.send(chunk(i)).expect("origin body");
+        }
+        drop(gate);
+        let expected = whole();
+        for r in readings {
+            let (accept, coding) = (r.accept, r.coding.clone());
+            let body = r.rest().await.expect("a whole body");
+            let plain = decode_prefix(coding.as_deref(), &body);
+            assert!(
+                plain == expected,
+                "{accept:?}: {} bytes differ",
+                plain.len()
+            );
+        }
+        // Stored in the codings made as it arrived: each was made once.
+        let scrape = corral_tests::lifecycle::scrape(&proxy).await;
+        for coding in ["zstd", "br", "gzip"] {
+            let made = scrape.sum("corral_compression_bytes_in_total", &[("coding", coding)]);
+            assert_eq!(made, expected.len() as f64, "{coding}");
+        }
+        for (accept, coding) in ACCEPTS {
+            let headers: Vec<(&str, &str)> =
+                accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+            let hit = client.get_with(&url, &headers).await;
+            assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+            assert_eq!(hit.header("content-encoding"), coding, "{accept:?}");
+            assert!(decode_prefix(coding, &hit.body) == expected);
+        }
+        let after = corral_tests::lifecycle::scrape(&proxy).await;
+        assert_eq!(
+            after.sum("corral_compression_bytes_in_total", &[]),
+            scrape.sum("corral_compression_bytes_in_total", &[]),
+            "a hit compressed"
+        );
+        assert_eq!(
+            after.sum("corral_variants_per_key_count", &[]),
+            1.0,
+            "one entry stored"
+        );
+        assert_eq!(
+            after.sum("corral_variants_per_key_sum", &[]),
+            4.0,
+            "unencoded, zstd, br, gzip"
+        );
+        assert_eq!(origin.requests(), 1);
+    }
+}
+
+/// A body cut short fails the readers of every coding too, and nothing is
+/// stored; one that outgrows the object size reaches the readers of each
+/// coding whole, and is not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coded_stream_fails_or_passes_through_with_its_body() {
+    // Cut short.
+    let origin = GatedOrigin::serve(CHUNKS, false, json(), true).await;
+    let route = Route::new("api", origin.url.clone())
+        .field("compression", "{ encodings: [zstd, br, gzip] }")
+        .field("backoff", "{ after: 1 }");
+    let proxy = Proxy::new(Config::new().route(route)).start().await;
+    let client = Client::new();
+    let url = proxy.url("/cut");
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { callers(&client, &url, 20).await })
+    };
+    let gate = origin.gate(1).await;
+    for i in 0..CHUNKS / 2 {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    let readings = tokio::time::timeout(DEADLINE, heads)
+        .await
+        .expect("heads")
+        .expect("task");
+    drop(gate);
+    for r in readings {
+        let accept = r.accept;
+        assert!(
+            r.rest().await.is_err(),
+            "{accept:?}: a cut body read as complete"
+        );
+    }
+    let next = client.get(&url).await;
+    assert_eq!(
+        next.cache_status().detail(),
+        Some("backoff"),
+        "nothing stored"
+    );
+
+    // Past the object size.
+    let origin = GatedOrigin::serve(CHUNKS, false, json(), true).await;
+    let config = compressing(&origin).cache("max_object_size", "256KiB");
+    let proxy = Proxy::new(config).start().await;
+    let url = proxy.url("/large");
+    let heads = {
+        let (client, url) = (client.inner().clone(), url.clone());
+        tokio::spawn(async move { callers(&client, &url, 20).await })
+    };
+    let gate = origin.gate(1).await;
+    gate.send(chunk(0)).expect("origin body");
+    let readings = tokio::time::timeout(DEADLINE, heads)
+        .await
+        .expect("heads")
+        .expect("task");
+    let reading = tokio::spawn(join_all(readings.into_iter().map(|r| async move {
+        let (accept, coding) = (r.accept, r.coding.clone());
+        (accept, coding, r.rest().await)
+    })));
+    for i in 1..CHUNKS {
+        gate.send(chunk(i)).expect("origin body");
+    }
+    drop(gate);
+    let expected = whole();
+    for (accept, coding, body) in tokio::time::timeout(DEADLINE, reading)
+        .await
+        .expect("every body ended")
+        .expect("task")
+    {
+        assert_eq!(coding.as_deref(), expected_coding(accept), "{accept:?}");
+        let plain = decode_prefix(coding.as_deref(), &body.expect("a whole body"));
+        assert!(
+            plain == expected,
+            "{accept:?}: {} bytes differ",
+            plain.len()
+        );
+    }
+    assert_eq!(origin.requests(), 1);
+    let scrape = corral_tests::lifecycle::scrape(&proxy).await;
+    assert_eq!(
+        scrape.sum("corral_variants_per_key_count", &[]),
+        0.0,
+        "stored"
+    );
+}
+
+/// The codings made as a body of declared length arrives take their room
+/// in `fill_memory` before they start: where the worst they can take does
+/// not fit beside the body, the flight's callers read it unencoded, and
+/// the codings are made when it is stored. Where it fits, they get their
+/// coding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coded_streams_take_their_room_in_fill_memory_first() {
+    // 1 MiB streamed holds 2 MiB; three codings at worst 3 × 2 × 1.13 MiB.
+    for (fill_memory, coded) in [("4MiB", false), ("16MiB", true)] {
+        let origin = GatedOrigin::serve(CHUNKS, false, json(), false).await;
+        let config = compressing(&origin).cache("fill_memory", fill_memory);
+        let proxy = Proxy::new(config).start().await;
+        let client = Client::new();
+        let url = proxy.url("/feed");
+        let heads = {
+            let (client, url) = (client.inner().clone(), url.clone());
+            tokio::spawn(async move { callers(&client, &url, 10).await })
+        };
+        let gate = origin.gate(1).await;
+        for i in 0..CHUNKS {
+            gate.send(chunk(i)).expect("origin body");
+        }
+        drop(gate);
+        let readings = tokio::time::timeout(DEADLINE, heads)
+            .await
+            .expect("heads")
+            .expect("task");
+        let expected = whole();
+        for r in readings {
+            let (accept, coding) = (r.accept, r.coding.clone());
+            let want = if coded { expected_coding(accept) } else { None };
+            assert_eq!(coding.as_deref(), want, "{fill_memory}: {accept:?}");
+            let plain = decode_prefix(coding.as_deref(), &r.rest().await.expect("whole"));
+            assert!(
+                plain == expected,
+                "{accept:?}: {} bytes differ",
+                plain.len()
+            );
+        }
+        // Stored in every coding either way.
+        let hit = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
+        assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
+        assert_eq!(hit.header("content-encoding"), Some("gzip"));
+        assert_eq!(origin.requests(), 1);
+    }
+}

@@ -35,6 +35,18 @@ pub fn encode(
     entry: StoredResponse,
     limit: u64,
 ) -> Result<StoredResponse, Box<StoredResponse>> {
+    encode_with(config, route, entry, limit, Vec::new())
+}
+
+/// [`encode`], with the codings in `ready` compressed already (while the
+/// body streamed: see `cache::outlets`), so only the others are made now.
+pub fn encode_with(
+    config: Option<&CompressionConfig>,
+    route: &str,
+    entry: StoredResponse,
+    limit: u64,
+    ready: Vec<(Coding, Bytes)>,
+) -> Result<StoredResponse, Box<StoredResponse>> {
     let Some(config) = config else {
         return Ok(entry);
     };
@@ -50,11 +62,14 @@ pub fn encode(
     let started = Instant::now();
     let body = entry.body();
     let mut encoded = Vec::with_capacity(config.encodings.len());
-    let mut identity_headers = entry.headers().clone();
-    add_vary(&mut identity_headers);
+    let identity_headers = identity_headers(entry.headers());
     for &coding in &config.encodings {
-        let Some(compressed) = compress(coding, body) else {
-            continue;
+        let compressed = match ready.iter().find(|(c, _)| *c == coding) {
+            Some((_, done)) => done.clone(),
+            None => match compress(coding, body) {
+                Some(packed) => Bytes::from(packed),
+                None => continue,
+            },
         };
         // Not worth a representation of its own.
         if compressed.len() >= body.len() {
@@ -62,10 +77,11 @@ pub fn encode(
         }
         crate::telemetry::metrics::compressed(route, coding.as_str(), body.len(), compressed.len());
         let headers = encoded_headers(&identity_headers, coding);
-        let representation = entry.representation(headers, Bytes::from(compressed));
+        let representation = entry.representation(headers, compressed);
         encoded.push((coding, Arc::new(representation)));
     }
     crate::telemetry::metrics::compression_time(route, started.elapsed());
+    crate::telemetry::metrics::variants_per_key(route, 1 + encoded.len());
     if encoded.is_empty() {
         return Ok(entry);
     }
@@ -154,9 +170,38 @@ fn decompress(coding: Coding, body: &[u8], limit: u64) -> Option<Vec<u8>> {
 
 /// True when the answer is one the route compresses.
 fn compressible(config: &CompressionConfig, entry: &StoredResponse) -> bool {
-    let h = entry.headers();
-    entry.status() == StatusCode::OK
-        && (entry.body().len() as u64) >= config.min_size
+    let len = entry.body().len() as u64;
+    compressible_head(config, entry.status(), entry.headers(), Some(len))
+}
+
+/// The codings an answer with this status and these fields (and this
+/// declared length, if it has one) is compressed in as it streams: the
+/// route's, when it compresses and the answer is compressible and not
+/// encoded already; none otherwise.
+pub fn stream_codings(
+    config: Option<&CompressionConfig>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    declared: Option<u64>,
+) -> Vec<Coding> {
+    match config {
+        Some(c) if !has_coding(headers) && compressible_head(c, status, headers, declared) => {
+            c.encodings.clone()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// [`compressible`] from the head alone: a body of unknown length may be
+/// long enough.
+fn compressible_head(
+    config: &CompressionConfig,
+    status: StatusCode,
+    h: &HeaderMap,
+    len: Option<u64>,
+) -> bool {
+    status == StatusCode::OK
+        && len.is_none_or(|n| n >= config.min_size)
         && !h.contains_key(CONTENT_RANGE)
         && !CacheControl::parse(h).no_transform
         && h.get(CONTENT_TYPE)
@@ -186,6 +231,14 @@ fn type_listed(types: &[String], content_type: &str) -> bool {
     })
 }
 
+/// `headers` with `Vary: Accept-Encoding`: the unencoded representation's
+/// fields beside compressed ones.
+pub fn identity_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut identity = headers.clone();
+    add_vary(&mut identity);
+    identity
+}
+
 /// `Vary: Accept-Encoding`, unless the answer says it already.
 fn add_vary(headers: &mut HeaderMap) {
     let says = headers.get_all(VARY).iter().any(|v| {
@@ -200,7 +253,7 @@ fn add_vary(headers: &mut HeaderMap) {
 }
 
 /// The unencoded representation's fields, for the `coding` one.
-fn encoded_headers(identity: &HeaderMap, coding: Coding) -> HeaderMap {
+pub fn encoded_headers(identity: &HeaderMap, coding: Coding) -> HeaderMap {
     let mut headers = identity.clone();
     headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.as_str()));
     // Digests of the unencoded content say nothing of these bytes.
@@ -254,6 +307,123 @@ pub fn compress(coding: Coding, body: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// Input fed since the last flush below which a pause of the origin does
+/// not flush: each flush costs a few bytes of framing, so an origin that
+/// trickles a byte at a time cannot make the coded copy outgrow the body
+/// by more than about a twentieth (see `cache::outlets::worst`).
+const FLUSH_AFTER: usize = 128;
+
+/// One coding of a body compressed as it arrives: what each chunk fed
+/// produces is handed on at once, and a flush (when the origin pauses)
+/// pushes out what the encoder still holds, so a reader of the coded
+/// stream is never further behind than a reader of the body.
+pub struct StreamEncoder {
+    coding: Coding,
+    inner: Encoder,
+    /// Bytes fed since the last flush.
+    unflushed: usize,
+    /// Time spent compressing.
+    took: std::time::Duration,
+}
+
+enum Encoder {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Br(Box<brotli::CompressorWriter<Vec<u8>>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl StreamEncoder {
+    /// An encoder at the levels [`compress`] uses.
+    pub fn new(coding: Coding) -> Option<Self> {
+        let inner = match coding {
+            Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                flate2::Compression::new(6),
+            )),
+            Coding::Br => {
+                let params = brotli::enc::BrotliEncoderParams {
+                    quality: 5,
+                    lgwin: 22,
+                    ..Default::default()
+                };
+                Encoder::Br(Box::new(brotli::CompressorWriter::with_params(
+                    Vec::new(),
+                    4096,
+                    &params,
+                )))
+            }
+            Coding::Zstd => Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), 3).ok()?),
+        };
+        Some(StreamEncoder {
+            coding,
+            inner,
+            unflushed: 0,
+            took: std::time::Duration::ZERO,
+        })
+    }
+
+    pub fn coding(&self) -> Coding {
+        self.coding
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match &mut self.inner {
+            Encoder::Gzip(e) => e,
+            Encoder::Br(e) => &mut **e,
+            Encoder::Zstd(e) => e,
+        }
+    }
+
+    /// What the encoder wrote so far and nobody took.
+    fn take(&mut self) -> Bytes {
+        let out = match &mut self.inner {
+            Encoder::Gzip(e) => e.get_mut(),
+            Encoder::Br(e) => e.get_mut(),
+            Encoder::Zstd(e) => e.get_mut(),
+        };
+        Bytes::from(std::mem::take(out))
+    }
+
+    /// Feeds `data`; what it produced.
+    pub fn feed(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
+        let started = Instant::now();
+        self.writer().write_all(data)?;
+        self.unflushed += data.len();
+        self.took += started.elapsed();
+        Ok(self.take())
+    }
+
+    /// The origin paused: pushes out what the encoder holds (unless too
+    /// little was fed since the last flush to be worth its framing).
+    pub fn flush(&mut self) -> std::io::Result<Bytes> {
+        if self.unflushed < FLUSH_AFTER {
+            return Ok(Bytes::new());
+        }
+        let started = Instant::now();
+        self.writer().flush()?;
+        self.unflushed = 0;
+        self.took += started.elapsed();
+        Ok(self.take())
+    }
+
+    /// The body ended: the coding's last bytes, and the time it took in
+    /// all.
+    pub fn finish(mut self) -> std::io::Result<(Bytes, std::time::Duration)> {
+        let started = Instant::now();
+        let rest = self.take();
+        let last = match self.inner {
+            Encoder::Gzip(e) => e.finish()?,
+            Encoder::Br(e) => e.into_inner(),
+            Encoder::Zstd(e) => e.finish()?,
+        };
+        let took = self.took + started.elapsed();
+        let mut out = Vec::with_capacity(rest.len() + last.len());
+        out.extend_from_slice(&rest);
+        out.extend_from_slice(&last);
+        Ok((Bytes::from(out), took))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,6 +462,99 @@ mod tests {
             Some("W/\"v1-br\"")
         );
         assert_eq!(etag_for("v1", Coding::Br), None);
+    }
+
+    #[test]
+    fn a_coding_made_as_the_body_arrives_decodes_back_to_it() {
+        let body: Vec<u8> =
+            br#"{"id": 1, "name": "corral", "tags": ["cache", "proxy"]}"#.repeat(200);
+        for coding in Coding::ALL {
+            let mut e = StreamEncoder::new(coding).expect("encoder");
+            let mut out = Vec::new();
+            // Uneven chunks, with a pause (a flush) after each.
+            let mut fed = 0;
+            for (i, chunk) in body.chunks(997).enumerate() {
+                let (a, b) = chunk.split_at(chunk.len().min(i % 7));
+                for part in [a, b] {
+                    out.extend_from_slice(&e.feed(part).expect("feed"));
+                    out.extend_from_slice(&e.flush().expect("flush"));
+                    fed += part.len();
+                }
+                // Whatever was fed before a pause can be read before the
+                // end, less at most what was too little to flush.
+                let readable = decode_prefix(coding, &out);
+                assert!(body[..fed].starts_with(&readable), "{coding:?}");
+                assert!(
+                    readable.len() + FLUSH_AFTER >= fed,
+                    "{coding:?}: {} of {fed}",
+                    readable.len()
+                );
+            }
+            let (last, _) = e.finish().expect("finish");
+            out.extend_from_slice(&last);
+            assert!(out.len() < body.len() / 2, "{coding:?}: {}", out.len());
+            assert!(decode(coding, &out) == body, "{coding:?}");
+        }
+    }
+
+    /// A byte at a time, each flushed when it may be: the coded copy stays
+    /// within the bound the fill reserves for it.
+    #[test]
+    fn a_trickle_does_not_outgrow_the_body_by_much() {
+        let body: Vec<u8> = (0..20_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for coding in Coding::ALL {
+            let mut e = StreamEncoder::new(coding).expect("encoder");
+            let mut out = Vec::new();
+            for b in &body {
+                out.extend_from_slice(&e.feed(std::slice::from_ref(b)).expect("feed"));
+                out.extend_from_slice(&e.flush().expect("flush"));
+            }
+            out.extend_from_slice(&e.finish().expect("finish").0);
+            let n = body.len();
+            assert!(
+                out.len() <= n + n / 8 + 4096,
+                "{coding:?}: {} for {n}",
+                out.len()
+            );
+            assert!(decode(coding, &out) == body, "{coding:?}");
+        }
+    }
+
+    /// What a reader can decode of a coding cut short.
+    fn decode_prefix(coding: Coding, packed: &[u8]) -> Vec<u8> {
+        use std::io::Read;
+        let mut reader: Box<dyn Read + '_> = match coding {
+            Coding::Gzip => Box::new(flate2::read::GzDecoder::new(packed)),
+            Coding::Br => Box::new(brotli::Decompressor::new(packed, 4096)),
+            Coding::Zstd => Box::new(zstd::stream::read::Decoder::new(packed).expect("zstd")),
+        };
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    }
+
+    fn decode(coding: Coding, packed: &[u8]) -> Vec<u8> {
+        use std::io::Read;
+        let mut back = Vec::new();
+        match coding {
+            Coding::Gzip => {
+                flate2::read::GzDecoder::new(packed)
+                    .read_to_end(&mut back)
+                    .expect("gunzip");
+            }
+            Coding::Br => {
+                brotli::Decompressor::new(packed, 4096)
+                    .read_to_end(&mut back)
+                    .expect("unbrotli");
+            }
+            Coding::Zstd => back = zstd::decode_all(packed).expect("unzstd"),
+        }
+        back
     }
 
     #[test]

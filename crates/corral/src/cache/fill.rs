@@ -159,6 +159,9 @@ pub enum FillOutcome {
     Streaming {
         head: Arc<StoredResponse>,
         body: Arc<crate::cache::growing::Growing>,
+        /// The body in each coding `head` has a representation for,
+        /// compressed as it arrives (see `cache::outlets`).
+        coded: Vec<(corral_core::Coding, Arc<crate::cache::growing::Growing>)>,
         fwd: Forward,
         fwd_status: Option<u16>,
     },

@@ -14,7 +14,8 @@
 //! 5. `exchange`: the request for a fill and the verdict on the origin's
 //!    answer, over `origin::exchange`;
 //! 6. `store`: the answer's body, streamed or read whole, and the entry
-//!    stored in L1.
+//!    stored in L1, over `outlets`: where a streamed body's chunks go (the
+//!    unencoded body and each coding made as it arrives).
 //!
 //! Beneath them all: `made` (the outcomes corral makes itself when the
 //! origin is not asked or fails), `fill` (the vocabulary every layer
@@ -38,6 +39,7 @@ pub mod invalidate;
 pub mod lookup;
 pub mod made;
 pub mod outcome;
+pub mod outlets;
 pub mod records;
 pub mod respond;
 pub mod resync;

@@ -90,11 +90,12 @@ pub fn from_outcome(
         FillOutcome::Streaming {
             head: entry,
             body,
+            coded,
             fwd,
             fwd_status,
         } => {
             let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
-            from_streaming(entry, body, &st, now, head, request)
+            from_streaming(entry, body, coded, &st, now, head, request)
         }
         FillOutcome::Pass { .. } => error(
             StatusCode::BAD_GATEWAY,

@@ -9,13 +9,14 @@ use std::time::SystemTime;
 use axum::body::Body;
 use bytes::Bytes;
 use corral_core::range;
-use corral_core::{CacheLabel, CacheStatus, Detail, Forward, StoredResponse};
+use corral_core::{CacheLabel, CacheStatus, Coding, Detail, Forward, StoredResponse};
 use http::header::{
     AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
     IF_RANGE, LAST_MODIFIED, RANGE, VIA,
 };
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
+use crate::cache::growing::Growing;
 use crate::origin::request::via_value;
 
 pub use corral_core::CACHE_STATUS;
@@ -180,23 +181,42 @@ pub fn hit(
 
 /// An answer from an entry whose body is still arriving: the same head
 /// and conditionals as a stored one; the body read as it grows (a Range is
-/// answered with the whole 200, as RFC 9110 §14 allows).
+/// answered with the whole 200, as RFC 9110 §14 allows), in the coding
+/// of `coded` the caller accepts, if it accepts one whose first bytes are
+/// still there to read.
 pub(crate) fn from_streaming(
     entry: &StoredResponse,
-    body: &Arc<crate::cache::growing::Growing>,
+    body: &Arc<Growing>,
+    coded: &[(Coding, Arc<Growing>)],
     status: &CacheStatus,
     now: SystemTime,
     head: bool,
     request: &HeaderMap,
 ) -> Answer {
-    answer(entry, Some(body), status, now, head, request)
+    let offered: Vec<Coding> = coded
+        .iter()
+        .filter(|(_, g)| g.joinable())
+        .map(|(c, _)| *c)
+        .collect();
+    let chosen = (!offered.is_empty())
+        .then(|| corral_core::choose_coding(request, &offered))
+        .flatten()
+        .and_then(|c| {
+            let head = entry.encoded().iter().find(|(e, _)| *e == c)?;
+            let body = coded.iter().find(|(e, _)| *e == c)?;
+            Some((&*head.1, &body.1))
+        });
+    match chosen {
+        Some((entry, body)) => answer(entry, Some(body), status, now, head, request),
+        None => answer(entry, Some(body), status, now, head, request),
+    }
 }
 
 /// `entry`'s answer to `request`, its body the stored one or, while it
 /// still arrives, `growing`.
 fn answer(
     entry: &StoredResponse,
-    growing: Option<&Arc<crate::cache::growing::Growing>>,
+    growing: Option<&Arc<Growing>>,
     status: &CacheStatus,
     now: SystemTime,
     head: bool,

@@ -12,7 +12,7 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use corral_core::{Budget, Freshness, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary};
 use corral_core::{Detail, Forward};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use http::header::{CONTENT_LENGTH, CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Response, StatusCode, Uri, response};
 use http_body_util::{BodyDataStream, BodyExt};
@@ -20,10 +20,11 @@ use tokio::time::Instant;
 
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::growing::{Growing, Writer};
+use crate::cache::outlets::{self, Outlets};
 use crate::cache::respond::Answer;
 use crate::cache::{compress, made};
 use crate::origin::exchange::Answered;
-use crate::origin::upstream::{DeadlineBody, OriginBody, UpstreamError};
+use crate::origin::upstream::{BodyError, DeadlineBody, OriginBody, UpstreamError};
 
 /// The GET keys a stored QUERY answer is also stored under (RFC 10008):
 /// the URI its `Content-Location` names (RFC 9110 §8.7: the content
@@ -163,40 +164,43 @@ pub(crate) async fn store(
     let streamed = streamable(fill, events, declared, &keep.vary, incremental)
         .filter(|_| !encoded)
         .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
-    let (bytes, writer) = match streamed {
+    let (bytes, writer, coded) = match streamed {
         Some(n) => {
             let growing = Growing::new(n);
             let writer = Writer::new(&growing);
-            events.send(FillEvent::Streaming(FillOutcome::Streaming {
-                head: Arc::new(keep.entry(fill, parts.headers.clone(), Bytes::new())),
-                body: Arc::clone(&growing),
-                fwd: fill.fwd,
-                fwd_status: Some(keep.status.as_u16()),
-            }));
+            let route = fill.route.name.as_str();
+            let mut outlets = Outlets::new(
+                &growing,
+                &stream_codings(fill, &parts, n, &mut hold),
+                n.map(outlets::worst),
+                route,
+            );
+            events.send(FillEvent::Streaming(streaming(
+                fill, &keep, &parts, &outlets, &growing,
+            )));
             let streamed = match n {
-                Some(n) => stream_into(body, &growing, n, deadline, total)
+                Some(n) => stream_into(body, &mut outlets, n, deadline, total)
                     .await
                     .map(Some),
                 None => {
                     let limit = fill.route.policy.max_object_size;
-                    let route = fill.route.name.as_str();
                     let room = Room {
                         limit,
                         hold: &mut hold,
                         events,
                         route,
                     };
-                    stream_unknown(body, &growing, room, deadline, total).await
+                    stream_unknown(body, &mut outlets, room, deadline, total).await
                 }
             };
             match streamed {
-                // The writer, dropped, aborts every reader.
+                // The writers, dropped, abort every reader.
                 Err(e) => return Ended::Outcome(made::failed(fill, &e)),
-                Ok(Some(bytes)) => (bytes, Some(writer)),
+                Ok(Some(bytes)) => (bytes, Some(writer), outlets.close()),
                 // Passed through to its readers whole; nothing to store,
                 // and the next caller fetches alone.
                 Ok(None) => {
-                    writer.passed();
+                    outlets.passed(writer);
                     fill.mark_pass();
                     return Ended::Outcome(FillOutcome::Pass {
                         reason: PassReason::TooLarge,
@@ -208,7 +212,7 @@ pub(crate) async fn store(
             // Given back at once: the buffered read takes its own.
             drop(hold);
             match read_body(fill, body, declared, deadline).await {
-                Buffered::Full(bytes) => (bytes, None),
+                Buffered::Full(bytes) => (bytes, None, Vec::new()),
                 Buffered::Over(reason, rest) => {
                     if reason == PassReason::TooLarge {
                         fill.mark_pass();
@@ -227,7 +231,9 @@ pub(crate) async fn store(
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
     let route = &fill.route;
     let limit = route.policy.max_object_size;
-    let entry = match compress::encode(route.compression.as_ref(), &route.name, entry, limit) {
+    let ready = coded.iter().map(|c| (c.coding, c.whole.clone())).collect();
+    let config = route.compression.as_ref();
+    let entry = match compress::encode_with(config, &route.name, entry, limit, ready) {
         Ok(entry) => Arc::new(entry),
         // Encoded by the origin past what corral can undo: only its
         // caller gets it.
@@ -259,11 +265,71 @@ pub(crate) async fn store(
     if let Some(writer) = writer {
         writer.finish(entry.body());
     }
+    for c in coded {
+        c.end();
+    }
     Ended::Outcome(FillOutcome::Stored {
         entry,
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
     })
+}
+
+/// The codings a streamed answer is compressed in as it arrives (see
+/// `cache::outlets`): none unless the route compresses it, and, for a
+/// body of declared length, none unless the fill memory can hold the
+/// worst each may take (then its callers read it unencoded, as when the
+/// route does not compress).
+fn stream_codings(
+    fill: &FillRequest,
+    parts: &response::Parts,
+    declared: Option<u64>,
+    hold: &mut corral_core::Hold,
+) -> Vec<corral_core::Coding> {
+    let config = fill.route.compression.as_ref();
+    let codings = compress::stream_codings(config, parts.status, &parts.headers, declared);
+    let Some(n) = declared else {
+        return codings;
+    };
+    // Its coded chunks and the whole copy stored, per coding.
+    let worst = outlets::worst(n).saturating_mul(2);
+    if codings.is_empty() || !hold.grow(worst.saturating_mul(codings.len() as u64)) {
+        return Vec::new();
+    }
+    codings
+}
+
+/// The outcome a streamed answer's callers read: its head (with each
+/// coding's, when it is compressed as it arrives) and its bodies.
+fn streaming(
+    fill: &FillRequest,
+    keep: &Keep,
+    parts: &response::Parts,
+    outlets: &Outlets<'_>,
+    growing: &Arc<Growing>,
+) -> FillOutcome {
+    let codings = outlets.codings();
+    let mut head = keep.entry(fill, parts.headers.clone(), Bytes::new());
+    if !codings.is_empty() {
+        let identity = compress::identity_headers(&parts.headers);
+        let coded = codings
+            .iter()
+            .map(|&c| {
+                let headers = compress::encoded_headers(&identity, c);
+                (c, Arc::new(head.representation(headers, Bytes::new())))
+            })
+            .collect();
+        head = head
+            .representation(identity, Bytes::new())
+            .with_encoded(coded);
+    }
+    FillOutcome::Streaming {
+        head: Arc::new(head),
+        body: Arc::clone(growing),
+        coded: outlets.bodies(),
+        fwd: fill.fwd,
+        fwd_status: Some(keep.status.as_u16()),
+    }
 }
 
 /// `body` checked against the digests its answer claims (RFC 9530), before
@@ -341,7 +407,7 @@ struct Room<'a> {
 /// `Growing::pass_through`), and everyone else is told to fetch alone.
 async fn stream_unknown(
     mut body: OriginBody,
-    growing: &Growing,
+    outlets: &mut Outlets<'_>,
     room: Room<'_>,
     deadline: Instant,
     total: std::time::Duration,
@@ -357,13 +423,13 @@ async fn stream_unknown(
         // Passing through: read on from the origin only while what the
         // readers have yet to read is within the bound.
         if whole.is_none() {
-            match tokio::time::timeout_at(deadline, growing.room(PASS_THROUGH_PATIENCE)).await {
+            match tokio::time::timeout_at(deadline, outlets.room(PASS_THROUGH_PATIENCE)).await {
                 Err(_) => return Err(UpstreamError::TotalTimeout(total)),
                 Ok(0) => {}
                 Ok(cut) => crate::telemetry::metrics::stream_readers_cut(route, cut),
             }
         }
-        let data = match tokio::time::timeout_at(deadline, body.frame()).await {
+        let data = match next_frame(&mut body, outlets, deadline).await {
             Err(_) => return Err(UpstreamError::TotalTimeout(total)),
             Ok(None) => break,
             Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e)),
@@ -372,23 +438,27 @@ async fn stream_unknown(
                 _ => continue, // trailers are not stored
             },
         };
+        let n = data.len() as u64;
+        let copy_len = whole.as_ref().map_or(0, |c| c.len() as u64);
+        outlets.push(data.clone(), false);
+        let coded = outlets.take_produced();
         if let Some(copy) = &mut whole {
-            let n = data.len() as u64;
-            let fits = copy.len() as u64 + n <= limit;
-            if fits && hold.grow(n.saturating_mul(2)) {
+            let fits = copy_len + n <= limit;
+            // The chunk and its copy; each coding's chunks and their copy.
+            if fits && hold.grow(n.saturating_add(coded).saturating_mul(2)) {
                 copy.extend_from_slice(&data);
             } else {
                 // Not to be stored: from now on the body only passes
                 // through, holding for its readers no more than the fill's
-                // hold covers (the copy it no longer builds was half of it).
+                // hold covers (the copies it no longer builds were half of
+                // it).
                 whole = None;
-                growing.pass_through(hold.held() / 2);
+                outlets.pass_through(hold.held() / 2);
                 let reason = if fits { "fill-memory" } else { "too-large" };
                 crate::telemetry::metrics::stream_passed_through(route, reason);
                 events.send(FillEvent::Overflowed);
             }
         }
-        growing.push(data);
     }
     Ok(whole.map(BytesMut::freeze))
 }
@@ -416,14 +486,14 @@ pub(crate) async fn read_body(
 /// of `growing` as it arrives and building the entry's copy alongside.
 async fn stream_into(
     mut body: OriginBody,
-    growing: &Growing,
+    outlets: &mut Outlets<'_>,
     n: u64,
     deadline: Instant,
     total: std::time::Duration,
 ) -> Result<Bytes, UpstreamError> {
     let mut whole = BytesMut::with_capacity(usize::try_from(n).unwrap_or(0));
     loop {
-        match tokio::time::timeout_at(deadline, body.frame()).await {
+        match next_frame(&mut body, outlets, deadline).await {
             Err(_) => return Err(UpstreamError::TotalTimeout(total)),
             Ok(None) => break,
             Ok(Some(Err(e))) => return Err(UpstreamError::Exchange(e)),
@@ -441,9 +511,7 @@ async fn stream_into(
                 // count on the next request being a hit.
                 let last = (whole.len() + data.len()) as u64 == n;
                 whole.extend_from_slice(&data);
-                if !last {
-                    growing.push(data);
-                }
+                outlets.push(data, last);
             }
         }
     }
@@ -453,6 +521,24 @@ async fn stream_into(
         ));
     }
     Ok(whole.freeze())
+}
+
+/// The body's next frame, within the deadline. When none is ready (the
+/// origin paused), the codings being made push out what they hold first.
+async fn next_frame(
+    body: &mut OriginBody,
+    outlets: &mut Outlets<'_>,
+    deadline: Instant,
+) -> Result<Option<Result<http_body::Frame<Bytes>, BodyError>>, tokio::time::error::Elapsed> {
+    let next = body.frame();
+    tokio::pin!(next);
+    if outlets.coding() {
+        if let Some(frame) = (&mut next).now_or_never() {
+            return Ok(frame);
+        }
+        outlets.flush();
+    }
+    tokio::time::timeout_at(deadline, next).await
 }
 
 pub(crate) enum Buffered {

@@ -33,6 +33,14 @@ pub fn install() -> PrometheusHandle {
                         metrics_exporter_prometheus::Matcher::Full("corral_flight_waiters".into()),
                         &[0.0, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0],
                     )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(
+                            "corral_variants_per_key".into(),
+                        ),
+                        &[1.0, 2.0, 3.0, 4.0],
+                    )
                 });
             let recorder = match builder {
                 Ok(b) => b.build_recorder(),
@@ -330,6 +338,13 @@ pub fn compressed(route: &str, coding: &'static str, before: usize, after: usize
 pub fn compression_time(route: &str, took: Duration) {
     counter!("corral_compression_microseconds_total", "route" => route.to_owned())
         .increment(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+}
+
+/// An entry of `route` was stored with `variants` representations: the
+/// unencoded one and each coding it is kept in (Accept-Encoding selects
+/// among them; on a compressing route it never splits the key).
+pub fn variants_per_key(route: &str, variants: usize) {
+    histogram!("corral_variants_per_key", "route" => route.to_owned()).record(variants as f64);
 }
 
 /// A caller turned away because the key's flight had `max_waiters`
