@@ -41,6 +41,19 @@ struct Slot<T> {
     started: tokio::time::Instant,
     /// False for a flight that replaced a retired one.
     ages: bool,
+    /// What the flight is for, as an operator may see it ([`Permit::name`]).
+    name: std::sync::OnceLock<Box<str>>,
+}
+
+/// A flight under way, as the operator's views show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlightView {
+    /// Its [`Permit::name`], or `""` if its leader gave none.
+    pub name: String,
+    /// Followers waiting on it now.
+    pub waiting: usize,
+    /// How long it has been under way.
+    pub age: Duration,
 }
 
 type Registry<T> = Arc<Mutex<HashMap<Digest, Arc<Slot<T>>>>>;
@@ -122,6 +135,7 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
             followers: AtomicUsize::new(0),
             started: tokio::time::Instant::now(),
             ages: !how.after_retirement,
+            name: std::sync::OnceLock::new(),
         });
         map.insert(key, Arc::clone(&slot));
         Role::Leader(Permit {
@@ -143,6 +157,24 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The `n` flights with the most followers waiting now, most first.
+    pub fn busiest(&self, n: usize) -> Vec<FlightView> {
+        let mut all: Vec<FlightView> = self
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|slot| FlightView {
+                name: slot.name.get().map(|n| n.to_string()).unwrap_or_default(),
+                waiting: slot.tx.receiver_count(),
+                age: slot.started.elapsed(),
+            })
+            .collect();
+        all.sort_by(|a, b| b.waiting.cmp(&a.waiting).then(b.age.cmp(&a.age)));
+        all.truncate(n);
+        all
+    }
 }
 
 /// The leader's obligation to end its flight.
@@ -154,6 +186,13 @@ pub struct Permit<T> {
 }
 
 impl<T> Permit<T> {
+    /// Names the flight for the operator's views ([`Flights::busiest`]):
+    /// never a secret (a key without its query, say). The first name
+    /// given stays.
+    pub fn name(&self, name: &str) {
+        let _ = self.slot.name.set(name.into());
+    }
+
     /// Followers so far.
     pub fn followers(&self) -> usize {
         self.slot.followers.load(Ordering::Relaxed)
@@ -292,6 +331,38 @@ mod tests {
 
     fn key(n: u8) -> Digest {
         Digest([n; 32])
+    }
+
+    #[tokio::test]
+    async fn the_busiest_flights_are_those_with_the_most_waiting() {
+        let f: Flights<u32> = Flights::new();
+        let (mut leaders, mut waiting) = (Vec::new(), Vec::new());
+        for (k, followers) in [(1u8, 3usize), (2, 7), (3, 0)] {
+            let Role::Leader(permit) = f.join(key(k), Join::UNBOUNDED) else {
+                panic!("first must lead")
+            };
+            permit.name(&format!("api example.test/k{k}"));
+            permit.name("a second name is ignored");
+            for _ in 0..followers {
+                let Role::Follower(w) = f.join(key(k), Join::UNBOUNDED) else {
+                    panic!("others must follow")
+                };
+                waiting.push(w);
+            }
+            leaders.push(permit);
+        }
+        let busiest = f.busiest(2);
+        let seen: Vec<(&str, usize)> = busiest
+            .iter()
+            .map(|v| (v.name.as_str(), v.waiting))
+            .collect();
+        assert_eq!(
+            seen,
+            [("api example.test/k2", 7), ("api example.test/k1", 3)]
+        );
+        // One gives up: it no longer counts.
+        waiting.pop();
+        assert_eq!(f.busiest(1)[0].waiting, 6);
     }
 
     #[tokio::test]

@@ -58,7 +58,7 @@ pub use entry::{
     EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, VIA_1_1, compact,
     merge_not_modified,
 };
-pub use flight::{FlightEnd, Flights, Join, Permit, Role, WaitResult, Waiter};
+pub use flight::{FlightEnd, FlightView, Flights, Join, Permit, Role, WaitResult, Waiter};
 pub use identity::{Identity, IdentityRules};
 pub use key::{
     Digest, LocalBytes, LocalKey, PathScope, PrimaryKey, QueryFilter, UriKey, VariantKey,

@@ -476,6 +476,12 @@ impl L1 {
     }
 
     /// Keys whose back-off is running now.
+    /// The bytes the entries may weigh in all (`cache.memory`, less the
+    /// side tables' share).
+    pub fn capacity(&self) -> u64 {
+        self.entries.policy().max_capacity().unwrap_or(0)
+    }
+
     pub fn backoff_keys(&self) -> usize {
         let now = self.time.now();
         self.backoff

@@ -74,6 +74,32 @@ enum Command {
         #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
         log_format: LogFormat,
     },
+    /// The live view in the terminal: requests, origin requests saved,
+    /// flights, instances and bounds, read from admin listeners' /stats
+    /// and redrawn in place (q or Ctrl-C quits).
+    Top {
+        /// Admin listeners to read, e.g. http://127.0.0.1:9080 (repeat
+        /// for several instances).
+        #[arg(long = "admin", default_value = "http://127.0.0.1:9080")]
+        admins: Vec<String>,
+        /// Every instance sharing the first admin's Redis (its
+        /// /stats?fleet=1).
+        #[arg(long)]
+        fleet: bool,
+        /// Print one reading and exit.
+        #[arg(long)]
+        once: bool,
+        /// With --once: print the reading as JSON (the /stats?fleet=1 form).
+        #[arg(long, requires = "once")]
+        json: bool,
+        /// Seconds between readings.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// The admin token, where the live view is guarded; defaults to
+        /// $CORRAL_ADMIN_TOKEN.
+        #[arg(long, env = "CORRAL_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Validate a configuration file and exit (0 when valid).
     Check {
         #[arg(long, short)]
@@ -158,6 +184,27 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => check(&config),
+        Command::Top {
+            admins,
+            fleet,
+            once,
+            json,
+            interval,
+            token,
+        } => {
+            if !(0.1..=3600.0).contains(&interval) {
+                eprintln!("corral top: --interval must be between 0.1 and 3600 seconds");
+                return ExitCode::from(2);
+            }
+            crate::ops::top::run(crate::ops::top::Args {
+                admins,
+                token,
+                fleet,
+                once,
+                json,
+                interval: Duration::from_secs_f64(interval),
+            })
+        }
         Command::Purge {
             admin,
             token,
@@ -194,7 +241,7 @@ fn main() -> ExitCode {
                 }
             };
             println!(
-                "corral proxy: http://{} in front of {to}; admin (health, metrics, purge) on http://{}",
+                "corral proxy: http://{} in front of {to}; live view on http://{}/ (and health, metrics, purge)",
                 config.listen, config.admin
             );
             run(config, None, log_format)
@@ -269,6 +316,22 @@ fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFo
             return ExitCode::from(2);
         }
     };
+    let env_admin = std::env::var("CORRAL_ADMIN_TOKEN").ok();
+    let admin_token = match purge::token_of(
+        config.server.admin_token.as_deref(),
+        env_admin.as_deref(),
+        "CORRAL_ADMIN_TOKEN",
+        "the live view",
+    ) {
+        // A token of its own guards the view wherever it listens; the
+        // purge token only off loopback.
+        Ok(Some(t)) => AdminToken::Own(t),
+        Ok(None) => AdminToken::Purge(purge_token.clone()),
+        Err(e) => {
+            eprintln!("corral: {e}");
+            return ExitCode::from(2);
+        }
+    };
     init_logs(log_format);
     let max_connections = budget_descriptors(config.server.max_connections);
     // per_core: this runtime is the control thread (admin
@@ -291,7 +354,11 @@ fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFo
             return ExitCode::FAILURE;
         }
     };
-    let served = runtime.block_on(serve(config, source, purge_token, max_connections));
+    let tokens = Tokens {
+        purge: purge_token,
+        admin: admin_token,
+    };
+    let served = runtime.block_on(serve(config, source, tokens, max_connections));
     // The last lines ("corral stopped") are still queued for stdout.
     if !log_sink::flush_installed(Duration::from_secs(2)) {
         eprintln!("corral: stdout did not take the last log lines within 2s");
@@ -394,10 +461,64 @@ where
     }
 }
 
+/// The tokens of the admin listener.
+struct Tokens {
+    /// The purge API's.
+    purge: Option<String>,
+    /// The live view's.
+    admin: AdminToken,
+}
+
+/// The live view's token.
+enum AdminToken {
+    /// `server.admin_token` or `CORRAL_ADMIN_TOKEN`: always asked for.
+    Own(String),
+    /// None of its own: the purge token (if any), asked for only when
+    /// the admin listener is not on loopback.
+    Purge(Option<String>),
+}
+
+/// This process, as the fleet view names it: the host name and the pid.
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}/{}", std::process::id())
+}
+
+/// How often an instance with Redis publishes its summary for the fleet
+/// view, and how long one lasts: an instance that stopped drops off
+/// within that.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+const HEARTBEAT_TTL: Duration = Duration::from_secs(10);
+
+/// Publishes this instance's summary in Redis every [`HEARTBEAT_EVERY`]
+/// for the fleet view (`/stats?fleet=1`). A failed write is retried at
+/// the next beat; the view then lists this instance a while less.
+async fn heartbeat(state: Arc<crate::ops::AdminState>) {
+    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(l2) = &state.app.l2 else {
+            return;
+        };
+        let summary = crate::ops::json_line(&admin::summary(&state));
+        if let Err(e) = l2
+            .heartbeat(&state.instance, summary.trim_end(), HEARTBEAT_TTL)
+            .await
+        {
+            tracing::debug!(error = %e, "fleet heartbeat not written");
+        }
+    }
+}
+
 async fn serve(
     config: config::Config,
     source: Option<(PathBuf, u64)>,
-    purge_token: Option<String>,
+    tokens: Tokens,
     max_connections: usize,
 ) -> anyhow::Result<()> {
     // per_core: one listening socket per worker thread on the same
@@ -446,8 +567,22 @@ async fn serve(
         app: Arc::clone(&app),
         metrics,
         draining: std::sync::atomic::AtomicBool::new(false),
-        purge_token,
+        purge_token: tokens.purge,
+        guarded: matches!(tokens.admin, AdminToken::Own(_)) || !config.admin.ip().is_loopback(),
+        admin_token: match tokens.admin {
+            AdminToken::Own(t) => Some(t),
+            AdminToken::Purge(t) => t,
+        },
+        instance: instance_name(),
+        listen: listeners
+            .first()
+            .and_then(|(l, _)| l.local_addr().ok())
+            .map_or_else(|| config.listen.to_string(), |a| a.to_string()),
+        started: std::time::Instant::now(),
     });
+    if app.l2.is_some() {
+        tokio::spawn(heartbeat(Arc::clone(&admin_state)));
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let admin_server = config.server.clone();
     let admin_state_for_listener = Arc::clone(&admin_state);
@@ -464,7 +599,7 @@ async fn serve(
     if let Some((path, loaded)) = source {
         reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     }
-    tracing::info!(listen = %config.listen, admin = %config.admin, routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
+    tracing::info!(listen = %config.listen, admin = %config.admin, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {
         let graceful = wait_for_signal().await;

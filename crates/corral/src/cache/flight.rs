@@ -45,7 +45,12 @@ pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
         after_retirement: miss.after_retirement(),
     };
     match fill.cache.flights.join(fill.variant.digest, join) {
-        Role::Leader(permit) => Flown::Answer(lead(fill, Some(permit), head).await),
+        Role::Leader(permit) => {
+            // For the operator's views: no query values, no body digest.
+            let name = fill.primary.loggable();
+            permit.name(name.split(" body=").next().unwrap_or(name));
+            Flown::Answer(lead(fill, Some(permit), head).await)
+        }
         Role::Follower(waiter) => follow(fill, waiter, miss, head).await,
         Role::Full => {
             let outcome = made::wait_list_full(&fill);

@@ -389,6 +389,72 @@ impl SharedTier for L2 {
     }
 }
 
+/// The most instances a fleet view reads.
+pub const FLEET_MAX: usize = 256;
+
+/// Writes a heartbeat and enrols its instance on the roll (scored by when
+/// it lapses), dropping those that lapsed: KEYS[1] the roll, KEYS[2] the
+/// heartbeat; ARGV: instance, summary, lifetime in ms, now in ms.
+static HEARTBEAT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1",
+    )
+});
+
+impl L2 {
+    /// Publishes this instance's summary for `ttl`: the fleet view lists
+    /// it until then.
+    pub async fn heartbeat(
+        &self,
+        instance: &str,
+        summary: &str,
+        ttl: Duration,
+    ) -> Result<(), L2Error> {
+        let roll = self.layout.fleet_key();
+        let beat = self.layout.heartbeat_key(instance);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        self.link
+            .script::<i64>(
+                &HEARTBEAT,
+                &[&roll, &beat],
+                &[arg(instance), arg(summary), arg(millis(ttl)), arg(now)],
+            )
+            .await
+            .map(drop)
+    }
+
+    /// The live heartbeats (at most [`FLEET_MAX`]), as their instances
+    /// wrote them.
+    pub async fn fleet(&self) -> Result<Vec<String>, L2Error> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let mut cmd = redis::cmd("ZRANGEBYSCORE");
+        cmd.arg(self.layout.fleet_key())
+            .arg(now.to_string())
+            .arg("+inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(FLEET_MAX);
+        let names: Vec<String> = self.link.query(&cmd).await?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut get = redis::cmd("MGET");
+        for n in &names {
+            get.arg(self.layout.heartbeat_key(n));
+        }
+        let beats: Vec<Option<String>> = self.link.query(&get).await?;
+        Ok(beats.into_iter().flatten().collect())
+    }
+}
+
 fn vary_record(v: &Vary) -> String {
     match v {
         Vary::None => "-".to_owned(),

@@ -84,6 +84,19 @@ impl Layout {
         format!("{}{{{}}}:nvs", self.prefix, scope.to_hex())
     }
 
+    /// The fleet's roll: a sorted set of instance names scored by when
+    /// their heartbeat lapses (milliseconds since the epoch). It shares a
+    /// hash tag with [`Layout::heartbeat_key`], so one MGET reads every
+    /// heartbeat on a Cluster.
+    pub fn fleet_key(&self) -> String {
+        format!("{}{{fleet}}:members", self.prefix)
+    }
+
+    /// One instance's last heartbeat: its summary, as `/stats` gives it.
+    pub fn heartbeat_key(&self, instance: &str) -> String {
+        format!("{}{{fleet}}:i:{instance}", self.prefix)
+    }
+
     /// The keys of one variant of `primary`, for the caller `identity`.
     pub fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         Keys {

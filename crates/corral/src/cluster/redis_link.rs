@@ -455,6 +455,15 @@ impl RedisLink {
         !self.is_connected() || self.breaker_for(Some(key.as_bytes())).state() == BreakerState::Open
     }
 
+    /// On a Cluster: the primaries whose breaker is open now, of those
+    /// known; `None` elsewhere (one breaker: [`RedisLink::breaker_state`]).
+    pub fn shard_breakers(&self) -> Option<(usize, usize)> {
+        self.shards.as_ref().map(|s| {
+            let (open, known, _) = s.state();
+            (open, known)
+        })
+    }
+
     pub fn is_connected(&self) -> bool {
         self.conn
             .read()

@@ -196,6 +196,10 @@ pub struct ServerConfig {
     /// Bearer token of the purge API; `CORRAL_PURGE_TOKEN` is used when
     /// this is absent. Neither set: purging is refused.
     pub purge_token: Option<String>,
+    /// Token of the live view (`/`, `/stats`) when the admin listener is
+    /// not on loopback; `CORRAL_ADMIN_TOKEN` when absent, else the purge
+    /// token.
+    pub admin_token: Option<String>,
     /// Proxies whose `X-Forwarded-For` / `Forwarded` is believed (empty:
     /// nobody's; the peer is the client).
     pub trusted_proxies: corral_core::client_addr::TrustedProxies,
@@ -242,6 +246,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             drain_period: Duration::from_secs(5),
             purge_token: None,
+            admin_token: None,
             trusted_proxies: Default::default(),
             listen_proxy_protocol: false,
             runtime: RuntimeMode::Shared,

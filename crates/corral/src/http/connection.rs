@@ -494,6 +494,44 @@ pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Buil
     builder
 }
 
+/// The connection slots of every listener serving, by listener name:
+/// what the operator's views count against `max_connections`.
+static LISTENERS: std::sync::Mutex<Vec<(&'static str, std::sync::Weak<Semaphore>, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn register(name: &'static str, slots: &Arc<Semaphore>, max: usize) {
+    let mut all = LISTENERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|(_, s, _)| s.strong_count() > 0);
+    if !all.iter().any(|(_, s, _)| s.as_ptr() == Arc::as_ptr(slots)) {
+        all.push((name, Arc::downgrade(slots), max));
+    }
+}
+
+/// Connections open now and the most allowed, per listener name (the
+/// listeners that share one limit counted once).
+pub fn open_connections() -> Vec<(&'static str, usize, usize)> {
+    let all = LISTENERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut out: Vec<(&'static str, usize, usize)> = Vec::new();
+    for (name, slots, max) in all.iter() {
+        let Some(slots) = slots.upgrade() else {
+            continue;
+        };
+        let used = max.saturating_sub(slots.available_permits());
+        match out.iter_mut().find(|(n, _, _)| n == name) {
+            Some(row) => {
+                row.1 += used;
+                row.2 += max;
+            }
+            None => out.push((name, used, *max)),
+        }
+    }
+    out
+}
+
 /// Accepts on `listener` until `shutdown` turns true, serving each
 /// connection with `handler` under `limits`; then tells every open
 /// connection to finish and waits up to `grace` for them.
@@ -529,6 +567,7 @@ pub async fn serve_on<H: Handler>(
     tls: Option<Arc<crate::http::tls::ListenerTls>>,
 ) {
     let builder = Arc::new(builder);
+    register(name, &slots, limits.max_connections);
     loop {
         let permit = tokio::select! {
             p = Arc::clone(&slots).acquire_owned() => match p {

@@ -1,7 +1,18 @@
 //! The admin listener: liveness (`/healthz`), readiness (`/readyz`, which
 //! reports Redis but is not failed by it: corral serves without Redis),
 //! load-balancer health (`/lb-health`, 503 from the moment a drain starts)
-//! Prometheus `/metrics` and the purge API (`POST /purge`, see purge.rs). It never shares a port with client traffic.
+//! Prometheus `/metrics`, the purge API (`POST /purge`, see purge.rs), and
+//! the operator's live view: the page (`/`, its script and style embedded
+//! in the binary) and the figures it reads every second (`/stats`, and
+//! `/stats?fleet=1` for every instance sharing the Redis; see stats.rs).
+//! It never shares a port with client traffic.
+//!
+//! On loopback (the default) anyone on the host may read the live view,
+//! as `/metrics`, unless an admin token of its own is set. Listening
+//! anywhere else, or with `server.admin_token` (`CORRAL_ADMIN_TOKEN`) set,
+//! `/`, its assets and `/stats` need the admin token (else, off loopback,
+//! the purge token), as a bearer token or as the password of HTTP Basic
+//! (which a browser asks for); with no token at all they are refused.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,7 +35,199 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/lb-health", get(lb_health))
         .route("/metrics", get(metrics))
         .route("/purge", axum::routing::post(crate::ops::purge::handle))
+        .route("/", get(page))
+        .route("/live.js", get(script))
+        .route("/live.css", get(style))
+        .route("/stats", get(stats))
         .with_state(state)
+}
+
+/// The live page and its assets, built into the binary.
+const PAGE: &str = include_str!("../../assets/live.html");
+const SCRIPT: &str = include_str!("../../assets/live.js");
+const STYLE: &str = include_str!("../../assets/live.css");
+
+/// Nothing but the page's own script, style and `/stats` may load: what
+/// the page shows from the data path (keys, route names) is set as text,
+/// and an injected tag could not run or call out anyway.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+    frame-ancestors 'none'";
+
+/// Refuses a live-view request the listener's access rule does not let
+/// through (see the module's notes).
+fn refused(s: &AdminState, headers: &header::HeaderMap) -> Option<axum::response::Response> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match access(s.guarded, s.admin_token.as_deref(), given) {
+        Access::Open => None,
+        Access::NoToken => Some(
+            (
+                StatusCode::FORBIDDEN,
+                "the admin listener is not on loopback: set server.admin_token \
+                 (or CORRAL_ADMIN_TOKEN) to see the live view\n",
+            )
+                .into_response(),
+        ),
+        Access::Wrong => Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                [(
+                    header::WWW_AUTHENTICATE,
+                    "Basic realm=\"corral\", charset=\"UTF-8\"",
+                )],
+                "missing or wrong admin token\n",
+            )
+                .into_response(),
+        ),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Access {
+    Open,
+    /// Guarded, and no token to check against.
+    NoToken,
+    Wrong,
+}
+
+/// Whether the live view opens to a request whose Authorization field is
+/// `given`: always when not `guarded`; otherwise only with `expected`.
+fn access(guarded: bool, expected: Option<&str>, given: Option<&str>) -> Access {
+    if !guarded {
+        return Access::Open;
+    }
+    let Some(expected) = expected else {
+        return Access::NoToken;
+    };
+    match given.and_then(presented_token) {
+        Some(g) if crate::ops::purge::constant_time_eq(g.as_bytes(), expected.as_bytes()) => {
+            Access::Open
+        }
+        _ => Access::Wrong,
+    }
+}
+
+/// The token an Authorization field presents: a bearer token, or HTTP
+/// Basic's password (any user name).
+fn presented_token(value: &str) -> Option<String> {
+    use base64::Engine;
+    if let Some(t) = value.strip_prefix("Bearer ") {
+        return Some(t.trim().to_owned());
+    }
+    let encoded = value.strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let pair = String::from_utf8(decoded).ok()?;
+    pair.split_once(':')
+        .map(|(_, password)| password.to_owned())
+}
+
+fn asset(
+    s: &AdminState,
+    headers: &header::HeaderMap,
+    content_type: &'static str,
+    body: &'static str,
+) -> axum::response::Response {
+    if let Some(r) = refused(s, headers) {
+        return r;
+    }
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn page(State(s): State<Arc<AdminState>>, headers: header::HeaderMap) -> impl IntoResponse {
+    asset(&s, &headers, "text/html; charset=utf-8", PAGE)
+}
+
+async fn script(State(s): State<Arc<AdminState>>, headers: header::HeaderMap) -> impl IntoResponse {
+    asset(&s, &headers, "text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style(State(s): State<Arc<AdminState>>, headers: header::HeaderMap) -> impl IntoResponse {
+    asset(&s, &headers, "text/css; charset=utf-8", STYLE)
+}
+
+#[derive(serde::Deserialize)]
+struct StatsQuery {
+    #[serde(default)]
+    fleet: Option<String>,
+}
+
+/// `GET /stats`: this instance's summary; `?fleet=1`: every live
+/// instance's and their totals.
+async fn stats(
+    State(s): State<Arc<AdminState>>,
+    headers: header::HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<StatsQuery>,
+) -> axum::response::Response {
+    if let Some(r) = refused(&s, &headers) {
+        return r;
+    }
+    let own = summary(&s);
+    let body = match q.fleet.as_deref() {
+        None | Some("0") => json_line(&own),
+        Some(_) => json_line(&fleet(&s, own).await),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// This instance's summary now.
+pub fn summary(s: &AdminState) -> crate::ops::stats::Summary {
+    let text = crate::telemetry::metrics::render(&s.metrics, &gauges(&s.app));
+    crate::ops::stats::summary(
+        &text,
+        &crate::ops::stats::Live {
+            app: &s.app,
+            instance: &s.instance,
+            listen: &s.listen,
+            uptime_s: s.started.elapsed().as_secs(),
+        },
+    )
+}
+
+/// Every instance whose heartbeat is live in Redis (this one's summary
+/// always fresh); this one alone without Redis, or when it fails.
+async fn fleet(s: &AdminState, own: crate::ops::stats::Summary) -> crate::ops::stats::Fleet {
+    use crate::ops::stats::{Fleet, Summary};
+    let Some(l2) = &s.app.l2 else {
+        return Fleet::of("local", vec![own]);
+    };
+    match l2.fleet().await {
+        Err(e) => {
+            tracing::debug!(error = %e, "fleet view: Redis did not answer; this instance only");
+            Fleet::of("local", vec![own])
+        }
+        Ok(beats) => {
+            let mut all: Vec<Summary> = beats
+                .iter()
+                .filter_map(|b| serde_json::from_str::<Summary>(b).ok())
+                .filter(|other| other.instance != own.instance)
+                .collect();
+            all.push(own);
+            all.sort_by(|a, b| a.instance.cmp(&b.instance));
+            Fleet::of("redis", all)
+        }
+    }
 }
 
 /// `/readyz`'s body, fields in this order.
@@ -79,7 +282,9 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
         l1_entries: app.cache.l1.entry_count(),
         l1_bytes: app.cache.l1.weighted_size(),
         l1_side_bytes: app.cache.l1.side_weighted_size(),
+        l1_limit_bytes: app.cache.l1.capacity(),
         fill_buffer_bytes: app.cache.fill_memory.used(),
+        fill_memory_limit_bytes: app.cache.fill_memory.limit(),
         post_buffer_bytes: app.post_memory.used(),
         ahead_buffer_bytes: app.cache.ahead_memory.used(),
         backoff_keys: app.cache.l1.backoff_keys(),
@@ -131,4 +336,48 @@ pub async fn serve(
         server.shutdown_grace,
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "a-token-of-24-characters";
+
+    #[test]
+    fn the_live_view_opens_on_loopback_or_to_its_token() {
+        assert_eq!(access(false, None, None), Access::Open);
+        assert_eq!(access(false, Some(TOKEN), None), Access::Open);
+        assert_eq!(access(true, None, Some("Bearer x")), Access::NoToken);
+        assert_eq!(access(true, Some(TOKEN), None), Access::Wrong);
+        let bearer = format!("Bearer {TOKEN}");
+        assert_eq!(access(true, Some(TOKEN), Some(&bearer)), Access::Open);
+        assert_eq!(
+            access(true, Some(TOKEN), Some("Bearer a-token-of-24-characterz")),
+            Access::Wrong
+        );
+        // HTTP Basic, as a browser sends it: any user, the token as password.
+        use base64::Engine;
+        let basic = |pair: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )
+        };
+        assert_eq!(
+            access(true, Some(TOKEN), Some(&basic(&format!("ops:{TOKEN}")))),
+            Access::Open
+        );
+        assert_eq!(
+            access(true, Some(TOKEN), Some(&basic(&format!(":{TOKEN}")))),
+            Access::Open
+        );
+        assert_eq!(
+            access(true, Some(TOKEN), Some(&basic(TOKEN))),
+            Access::Wrong,
+            "no colon: no password"
+        );
+        assert_eq!(access(true, Some(TOKEN), Some("Basic !!!")), Access::Wrong);
+        assert_eq!(access(true, Some(TOKEN), Some(TOKEN)), Access::Wrong);
+    }
 }

@@ -12,6 +12,8 @@ use crate::app::App;
 pub mod admin;
 pub mod purge;
 pub mod reload;
+pub mod stats;
+pub mod top;
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -21,6 +23,16 @@ pub struct AdminState {
     pub draining: AtomicBool,
     /// The purge API's bearer token; `None` refuses every purge.
     pub purge_token: Option<String>,
+    /// The live view's token (`server.admin_token`, else the purge token).
+    pub admin_token: Option<String>,
+    /// The admin listener is not on loopback: the live view needs
+    /// `admin_token`.
+    pub guarded: bool,
+    /// This process, as the fleet view names it: host name and pid.
+    pub instance: String,
+    /// The client listener's address.
+    pub listen: String,
+    pub started: std::time::Instant,
 }
 
 /// One JSON object and a newline: the admin endpoints' bodies.

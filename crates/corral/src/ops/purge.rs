@@ -121,19 +121,30 @@ const MIN_TOKEN_CHARS: usize = 16;
 /// loader), else `CORRAL_PURGE_TOKEN` (`env`), held to the same minimum. An
 /// empty variable counts as unset.
 pub fn token(configured: Option<&str>, env: Option<&str>) -> Result<Option<String>, String> {
+    token_of(configured, env, "CORRAL_PURGE_TOKEN", "cache purges")
+}
+
+/// A token in force: the configured one, else the environment variable
+/// `var`'s (`env`), held to the same minimum (it guards `what`).
+pub fn token_of(
+    configured: Option<&str>,
+    env: Option<&str>,
+    var: &str,
+    what: &str,
+) -> Result<Option<String>, String> {
     if let Some(t) = configured {
         return Ok(Some(t.to_owned()));
     }
     match env.map(str::trim).filter(|t| !t.is_empty()) {
         None => Ok(None),
         Some(t) if t.chars().count() < MIN_TOKEN_CHARS => Err(format!(
-            "CORRAL_PURGE_TOKEN must be at least {MIN_TOKEN_CHARS} characters: it guards cache purges"
+            "{var} must be at least {MIN_TOKEN_CHARS} characters: it guards {what}"
         )),
         Some(t) => Ok(Some(t.to_owned())),
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

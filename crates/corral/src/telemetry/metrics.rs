@@ -421,7 +421,12 @@ pub struct Gauges {
     pub l1_entries: u64,
     pub l1_bytes: u64,
     pub l1_side_bytes: u64,
+    /// What L1's entries may weigh in all (`cache.memory` less the side
+    /// tables' share).
+    pub l1_limit_bytes: u64,
     pub fill_buffer_bytes: u64,
+    /// `cache.fill_memory`.
+    pub fill_memory_limit_bytes: u64,
     pub post_buffer_bytes: u64,
     pub ahead_buffer_bytes: u64,
     pub backoff_keys: usize,
@@ -440,7 +445,9 @@ pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
     gauge!("corral_l1_entries").set(g.l1_entries as f64);
     gauge!("corral_l1_bytes").set(g.l1_bytes as f64);
     gauge!("corral_l1_side_bytes").set(g.l1_side_bytes as f64);
+    gauge!("corral_l1_limit_bytes").set(g.l1_limit_bytes as f64);
     gauge!("corral_fill_buffer_bytes").set(g.fill_buffer_bytes as f64);
+    gauge!("corral_fill_memory_limit_bytes").set(g.fill_memory_limit_bytes as f64);
     gauge!("corral_post_buffer_bytes").set(g.post_buffer_bytes as f64);
     gauge!("corral_ahead_buffer_bytes").set(g.ahead_buffer_bytes as f64);
     gauge!("corral_origin_backoff_keys").set(g.backoff_keys as f64);

@@ -57,6 +57,13 @@ impl Resolver<'_> {
             }
             Ok(token.to_owned())
         })?;
+        let admin_token = self.at("server.admin_token", &raw.admin_token).parse(|t| {
+            let token = t.trim();
+            if token.len() < 16 {
+                return Err("must be at least 16 characters: it guards the live view");
+            }
+            Ok(token.to_owned())
+        })?;
         let trusted_proxies = self.trusted_proxies(raw)?;
         let (runtime, workers) = self.threads(raw)?;
         let overload =
@@ -72,6 +79,7 @@ impl Resolver<'_> {
             trusted_proxies,
             listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
             purge_token,
+            admin_token,
             header_read_timeout: header_read_timeout.value,
             idle_timeout: idle_timeout.value,
             send_timeout: send_timeout.value,

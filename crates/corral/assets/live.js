@@ -1,0 +1,243 @@
+// corral's live page: reads /stats?fleet=1 every second and shows rates
+// (from two readings), totals, flights, instances and bounds. Everything
+// from the data path is set as text (textContent), never as markup.
+"use strict";
+
+const OUTCOMES = ["hit", "stale", "miss", "collapsed", "pass", "error"];
+const COLOURS = {
+  hit: "#2f6f4f", stale: "#8a9a3b", miss: "#c76b00", collapsed: "#3d6fb6",
+  pass: "#7a7a7a", error: "#b33a3a", origin: "#1d2327",
+};
+const HISTORY = 120;
+
+let previous = null; // { at, fleet }
+const history = []; // { clients: {outcome: rate}, origin: rate }
+
+function byId(id) { return document.getElementById(id); }
+
+function text(id, value) {
+  const el = byId(id);
+  if (el) el.textContent = value;
+}
+
+function fmt(n) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "–";
+  if (Math.abs(n) >= 100 || Number.isInteger(n)) return Math.round(n).toLocaleString("en-US");
+  return n.toFixed(1);
+}
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i === 0 ? n : n.toFixed(1)) + " " + units[i];
+}
+
+function duration(ms) {
+  if (ms < 1000) return ms + " ms";
+  const s = Math.floor(ms / 1000);
+  if (s < 120) return s + " s";
+  if (s < 7200) return Math.floor(s / 60) + " min";
+  return Math.floor(s / 3600) + " h";
+}
+
+function clients(t) { return OUTCOMES.reduce((a, o) => a + (t.requests[o] || 0), 0); }
+function saved(t) { return Math.max(0, clients(t) - t.origin_requests); }
+
+// Per-second rate of a counter between two readings (0 when it went back:
+// an instance restarted or left).
+function rate(now, before, dt) {
+  if (before === undefined || dt <= 0) return 0;
+  return Math.max(0, (now - before) / dt);
+}
+
+function row(cells, classes) {
+  const tr = document.createElement("tr");
+  cells.forEach((c, i) => {
+    const td = document.createElement("td");
+    if (c instanceof Node) td.appendChild(c); else td.textContent = c;
+    if (classes && classes[i]) td.className = classes[i];
+    tr.appendChild(td);
+  });
+  return tr;
+}
+
+function fill(tableId, rows) {
+  const body = byId(tableId).tBodies[0];
+  body.replaceChildren(...rows);
+}
+
+function bar(used, limit) {
+  const outer = document.createElement("div");
+  outer.className = "bar";
+  const inner = document.createElement("div");
+  const share = limit > 0 ? Math.min(1, used / limit) : 0;
+  inner.style.width = (share * 100).toFixed(1) + "%";
+  if (share > 0.85) outer.className = "bar near";
+  outer.appendChild(inner);
+  return outer;
+}
+
+function render(fleet, dt) {
+  const t = fleet.totals;
+  const before = previous ? previous.fleet : null;
+  const pt = before ? before.totals : null;
+  const rates = {};
+  OUTCOMES.forEach((o) => { rates[o] = pt ? rate(t.requests[o] || 0, pt.requests[o], dt) : 0; });
+  const clientRate = OUTCOMES.reduce((a, o) => a + rates[o], 0);
+  const originRate = pt ? rate(t.origin_requests, pt.origin_requests, dt) : 0;
+
+  text("total-clients", fmt(clients(t)));
+  text("total-origin", fmt(t.origin_requests));
+  text("total-saved", fmt(saved(t)));
+  text("saved-hit", fmt(t.saved.hit || 0));
+  text("saved-collapsed", fmt(t.saved.collapsed || 0));
+  text("saved-stale", fmt(t.saved.stale || 0));
+  text("rate-clients", pt ? fmt(clientRate) : "–");
+  text("rate-origin", pt ? fmt(originRate) : "–");
+  text("rate-saved", pt ? fmt(Math.max(0, clientRate - originRate)) : "–");
+  text("hit-ratio", clientRate > 0 ? ((rates.hit + rates.stale) / clientRate * 100).toFixed(1) + " %" : "–");
+
+  fill("outcomes", OUTCOMES.map((o) => {
+    const tr = row([o, pt ? fmt(rates[o]) : "–", fmt(t.requests[o] || 0)]);
+    tr.dataset.outcome = o;
+    return tr;
+  }));
+
+  // Routes, summed over the instances.
+  const routes = new Map();
+  const beforeRoutes = new Map();
+  const sum = (into, inst) => inst.routes.forEach((r) => {
+    const have = into.get(r.name) || { requests: {}, origin_requests: 0, open: false };
+    OUTCOMES.forEach((o) => { have.requests[o] = (have.requests[o] || 0) + (r.requests[o] || 0); });
+    have.origin_requests += r.origin_requests;
+    have.open = have.open || r.circuit === "open";
+    into.set(r.name, have);
+  });
+  fleet.instances.forEach((i) => sum(routes, i));
+  if (before) before.instances.forEach((i) => sum(beforeRoutes, i));
+  fill("routes", [...routes.entries()].map(([name, r]) => {
+    const b = beforeRoutes.get(name);
+    const rr = (o) => (b ? fmt(rate(r.requests[o], b.requests[o], dt)) : "–");
+    const all = b ? OUTCOMES.reduce((a, o) => a + rate(r.requests[o], b.requests[o], dt), 0) : null;
+    const tr = row([
+      name, b ? fmt(all) : "–", ...OUTCOMES.map(rr),
+      b ? fmt(rate(r.origin_requests, b.origin_requests, dt)) : "–",
+      fmt(saved(r)), r.open ? "open" : "closed",
+    ], [null, null, null, null, null, null, null, null, null, null, r.open ? "open" : null]);
+    tr.dataset.route = name;
+    return tr;
+  }));
+
+  // Flights, busiest first, over every instance.
+  const flights = [];
+  let inProgress = 0;
+  let backoff = 0;
+  fleet.instances.forEach((i) => {
+    inProgress += i.flights.in_progress;
+    backoff += i.flights.backoff_keys;
+    i.flights.busiest.forEach((f) => flights.push({ ...f, instance: i.instance }));
+  });
+  flights.sort((a, b) => b.waiting - a.waiting);
+  text("flights-in-progress", fmt(inProgress));
+  text("backoff-keys", fmt(backoff));
+  fill("flights", flights.slice(0, 10).map((f) =>
+    row([f.key, fmt(f.waiting), duration(f.age_ms), f.instance], ["key"])));
+
+  // Instances.
+  text("instance-count", fmt(fleet.instances.length));
+  text("fleet-source", fleet.source === "redis" ? "(every instance sharing this Redis)" : "(this instance)");
+  const beforeInst = new Map((before ? before.instances : []).map((i) => [i.instance, i]));
+  fill("instances", fleet.instances.map((i) => {
+    const b = beforeInst.get(i.instance);
+    const redis = i.redis.mode === "off" ? "off"
+      : i.redis.mode + ", " + i.redis.link + (i.redis.breaker_open ? ", breaker open" : "")
+        + (i.redis.primaries_open ? ", primaries open " + i.redis.primaries_open[0] + "/" + i.redis.primaries_open[1] : "");
+    const l2 = i.redis.l2_reads;
+    const tr = row([
+      i.instance, i.listen, duration(i.uptime_s * 1000),
+      b ? fmt(rate(clients(i.totals), clients(b.totals), dt)) : "–",
+      b ? fmt(rate(i.totals.origin_requests, b.totals.origin_requests, dt)) : "–",
+      redis, fmt(l2.hit || 0) + " / " + fmt(l2.miss || 0) + " / " + fmt(l2.corrupt || 0),
+    ]);
+    tr.dataset.instance = i.instance;
+    return tr;
+  }));
+
+  // Bounds.
+  const bounds = [];
+  fleet.instances.forEach((i) => i.bounds.forEach((b) => {
+    const show = b.unit === "bytes" ? bytes : fmt;
+    bounds.push(row([i.instance, b.name, show(b.used), show(b.limit), bar(b.used, b.limit)]));
+  }));
+  fill("bounds", bounds);
+
+  if (pt) {
+    history.push({ rates, origin: originRate });
+    while (history.length > HISTORY) history.shift();
+    chart();
+  }
+}
+
+function chart() {
+  const svg = byId("chart");
+  const ns = "http://www.w3.org/2000/svg";
+  const w = 600;
+  const h = 160;
+  let max = 1;
+  history.forEach((p) => OUTCOMES.concat(["origin"]).forEach((o) => {
+    max = Math.max(max, o === "origin" ? p.origin : p.rates[o]);
+  }));
+  const lines = OUTCOMES.concat(["origin"]).map((o) => {
+    const points = history.map((p, i) => {
+      const x = (w * (HISTORY - history.length + i)) / (HISTORY - 1);
+      const v = o === "origin" ? p.origin : p.rates[o];
+      return x.toFixed(1) + "," + (h - 4 - ((h - 8) * v) / max).toFixed(1);
+    }).join(" ");
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", points);
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", COLOURS[o]);
+    line.setAttribute("stroke-width", o === "origin" ? "2.5" : "1.5");
+    if (o === "origin") line.setAttribute("stroke-dasharray", "4 3");
+    return line;
+  });
+  svg.replaceChildren(...lines);
+}
+
+function legend() {
+  const items = OUTCOMES.concat(["origin"]).map((o) => {
+    const li = document.createElement("li");
+    li.textContent = o === "origin" ? "origin requests" : o;
+    li.setAttribute("data-colour", COLOURS[o]);
+    li.style.color = COLOURS[o];
+    return li;
+  });
+  byId("legend").replaceChildren(...items);
+}
+
+async function tick() {
+  const status = byId("status");
+  try {
+    const res = await fetch("stats?fleet=1", { cache: "no-store", credentials: "same-origin" });
+    if (!res.ok) throw new Error("/stats answered " + res.status);
+    const fleet = await res.json();
+    const at = Math.max(...fleet.instances.map((i) => i.at_ms));
+    const dt = previous ? (at - previous.at) / 1000 : 0;
+    render(fleet, dt);
+    previous = { at, fleet };
+    status.className = "status";
+    status.textContent = "updated " + new Date(at).toLocaleTimeString() + " · " +
+      fleet.instances.length + (fleet.instances.length === 1 ? " instance" : " instances");
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  } catch (e) {
+    status.className = "status error";
+    status.textContent = "no figures: " + e.message;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  legend();
+  tick();
+  setInterval(tick, 1000);
+});

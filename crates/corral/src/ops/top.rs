@@ -1,0 +1,327 @@
+//! `corral top`: the live view in a terminal, in the spirit of varnishstat
+//! and top. It reads `/stats` of one or more admin listeners (with
+//! `--fleet`, the first one's `/stats?fleet=1`: every instance sharing its
+//! Redis), redraws in place every interval, and exits on `q` or Ctrl-C,
+//! leaving the terminal as it found it. `--once --json` prints one reading
+//! as JSON (the `/stats?fleet=1` form) for scripts; `--once` alone prints
+//! the view once.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::ops::stats::{Fleet, OUTCOMES, Summary, Traffic};
+
+/// What `corral top` was asked.
+pub struct Args {
+    /// Admin listeners, e.g. `http://127.0.0.1:9080` (a bare
+    /// `host:port` is taken as http).
+    pub admins: Vec<String>,
+    /// The admin token, when the view is guarded.
+    pub token: Option<String>,
+    pub fleet: bool,
+    pub once: bool,
+    pub json: bool,
+    pub interval: Duration,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("corral top: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .no_proxy()
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("corral top: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if args.once {
+            return once(&client, &args).await;
+        }
+        interactive(&client, &args).await
+    })
+}
+
+async fn once(client: &reqwest::Client, args: &Args) -> ExitCode {
+    match read(client, args).await {
+        Err(e) => {
+            eprintln!("corral top: {e}");
+            ExitCode::FAILURE
+        }
+        Ok(fleet) if args.json => {
+            print!("{}", crate::ops::json_line(&fleet));
+            ExitCode::SUCCESS
+        }
+        Ok(fleet) => {
+            print!("{}", view(&fleet, None, 0.0));
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// One reading of every admin listener asked, as one fleet.
+async fn read(client: &reqwest::Client, args: &Args) -> Result<Fleet, String> {
+    let mut instances: Vec<Summary> = Vec::new();
+    let mut source = "top";
+    for (i, admin) in args.admins.iter().enumerate() {
+        let base = if admin.contains("://") {
+            admin.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{}", admin.trim_end_matches('/'))
+        };
+        let fleet = args.fleet && i == 0;
+        let url = format!("{base}/stats{}", if fleet { "?fleet=1" } else { "" });
+        let mut req = client.get(&url);
+        if let Some(t) = &args.token {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let status = res.status();
+        let body = res.text().await.map_err(|e| format!("{url}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("{url} answered {status}: {}", body.trim()));
+        }
+        let got: Vec<Summary> = if fleet {
+            let f: Fleet = serde_json::from_str(&body).map_err(|e| format!("{url}: {e}"))?;
+            if f.source == "redis" {
+                source = "redis";
+            }
+            f.instances
+        } else {
+            vec![serde_json::from_str(&body).map_err(|e| format!("{url}: {e}"))?]
+        };
+        for s in got {
+            if !instances.iter().any(|o| o.instance == s.instance) {
+                instances.push(s);
+            }
+        }
+    }
+    Ok(Fleet::of(source, instances))
+}
+
+async fn interactive(client: &reqwest::Client, args: &Args) -> ExitCode {
+    use crossterm::event::{Event, EventStream, KeyCode, KeyEventKind, KeyModifiers};
+    use futures_util::StreamExt;
+    if let Err(e) = crossterm::terminal::enable_raw_mode() {
+        eprintln!("corral top: not a terminal ({e}); use --once");
+        return ExitCode::FAILURE;
+    }
+    let mut out = std::io::stdout();
+    // The alternate screen: the shell's own screen comes back on exit.
+    let _ = write!(out, "\x1b[?1049h\x1b[?25l");
+    let mut keys = EventStream::new();
+    let mut tick = tokio::time::interval(args.interval);
+    let mut before: Option<Fleet> = None;
+    let code = loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let screen = match read(client, args).await {
+                    Ok(fleet) => {
+                        let dt = before.as_ref().map_or(0.0, |b| seconds_between(b, &fleet));
+                        let s = view(&fleet, before.as_ref(), dt);
+                        before = Some(fleet);
+                        s
+                    }
+                    Err(e) => format!("corral top: {e}\n(retrying; q quits)\n"),
+                };
+                // Raw mode: each line must return the carriage itself.
+                let _ = write!(out, "\x1b[H\x1b[2J{}", screen.replace('\n', "\r\n"));
+                let _ = out.flush();
+            }
+            key = keys.next() => match key {
+                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => {
+                    let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                    if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc) {
+                        break ExitCode::SUCCESS;
+                    }
+                }
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => break ExitCode::SUCCESS,
+            },
+            _ = tokio::signal::ctrl_c() => break ExitCode::SUCCESS,
+        }
+    };
+    let _ = write!(out, "\x1b[?25h\x1b[?1049l");
+    let _ = out.flush();
+    let _ = crossterm::terminal::disable_raw_mode();
+    code
+}
+
+fn seconds_between(before: &Fleet, now: &Fleet) -> f64 {
+    let at = |f: &Fleet| f.instances.iter().map(|i| i.at_ms).max().unwrap_or(0);
+    (at(now).saturating_sub(at(before))) as f64 / 1000.0
+}
+
+fn clients(t: &Traffic) -> u64 {
+    t.requests.values().sum()
+}
+
+/// Per second between two readings of a counter (0 when it went back).
+fn per_second(now: u64, before: Option<u64>, dt: f64) -> Option<f64> {
+    let before = before?;
+    (dt > 0.0).then(|| now.saturating_sub(before) as f64 / dt)
+}
+
+fn rate_text(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}"))
+}
+
+/// The text view of one reading (`before`, `dt` seconds earlier, makes
+/// the rates).
+pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
+    let t = &fleet.totals;
+    let b = before.map(|b| &b.totals);
+    let mut s = String::new();
+    let total = clients(t);
+    let saved = total.saturating_sub(t.origin_requests);
+    s += &format!(
+        "corral top - {} instance(s) ({})   q quits\n\n",
+        fleet.instances.len(),
+        if fleet.source == "redis" {
+            "fleet"
+        } else {
+            "as listed"
+        }
+    );
+    s += &format!(
+        "client requests {total:>12}  {:>10}/s\norigin requests {:>12}  {:>10}/s\nsaved           {saved:>12}  (hit {}, collapsed {}, stale {})\n\n",
+        rate_text(per_second(total, b.map(clients), dt)),
+        t.origin_requests,
+        rate_text(per_second(
+            t.origin_requests,
+            b.map(|b| b.origin_requests),
+            dt
+        )),
+        t.saved.get("hit").copied().unwrap_or(0),
+        t.saved.get("collapsed").copied().unwrap_or(0),
+        t.saved.get("stale").copied().unwrap_or(0),
+    );
+    s += &format!("{:<10} {:>12} {:>10}\n", "outcome", "total", "per s");
+    for o in OUTCOMES {
+        let n = t.requests.get(o).copied().unwrap_or(0);
+        let r = per_second(n, b.map(|b| b.requests.get(o).copied().unwrap_or(0)), dt);
+        s += &format!("{o:<10} {n:>12} {:>10}\n", rate_text(r));
+    }
+    s += &format!(
+        "\n{:<24} {:>10} {:>10} {:>10} {:>8}\n",
+        "route", "requests", "origin", "saved", "circuit"
+    );
+    let mut routes: Vec<(String, u64, u64, bool)> = Vec::new();
+    for i in &fleet.instances {
+        for r in &i.routes {
+            let c = clients(&r.traffic);
+            match routes.iter_mut().find(|x| x.0 == r.name) {
+                Some(x) => {
+                    x.1 += c;
+                    x.2 += r.traffic.origin_requests;
+                    x.3 |= r.circuit == "open";
+                }
+                None => routes.push((
+                    r.name.clone(),
+                    c,
+                    r.traffic.origin_requests,
+                    r.circuit == "open",
+                )),
+            }
+        }
+    }
+    for (name, c, o, open) in &routes {
+        s += &format!(
+            "{:<24} {c:>10} {o:>10} {:>10} {:>8}\n",
+            printable(name, 24),
+            c.saturating_sub(*o),
+            if *open { "OPEN" } else { "closed" }
+        );
+    }
+    let mut flights: Vec<(&str, usize, u64)> = fleet
+        .instances
+        .iter()
+        .flat_map(|i| {
+            i.flights
+                .busiest
+                .iter()
+                .map(|f| (f.key.as_str(), f.waiting, f.age_ms))
+        })
+        .collect();
+    flights.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let in_progress: usize = fleet.instances.iter().map(|i| i.flights.in_progress).sum();
+    let backoff: usize = fleet.instances.iter().map(|i| i.flights.backoff_keys).sum();
+    s += &format!("\nflights in progress {in_progress}, keys in back-off {backoff}\n");
+    for (key, waiting, age) in flights.iter().take(5) {
+        s += &format!(
+            "  {waiting:>6} waiting {age:>7} ms  {}\n",
+            printable(key, 60)
+        );
+    }
+    s += &format!(
+        "\n{:<28} {:<22} {:>10} {:>10}  redis\n",
+        "instance", "listen", "requests", "origin"
+    );
+    for i in &fleet.instances {
+        s += &format!(
+            "{:<28} {:<22} {:>10} {:>10}  {} {}{}\n",
+            printable(&i.instance, 28),
+            printable(&i.listen, 22),
+            clients(&i.totals),
+            i.totals.origin_requests,
+            printable(&i.redis.mode, 10),
+            printable(&i.redis.link, 14),
+            if i.redis.breaker_open {
+                " breaker open"
+            } else {
+                ""
+            }
+        );
+    }
+    s += "\nbounds\n";
+    for i in &fleet.instances {
+        for b in &i.bounds {
+            let share = if b.limit > 0 {
+                b.used as f64 * 100.0 / b.limit as f64
+            } else {
+                0.0
+            };
+            s += &format!(
+                "  {:<28} {:<24} {:>14} of {:>14} {share:>5.1}%\n",
+                printable(&i.instance, 28),
+                printable(&b.name, 24),
+                b.used,
+                b.limit
+            );
+        }
+    }
+    s
+}
+
+/// `text` cut to `width` characters with every control character (a
+/// terminal escape from a forged heartbeat, say) replaced.
+fn printable(text: &str, width: usize) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .take(width)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(printable("a\x1b[2Jb\nc", 80), "a?[2Jb?c");
+        assert_eq!(printable("abcdef", 3), "abc");
+    }
+}

@@ -1,0 +1,602 @@
+//! The operator's live view (issue 30): `/stats` and the fleet behind it,
+//! `corral top`, the page in a real browser, and who may see them. The
+//! figures are checked against `/metrics` and the origin's own count: the
+//! origin requests saved are the clients less the origin's requests.
+
+use std::process::Command;
+use std::time::Duration;
+
+use corral_tests::lifecycle::{admin_get, scrape};
+use corral_tests::paths::corral_bin;
+use corral_tests::shared::{cacheable, spawn_bursts};
+use corral_tests::{Client, Config, DEADLINE, Origin, Proxy, Redis, Route, RunningProxy};
+use serde_json::Value;
+
+const OUTCOMES: [&str; 6] = ["hit", "stale", "miss", "collapsed", "pass", "error"];
+
+fn shared(origin: &corral_tests::RunningOrigin, redis: &Redis) -> Config {
+    Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+}
+
+async fn stats(proxy: &RunningProxy, path: &str) -> Value {
+    let answer = admin_get(proxy, path).await;
+    assert_eq!(answer.status, 200, "GET {path}: {}", answer.body);
+    assert_eq!(answer.content_type.as_deref(), Some("application/json"));
+    serde_json::from_str(&answer.body).expect("JSON")
+}
+
+/// `/stats?fleet=1` of `proxy` once `ready` says so (heartbeats come
+/// every 2 s); fails the test past the deadline.
+async fn fleet_when(proxy: &RunningProxy, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let fleet = stats(proxy, "/stats?fleet=1").await;
+        if ready(&fleet) {
+            return fleet;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for the fleet view: {what}\n{fleet:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn count(v: &Value) -> u64 {
+    v.as_u64().expect("a count")
+}
+
+fn clients(traffic: &Value) -> u64 {
+    OUTCOMES
+        .iter()
+        .map(|o| count(&traffic["requests"][o]))
+        .sum()
+}
+
+/// A stampede of `n` on each of `proxies` for one cold key (300 ms at the
+/// origin): every answer a 200.
+async fn stampede(proxies: &[RunningProxy], n: usize, path: &str) {
+    let client = Client::new();
+    let answers = spawn_bursts(&client, proxies, n, path)
+        .await
+        .expect("burst");
+    for a in answers.iter().flatten() {
+        assert_eq!(a.status, 200);
+    }
+}
+
+/// `corral top --once --json` with `args`: its JSON, or its failure.
+fn top(args: &[&str]) -> Result<Value, String> {
+    let out = Command::new(corral_bin())
+        .arg("top")
+        .args(["--once", "--json"])
+        .args(args)
+        .env_remove("CORRAL_ADMIN_TOKEN")
+        .output()
+        .expect("corral top runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}"))
+}
+
+/// Two instances on one Redis, 400 callers, one origin request: each
+/// instance's `/stats` agrees with its `/metrics`, the fleet view (on
+/// either instance, and `corral top`) lists both and sums them, and the
+/// origin requests saved are the clients less the origin's own count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_shows_one_origin_request_for_every_client() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/cold",
+            cacheable("the one answer").delay(Duration::from_millis(300)),
+        )
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    stampede(&proxies, 200, "/cold").await;
+    assert_eq!(origin.hits("/cold"), 1);
+
+    // Each instance's own figures are its metrics'.
+    let mut names = Vec::new();
+    for p in &proxies {
+        let own = stats(p, "/stats").await;
+        let metrics = scrape(p).await;
+        assert_eq!(
+            clients(&own["totals"]) as f64,
+            metrics.sum("corral_requests_total", &[])
+        );
+        assert_eq!(
+            count(&own["totals"]["origin_requests"]) as f64,
+            metrics.sum("corral_origin_fetches_total", &[])
+        );
+        assert_eq!(clients(&own["totals"]), 200);
+        assert_eq!(own["redis"]["mode"], "node");
+        assert_eq!(own["redis"]["link"], "connected");
+        let route = &own["routes"][0];
+        assert_eq!(route["name"], "api");
+        assert_eq!(route["circuit"], "closed");
+        let bounds: Vec<&str> = own["bounds"]
+            .as_array()
+            .expect("bounds")
+            .iter()
+            .map(|b| b["name"].as_str().expect("name"))
+            .collect();
+        for b in ["l1", "fill_memory", "pinned_by_slow_readers", "descriptors"] {
+            assert!(bounds.contains(&b), "{b} in {bounds:?}");
+        }
+        assert!(bounds.iter().any(|b| b.starts_with("connections_")));
+        names.push(own["instance"].as_str().expect("name").to_owned());
+    }
+    assert_ne!(names[0], names[1]);
+
+    // The fleet, from either instance: both, once their heartbeats (every
+    // 2 s) carry the stampede.
+    for p in &proxies {
+        let fleet = fleet_when(p, "both instances, 400 clients", |f| {
+            f["instances"].as_array().map(Vec::len) == Some(2) && clients(&f["totals"]) == 400
+        })
+        .await;
+        assert_eq!(fleet["source"], "redis");
+        let totals = &fleet["totals"];
+        let origin_requests = count(&totals["origin_requests"]);
+        assert_eq!(origin_requests, origin.hits("/cold") as u64);
+        let saved = clients(totals) - origin_requests;
+        assert_eq!(saved, 399, "{totals}");
+        let by_reason: u64 = ["hit", "collapsed", "stale"]
+            .iter()
+            .map(|r| count(&totals["saved"][r]))
+            .sum();
+        assert_eq!(by_reason, 399, "{totals}");
+    }
+
+    // corral top reads the same, from both admin listeners or the fleet.
+    let (a, b) = (proxies[0].admin_url(""), proxies[1].admin_url(""));
+    for args in [
+        vec!["--admin", &a, "--admin", &b],
+        vec!["--fleet", "--admin", &a],
+    ] {
+        let seen = top(&args).expect("corral top");
+        assert_eq!(
+            seen["instances"].as_array().map(Vec::len),
+            Some(2),
+            "{args:?}"
+        );
+        assert_eq!(clients(&seen["totals"]), 400, "{args:?}");
+        assert_eq!(count(&seen["totals"]["origin_requests"]), 1, "{args:?}");
+    }
+    let down = top(&["--admin", "http://127.0.0.1:9"]).expect_err("nothing listens");
+    assert!(down.contains("127.0.0.1:9"), "{down}");
+}
+
+/// Without Redis the fleet view is the one instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_the_fleet_is_this_instance() {
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    for _ in 0..3 {
+        client.get(&proxy.url("/a")).await;
+    }
+    let fleet = stats(&proxy, "/stats?fleet=1").await;
+    assert_eq!(fleet["source"], "local");
+    assert_eq!(fleet["instances"].as_array().map(Vec::len), Some(1));
+    assert_eq!(count(&fleet["totals"]["requests"]["hit"]), 2);
+    assert_eq!(count(&fleet["totals"]["requests"]["miss"]), 1);
+    assert_eq!(fleet["instances"][0]["redis"]["mode"], "off");
+}
+
+const TOKEN: &str = "live-view-token-0123456789";
+
+/// With an admin token of its own, the page, its assets and `/stats` need
+/// it (bearer or HTTP Basic, as a browser sends it); health and metrics
+/// stay open. The page forbids everything but its own script and style.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_needs_its_token_when_one_is_set() {
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .env("CORRAL_ADMIN_TOKEN", TOKEN)
+        .start()
+        .await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    for path in ["/", "/live.js", "/live.css", "/stats", "/stats?fleet=1"] {
+        let url = proxy.admin_url(path);
+        let none = http.get(&url).send().await.expect("answer");
+        assert_eq!(none.status(), 401, "{path}");
+        let challenge = none.headers().get("www-authenticate").expect("challenge");
+        assert!(challenge.to_str().expect("ascii").starts_with("Basic "));
+        let wrong = http
+            .get(&url)
+            .bearer_auth("live-view-token-012345678X")
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(wrong.status(), 401, "{path}");
+        let bearer = http
+            .get(&url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(bearer.status(), 200, "{path}");
+        let basic = http
+            .get(&url)
+            .basic_auth("operator", Some(TOKEN))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(basic.status(), 200, "{path}");
+        assert_eq!(
+            basic
+                .headers()
+                .get("cache-control")
+                .map(|v| v.to_str().expect("ascii")),
+            Some("no-store")
+        );
+    }
+    let page = http
+        .get(proxy.admin_url("/"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("page");
+    let csp = page
+        .headers()
+        .get("content-security-policy")
+        .expect("CSP")
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(
+        csp.starts_with("default-src 'none'; script-src 'self';"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe"), "{csp}");
+    for open in ["/healthz", "/metrics"] {
+        let answer = http
+            .get(proxy.admin_url(open))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), 200, "{open}");
+    }
+    // corral top asks with the token, or is told why not.
+    let admin = proxy.admin_url("");
+    let refused = top(&["--admin", &admin]).expect_err("no token");
+    assert!(refused.contains("401"), "{refused}");
+    let seen = top(&["--admin", &admin, "--token", TOKEN]).expect("with the token");
+    assert_eq!(seen["instances"].as_array().map(Vec::len), Some(1));
+}
+
+/// A token too short to guard anything is refused at start, naming it.
+#[tokio::test]
+async fn a_short_admin_token_is_refused() {
+    let (status, message) = corral_tests::corral_check(
+        "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\ncache: { memory: 64MiB }\n\
+         server: { admin_token: short }\nroutes: []\n",
+    )
+    .await;
+    assert!(!status.success());
+    assert!(message.contains("admin_token"), "{message}");
+    assert!(message.contains("16 characters"), "{message}");
+}
+
+// ---------------------------------------------------------------------------
+// The page in a real browser
+// ---------------------------------------------------------------------------
+
+/// Debian's Chromium, headless, as the probe of this machine runs it.
+fn chromium() -> Option<std::path::PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// `chromium --headless` on `url` with `extra`, its stdout.
+fn headless(url: &str, extra: &[&str]) -> String {
+    let Some(bin) = chromium() else {
+        if std::env::var("CORRAL_SKIP_CHROMIUM").as_deref() == Ok("1") {
+            return String::new();
+        }
+        panic!("no Chromium: install Debian's `chromium` package (or set CORRAL_SKIP_CHROMIUM=1)");
+    };
+    let profile = corral_tests::temp::TempDir::new("chromium").expect("profile dir");
+    let out = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the element `id` in a serialized DOM.
+fn element_text<'a>(dom: &'a str, id: &str) -> &'a str {
+    let open = format!("id=\"{id}\">");
+    let start = dom
+        .find(&open)
+        .unwrap_or_else(|| panic!("#{id} in the page"))
+        + open.len();
+    let end = dom[start..].find('<').expect("closing tag") + start;
+    &dom[start..end]
+}
+
+fn number(text: &str) -> u64 {
+    text.replace(',', "")
+        .parse()
+        .unwrap_or_else(|_| panic!("a number: {text:?}"))
+}
+
+/// Headless Chromium loads the page of one of two instances sharing a
+/// Redis after a stampede: the figures it renders (read through its DOM)
+/// are the fleet's, and the origin requests saved are the clients less
+/// the origin's own count. A heartbeat forged in Redis with markup in its
+/// names is shown as text: no element of it is made, no script of it
+/// runs. A screenshot is saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
+    if chromium().is_none() && std::env::var("CORRAL_SKIP_CHROMIUM").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: no Chromium and CORRAL_SKIP_CHROMIUM=1");
+        return;
+    }
+    let server = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/cold",
+            cacheable("the one answer").delay(Duration::from_millis(300)),
+        )
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &server))
+        .instances(2)
+        .start_all()
+        .await;
+    stampede(&proxies, 150, "/cold").await;
+    assert_eq!(origin.hits("/cold"), 1);
+
+    // An instance nobody runs, with markup wherever a name goes.
+    let forged = serde_json::json!({
+        "instance": "<script>document.title='pwned'</script>",
+        "listen": "<img src=x id=injected>",
+        "version": "0", "uptime_s": 1,
+        "at_ms": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH).expect("now").as_millis() as u64,
+        "totals": { "requests": {"hit": 0, "stale": 0, "miss": 0, "collapsed": 0, "pass": 0, "error": 0},
+                    "origin_requests": 0, "saved": {"hit": 0, "collapsed": 0, "stale": 0} },
+        "routes": [{ "name": "<b id=bold>route</b>", "requests": {"hit": 0}, "origin_requests": 0,
+                     "saved": {}, "circuit": "closed" }],
+        "flights": { "in_progress": 1, "backoff_keys": 0,
+                     "busiest": [{ "key": "api GET h/<script>alert(1)</script>", "waiting": 7, "age_ms": 5 }] },
+        "redis": { "mode": "node", "link": "connected", "breaker_open": false,
+                   "primaries_open": null, "l2_reads": {} },
+        "bounds": []
+    });
+    let name = "<script>document.title='pwned'</script>";
+    let mut zadd = ::redis::cmd("ZADD");
+    zadd.arg("corral:{fleet}:members")
+        .arg(i64::MAX / 2)
+        .arg(name);
+    server.command::<i64>(&zadd, "ZADD").await;
+    server
+        .set_raw(
+            &format!("corral:{{fleet}}:i:{name}"),
+            forged.to_string().as_bytes(),
+        )
+        .await;
+
+    let a = &proxies[0];
+    let fleet = fleet_when(a, "all three, 300 clients", |f| {
+        f["instances"].as_array().map(Vec::len) == Some(3) && clients(&f["totals"]) == 300
+    })
+    .await;
+    let url = a.admin_url("/");
+    let page = url.clone();
+    let dom = tokio::task::spawn_blocking(move || {
+        headless(&page, &["--virtual-time-budget=4000", "--dump-dom"])
+    })
+    .await
+    .expect("chromium task");
+    assert!(!dom.is_empty(), "no DOM");
+    // The page read the fleet at least twice (rates need two readings).
+    let updates = dom
+        .split("data-updates=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .map(number)
+        .unwrap_or(0);
+    assert!(updates >= 2, "the page updated {updates} times");
+    let origin_hits = origin.hits("/cold") as u64;
+    let metrics_clients: f64 = {
+        let mut n = 0.0;
+        for p in &proxies {
+            n += scrape(p).await.sum("corral_requests_total", &[]);
+        }
+        n
+    };
+    assert_eq!(number(element_text(&dom, "total-clients")), 300);
+    assert_eq!(metrics_clients, 300.0);
+    assert_eq!(number(element_text(&dom, "total-origin")), origin_hits);
+    assert_eq!(
+        number(element_text(&dom, "total-saved")),
+        300 - origin_hits,
+        "saved = clients - origin requests"
+    );
+    assert_eq!(number(element_text(&dom, "instance-count")), 3);
+    let collapsed = number(element_text(&dom, "saved-collapsed"));
+    let hit = number(element_text(&dom, "saved-hit"));
+    assert_eq!(
+        collapsed + hit,
+        count(&fleet["totals"]["saved"]["collapsed"]) + count(&fleet["totals"]["saved"]["hit"])
+    );
+    // The forged names are text: escaped in the DOM, no element made.
+    assert!(
+        dom.contains("&lt;script&gt;document.title='pwned'&lt;/script&gt;"),
+        "instance name shown as text"
+    );
+    assert!(
+        dom.contains("api GET h/&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "flight key shown as text"
+    );
+    assert!(
+        dom.contains("&lt;b id=bold&gt;route&lt;/b&gt;"),
+        "route name shown as text"
+    );
+    assert!(!dom.contains("id=\"injected\""), "an element was injected");
+    assert!(!dom.contains("id=\"bold\""), "an element was injected");
+    assert_eq!(
+        dom.matches("<script").count(),
+        1,
+        "only the page's own script"
+    );
+    assert!(
+        dom.contains("<title>corral: live</title>"),
+        "a forged script ran"
+    );
+
+    // A screenshot, for the record (and the README's).
+    let shot = std::env::temp_dir().join(format!("corral-live-{}.png", std::process::id()));
+    let arg = format!("--screenshot={}", shot.display());
+    tokio::task::spawn_blocking(move || {
+        headless(
+            &url,
+            &[
+                "--virtual-time-budget=4000",
+                "--window-size=1280,1500",
+                &arg,
+            ],
+        )
+    })
+    .await
+    .expect("chromium task");
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    if let Ok(keep) = std::env::var("CORRAL_LIVE_SCREENSHOT") {
+        std::fs::copy(&shot, keep).expect("screenshot kept");
+    }
+    let _ = std::fs::remove_file(&shot);
+}
+
+// ---------------------------------------------------------------------------
+// corral top, interactive, in tmux
+// ---------------------------------------------------------------------------
+
+fn tmux(args: &[&str]) -> std::process::Output {
+    Command::new("tmux").args(args).output().expect("tmux runs")
+}
+
+/// What the tmux pane `session` shows once `ready` says so.
+async fn pane_when(session: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let out = tmux(&["capture-pane", "-p", "-t", session]);
+        let screen = String::from_utf8_lossy(&out.stdout).into_owned();
+        if ready(&screen) {
+            return screen;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out; the pane shows:\n{screen}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `corral top` in a terminal (tmux): it draws the view with the
+/// instance's figures, redraws them as they change, and exits cleanly on
+/// q and on Ctrl-C, each time with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_top_draws_in_a_terminal_and_quits_on_q_or_ctrl_c() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        if std::env::var("CORRAL_SKIP_TMUX").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: no tmux and CORRAL_SKIP_TMUX=1");
+            return;
+        }
+        panic!("no tmux: install Debian's `tmux` package (or set CORRAL_SKIP_TMUX=1)");
+    }
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let dir = corral_tests::temp::TempDir::new("top").expect("dir");
+    for key in ["q", "C-c"] {
+        let session = format!("corral-top-{}-{}", std::process::id(), key.len());
+        let status = dir.path().join(format!("status-{}", key.len()));
+        let command = format!(
+            "{} top --interval 0.2 --admin {}; echo $? > {}",
+            corral_bin().display(),
+            proxy.admin_url(""),
+            status.display()
+        );
+        let started = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "150",
+            "-y",
+            "60",
+            &command,
+        ]);
+        assert!(started.status.success(), "{started:?}");
+        client.get(&proxy.url("/a")).await;
+        let screen = pane_when(&session, |s| {
+            s.contains("corral top") && s.contains("client requests")
+        })
+        .await;
+        assert!(screen.contains("q quits"), "{screen}");
+        // Its figures follow the instance's: two more answers, two more.
+        let before = scrape(&proxy).await.sum("corral_requests_total", &[]) as u64;
+        client.get(&proxy.url("/a")).await;
+        client.get(&proxy.url("/a")).await;
+        let want = format!("client requests {:>12}", before + 2);
+        pane_when(&session, |s| s.contains(&want)).await;
+        let sent = tmux(&["send-keys", "-t", &session, key]);
+        assert!(sent.status.success());
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while !status.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "corral top did not quit on {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The file is written once the shell ran echo: read it whole.
+        let mut code = String::new();
+        while tokio::time::Instant::now() < deadline {
+            code = std::fs::read_to_string(&status).expect("status");
+            if code.ends_with('\n') {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(code.trim(), "0", "corral top's status after {key}");
+        let _ = tmux(&["kill-session", "-t", &session]);
+    }
+}
