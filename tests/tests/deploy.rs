@@ -192,8 +192,6 @@ impl ServerSection {
 #[derive(Debug, Deserialize)]
 struct CacheSection {
     memory: String,
-    max_object_size: Option<String>,
-    fill_memory: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -2215,7 +2213,6 @@ struct RuleGroup {
 
 #[derive(Debug, Deserialize)]
 struct Rule {
-    record: Option<String>,
     alert: Option<String>,
     expr: String,
     #[serde(rename = "for")]
@@ -2233,7 +2230,7 @@ fn rules() -> Vec<Rule> {
 
 /// The metric names a PromQL expression reads, crudely: every identifier
 /// (`[A-Za-z0-9_:]+`) that starts with `prefix` (`corral_` for corral's
-/// metrics, `corral:` for recording rules). Label values in quotes never
+/// metrics, `corral:` for recorded series). Label values in quotes never
 /// start with either here.
 fn metric_names(expr: &str, prefix: &str) -> Vec<String> {
     expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
@@ -2419,7 +2416,9 @@ fn the_dashboard_has_its_variables_and_covers_what_operators_watch() {
         "corral_redis_errors_total",
         "corral_l2_reads_total",
         "corral_l1_bytes",
+        "corral_l1_limit_bytes",
         "corral_fill_buffer_bytes",
+        "corral_fill_memory_limit_bytes",
         "corral_ahead_buffer_bytes",
         "corral_sealed_bytes",
     ] {
@@ -2437,16 +2436,16 @@ fn the_dashboard_has_its_variables_and_covers_what_operators_watch() {
         "no panel splits client requests by outcome"
     );
 
-    // The limit series the memory panels draw are recorded by the rules.
-    let recorded: Vec<String> = rules().into_iter().filter_map(|r| r.record).collect();
-    for expr in &exprs {
-        for name in metric_names(expr, "corral:") {
-            assert!(
-                recorded.contains(&name),
-                "the dashboard reads {name}, which deploy/prometheus/corral-alerts.yml \
-                 does not record ({recorded:?})"
-            );
-        }
+    // The memory panels draw the limits corral exports: nothing records
+    // `corral:` series any more, so one would draw nothing.
+    let rule_exprs = rules().into_iter().map(|r| r.expr);
+    for expr in exprs.iter().cloned().chain(rule_exprs) {
+        let recorded = metric_names(&expr, "corral:");
+        assert!(
+            recorded.is_empty(),
+            "{expr} reads {recorded:?}, which nothing records: use the limits \
+             corral exports (corral_l1_limit_bytes, corral_fill_memory_limit_bytes)"
+        );
     }
 }
 
@@ -2464,8 +2463,11 @@ fn the_alerts_cover_corrals_failures_and_name_their_severity() {
         ("CorralRedisDisconnected", "corral_redis_connected"),
         ("CorralWaitListFull", "corral_wait_list_full_total"),
         ("CorralOriginBackoff", "corral_origin_backoff_keys"),
-        ("CorralL1MemoryNearBound", "corral:cache_memory_bytes"),
-        ("CorralFillMemoryNearBound", "corral:fill_memory_bytes"),
+        ("CorralL1MemoryNearBound", "corral_l1_limit_bytes"),
+        (
+            "CorralFillMemoryNearBound",
+            "corral_fill_memory_limit_bytes",
+        ),
         ("CorralHigh5xxRate", "cache=\"error\""),
     ] {
         let rule = alerts
@@ -2496,65 +2498,30 @@ fn the_alerts_cover_corrals_failures_and_name_their_severity() {
     );
 }
 
-/// The value of `vector(N)`, the form the limit recording rules take.
-fn vector_value(expr: &str) -> u64 {
-    expr.trim()
-        .strip_prefix("vector(")
-        .and_then(|e| e.strip_suffix(')'))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("`{expr}` is not vector(BYTES)"))
-}
-
-/// The memory limits the alerts compare with are the ones the configs
-/// deploy/ ships give corral.
-#[test]
-fn the_alerts_memory_limits_are_the_shipped_configs() {
-    let rules = rules();
-    let limit = |name: &str| {
-        let rule = rules
-            .iter()
-            .find(|r| r.record.as_deref() == Some(name))
-            .unwrap_or_else(|| panic!("no recording rule {name}"));
-        assert_eq!(
-            rule.labels.get("job").map(String::as_str),
-            Some("corral"),
-            "{name}"
-        );
-        vector_value(&rule.expr)
+/// The memory alerts and panels compare what corral holds with the limits
+/// it exports: `corral_fill_memory_limit_bytes` is `cache.fill_memory`, and
+/// `corral_l1_limit_bytes` is what L1's entries may weigh, `cache.memory`
+/// less the side tables' share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_exports_the_memory_limits_the_alerts_compare_with() {
+    let origin = Origin::new().route("/", Reply::ok("hello")).start().await;
+    let config = Config::single(origin.url())
+        .cache("memory", "64MiB")
+        .cache("fill_memory", "24MiB");
+    let proxy = Proxy::new(config).start().await;
+    let scrape = corral_tests::lifecycle::scrape(&proxy).await;
+    let gauge = |name: &str| {
+        scrape
+            .value(name, &[])
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{}", scrape.text()))
     };
-    let image: CorralConfig = parse(
-        "deploy/config/corral.yaml",
-        &read(&deploy_dir().join("config/corral.yaml")),
+    let fill = gauge("corral_fill_memory_limit_bytes");
+    assert_eq!(fill, (24u64 << 20) as f64, "cache.fill_memory is 24MiB");
+    let l1 = gauge("corral_l1_limit_bytes");
+    assert!(
+        l1 > 0.0 && l1 <= (64u64 << 20) as f64,
+        "corral_l1_limit_bytes {l1}: L1's entries get part of cache.memory (64MiB)"
     );
-    let pods = CorralPods::load();
-    for (what, config) in [
-        ("deploy/config/corral.yaml", &image),
-        ("the Kubernetes ConfigMap", &pods.config),
-    ] {
-        let memory = bytes(&config.cache.memory);
-        assert_eq!(
-            limit("corral:cache_memory_bytes"),
-            memory,
-            "cache.memory of {what}"
-        );
-        // corral's default: a quarter of memory, at least max_object_size.
-        let fill = config.cache.fill_memory.as_deref().map_or_else(
-            || {
-                let object = config
-                    .cache
-                    .max_object_size
-                    .as_deref()
-                    .map_or(8 << 20, bytes);
-                (memory / 4).max(object)
-            },
-            bytes,
-        );
-        assert_eq!(
-            limit("corral:fill_memory_bytes"),
-            fill,
-            "cache.fill_memory of {what}"
-        );
-    }
 }
 
 /// Names the dashboard or the alerts may use that a short run does not

@@ -10,8 +10,13 @@ const COLOURS = {
 };
 const HISTORY = 120;
 
-let previous = null; // { at, fleet }
-const history = []; // { clients: {outcome: rate}, origin: rate }
+// Each instance's last reading and the rates it gave: an instance's
+// figures change only when it reports (the others' through their
+// heartbeats, every 2 s), so each rate is made of that instance's own two
+// readings, and the fleet's are their sum.
+const seen = new Map(); // instance -> { at, summary, rates }
+let readings = 0;
+const history = []; // { rates: {outcome: rate}, origin: rate }
 
 function byId(id) { return document.getElementById(id); }
 
@@ -45,10 +50,43 @@ function clients(t) { return OUTCOMES.reduce((a, o) => a + (t.requests[o] || 0),
 function saved(t) { return Math.max(0, clients(t) - t.origin_requests); }
 
 // Per-second rate of a counter between two readings (0 when it went back:
-// an instance restarted or left).
+// the instance restarted).
 function rate(now, before, dt) {
   if (before === undefined || dt <= 0) return 0;
   return Math.max(0, (now - before) / dt);
+}
+
+// The rates of one traffic record between two readings.
+function trafficRates(t, b, dt) {
+  const r = { origin: rate(t.origin_requests, b.origin_requests, dt) };
+  OUTCOMES.forEach((o) => { r[o] = rate(t.requests[o] || 0, b.requests[o], dt); });
+  return r;
+}
+
+// An instance's rates: from its own last two readings; those of its last
+// report when it has not reported since; none before its second.
+function instanceRates(summary) {
+  const last = seen.get(summary.instance);
+  if (last && summary.at_ms === last.at) return last.rates;
+  let rates = null;
+  if (last && summary.at_ms > last.at) {
+    const dt = (summary.at_ms - last.at) / 1000;
+    const routes = {};
+    summary.routes.forEach((r) => {
+      const b = last.summary.routes.find((x) => x.name === r.name);
+      if (b) routes[r.name] = trafficRates(r, b, dt);
+    });
+    rates = { totals: trafficRates(summary.totals, last.summary.totals, dt), routes };
+  }
+  seen.set(summary.instance, { at: summary.at_ms, summary, rates });
+  return rates;
+}
+
+function sumRates(list) {
+  const out = { origin: 0 };
+  OUTCOMES.forEach((o) => { out[o] = 0; });
+  list.forEach((r) => { if (r) Object.keys(out).forEach((k) => { out[k] += r[k] || 0; }); });
+  return out;
 }
 
 function row(cells, classes) {
@@ -78,14 +116,14 @@ function bar(used, limit) {
   return outer;
 }
 
-function render(fleet, dt) {
+function render(fleet) {
   const t = fleet.totals;
-  const before = previous ? previous.fleet : null;
-  const pt = before ? before.totals : null;
-  const rates = {};
-  OUTCOMES.forEach((o) => { rates[o] = pt ? rate(t.requests[o] || 0, pt.requests[o], dt) : 0; });
+  const perInstance = new Map(fleet.instances.map((i) => [i.instance, instanceRates(i)]));
+  const known = [...perInstance.values()].filter((r) => r);
+  const have = known.length > 0;
+  const rates = sumRates(known.map((r) => r.totals));
   const clientRate = OUTCOMES.reduce((a, o) => a + rates[o], 0);
-  const originRate = pt ? rate(t.origin_requests, pt.origin_requests, dt) : 0;
+  const originRate = rates.origin;
 
   text("total-clients", fmt(clients(t)));
   text("total-origin", fmt(t.origin_requests));
@@ -93,37 +131,35 @@ function render(fleet, dt) {
   text("saved-hit", fmt(t.saved.hit || 0));
   text("saved-collapsed", fmt(t.saved.collapsed || 0));
   text("saved-stale", fmt(t.saved.stale || 0));
-  text("rate-clients", pt ? fmt(clientRate) : "–");
-  text("rate-origin", pt ? fmt(originRate) : "–");
-  text("rate-saved", pt ? fmt(Math.max(0, clientRate - originRate)) : "–");
+  text("rate-clients", have ? fmt(clientRate) : "–");
+  text("rate-origin", have ? fmt(originRate) : "–");
+  text("rate-saved", have ? fmt(Math.max(0, clientRate - originRate)) : "–");
   text("hit-ratio", clientRate > 0 ? ((rates.hit + rates.stale) / clientRate * 100).toFixed(1) + " %" : "–");
 
   fill("outcomes", OUTCOMES.map((o) => {
-    const tr = row([o, pt ? fmt(rates[o]) : "–", fmt(t.requests[o] || 0)]);
+    const tr = row([o, have ? fmt(rates[o]) : "–", fmt(t.requests[o] || 0)]);
     tr.dataset.outcome = o;
     return tr;
   }));
 
   // Routes, summed over the instances.
   const routes = new Map();
-  const beforeRoutes = new Map();
-  const sum = (into, inst) => inst.routes.forEach((r) => {
-    const have = into.get(r.name) || { requests: {}, origin_requests: 0, open: false };
-    OUTCOMES.forEach((o) => { have.requests[o] = (have.requests[o] || 0) + (r.requests[o] || 0); });
-    have.origin_requests += r.origin_requests;
-    have.open = have.open || r.circuit === "open";
-    into.set(r.name, have);
-  });
-  fleet.instances.forEach((i) => sum(routes, i));
-  if (before) before.instances.forEach((i) => sum(beforeRoutes, i));
+  fleet.instances.forEach((i) => i.routes.forEach((r) => {
+    const into = routes.get(r.name) || { requests: {}, origin_requests: 0, open: false, rates: [] };
+    OUTCOMES.forEach((o) => { into.requests[o] = (into.requests[o] || 0) + (r.requests[o] || 0); });
+    into.origin_requests += r.origin_requests;
+    into.open = into.open || r.circuit === "open";
+    const ir = perInstance.get(i.instance);
+    if (ir && ir.routes[r.name]) into.rates.push(ir.routes[r.name]);
+    routes.set(r.name, into);
+  }));
   fill("routes", [...routes.entries()].map(([name, r]) => {
-    const b = beforeRoutes.get(name);
-    const rr = (o) => (b ? fmt(rate(r.requests[o], b.requests[o], dt)) : "–");
-    const all = b ? OUTCOMES.reduce((a, o) => a + rate(r.requests[o], b.requests[o], dt), 0) : null;
+    const known = r.rates.length > 0;
+    const rr = sumRates(r.rates);
+    const all = OUTCOMES.reduce((a, o) => a + rr[o], 0);
     const tr = row([
-      name, b ? fmt(all) : "–", ...OUTCOMES.map(rr),
-      b ? fmt(rate(r.origin_requests, b.origin_requests, dt)) : "–",
-      fmt(saved(r)), r.open ? "open" : "closed",
+      name, known ? fmt(all) : "–", ...OUTCOMES.map((o) => (known ? fmt(rr[o]) : "–")),
+      known ? fmt(rr.origin) : "–", fmt(saved(r)), r.open ? "open" : "closed",
     ], [null, null, null, null, null, null, null, null, null, null, r.open ? "open" : null]);
     tr.dataset.route = name;
     return tr;
@@ -147,17 +183,16 @@ function render(fleet, dt) {
   // Instances.
   text("instance-count", fmt(fleet.instances.length));
   text("fleet-source", fleet.source === "redis" ? "(every instance sharing this Redis)" : "(this instance)");
-  const beforeInst = new Map((before ? before.instances : []).map((i) => [i.instance, i]));
   fill("instances", fleet.instances.map((i) => {
-    const b = beforeInst.get(i.instance);
+    const ir = perInstance.get(i.instance);
+    const ic = ir ? OUTCOMES.reduce((a, o) => a + ir.totals[o], 0) : null;
     const redis = i.redis.mode === "off" ? "off"
       : i.redis.mode + ", " + i.redis.link + (i.redis.breaker_open ? ", breaker open" : "")
         + (i.redis.primaries_open ? ", primaries open " + i.redis.primaries_open[0] + "/" + i.redis.primaries_open[1] : "");
     const l2 = i.redis.l2_reads;
     const tr = row([
       i.instance, i.listen, duration(i.uptime_s * 1000),
-      b ? fmt(rate(clients(i.totals), clients(b.totals), dt)) : "–",
-      b ? fmt(rate(i.totals.origin_requests, b.totals.origin_requests, dt)) : "–",
+      ir ? fmt(ic) : "–", ir ? fmt(ir.totals.origin) : "–",
       redis, fmt(l2.hit || 0) + " / " + fmt(l2.miss || 0) + " / " + fmt(l2.corrupt || 0),
     ]);
     tr.dataset.instance = i.instance;
@@ -172,7 +207,9 @@ function render(fleet, dt) {
   }));
   fill("bounds", bounds);
 
-  if (pt) {
+  // Instances gone from the fleet are forgotten.
+  [...seen.keys()].forEach((k) => { if (!perInstance.has(k)) seen.delete(k); });
+  if (have) {
     history.push({ rates, origin: originRate });
     while (history.length > HISTORY) history.shift();
     chart();
@@ -223,13 +260,12 @@ async function tick() {
     if (!res.ok) throw new Error("/stats answered " + res.status);
     const fleet = await res.json();
     const at = Math.max(...fleet.instances.map((i) => i.at_ms));
-    const dt = previous ? (at - previous.at) / 1000 : 0;
-    render(fleet, dt);
-    previous = { at, fleet };
+    render(fleet);
+    readings += 1;
     status.className = "status";
     status.textContent = "updated " + new Date(at).toLocaleTimeString() + " · " +
       fleet.instances.length + (fleet.instances.length === 1 ? " instance" : " instances");
-    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+    document.body.dataset.updates = String(readings);
   } catch (e) {
     status.className = "status error";
     status.textContent = "no figures: " + e.message;
