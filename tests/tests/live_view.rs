@@ -372,14 +372,28 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
             "/cold",
             cacheable("the one answer").delay(Duration::from_millis(300)),
         )
+        .route("/broken", corral_tests::Reply::status(503, "down"))
+        .route("/slow", cacheable("slow").delay(Duration::from_secs(20)))
         .start()
         .await;
-    let proxies = Proxy::new(shared(&origin, &server))
-        .instances(2)
-        .start_all()
-        .await;
+    // A key backs off from its first failure here.
+    let config = Config::new()
+        .route(Route::new("api", origin.url()).field("backoff", "{ after: 1, min: 60s, max: 60s }"))
+        .redis(&server.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(2).start_all().await;
     stampede(&proxies, 150, "/cold").await;
     assert_eq!(origin.hits("/cold"), 1);
+    // A key whose origin failed: in back-off.
+    let client = Client::new();
+    let failed = client.get(&proxies[0].url("/broken")).await;
+    assert_eq!(failed.status, 503);
+    // A flight in progress while the page looks: 40 callers on one key
+    // the origin takes its time with.
+    let slow = {
+        let (client, url) = (client.clone(), proxies[0].url("/slow"));
+        tokio::spawn(async move { client.burst(40, &url, &[]).await })
+    };
 
     // An instance nobody runs, with markup wherever a name goes.
     let forged = serde_json::json!({
@@ -392,10 +406,12 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
                     "origin_requests": 0, "saved": {"hit": 0, "collapsed": 0, "stale": 0} },
         "routes": [{ "name": "<b id=bold>route</b>", "requests": {"hit": 0}, "origin_requests": 0,
                      "saved": {}, "circuit": "closed" }],
-        "flights": { "in_progress": 1, "backoff_keys": 0,
+        "flights": { "in_progress": 1, "backoff_keys": 1,
+                     "backoff": [{ "key": "api GET h/<u id=under>x</u>", "remaining_ms": 900 }],
                      "busiest": [{ "key": "api GET h/<script>alert(1)</script>", "waiting": 7, "age_ms": 5 }] },
-        "redis": { "mode": "node", "link": "connected", "breaker_open": false,
-                   "primaries_open": null, "l2_reads": {} },
+        "redis": { "mode": "cluster", "link": "connected", "breaker_open": true,
+                   "primaries": [{ "node": "<i id=italic>10.0.0.1:6379</i>", "breaker_open": true }],
+                   "l2_reads": {} },
         "bounds": []
     });
     let name = "<script>document.title='pwned'</script>";
@@ -412,8 +428,21 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         .await;
 
     let a = &proxies[0];
-    let fleet = fleet_when(a, "all three, 300 clients", |f| {
-        f["instances"].as_array().map(Vec::len) == Some(3) && clients(&f["totals"]) == 300
+    let fleet = fleet_when(a, "all three, 301 clients, 39 waiting", |f| {
+        let waiting = f["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|i| {
+                i["flights"]["busiest"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .any(|b| b["key"] == "api GET 127.0.0.1/slow" && b["waiting"] == 39);
+        f["instances"].as_array().map(Vec::len) == Some(3)
+            && clients(&f["totals"]) == 301
+            && waiting
     })
     .await;
     let url = a.admin_url("/");
@@ -440,12 +469,13 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         }
         n
     };
-    assert_eq!(number(element_text(&dom, "total-clients")), 300);
-    assert_eq!(metrics_clients, 300.0);
+    assert_eq!(number(element_text(&dom, "total-clients")), 301);
+    assert_eq!(metrics_clients, 301.0);
+    let origin_hits = origin_hits + origin.hits("/broken") as u64;
     assert_eq!(number(element_text(&dom, "total-origin")), origin_hits);
     assert_eq!(
         number(element_text(&dom, "total-saved")),
-        300 - origin_hits,
+        301 - origin_hits,
         "saved = clients - origin requests"
     );
     assert_eq!(number(element_text(&dom, "instance-count")), 3);
@@ -454,6 +484,22 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
     assert_eq!(
         collapsed + hit,
         count(&fleet["totals"]["saved"]["collapsed"]) + count(&fleet["totals"]["saved"]["hit"])
+    );
+    // The flight under way with its callers waiting, and the key in
+    // back-off, as this instance sees them.
+    assert!(
+        dom.contains("<td class=\"key\">api GET 127.0.0.1/slow</td><td>39</td>"),
+        "the slow flight"
+    );
+    assert!(
+        dom.contains("<td class=\"key\">api GET 127.0.0.1/broken</td>"),
+        "the key in back-off: {}",
+        &dom[dom.find("id=\"backoff\"").unwrap_or(0)..][..600.min(dom.len())]
+    );
+    assert_eq!(
+        number(element_text(&dom, "backoff-keys")),
+        2,
+        "one here, one forged"
     );
     // The forged names are text: escaped in the DOM, no element made.
     assert!(
@@ -470,6 +516,12 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
     );
     assert!(!dom.contains("id=\"injected\""), "an element was injected");
     assert!(!dom.contains("id=\"bold\""), "an element was injected");
+    assert!(!dom.contains("id=\"italic\""), "an element was injected");
+    assert!(!dom.contains("id=\"under\""), "an element was injected");
+    assert!(
+        dom.contains("&lt;u id=under&gt;x&lt;/u&gt;"),
+        "back-off key shown as text"
+    );
     assert_eq!(
         dom.matches("<script").count(),
         1,
@@ -495,6 +547,7 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
     })
     .await
     .expect("chromium task");
+    slow.abort();
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     if let Ok(keep) = std::env::var("CORRAL_LIVE_SCREENSHOT") {

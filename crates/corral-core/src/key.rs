@@ -428,6 +428,14 @@ impl PrimaryKey {
         self.readable.split('?').next().unwrap_or(&self.readable)
     }
 
+    /// The key as the operator's views (the live page, `corral top`) show
+    /// it: [`PrimaryKey::loggable`] without a coalesced POST's body digest
+    /// either.
+    pub fn shown(&self) -> &str {
+        let k = self.loggable();
+        k.split(" body=").next().unwrap_or(k)
+    }
+
     /// Where a hit-for-pass marker for this URI lives: anonymous callers
     /// share one; each identified caller has its own, so one caller's
     /// uncacheable (e.g. `private`) answer never turns coalescing off for

@@ -96,10 +96,12 @@ impl Expiry<Digest, PassMarker> for PassExpiry {
 }
 
 /// A back-off and how long to remember it once it ends.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct BackoffRecord {
     backoff: Backoff,
     keep: Duration,
+    /// The key as the operator's views show it (no query, no secret).
+    name: Option<Arc<str>>,
 }
 
 /// A back-off record lives until its period ends and its memory passes.
@@ -243,7 +245,11 @@ impl L1 {
                 .build(),
             backoff: Cache::builder()
                 .max_capacity(side)
-                .weigher(|_, _: &BackoffRecord| side_record_weight(size_of::<BackoffRecord>()))
+                .weigher(|_, r: &BackoffRecord| {
+                    side_record_weight(
+                        size_of::<BackoffRecord>() + r.name.as_deref().map_or(0, str::len),
+                    )
+                })
                 .expire_after(BackoffExpiry(Arc::clone(&time)))
                 .build(),
             generations: Cache::builder()
@@ -461,10 +467,19 @@ impl L1 {
         self.backoff.get(key).map(|r| r.backoff)
     }
 
-    /// Puts `key` into `backoff`, remembered `keep` past its end.
-    pub fn set_backoff(&self, key: Digest, backoff: Backoff, keep: Duration) {
+    /// Puts `key` into `backoff`, remembered `keep` past its end; `name`
+    /// is how the operator's views show it ([`L1::backoff_names`]).
+    pub fn set_backoff(&self, key: Digest, backoff: Backoff, keep: Duration, name: &str) {
         self.any_backoff.store(true, Ordering::Release);
-        self.backoff.insert(key, BackoffRecord { backoff, keep });
+        let name = (!name.is_empty()).then(|| Arc::from(name));
+        self.backoff.insert(
+            key,
+            BackoffRecord {
+                backoff,
+                keep,
+                name,
+            },
+        );
     }
 
     /// The origin answered for `key`: its back-off ends.
@@ -475,13 +490,31 @@ impl L1 {
         }
     }
 
-    /// Keys whose back-off is running now.
     /// The bytes the entries may weigh in all (`cache.memory`, less the
     /// side tables' share).
     pub fn capacity(&self) -> u64 {
         self.entries.policy().max_capacity().unwrap_or(0)
     }
 
+    /// Up to `n` keys whose back-off is running now, as their fills named
+    /// them, the longest to run first, with the time left.
+    pub fn backoff_names(&self, n: usize) -> Vec<(String, Duration)> {
+        let now = self.time.now();
+        let mut all: Vec<(String, Duration)> = self
+            .backoff
+            .iter()
+            .filter(|(_, r)| r.backoff.active(now))
+            .map(|(_, r)| {
+                let name = r.name.as_deref().unwrap_or_default().to_owned();
+                (name, r.backoff.remaining(now))
+            })
+            .collect();
+        all.sort_by_key(|a| std::cmp::Reverse(a.1));
+        all.truncate(n);
+        all
+    }
+
+    /// Keys whose back-off is running now.
     pub fn backoff_keys(&self) -> usize {
         let now = self.time.now();
         self.backoff
@@ -521,6 +554,48 @@ impl L1 {
             + self.pass.weighted_size()
             + self.backoff.weighted_size()
             + self.generations.weighted_size()
+    }
+}
+
+#[cfg(test)]
+mod backoff_view {
+    use super::*;
+    use crate::clock::PausedClock;
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_in_back_off_are_named_longest_first_and_leave_when_it_ends() {
+        let clock = Arc::new(PausedClock::new());
+        let l1 = L1::with_clock(&L1Config { memory: 1 << 20 }, clock.clone());
+        let now = clock.now();
+        let keep = Duration::from_secs(60);
+        for (n, secs, name) in [
+            (1u8, 5, "api GET a/one"),
+            (2, 30, "api GET a/two"),
+            (3, 1, ""),
+        ] {
+            let backoff = Backoff {
+                until: now + Duration::from_secs(secs),
+                failures: 1,
+            };
+            l1.set_backoff(Digest([n; 32]), backoff, keep, name);
+        }
+        l1.backoff.run_pending_tasks();
+        let names: Vec<(String, u64)> = l1
+            .backoff_names(2)
+            .into_iter()
+            .map(|(k, left)| (k, left.as_secs()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("api GET a/two".to_owned(), 30),
+                ("api GET a/one".to_owned(), 5)
+            ]
+        );
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let names: Vec<String> = l1.backoff_names(10).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["api GET a/two"], "ended back-offs are not shown");
+        assert_eq!(l1.backoff_keys(), 1);
     }
 }
 

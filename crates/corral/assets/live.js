@@ -179,6 +179,10 @@ function render(fleet) {
   text("backoff-keys", fmt(backoff));
   fill("flights", flights.slice(0, 10).map((f) =>
     row([f.key, fmt(f.waiting), duration(f.age_ms), f.instance], ["key"])));
+  const backedOff = [];
+  fleet.instances.forEach((i) => (i.flights.backoff || []).forEach((b) =>
+    backedOff.push(row([b.key, duration(b.remaining_ms), i.instance], ["key"]))));
+  fill("backoff", backedOff.slice(0, 10));
 
   // Instances.
   text("instance-count", fmt(fleet.instances.length));
@@ -188,7 +192,9 @@ function render(fleet) {
     const ic = ir ? OUTCOMES.reduce((a, o) => a + ir.totals[o], 0) : null;
     const redis = i.redis.mode === "off" ? "off"
       : i.redis.mode + ", " + i.redis.link + (i.redis.breaker_open ? ", breaker open" : "")
-        + (i.redis.primaries_open ? ", primaries open " + i.redis.primaries_open[0] + "/" + i.redis.primaries_open[1] : "");
+        + (i.redis.primaries && i.redis.primaries.length
+          ? ", primaries: " + i.redis.primaries.map((p) => p.node + (p.breaker_open ? " (breaker open)" : "")).join(", ")
+          : "");
     const l2 = i.redis.l2_reads;
     const tr = row([
       i.instance, i.listen, duration(i.uptime_s * 1000),

@@ -67,6 +67,12 @@ pub fn live() -> usize {
     imp::live()
 }
 
+/// How many sealed bodies may exist at once (past it, bodies stay on the
+/// heap).
+pub fn max_live() -> usize {
+    imp::max_live()
+}
+
 /// Bytes of the sealed bodies alive now: those in L1 and those evicted
 /// but still pinned by clients reading them. Memory RSS does not show.
 pub fn live_bytes() -> usize {
@@ -114,6 +120,10 @@ mod imp {
 
     pub(super) fn set_max_live(max: usize) {
         MAX_LIVE.store(max, Ordering::Relaxed);
+    }
+
+    pub(super) fn max_live() -> usize {
+        MAX_LIVE.load(Ordering::Relaxed)
     }
 
     pub(super) fn raise_open_file_limit() -> Option<u64> {
@@ -286,6 +296,9 @@ mod imp {
         0
     }
     pub(super) fn set_max_live(_: usize) {}
+    pub(super) fn max_live() -> usize {
+        0
+    }
     pub(super) fn raise_open_file_limit() -> Option<u64> {
         None
     }

@@ -46,9 +46,7 @@ pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
     };
     match fill.cache.flights.join(fill.variant.digest, join) {
         Role::Leader(permit) => {
-            // For the operator's views: no query values, no body digest.
-            let name = fill.primary.loggable();
-            permit.name(name.split(" body=").next().unwrap_or(name));
+            permit.name(fill.primary.shown());
             Flown::Answer(lead(fill, Some(permit), head).await)
         }
         Role::Follower(waiter) => follow(fill, waiter, miss, head).await,

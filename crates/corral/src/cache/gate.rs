@@ -62,7 +62,10 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
             let backoff =
                 policy.after_failure(fill.cache.l1.last_backoff(&scope), fill.cache.clock.now());
             tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
-            fill.cache.l1.set_backoff(scope, backoff, policy.memory());
+            let name = fill.primary.shown();
+            fill.cache
+                .l1
+                .set_backoff(scope, backoff, policy.memory(), name);
         }
     }
     ended

@@ -79,9 +79,12 @@ pub(crate) async fn read(
             Some(_) => None,
         };
         if let Some(merged) = merged {
-            cache
-                .l1
-                .set_backoff(scope, merged, fill.route.backoff.memory());
+            cache.l1.set_backoff(
+                scope,
+                merged,
+                fill.route.backoff.memory(),
+                fill.primary.shown(),
+            );
         }
     }
     if let Some(e) = &probe.entry

@@ -455,13 +455,12 @@ impl RedisLink {
         !self.is_connected() || self.breaker_for(Some(key.as_bytes())).state() == BreakerState::Open
     }
 
-    /// On a Cluster: the primaries whose breaker is open now, of those
-    /// known; `None` elsewhere (one breaker: [`RedisLink::breaker_state`]).
-    pub fn shard_breakers(&self) -> Option<(usize, usize)> {
-        self.shards.as_ref().map(|s| {
-            let (open, known, _) = s.state();
-            (open, known)
-        })
+    /// On a Cluster: each primary known and whether its breaker is open;
+    /// empty elsewhere (one breaker: [`RedisLink::breaker_state`]).
+    pub fn shard_breakers(&self) -> Vec<(String, bool)> {
+        self.shards
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.primaries())
     }
 
     pub fn is_connected(&self) -> bool {

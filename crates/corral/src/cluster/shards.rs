@@ -111,6 +111,18 @@ impl ShardBreakers {
     }
 
     /// `(open breakers, primaries known, times any opened)`.
+    /// Each known primary and whether its breaker is open, by address.
+    pub fn primaries(&self) -> Vec<(String, bool)> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<(String, bool)> = map
+            .by_primary
+            .iter()
+            .map(|(p, b)| (p.clone(), b.state() == BreakerState::Open))
+            .collect();
+        all.sort();
+        all
+    }
+
     pub fn state(&self) -> (usize, usize, u64) {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         let open = map

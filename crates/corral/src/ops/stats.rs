@@ -86,6 +86,16 @@ pub struct FlightsView {
     pub busiest: Vec<Flight>,
     /// Keys whose origin failed and that are in back-off now.
     pub backoff_keys: usize,
+    /// Those with the longest back-off to run.
+    #[serde(default)]
+    pub backoff: Vec<BackedOff>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BackedOff {
+    pub key: String,
+    /// How long the origin is left alone for this key still.
+    pub remaining_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,10 +112,17 @@ pub struct RedisView {
     /// `connected`, `connecting`, `breaker-open` or `off`.
     pub link: String,
     pub breaker_open: bool,
-    /// On a Cluster, primaries whose breaker is open, of those known.
-    pub primaries_open: Option<(usize, usize)>,
+    /// On a Cluster: each primary's breaker, by the primary's address.
+    #[serde(default)]
+    pub primaries: Vec<Primary>,
     /// L2 reads by result: hit, miss, corrupt.
     pub l2_reads: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Primary {
+    pub node: String,
+    pub breaker_open: bool,
 }
 
 /// A bound and how much of it is used.
@@ -249,6 +266,16 @@ pub fn summary(metrics: &str, live: &Live<'_>) -> Summary {
                 })
                 .collect(),
             backoff_keys: app.cache.l1.backoff_keys(),
+            backoff: app
+                .cache
+                .l1
+                .backoff_names(BUSIEST)
+                .into_iter()
+                .map(|(key, left)| BackedOff {
+                    key,
+                    remaining_ms: left.as_millis() as u64,
+                })
+                .collect(),
         },
         redis: redis(&all, app),
         bounds: bounds(app),
@@ -309,7 +336,12 @@ fn redis(all: &[Sample], app: &App) -> RedisView {
             mode: l2.link.mode().to_owned(),
             link: l2.link.status().to_owned(),
             breaker_open: l2.link.breaker_state().0,
-            primaries_open: l2.link.shard_breakers(),
+            primaries: l2
+                .link
+                .shard_breakers()
+                .into_iter()
+                .map(|(node, breaker_open)| Primary { node, breaker_open })
+                .collect(),
             l2_reads,
         },
     }
@@ -349,6 +381,12 @@ fn bounds(app: &App) -> Vec<Bound> {
             unit: "count".to_owned(),
         });
     }
+    out.push(Bound {
+        name: "sealed_bodies".to_owned(),
+        used: crate::sealed::live() as u64,
+        limit: crate::sealed::max_live() as u64,
+        unit: "count".to_owned(),
+    });
     if let Some((used, limit)) = descriptors() {
         out.push(Bound {
             name: "descriptors".to_owned(),

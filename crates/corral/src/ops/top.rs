@@ -266,13 +266,22 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
             printable(key, 60)
         );
     }
+    for i in &fleet.instances {
+        for b in i.flights.backoff.iter().take(5) {
+            s += &format!(
+                "  back-off {:>7} ms left  {}\n",
+                b.remaining_ms,
+                printable(&b.key, 60)
+            );
+        }
+    }
     s += &format!(
         "\n{:<28} {:<22} {:>10} {:>10}  redis\n",
         "instance", "listen", "requests", "origin"
     );
     for i in &fleet.instances {
         s += &format!(
-            "{:<28} {:<22} {:>10} {:>10}  {} {}{}\n",
+            "{:<28} {:<22} {:>10} {:>10}  {} {}{}{}\n",
             printable(&i.instance, 28),
             printable(&i.listen, 22),
             clients(&i.totals),
@@ -283,7 +292,8 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
                 " breaker open"
             } else {
                 ""
-            }
+            },
+            open_primaries(i)
         );
     }
     s += "\nbounds\n";
@@ -304,6 +314,22 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
         }
     }
     s
+}
+
+/// `(breaker open: a, b)` for a Cluster's primaries whose breaker is open.
+fn open_primaries(i: &Summary) -> String {
+    let open: Vec<String> = i
+        .redis
+        .primaries
+        .iter()
+        .filter(|p| p.breaker_open)
+        .map(|p| printable(&p.node, 40))
+        .collect();
+    if open.is_empty() {
+        String::new()
+    } else {
+        format!(" (breaker open: {})", open.join(", "))
+    }
 }
 
 /// `text` cut to `width` characters with every control character (a
