@@ -653,3 +653,49 @@ async fn corral_top_draws_in_a_terminal_and_quits_on_q_or_ctrl_c() {
         let _ = tmux(&["kill-session", "-t", &session]);
     }
 }
+
+/// The fleet view is best effort and never costs the cache its Redis: a
+/// heartbeat due while Redis cannot be reached is not sent, so it does not
+/// count toward the breaker (here one failure opens it for a minute, and a
+/// heartbeat that counted would keep the instance from Redis and from the
+/// fleet view for that minute). Once Redis is back, the heartbeat lists
+/// the instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_never_opens_the_redis_breaker() {
+    let mut redis = Redis::start().await;
+    redis.kill();
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("breaker", "{ failures: 1, open_for: 60s }");
+    let proxy = Proxy::new(config).without_waiting_for_redis().start().await;
+    // Heartbeats are due 0.5 s after the start and every 2 s: a window in
+    // which the first two come while Redis is down (there is no event for
+    // a request that is not made).
+    tokio::time::sleep(Duration::from_millis(2_700)).await;
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.sum("corral_redis_breaker_opened", &[]),
+        0.0,
+        "a heartbeat counted toward the breaker"
+    );
+    redis.restart().await;
+    // Its heartbeat reaches Redis, and the fleet view reads it back.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while redis.keys("corral:{fleet}:i:*").await.len() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no heartbeat in Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fleet = stats(&proxy, "/stats?fleet=1").await;
+    assert_eq!(fleet["source"], "redis");
+    assert_eq!(fleet["instances"].as_array().map(Vec::len), Some(1));
+    assert_eq!(fleet["instances"][0]["redis"]["link"], "connected");
+    assert_eq!(
+        scrape(&proxy).await.sum("corral_redis_breaker_opened", &[]),
+        0.0
+    );
+}

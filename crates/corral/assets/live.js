@@ -159,8 +159,10 @@ function render(fleet) {
     const all = OUTCOMES.reduce((a, o) => a + rr[o], 0);
     const tr = row([
       name, known ? fmt(all) : "–", ...OUTCOMES.map((o) => (known ? fmt(rr[o]) : "–")),
-      known ? fmt(rr.origin) : "–", fmt(saved(r)), r.open ? "open" : "closed",
-    ], [null, null, null, null, null, null, null, null, null, null, r.open ? "open" : null]);
+      known ? fmt(rr.origin) : "–", fmt(saved(r)),
+      all > 0 ? ((rr.hit + rr.stale) / all * 100).toFixed(1) + " %" : "–",
+      r.open ? "open" : "closed",
+    ], [null, null, null, null, null, null, null, null, null, null, null, r.open ? "open" : null]);
     tr.dataset.route = name;
     return tr;
   }));

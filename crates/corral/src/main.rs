@@ -498,7 +498,9 @@ const HEARTBEAT_TTL: Duration = Duration::from_secs(10);
 /// for the fleet view (`/stats?fleet=1`). A failed write is retried at
 /// the next beat; the view then lists this instance a while less.
 async fn heartbeat(state: Arc<crate::ops::AdminState>) {
-    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    // The first once the instance has had a moment to reach Redis.
+    let first = tokio::time::Instant::now() + HEARTBEAT_EVERY / 4;
+    let mut tick = tokio::time::interval_at(first, HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

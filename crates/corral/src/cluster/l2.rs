@@ -407,7 +407,9 @@ return 1",
 
 impl L2 {
     /// Publishes this instance's summary for `ttl`: the fleet view lists
-    /// it until then.
+    /// it until then. The view is best effort: while Redis cannot be used
+    /// (not connected, or the breaker of its slot open) nothing is sent,
+    /// so a heartbeat never counts toward a breaker the cache relies on.
     pub async fn heartbeat(
         &self,
         instance: &str,
@@ -415,6 +417,9 @@ impl L2 {
         ttl: Duration,
     ) -> Result<(), L2Error> {
         let roll = self.layout.fleet_key();
+        if self.link.unavailable_for(&roll) {
+            return Ok(());
+        }
         let beat = self.layout.heartbeat_key(instance);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -430,8 +435,12 @@ impl L2 {
     }
 
     /// The live heartbeats (at most [`FLEET_MAX`]), as their instances
-    /// wrote them.
-    pub async fn fleet(&self) -> Result<Vec<String>, L2Error> {
+    /// wrote them; `None` while Redis cannot be used (see
+    /// [`L2::heartbeat`]).
+    pub async fn fleet(&self) -> Result<Option<Vec<String>>, L2Error> {
+        if self.link.unavailable_for(&self.layout.fleet_key()) {
+            return Ok(None);
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -444,14 +453,14 @@ impl L2 {
             .arg(FLEET_MAX);
         let names: Vec<String> = self.link.query(&cmd).await?;
         if names.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         let mut get = redis::cmd("MGET");
         for n in &names {
             get.arg(self.layout.heartbeat_key(n));
         }
         let beats: Vec<Option<String>> = self.link.query(&get).await?;
-        Ok(beats.into_iter().flatten().collect())
+        Ok(Some(beats.into_iter().flatten().collect()))
     }
 }
 

@@ -217,7 +217,8 @@ async fn fleet(s: &AdminState, own: crate::ops::stats::Summary) -> crate::ops::s
             tracing::debug!(error = %e, "fleet view: Redis did not answer; this instance only");
             Fleet::of("local", vec![own])
         }
-        Ok(beats) => {
+        Ok(None) => Fleet::of("local", vec![own]),
+        Ok(Some(beats)) => {
             let mut all: Vec<Summary> = beats
                 .iter()
                 .filter_map(|b| serde_json::from_str::<Summary>(b).ok())
