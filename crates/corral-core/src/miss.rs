@@ -73,6 +73,7 @@ pub enum Next<T> {
 pub struct Miss {
     attempt: usize,
     retired: bool,
+    rechecked: bool,
 }
 
 impl Miss {
@@ -84,6 +85,13 @@ impl Miss {
     /// starts now is not retired again.
     pub fn after_retirement(&self) -> bool {
         self.retired
+    }
+
+    /// True the first time it is asked: a request that becomes a
+    /// flight's leader looks once more for a copy stored since its lookup
+    /// before it fetches, and only once.
+    pub fn recheck(&mut self) -> bool {
+        !std::mem::replace(&mut self.rechecked, true)
     }
 
     /// What a lookup leads to: `found` is the usable copy, if any, with
@@ -176,6 +184,14 @@ mod tests {
             },
             (),
         ))
+    }
+
+    #[test]
+    fn a_leader_looks_once_more_and_only_once() {
+        let mut m = Miss::new();
+        assert!(m.recheck());
+        assert!(!m.recheck());
+        assert!(!m.recheck());
     }
 
     #[test]

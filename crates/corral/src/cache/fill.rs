@@ -245,6 +245,29 @@ impl Events {
 }
 
 impl FillRequest {
+    /// True when L1 holds a fresh copy of this fill's variant that its
+    /// caller may have: one stored since the caller looked (a flight it
+    /// would have followed ended between its lookup and its join).
+    pub fn filled_meanwhile(&self) -> bool {
+        let l1 = &self.cache.l1;
+        let now = self.cache.clock.now();
+        let request = &self.head.headers;
+        let values = l1.learned_vary(&self.primary).values(request);
+        let uri = self.primary.uri();
+        let fresh = |e: &Arc<corral_core::StoredResponse>| {
+            e.state(now) == corral_core::EntryState::Fresh && e.matches_vary(request)
+        };
+        if let Some(id) = &self.identity {
+            let own = self.primary.local_bytes(Some(id), &values);
+            if l1.get(own.as_slice(), uri).is_some_and(|e| fresh(&e)) {
+                return true;
+            }
+        }
+        let shared = self.primary.local_bytes(None, &values);
+        l1.get(shared.as_slice(), uri)
+            .is_some_and(|e| e.sharing().admits(self.identity.as_ref()) && fresh(&e))
+    }
+
     /// Where `entry` is stored: keyed to the caller when it is private to
     /// them, under the Vary values it was produced for.
     pub fn entry_key(&self, entry: &StoredResponse) -> VariantKey {

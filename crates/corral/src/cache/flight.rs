@@ -46,6 +46,15 @@ pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
     };
     match fill.cache.flights.join(fill.variant.digest, join) {
         Role::Leader(permit) => {
+            // The flight this request would have followed may have ended
+            // between its lookup and this join (a rate limit or a rule
+            // read awaited in between): its copy answers, not a second
+            // fetch. Once per request, so a copy that keeps vanishing
+            // cannot hold it here.
+            if miss.recheck() && fill.filled_meanwhile() {
+                drop(permit);
+                return Flown::LookAgain;
+            }
             permit.name(fill.primary.shown());
             Flown::Answer(lead(fill, Some(permit), head).await)
         }

@@ -757,6 +757,46 @@ async fn a_stampede_on_a_cold_key_reaches_the_origin_once() {
     assert_eq!(h.origin.hits(), 1);
 }
 
+/// A request that missed, then waited before joining the key's flight (a
+/// rate limit or a rule read awaits there), finds no flight: the one it
+/// would have followed ended meanwhile. It must answer from that flight's
+/// copy, not lead a second fetch.
+#[tokio::test(start_paused = true)]
+async fn a_miss_that_joins_after_the_flight_ended_answers_from_its_copy() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "one"), SLOW),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    // It looks first: nothing stored yet.
+    let late = match lookup::answer_now(
+        Arc::clone(&h.app.cache),
+        h.route("/a"),
+        h.head("/a"),
+        None,
+        None,
+        false,
+    ) {
+        Ok(_) => panic!("a cold key answered"),
+        Err(missed) => missed,
+    };
+    // Another caller's flight fetches, stores and ends before it joins.
+    let first = h.get("/a").await;
+    assert!(first.cs.stored, "{}", first.cache_status);
+    assert_eq!(h.origin.hits(), 1);
+    let answer = late.finish(None).await;
+    assert!(answer.status.hit, "{:?}", answer.status);
+    let body = answer
+        .response
+        .into_body()
+        .collect()
+        .await
+        .expect("unit-test setup")
+        .to_bytes();
+    assert_eq!(&body[..], b"one");
+    assert_eq!(h.origin.hits(), 1, "a second fetch for a copy in L1");
+}
+
 #[tokio::test(start_paused = true)]
 async fn coalescing_off_sends_every_caller_to_the_origin() {
     let h = harness(
