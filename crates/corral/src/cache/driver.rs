@@ -19,6 +19,7 @@ use crate::cache::{gate, made, shared};
 /// when it started.
 pub(crate) fn refresh(cache: &Cache, fill: FillRequest) -> bool {
     if let Role::Leader(permit) = cache.flights.join(fill.variant.digest, Join::UNBOUNDED) {
+        permit.name(fill.primary.shown());
         tokio::spawn(run(fill, Some(permit), None));
         return true;
     }

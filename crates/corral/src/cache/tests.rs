@@ -882,7 +882,11 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once() {
             a.cache_status
         );
     }
-    // One background refresh, finished in paused time.
+    // One background refresh, under way: the operator's views name it.
+    let under_way = h.app.cache.flights.busiest(10);
+    let names: Vec<&str> = under_way.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["api GET api.test/a"]);
+    // Finished in paused time.
     tokio::time::sleep(SLOW * 2).await;
     assert_eq!(h.origin.hits(), 2);
     assert_eq!(h.get("/a").await.body, "v2");
