@@ -244,28 +244,43 @@ impl Events {
     }
 }
 
+/// The copy in L1 a request may have: the caller's own (`identity`'s),
+/// else the shared one when the caller may have it (RFC 9111 §3.5: an
+/// identified caller only gets what the origin marked shareable with
+/// callers like it); either only where its Vary values match `request`.
+/// `values` are the request's values of the Vary set learned for
+/// `primary`. The keys are made on the stack: a hit hashes nothing.
+pub fn copy_for(
+    l1: &L1,
+    primary: &PrimaryKey,
+    identity: Option<&Identity>,
+    values: &[String],
+    request: &HeaderMap,
+) -> Option<Arc<StoredResponse>> {
+    let uri = primary.uri();
+    if let Some(id) = identity
+        && let Some(e) = l1.get(primary.local_bytes(Some(id), values).as_slice(), uri)
+        && e.matches_vary(request)
+    {
+        return Some(e);
+    }
+    let e = l1.get(primary.local_bytes(None, values).as_slice(), uri)?;
+    if !e.sharing().admits(identity) || !e.matches_vary(request) {
+        return None;
+    }
+    Some(e)
+}
+
 impl FillRequest {
     /// True when L1 holds a fresh copy of this fill's variant that its
     /// caller may have: one stored since the caller looked (a flight it
     /// would have followed ended between its lookup and its join).
     pub fn filled_meanwhile(&self) -> bool {
         let l1 = &self.cache.l1;
-        let now = self.cache.clock.now();
         let request = &self.head.headers;
         let values = l1.learned_vary(&self.primary).values(request);
-        let uri = self.primary.uri();
-        let fresh = |e: &Arc<corral_core::StoredResponse>| {
-            e.state(now) == corral_core::EntryState::Fresh && e.matches_vary(request)
-        };
-        if let Some(id) = &self.identity {
-            let own = self.primary.local_bytes(Some(id), &values);
-            if l1.get(own.as_slice(), uri).is_some_and(|e| fresh(&e)) {
-                return true;
-            }
-        }
-        let shared = self.primary.local_bytes(None, &values);
-        l1.get(shared.as_slice(), uri)
-            .is_some_and(|e| e.sharing().admits(self.identity.as_ref()) && fresh(&e))
+        copy_for(l1, &self.primary, self.identity.as_ref(), &values, request)
+            .is_some_and(|e| e.state(self.cache.clock.now()) == corral_core::EntryState::Fresh)
     }
 
     /// Where `entry` is stored: keyed to the caller when it is private to

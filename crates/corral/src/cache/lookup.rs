@@ -11,15 +11,15 @@ use bytes::Bytes;
 use corral_core::head::RequestHead;
 use corral_core::miss::{Found, Lookup, Miss};
 use corral_core::{
-    CacheStatus, Detail, Digest, EntryState, Forward, Identity, LocalBytes, PathRule, PathScope,
-    PrimaryKey, StoredResponse, UriKey, Vary, xfetch,
+    CacheStatus, Detail, Digest, EntryState, Forward, Identity, PathRule, PathScope, PrimaryKey,
+    UriKey, Vary, xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
 
 use crate::cache::driver;
-use crate::cache::fill::Cache;
 use crate::cache::fill::FillRequest;
+use crate::cache::fill::{Cache, copy_for};
 use crate::cache::flight::{self, Flown, Joining};
 use crate::cache::respond::{self, Answer};
 use crate::cache::rules;
@@ -324,17 +324,12 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     let values = vary.values(&ctx.headers);
     // Looked up by their local keys, made on the stack; the variant's
     // shared name is hashed only for a fill.
-    let shared_key = keys.primary.local_bytes(None, &values);
-    let own_key = keys
-        .identity
-        .as_ref()
-        .map(|id| keys.primary.local_bytes(Some(id), &values));
-    let found = find(
-        cache,
-        keys,
-        own_key.as_ref().map(LocalBytes::as_slice),
-        shared_key.as_slice(),
-        ctx,
+    let found = copy_for(
+        &cache.l1,
+        &keys.primary,
+        keys.identity.as_ref(),
+        &values,
+        &ctx.headers,
     );
     let fwd = match (&found, &vary) {
         (Some(_), _) => Forward::Stale,
@@ -440,27 +435,4 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
         &head.get().headers,
         wire,
     ))
-}
-
-/// The caller's own copy, else the shared one when the caller may have it.
-fn find(
-    cache: &Cache,
-    keys: &Keys,
-    own_key: Option<&[u8]>,
-    shared_key: &[u8],
-    ctx: &RequestHead,
-) -> Option<Arc<StoredResponse>> {
-    let uri = keys.primary.uri();
-    if let Some(e) = own_key.and_then(|k| cache.l1.get(k, uri))
-        && e.matches_vary(&ctx.headers)
-    {
-        return Some(e);
-    }
-    let e = cache.l1.get(shared_key, uri)?;
-    // An identified caller only gets what the origin marked shareable
-    // with callers like it (RFC 9111 §3.5).
-    if !e.sharing().admits(keys.identity.as_ref()) || !e.matches_vary(&ctx.headers) {
-        return None;
-    }
-    Some(e)
 }

@@ -110,11 +110,6 @@ impl<'a> Outlets<'a> {
             .collect()
     }
 
-    /// The codings being made.
-    pub fn codings(&self) -> Vec<Coding> {
-        self.coded.iter().map(|c| c.encoder.coding()).collect()
-    }
-
     /// Hands `data` to every body: the unencoded one unless `hold_back`
     /// (its last chunk waits for the entry), every coding always. A
     /// coding that fails, or outgrows its reserved cap (which [`worst`]

@@ -308,13 +308,13 @@ fn streaming(
     outlets: &Outlets<'_>,
     growing: &Arc<Growing>,
 ) -> FillOutcome {
-    let codings = outlets.codings();
+    let bodies = outlets.bodies();
     let mut head = keep.entry(fill, parts.headers.clone(), Bytes::new());
-    if !codings.is_empty() {
+    if !bodies.is_empty() {
         let identity = compress::identity_headers(&parts.headers);
-        let coded = codings
+        let coded = bodies
             .iter()
-            .map(|&c| {
+            .map(|&(c, _)| {
                 let headers = compress::encoded_headers(&identity, c);
                 (c, Arc::new(head.representation(headers, Bytes::new())))
             })
@@ -326,7 +326,7 @@ fn streaming(
     FillOutcome::Streaming {
         head: Arc::new(head),
         body: Arc::clone(growing),
-        coded: outlets.bodies(),
+        coded: bodies,
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
     }

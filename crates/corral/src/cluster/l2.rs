@@ -14,7 +14,7 @@ use http::header::HeaderName;
 use crate::cluster::lease;
 use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
-    RULE_TTL, STORE, millis,
+    RULE_TTL, STORE, epoch_millis, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
@@ -421,9 +421,7 @@ impl L2 {
             return Ok(());
         }
         let beat = self.layout.heartbeat_key(instance);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
+        let now = epoch_millis(SystemTime::now());
         self.link
             .script::<i64>(
                 &HEARTBEAT,
@@ -438,15 +436,13 @@ impl L2 {
     /// wrote them; `None` while Redis cannot be used (see
     /// [`L2::heartbeat`]).
     pub async fn fleet(&self) -> Result<Option<Vec<String>>, L2Error> {
-        if self.link.unavailable_for(&self.layout.fleet_key()) {
+        let roll = self.layout.fleet_key();
+        if self.link.unavailable_for(&roll) {
             return Ok(None);
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
         let mut cmd = redis::cmd("ZRANGEBYSCORE");
-        cmd.arg(self.layout.fleet_key())
-            .arg(now.to_string())
+        cmd.arg(roll)
+            .arg(epoch_millis(SystemTime::now()))
             .arg("+inf")
             .arg("LIMIT")
             .arg(0)

@@ -26,6 +26,13 @@ pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// `t` as milliseconds since the Unix epoch (0 before it), as the
+/// records and scores in Redis carry time.
+pub fn epoch_millis(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The names under one `key_prefix`.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -480,7 +487,7 @@ impl ClusterNotice {
                         ("g", &group)
                     }
                 };
-                let ms = b.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+                let ms = epoch_millis(b.at);
                 format!("ban\t{}\t{ms}\t{kind}\t{value}", u8::from(b.soft))
             }
         }

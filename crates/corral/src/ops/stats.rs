@@ -247,9 +247,7 @@ pub fn summary(metrics: &str, live: &Live<'_>) -> Summary {
         listen: live.listen.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         uptime_s: live.uptime_s,
-        at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
+        at_ms: crate::cluster::protocol::epoch_millis(std::time::SystemTime::now()),
         totals,
         routes,
         flights: FlightsView {

@@ -165,10 +165,6 @@ fn seconds_between(before: &Fleet, now: &Fleet) -> f64 {
     (at(now).saturating_sub(at(before))) as f64 / 1000.0
 }
 
-fn clients(t: &Traffic) -> u64 {
-    t.requests.values().sum()
-}
-
 /// Per second between two readings of a counter (0 when it went back).
 fn per_second(now: u64, before: Option<u64>, dt: f64) -> Option<f64> {
     let before = before?;
@@ -185,7 +181,7 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
     let t = &fleet.totals;
     let b = before.map(|b| &b.totals);
     let mut s = String::new();
-    let total = clients(t);
+    let total = t.clients();
     let saved = total.saturating_sub(t.origin_requests);
     s += &format!(
         "corral top - {} instance(s) ({})   q quits\n\n",
@@ -198,7 +194,7 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
     );
     s += &format!(
         "client requests {total:>12}  {:>10}/s\norigin requests {:>12}  {:>10}/s\nsaved           {saved:>12}  (hit {}, collapsed {}, stale {})\n\n",
-        rate_text(per_second(total, b.map(clients), dt)),
+        rate_text(per_second(total, b.map(Traffic::clients), dt)),
         t.origin_requests,
         rate_text(per_second(
             t.origin_requests,
@@ -222,7 +218,7 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
     let mut routes: Vec<(String, u64, u64, bool)> = Vec::new();
     for i in &fleet.instances {
         for r in &i.routes {
-            let c = clients(&r.traffic);
+            let c = r.traffic.clients();
             match routes.iter_mut().find(|x| x.0 == r.name) {
                 Some(x) => {
                     x.1 += c;
@@ -284,7 +280,7 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
             "{:<28} {:<22} {:>10} {:>10}  {} {}{}{}\n",
             printable(&i.instance, 28),
             printable(&i.listen, 22),
-            clients(&i.totals),
+            i.totals.clients(),
             i.totals.origin_requests,
             printable(&i.redis.mode, 10),
             printable(&i.redis.link, 14),
