@@ -15,8 +15,14 @@ use serde_json::Value;
 const OUTCOMES: [&str; 6] = ["hit", "stale", "miss", "collapsed", "pass", "error"];
 
 fn shared(origin: &corral_tests::RunningOrigin, redis: &Redis) -> Config {
+    shared_route(Route::new("api", origin.url()), redis)
+}
+
+/// One route, `route`, sharing `redis` (whose deadline is raised from the
+/// 50 ms default: two shared cores under a burst).
+fn shared_route(route: Route, redis: &Redis) -> Config {
     Config::new()
-        .route(Route::new("api", origin.url()))
+        .route(route)
         .redis(&redis.url())
         .redis_field("op_timeout", "250ms")
 }
@@ -377,11 +383,12 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         .start()
         .await;
     // A key backs off from its first failure here.
-    let config = Config::new()
-        .route(Route::new("api", origin.url()).field("backoff", "{ after: 1, min: 60s, max: 60s }"))
-        .redis(&server.url())
-        .redis_field("op_timeout", "250ms");
-    let proxies = Proxy::new(config).instances(2).start_all().await;
+    let backoff = "{ after: 1, min: 60s, max: 60s }";
+    let route = Route::new("api", origin.url()).field("backoff", backoff);
+    let proxies = Proxy::new(shared_route(route, &server))
+        .instances(2)
+        .start_all()
+        .await;
     stampede(&proxies, 150, "/cold").await;
     assert_eq!(origin.hits("/cold"), 1);
     // A key whose origin failed: in back-off.
@@ -632,23 +639,12 @@ async fn corral_top_draws_in_a_terminal_and_quits_on_q_or_ctrl_c() {
         pane_when(&session, |s| s.contains(&want)).await;
         let sent = tmux(&["send-keys", "-t", &session, key]);
         assert!(sent.status.success());
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while !status.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "corral top did not quit on {key}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // The file is written once the shell ran echo: read it whole.
-        let mut code = String::new();
-        while tokio::time::Instant::now() < deadline {
-            code = std::fs::read_to_string(&status).expect("status");
-            if code.ends_with('\n') {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // The shell writes the status once corral top has quit: whole
+        // once its line ends.
+        let written = || std::fs::read_to_string(&status).is_ok_and(|s| s.ends_with('\n'));
+        let what = format!("corral top quits on {key}");
+        corral_tests::eventually(DEADLINE, &what, || std::future::ready(written())).await;
+        let code = std::fs::read_to_string(&status).expect("status");
         assert_eq!(code.trim(), "0", "corral top's status after {key}");
         let _ = tmux(&["kill-session", "-t", &session]);
     }
@@ -682,14 +678,8 @@ async fn a_heartbeat_never_opens_the_redis_breaker() {
     );
     redis.restart().await;
     // Its heartbeat reaches Redis, and the fleet view reads it back.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while redis.keys("corral:{fleet}:i:*").await.len() != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no heartbeat in Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    corral_tests::shared::wait_for_key(&redis, "corral:{fleet}:i:*", DEADLINE).await;
+    assert_eq!(redis.keys("corral:{fleet}:i:*").await.len(), 1);
     let fleet = stats(&proxy, "/stats?fleet=1").await;
     assert_eq!(fleet["source"], "redis");
     assert_eq!(fleet["instances"].as_array().map(Vec::len), Some(1));
