@@ -620,6 +620,10 @@ async fn with_coalescing_disabled_redis_coalesces_nothing_but_still_caches() {
     );
 
     // Redis is still a cache: the other instance serves what was stored.
+    // Without a lease nothing tells B that a fill is under way, and the
+    // write to Redis may land after the answers went out, so wait for the
+    // entry before asking B.
+    wait_for_key(&redis, "*:e:*", DEADLINE).await;
     let b = client.get(&proxies[1].url("/cold")).await;
     assert_eq!(b.text(), "cold");
     assert!(b.cache_status().is_hit(), "{}", b.cache_status());
