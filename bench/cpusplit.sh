@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Where a cache hit's CPU goes, corral beside nginx: user space and kernel
+# time per answer, from each server's own /proc/PID/stat, under one load.
+# bench/run.sh gives the sum (CPU per answer); this splits it, so that a
+# change to the hit can be judged against the part it can move: callgrind
+# (bench/callgrind.sh) counts user-space instructions only, and a 64 KiB
+# hit's time is mostly the kernel's.
+#
+#   bench/cpusplit.sh [SIZE] [SECONDS] [RUNS]   # default 65536 8 2
+#   CPUSPLIT_PERF=1 bench/cpusplit.sh 65536     # and the kernel's top symbols
+#
+# Each server has core 0 and one worker (corral TOKIO_WORKER_THREADS=1,
+# nginx bench/nginx's config, one worker), the demo origin is on core 0 too
+# (idle once the key is cached), and oha has core 1: 50 keep-alive
+# connections on one cached key for SECONDS, the systems alternating, RUNS
+# times. Prints req/s, user and kernel µs per answer (clock ticks of 10 ms,
+# so read it from runs of several seconds) and the ratio of corral's total
+# to nginx's. With CPUSPLIT_PERF=1 (perf, cpu-clock sampling of core 0 for
+# 4 s in the middle of each load), the 12 kernel symbols that cost each
+# server most, in ns per answer. Loopback only (ports 3980, 8280, 9280,
+# 8281); needs oha, curl, taskset and nginx; build first with
+# cargo build --release -p corral -p corral-bench.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+size=${1:-65536}
+secs=${2:-8}
+runs=${3:-2}
+export PATH="$PATH:/usr/sbin:/sbin"
+for tool in oha curl taskset nginx; do
+  command -v "$tool" >/dev/null || { echo "$tool is needed" >&2; exit 1; }
+done
+[ -z "${CPUSPLIT_PERF:-}" ] || command -v perf >/dev/null || { echo "perf is needed" >&2; exit 1; }
+server=(taskset -c 0)
+client=(taskset -c 1)
+[ "$(nproc)" -ge 2 ] || client=()
+
+work=$(mktemp -d /tmp/corral-cpusplit.XXXXXX)
+pids=()
+cleanup() {
+  [ -z "${nginx_conf:-}" ] || nginx -p "$work/nginx/" -c "$nginx_conf" -s stop 2>/dev/null || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Gone before the ports are asked for again (corral drains first).
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+ready() { # url: waits (at most 30 s) until it answers
+  for _ in $(seq 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
+  echo "no answer from $1" >&2
+  return 1
+}
+
+TOKIO_WORKER_THREADS=1 "${server[@]}" target/release/demo-origin 127.0.0.1:3980 >"$work/origin.log" 2>&1 &
+pids+=($!)
+cat >"$work/corral.yaml" <<YAML
+listen: 127.0.0.1:8280
+admin: 127.0.0.1:9280
+cache: { memory: 256MiB, max_object_size: 8MiB }
+routes:
+  - name: bench
+    match: { path_prefix: / }
+    upstream: http://127.0.0.1:3980
+YAML
+CORRAL_LOG=warn TOKIO_WORKER_THREADS=1 "${server[@]}" target/release/corral serve \
+  --config "$work/corral.yaml" >"$work/corral.log" 2>&1 &
+corral_pid=$!
+pids+=("$corral_pid")
+mkdir -p "$work/nginx/tmp" "$work/nginx/cache"
+nginx_conf=$work/nginx/nginx.conf
+user_line=""
+[ "$(id -u)" -ne 0 ] || user_line="user root;" # the cache dir must be writable
+sed -e "s|@USER_LINE@|$user_line|" -e "s|@DIR@|$work/nginx|g" -e "s|@PORT@|8281|" \
+  -e "s|@ORIGIN@|127.0.0.1:3980|" bench/nginx/nginx.conf.tmpl >"$nginx_conf"
+"${server[@]}" nginx -p "$work/nginx/" -c "$nginx_conf" -e "$work/nginx/error.log" \
+  >"$work/nginx.log" 2>&1 &
+pids+=($!)
+ready http://127.0.0.1:9280/healthz
+ready "http://127.0.0.1:8281/ready?max-age=0"
+nginx_pid=$(cat "$work/nginx/nginx.pid")
+# The worker serves; the master only waits.
+nginx_worker=$(pgrep -P "$nginx_pid" -f "nginx: worker" | head -1)
+tick=$(getconf CLK_TCK)
+
+declare -A total=([corral]=0 [nginx]=0)
+measure() { # system pid port run comm
+  local url="http://127.0.0.1:$3/cpusplit?max-age=86400&size=$size" u0 s0 u1 s1 rps load
+  curl -sf -o /dev/null "$url" # the miss
+  curl -sf -o /dev/null "$url"
+  read -r u0 s0 < <(awk '{ print $14, $15 }' "/proc/$2/stat")
+  "${client[@]}" timeout $((secs + 30)) oha --no-tui -z "${secs}s" -c 50 "$url" >"$work/oha-$1-$4.txt" 2>&1 &
+  load=$!
+  if [ -n "${CPUSPLIT_PERF:-}" ]; then
+    sleep $(((secs - 4) / 2))
+    perf record -q -e cpu-clock -C 0 -o "$work/perf-$1-$4.data" -- sleep 4 >/dev/null 2>&1
+  fi
+  wait "$load"
+  read -r u1 s1 < <(awk '{ print $14, $15 }' "/proc/$2/stat")
+  rps=$(awk '/Requests\/sec/ { print $2 }' "$work/oha-$1-$4.txt")
+  awk -v name="$1" -v run="$4" -v rps="$rps" -v secs="$secs" -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v t="$tick" 'BEGIN {
+    n = rps * secs
+    printf "%-6s run %d: %8.0f req/s, user %5.2f µs, kernel %5.2f µs, total %5.2f µs per answer\n",
+      name, run, rps, u / t * 1e6 / n, s / t * 1e6 / n, (u + s) / t * 1e6 / n
+  }'
+  if [ -n "${CPUSPLIT_PERF:-}" ]; then
+    # Samples of core 0 over 4 s, each the share of the core: ns per answer.
+    perf report -i "$work/perf-$1-$4.data" --stdio --no-children --comms "$5" --sort sym 2>/dev/null |
+      awk -v rps="$rps" '$2 == "[k]" && n < 12 { sub("%", "", $1); printf "         %7.0f ns  %s\n", $1 / 100 * 4e9 / (rps * 4), $3; n++ }'
+  fi
+}
+
+echo "cpusplit: ${size}-byte hit, ${secs} s per load, 50 connections, $(nproc) cores; $(oha --version 2>/dev/null | head -1); $(nginx -v 2>&1)"
+for run in $(seq "$runs"); do
+  measure corral "$corral_pid" 8280 "$run" tokio-rt-worker
+  measure nginx "$nginx_worker" 8281 "$run" nginx
+done
