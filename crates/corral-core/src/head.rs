@@ -312,10 +312,11 @@ pub fn parse_authority(raw: &[u8]) -> Option<String> {
             None => (raw, None),
         }
     };
+    // At most five digits, so the value fits a u32 as it is summed.
     if let Some(port) = port
         && (port.len() > 5
             || !port.iter().all(u8::is_ascii_digit)
-            || (!port.is_empty() && std::str::from_utf8(port).ok()?.parse::<u32>().ok()? > 65535))
+            || port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) > 65535)
     {
         return None;
     }
@@ -426,12 +427,18 @@ mod tests {
             "[::1]:8080",
             "",
             "x_y",
+            "a.test:65535",
+            "a.test:00080",
+            "a.test:0",
         ] {
             assert!(parse_authority(ok.as_bytes()).is_some(), "{ok:?}");
         }
         for bad in [
             "a.test/x",
             "a.test:99999",
+            "a.test:65536",
+            "a.test:123456",
+            "[::1]:65536",
             "a.test:8o",
             "u@a.test",
             "a.test:80:80",

@@ -26,11 +26,21 @@ pub fn should_refresh_early(
 /// largest value is `1 - 2^-53`.
 const SMALLEST_R: f64 = f64::EPSILON / 2.0;
 
+/// `-ln(SMALLEST_R)`, `53 ln 2`: the largest factor of `beta *
+/// fetch_duration` a draw can give.
+const LARGEST_FACTOR: f64 = 53.0 * std::f64::consts::LN_2;
+
 /// Draws `r` and decides.
 pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, beta: f64) -> bool {
     // Far from expiry no draw can refresh: the smallest `r` drawn is
     // 2^-53, so the gap is at most `beta * fetch_duration * 53 ln 2`. Most
-    // hits are there, and skip the random number and the logarithm.
+    // hits are there, and skip the random number and the logarithm, and
+    // this check skips the logarithm too. It is looser than the draw's own
+    // arithmetic by a part in a million, so that rounding can only send a
+    // hit on to the exact test below, never refuse one a draw would grant.
+    if far_from_expiry(now, fresh_until, fetch_duration, beta) {
+        return false;
+    }
     if !should_refresh_early(now, fresh_until, fetch_duration, beta, SMALLEST_R) {
         return false;
     }
@@ -39,9 +49,44 @@ pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, 
     should_refresh_early(now, fresh_until, fetch_duration, beta, r)
 }
 
+/// No draw can refresh: more is left than the largest gap a draw gives.
+fn far_from_expiry(
+    now: SystemTime,
+    fresh_until: SystemTime,
+    fetch_duration: Duration,
+    beta: f64,
+) -> bool {
+    fresh_until.duration_since(now).is_ok_and(|left| {
+        left.as_secs_f64() > beta * fetch_duration.as_secs_f64() * LARGEST_FACTOR * (1.0 + 1e-6)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// What the fast check calls far, the exact test with the smallest
+        /// draw refuses too, at the boundary (`scale` near 1) and away.
+        #[test]
+        fn far_is_only_what_no_draw_can_refresh(
+            fetch_us in 1u64..60_000_000,
+            beta in 0.001f64..20.0,
+            scale in prop_oneof![0.999_99f64..1.000_01, 0.0f64..4.0],
+        ) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+            let d = Duration::from_micros(fetch_us);
+            let gap = beta * d.as_secs_f64() * LARGEST_FACTOR;
+            let until = now + Duration::from_secs_f64(gap * scale);
+            if far_from_expiry(now, until, d, beta) {
+                prop_assert!(!should_refresh_early(now, until, d, beta, SMALLEST_R));
+            }
+            // And it is not so loose that it never skips: twice the gap away.
+            let twice = now + Duration::from_secs_f64(gap * 2.0);
+            prop_assert!(far_from_expiry(now, twice, d, beta));
+        }
+    }
 
     #[test]
     fn the_shortcut_never_refuses_what_a_draw_could_grant() {
@@ -61,6 +106,7 @@ mod tests {
                 "{ms} ms"
             );
         }
+        assert!((LARGEST_FACTOR + SMALLEST_R.ln()).abs() < 1e-12);
         // 200 ms * 36.7 = 7.3 s: past that, no draw refreshes.
         let far = now + Duration::from_secs(8);
         assert!((0..1000).all(|_| !roll(now, far, d, 1.0)));
