@@ -22,26 +22,17 @@ pub fn should_refresh_early(
     now.checked_add(gap).is_none_or(|t| t >= fresh_until)
 }
 
-/// The smallest `r` that `roll` draws: `1 - random::<f64>()`, whose
-/// largest value is `1 - 2^-53`.
-const SMALLEST_R: f64 = f64::EPSILON / 2.0;
-
-/// `-ln(SMALLEST_R)`, `53 ln 2`: the largest factor of `beta *
-/// fetch_duration` a draw can give.
+/// `-ln(r)` for the smallest `r` that `roll` draws (`1 - random::<f64>()`,
+/// whose largest value is `1 - 2^-53`): `53 ln 2`, the largest factor of
+/// `beta * fetch_duration` a draw can give.
 const LARGEST_FACTOR: f64 = 53.0 * std::f64::consts::LN_2;
 
 /// Draws `r` and decides.
 pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, beta: f64) -> bool {
     // Far from expiry no draw can refresh: the smallest `r` drawn is
     // 2^-53, so the gap is at most `beta * fetch_duration * 53 ln 2`. Most
-    // hits are there, and skip the random number and the logarithm, and
-    // this check skips the logarithm too. It is looser than the draw's own
-    // arithmetic by a part in a million, so that rounding can only send a
-    // hit on to the exact test below, never refuse one a draw would grant.
+    // hits are there, and skip the random number and the logarithm.
     if far_from_expiry(now, fresh_until, fetch_duration, beta) {
-        return false;
-    }
-    if !should_refresh_early(now, fresh_until, fetch_duration, beta, SMALLEST_R) {
         return false;
     }
     // random::<f64>() is in [0, 1); 1 - r moves it to (0, 1].
@@ -49,7 +40,11 @@ pub fn roll(now: SystemTime, fresh_until: SystemTime, fetch_duration: Duration, 
     should_refresh_early(now, fresh_until, fetch_duration, beta, r)
 }
 
-/// No draw can refresh: more is left than the largest gap a draw gives.
+/// No draw can refresh: more is left than the largest gap a draw gives
+/// (the gap only shrinks as `r` grows, so none refreshes where the smallest
+/// `r` does not). The bound is looser than `should_refresh_early`'s own
+/// arithmetic by a part in a million, so that rounding can only leave a
+/// hit to the draw, never refuse one a draw would refresh.
 fn far_from_expiry(
     now: SystemTime,
     fresh_until: SystemTime,
@@ -65,6 +60,9 @@ fn far_from_expiry(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The smallest `r` that `roll` draws.
+    const SMALLEST_R: f64 = f64::EPSILON / 2.0;
 
     proptest! {
         /// What the fast check calls far, the exact test with the smallest
