@@ -22,7 +22,6 @@
 # cargo build --release -p corral -p corral-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 size=${1:-65536}
 secs=${2:-8}
 runs=${3:-2}
@@ -30,7 +29,11 @@ export PATH="$PATH:/usr/sbin:/sbin"
 for tool in oha curl taskset nginx; do
   command -v "$tool" >/dev/null || { echo "$tool is needed" >&2; exit 1; }
 done
-[ -z "${CPUSPLIT_PERF:-}" ] || command -v perf >/dev/null || { echo "perf is needed" >&2; exit 1; }
+if [ -n "${CPUSPLIT_PERF:-}" ]; then
+  command -v perf >/dev/null || { echo "perf is needed" >&2; exit 1; }
+  # perf samples 4 s inside each load.
+  [ "$secs" -ge 6 ] || { echo "CPUSPLIT_PERF needs loads of 6 s or more" >&2; exit 1; }
+fi
 server=(taskset -c 0)
 client=(taskset -c 1)
 [ "$(nproc)" -ge 2 ] || client=()
@@ -83,8 +86,7 @@ nginx_pid=$(cat "$work/nginx/nginx.pid")
 nginx_worker=$(pgrep -P "$nginx_pid" -f "nginx: worker" | head -1)
 tick=$(getconf CLK_TCK)
 
-declare -A total=([corral]=0 [nginx]=0)
-measure() { # system pid port run comm
+measure() { # system pid port run comm: prints the figures, sets $total (µs per answer)
   local url="http://127.0.0.1:$3/cpusplit?max-age=86400&size=$size" u0 s0 u1 s1 rps load
   curl -sf -o /dev/null "$url" # the miss
   curl -sf -o /dev/null "$url"
@@ -98,11 +100,14 @@ measure() { # system pid port run comm
   wait "$load"
   read -r u1 s1 < <(awk '{ print $14, $15 }' "/proc/$2/stat")
   rps=$(awk '/Requests\/sec/ { print $2 }' "$work/oha-$1-$4.txt")
-  awk -v name="$1" -v run="$4" -v rps="$rps" -v secs="$secs" -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v t="$tick" 'BEGIN {
+  # The total first, for the ratio, then the line to print.
+  read -r total line < <(awk -v name="$1" -v run="$4" -v rps="$rps" -v secs="$secs" \
+    -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v t="$tick" 'BEGIN {
     n = rps * secs
-    printf "%-6s run %d: %8.0f req/s, user %5.2f µs, kernel %5.2f µs, total %5.2f µs per answer\n",
-      name, run, rps, u / t * 1e6 / n, s / t * 1e6 / n, (u + s) / t * 1e6 / n
-  }'
+    printf "%.2f %-6s run %d: %8.0f req/s, user %5.2f µs, kernel %5.2f µs, total %5.2f µs per answer\n",
+      (u + s) / t * 1e6 / n, name, run, rps, u / t * 1e6 / n, s / t * 1e6 / n, (u + s) / t * 1e6 / n
+  }')
+  echo "$line"
   if [ -n "${CPUSPLIT_PERF:-}" ]; then
     # Samples of core 0 over 4 s, each the share of the core: ns per answer.
     perf report -i "$work/perf-$1-$4.data" --stdio --no-children --comms "$5" --sort sym 2>/dev/null |
@@ -113,5 +118,8 @@ measure() { # system pid port run comm
 echo "cpusplit: ${size}-byte hit, ${secs} s per load, 50 connections, $(nproc) cores; $(oha --version 2>/dev/null | head -1); $(nginx -v 2>&1)"
 for run in $(seq "$runs"); do
   measure corral "$corral_pid" 8280 "$run" tokio-rt-worker
+  corral_total=$total
   measure nginx "$nginx_worker" 8281 "$run" nginx
+  awk -v c="$corral_total" -v x="$total" -v run="$run" \
+    'BEGIN { printf "run %d: corral/nginx %.2f (CPU per answer)\n", run, c / x }'
 done
