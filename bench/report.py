@@ -53,6 +53,30 @@ def load_oha(raw: str, name: str) -> dict:
     }
 
 
+def load_capacity(raw: str, name: str) -> dict:
+    """The numbers the tables use from one capacity-load JSON line, shaped
+    as load_oha's (times in ms); `failed` answers count as errors."""
+    try:
+        with open(os.path.join(raw, name)) as f:
+            d = json.loads(f.read())
+    except (OSError, ValueError):
+        return {"missing": True}
+    answers, failed = d.get("answers", 0), d.get("failed", 0)
+    return {
+        "rps": d.get("rps"),
+        "p50": d.get("p50_ms"),
+        "p99": d.get("p99_ms"),
+        "max": None,
+        "codes": {"200": answers},
+        "ok": answers,
+        "answers": answers,
+        "errors": failed,
+        "error_kinds": {},
+        "aborted": 0,
+        "seconds": d.get("seconds"),
+    }
+
+
 def merge(parts: list) -> dict:
     """Five oha runs against five instances, seen as one load."""
     parts = [p for p in parts if not p.get("missing")]
@@ -146,6 +170,8 @@ def main() -> None:
         if "oha" in r:
             ms = [load_oha(a.raw, n) for n in r["oha"]]
             r["m"] = ms[0] if len(ms) == 1 else merge(ms)
+        if "capacity" in r:
+            r["m"] = load_capacity(a.raw, r["capacity"])
         if r.get("headers"):
             try:
                 with open(os.path.join(a.raw, r["headers"])) as f:
@@ -231,6 +257,34 @@ def main() -> None:
                 ])
         L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
                         "CPU µs/answer", "CPU ×nginx", "oha core", "non-200", "origin hits"], rows))
+
+    # (a2)
+    cap = pick("capacity")
+    if cap:
+        L.append(
+            f"\n## (a2) Cache hit at capacity: one hot key, 64 connections, {a.duration}\n\n"
+            "As (a), but the load is `capacity-load` (one request in flight per keep-alive connection, as with oha, "
+            "at a fraction of oha's CPU per answer), so the server's core, not the client's, is full: `server core` "
+            "is the system's CPU seconds per second of load. req/s, p99 and CPU per answer are then the server's "
+            "own. p50/p99 within 1/32 of the value.\n"
+        )
+        rows = []
+        for size in sorted({r["size"] for r in cap}):
+            for r in pick("capacity", size=size):
+                m, n = r["m"], nginx_of("capacity", r, size=size)
+                if m.get("missing"):
+                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data", "", "", "", "", "", "", "", ""])
+                    continue
+                nr = nginx_rec("capacity", r, size=size)
+                c = cpu_per_answer(r)
+                busy = r["server_cpu"] / m["seconds"] if r.get("server_cpu") is not None and m.get("seconds") else None
+                rows.append([
+                    f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
+                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
+                    f_us(c), f_ratio(c, cpu_per_answer(nr)), f_pct(busy), m["errors"],
+                ])
+        L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
+                        "CPU µs/answer", "CPU ×nginx", "server core", "failed"], rows))
 
     # (b)
     st = pick("stampede")
@@ -394,6 +448,20 @@ def main() -> None:
                     + (f" (oha's core {', '.join(f_pct(b) for b in busy)} busy under nginx)" if busy else ""),
                     verdict(max(cr) <= 1 / 1.2, True),
                 ])
+    if cap:
+        for size in sorted({r["size"] for r in cap}):
+            rr, pr = ratios("capacity", "rps", size=size), ratios("capacity", "p99", size=size)
+            cr = []
+            for r in pick("capacity", system="corral", size=size):
+                c, nc = cpu_per_answer(r), cpu_per_answer(nginx_rec("capacity", r, size=size))
+                if c and nc:
+                    cr.append(c / nc)
+            rows.append([
+                f"hit {size // 1024} KiB at capacity: req/s ≥ 1.2× nginx, p99 ≤ nginx, CPU per answer ≤ 0.83×",
+                ", ".join(f"{x:.2f}×" for x in rr) + " / p99 " + ", ".join(f"{x:.2f}×" for x in pr)
+                + " / CPU " + ", ".join(f"{x:.2f}×" for x in cr),
+                verdict(rr and pr and cr and min(rr) >= 1.2 and max(pr) <= 1.0 and max(cr) <= 1 / 1.2, bool(rr)),
+            ])
     if st:
         pr = ratios("stampede", "p99")
         rows.append(["stampede: p99 ≤ 0.6× nginx", ", ".join(f"{x:.2f}×" for x in pr), verdict(pr and max(pr) <= 0.6, bool(pr))])

@@ -6,14 +6,14 @@
 #   bench/run.sh
 #
 # Loopback only; every load is bounded (oha -z or -n, under `timeout`); the
-# whole run takes about 6 minutes plus the build. Servers are pinned to core 0 and oha to
+# whole run takes about 8 minutes plus the build. Servers are pinned to core 0 and oha to
 # core 1, one core per server (nginx worker_processes 1, varnishd
 # thread_pools=1, corral TOKIO_WORKER_THREADS=1). Missing nginx / varnish /
 # redis-server are installed with apt-get when run as root on Debian; a
 # system that cannot be installed is skipped, not fatal.
 #
 # Knobs (environment): BENCH_SYSTEMS="corral nginx varnish",
-# BENCH_SCENARIOS="hit stampede ttfb fleet hotset failing swr", BENCH_RUNS=2,
+# BENCH_SCENARIOS="hit capacity stampede ttfb fleet hotset failing swr", BENCH_RUNS=2,
 # BENCH_DURATION=10s, BENCH_NO_BUILD=1 (use the binaries in target/release),
 # BENCH_OUT=FILE (write the table there instead of bench/results/latest.md).
 set -uo pipefail
@@ -25,7 +25,7 @@ raw=$results/raw
 export PATH="$PATH:/usr/sbin:/sbin"
 
 systems=(${BENCH_SYSTEMS:-corral nginx varnish})
-scenarios=" ${BENCH_SCENARIOS:-hit stampede ttfb fleet hotset failing swr} "
+scenarios=" ${BENCH_SCENARIOS:-hit capacity stampede ttfb fleet hotset failing swr} "
 runs=${BENCH_RUNS:-2}
 duration=${BENCH_DURATION:-10s}
 secs=${duration%s}
@@ -199,6 +199,23 @@ oha_measured() { # system out.json bound oha-args...: oha_run, and the CPU secon
   after=$(cpu_ticks "${pid_of[$s]}")
   cpu_json="\"server_cpu\":$(awk -v a="$after" -v b="$before" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}'),\"client_cpu\":$(awk -v a="$ca" -v b="$cb" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}')"
 }
+capacity_measured() { # system out.json bound port path: capacity-load (64
+  # connections, one request in flight on each) on core 1 for the run's
+  # duration, with the CPU seconds as oha_measured counts them
+  local s=$1 out=$2 bound=$3 before after hz cb ca rc
+  calm "$s"
+  hz=$(getconf CLK_TCK)
+  before=$(cpu_ticks "${pid_of[$s]}")
+  cb=$(awk '{print $16 + $17}' /proc/$$/stat)
+  timeout -k 5 "$bound" "${on_client[@]}" "$root/target/release/capacity-load" \
+    "127.0.0.1:$4" "$5" 64 1 "$secs" >"$out" 2>"$out.err"
+  rc=$?
+  [ $rc -eq 0 ] || log "capacity-load exited $rc: $out ($(head -c 300 "$out.err"))"
+  [ -s "$out.err" ] || rm -f "$out.err"
+  ca=$(awk '{print $16 + $17}' /proc/$$/stat)
+  after=$(cpu_ticks "${pid_of[$s]}")
+  cpu_json="\"server_cpu\":$(awk -v a="$after" -v b="$before" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}'),\"client_cpu\":$(awk -v a="$ca" -v b="$cb" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}')"
+}
 order() { # run: systems in turn, the order reversed on even runs
   if [ $(($1 % 2)) -eq 1 ]; then printf '%s\n' "${systems[@]}"; else printf '%s\n' "${systems[@]}" | tac; fi
 }
@@ -276,6 +293,32 @@ if [[ "$scenarios" == *" hit "* ]]; then
       done
     done
   done
+fi
+
+# ------------------------------------------- (a2) cache hit at capacity
+# oha spends about as much CPU on an answer as the server does, so in (a)
+# oha's core is full first and the servers are measured below capacity.
+# capacity-load (bench/src/bin/capacity-load.rs) does little per answer:
+# each server's core runs full, and req/s, p99 and CPU per answer are the
+# server's own.
+if [[ "$scenarios" == *" capacity "* ]]; then
+  if [ ! -x target/release/capacity-load ]; then
+    log "target/release/capacity-load is missing: (a2) skipped (cargo build --release -p corral-bench)"
+  else
+    for size in 1024 65536; do
+      for run in $(seq "$runs"); do
+        for s in $(order "$run"); do
+          path="/$s/capacity/$size-$tag"
+          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$path?max-age=86400&size=$size"
+          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$path?max-age=86400&size=$size"
+          out=capacity-$size-$s-$run.json
+          log "(a2) hit at capacity ${size} B: $s run $run"
+          capacity_measured "$s" "$raw/$out" $((secs + 20)) "${port[$s]}" "$path?max-age=86400&size=$size"
+          record "{\"scenario\":\"capacity\",\"size\":$size,\"system\":\"$s\",\"run\":$run,\"capacity\":\"$out\",\"origin_hits\":$(hits "$path"),$cpu_json}"
+        done
+      done
+    done
+  fi
 fi
 
 # --------------------------------------------------- (b) stampede on a cold key
