@@ -178,7 +178,8 @@ calm() { # system: for corral, waits (at most 10 s) until it no longer sheds loa
   # A run keeps its core busy past `server.overload` (90%), so corral is still
   # shedding for up to 0.5 s after it: the next run's fresh connections would be
   # told 503 and close, and a client that reconnects at once (oha does) keeps it
-  # busy and shedding. Each run starts, as the first did, on a calm server.
+  # busy and shedding. Each run starts, as the first did, on a calm server:
+  # every scenario calls it before its fill or its load.
   [ "$1" = corral ] || return 0
   local deadline=$((SECONDS + 10))
   while curl -s http://127.0.0.1:9150/metrics | grep -q '^corral_overloaded 1'; do
@@ -327,6 +328,7 @@ if [[ "$scenarios" == *" stampede "* ]]; then
     for s in $(order "$run"); do
       path="/$s/stampede/$run-$tag"
       out=stampede-$s-$run.json
+      calm "$s"
       log "(b) stampede: $s run $run"
       oha_run "$raw/$out" 60 -n 1000 -c 1000 -t 30s \
         "http://127.0.0.1:${port[$s]}$path?delay=200&max-age=60&size=1024"
@@ -345,6 +347,7 @@ if [[ "$scenarios" == *" ttfb "* ]]; then
     for s in $(order "$run"); do
       path="/$s/ttfb/$run-$tag"
       out=ttfb-$s-$run.json
+      calm "$s"
       log "(b2) ttfb: $s run $run"
       timeout -k 5 90 "${on_client[@]}" "$root/target/release/ttfb-load" "127.0.0.1:${port[$s]}" \
         "$path?size=5242880&trickle=2000&max-age=60" 1000 60 >"$raw/$out" 2>"$raw/$out.err" ||
@@ -422,6 +425,7 @@ if [[ "$scenarios" == *" failing "* ]]; then
     for s in $(order "$run"); do
       path="/$s/failing/$run-$tag"
       url="http://127.0.0.1:${port[$s]}$path?max-age=1&sie=60&size=1024"
+      calm "$s" # the fill must not be shed
       fill=$(curl -s -o /dev/null -w '%{http_code}' "$url")
       sleep 2 # past max-age=1: stale from here on
       outage 503
@@ -445,6 +449,7 @@ if [[ "$scenarios" == *" swr "* ]]; then
     for s in $(order "$run"); do
       path="/$s/swr/$run-$tag"
       url="http://127.0.0.1:${port[$s]}$path?delay=2000&max-age=1&swr=30&size=1024"
+      calm "$s" # the fill must not be shed
       fill=$(curl -s -o /dev/null -w '%{http_code}' "$url") # takes 2 s
       sleep 2 # past max-age=1, within swr=30
       before=$(hits "$path")
