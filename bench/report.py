@@ -199,6 +199,25 @@ def main() -> None:
 
     secs = float(a.duration.rstrip("s") or 0)
 
+    def hit_rows(scenario, recs_, width, cells):
+        """The rows of a hit table: body, system, run, req/s, p50 and p99
+        against nginx's, then `cells(record, its numbers, nginx's record)`;
+        `width` columns in all."""
+        rows = []
+        for size in sorted({r["size"] for r in recs_}):
+            for r in pick(scenario, size=size):
+                m, n = r["m"], nginx_of(scenario, r, size=size)
+                if m.get("missing"):
+                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data"] + [""] * (width - 4))
+                    continue
+                rows.append([
+                    f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
+                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
+                    *cells(r, m, nginx_rec(scenario, r, size=size)),
+                ])
+        return rows
+
+
     L = []
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     built = a.commit or "built from commit " + sh("git", "rev-parse", "--short", "HEAD")
@@ -242,19 +261,7 @@ def main() -> None:
             "divided by the answers it gave; `oha core` is how busy the client's core was. With oha's core near 100% "
             "the client, not the server, sets req/s: CPU per answer is then the fairer comparison.\n"
         )
-        rows = []
-        for size in sorted({r["size"] for r in hit}):
-            for r in pick("hit", size=size):
-                m, n = r["m"], nginx_of("hit", r, size=size)
-                if m.get("missing"):
-                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data", "", "", "", "", "", "", "", "", ""])
-                    continue
-                nr = nginx_rec("hit", r, size=size)
-                rows.append([
-                    f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
-                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
-                    *cpu_cells(r, nr), non200(m), r["origin_hits"],
-                ])
+        rows = hit_rows("hit", hit, 13, lambda r, m, nr: [*cpu_cells(r, nr), non200(m), r["origin_hits"]])
         L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
                         "CPU µs/answer", "CPU ×nginx", "oha core", "non-200", "origin hits"], rows))
 
@@ -268,21 +275,12 @@ def main() -> None:
             "is the system's CPU seconds per second of load. req/s, p99 and CPU per answer are then the server's "
             "own. p50/p99 within 1/32 of the value.\n"
         )
-        rows = []
-        for size in sorted({r["size"] for r in cap}):
-            for r in pick("capacity", size=size):
-                m, n = r["m"], nginx_of("capacity", r, size=size)
-                if m.get("missing"):
-                    rows.append([f"{size // 1024} KiB", r["system"], r["run"], "no data", "", "", "", "", "", "", "", ""])
-                    continue
-                nr = nginx_rec("capacity", r, size=size)
-                c = cpu_per_answer(r)
-                busy = r["server_cpu"] / m["seconds"] if r.get("server_cpu") is not None and m.get("seconds") else None
-                rows.append([
-                    f"{size // 1024} KiB", r["system"], r["run"], f_num(m["rps"]), f_ratio(m["rps"], n.get("rps")),
-                    f_ms(m["p50"]), f_ms(m["p99"]), f_ratio(m["p99"], n.get("p99")),
-                    f_us(c), f_ratio(c, cpu_per_answer(nr)), f_pct(busy), m["errors"],
-                ])
+        def capacity_cells(r, m, nr):
+            c = cpu_per_answer(r)
+            busy = r["server_cpu"] / m["seconds"] if r.get("server_cpu") is not None and m.get("seconds") else None
+            return [f_us(c), f_ratio(c, cpu_per_answer(nr)), f_pct(busy), m["errors"]]
+
+        rows = hit_rows("capacity", cap, 12, capacity_cells)
         L.append(table(["body", "system", "run", "req/s", "req/s ×nginx", "p50", "p99", "p99 ×nginx",
                         "CPU µs/answer", "CPU ×nginx", "server core", "failed"], rows))
 

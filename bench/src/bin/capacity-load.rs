@@ -106,21 +106,9 @@ struct Tally {
 /// One answer at the front of `buf`: its length when whole and a 200 with
 /// a Content-Length, `Some(Err)` for anything else, `None` while partial.
 fn answer(buf: &[u8]) -> Option<Result<usize, String>> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = String::from_utf8_lossy(&buf[..end]);
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or("");
-    if !status.starts_with("HTTP/1.1 200") {
-        return Some(Err(format!("status line {status:?}")));
-    }
-    let len: Option<usize> = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok());
-    match len {
-        None => Some(Err("no Content-Length".to_owned())),
-        Some(n) if buf.len() >= end + n => Some(Ok(end + n)),
-        Some(_) => None,
+    match corral_bench::answer_head(buf)? {
+        Err(why) => Some(Err(why)),
+        Ok((end, len)) => (buf.len() >= end + len).then_some(Ok(end + len)),
     }
 }
 

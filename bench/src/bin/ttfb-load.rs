@@ -23,25 +23,6 @@ struct Timing {
     last_byte: Duration,
 }
 
-/// The end of the head in `buf` and its Content-Length, once both are there.
-fn head(buf: &[u8]) -> Option<Result<(usize, usize), String>> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let text = String::from_utf8_lossy(&buf[..end]);
-    let mut lines = text.split("\r\n");
-    let status = lines.next().unwrap_or("");
-    if !status.starts_with("HTTP/1.1 200") {
-        return Some(Err(format!("status line {status:?}")));
-    }
-    let len = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok());
-    Some(
-        len.map(|n| (end, n))
-            .ok_or_else(|| "no Content-Length".to_owned()),
-    )
-}
-
 async fn one(
     addr: SocketAddr,
     path: Arc<String>,
@@ -68,7 +49,7 @@ async fn one(
         match parsed {
             None => {
                 buf.extend_from_slice(&chunk[..n]);
-                if let Some(h) = head(&buf) {
+                if let Some(h) = corral_bench::answer_head(&buf) {
                     let (end, len) = h?;
                     parsed = Some(len);
                     body = buf.len() - end;
