@@ -112,13 +112,14 @@ nginx_worker=$(pgrep -P "$nginx_pid" -f "nginx: worker" | head -1)
 tick=$(getconf CLK_TCK)
 
 measure() { # system pid port run comm: prints the figures, sets $total (µs per answer)
-  local url="http://127.0.0.1:$3/cpusplit?max-age=86400&size=$size" u0 s0 u1 s1 rps load
+  local target="/cpusplit?max-age=86400&size=$size" url u0 s0 u1 s1 rps load
+  url="http://127.0.0.1:$3$target"
   curl -sf -o /dev/null "$url" # the miss
   curl -sf -o /dev/null "$url"
   read -r u0 s0 < <(awk '{ print $14, $15 }' "/proc/$2/stat")
   if [ -n "$capacity" ]; then
     "${client[@]}" timeout $((secs + 30)) target/release/capacity-load "127.0.0.1:$3" \
-      "/cpusplit?max-age=86400&size=$size" "$conns" "$depth" "$secs" \
+      "$target" "$conns" "$depth" "$secs" \
       >"$work/load-$1-$4.json" 2>"$work/load-$1-$4.err" &
   else
     "${client[@]}" timeout $((secs + 30)) oha --no-tui -z "${secs}s" -c 50 "$url" >"$work/oha-$1-$4.txt" 2>&1 &

@@ -187,35 +187,33 @@ calm() { # system: for corral, waits (at most 10 s) until it no longer sheds loa
     sleep 0.1
   done
 }
-oha_measured() { # system out.json bound oha-args...: oha_run, and the CPU seconds the
-  # system's processes and oha used during it (server_cpu, client_cpu in $cpu_json)
-  local s=$1 out=$2 bound=$3 before after hz cb ca
-  shift 3
+measured() { # system command...: the command (a load) on a calm system, and the
+  # CPU seconds the system's processes and the load used during it
+  # (server_cpu, client_cpu in $cpu_json)
+  local s=$1 before after hz cb ca
+  shift
   calm "$s"
   hz=$(getconf CLK_TCK)
   before=$(cpu_ticks "${pid_of[$s]}")
-  cb=$(awk '{print $16 + $17}' /proc/$$/stat) # this shell's reaped children: oha
-  oha_run "$out" "$bound" "$@"
+  cb=$(awk '{print $16 + $17}' /proc/$$/stat) # this shell's reaped children: the load
+  "$@"
   ca=$(awk '{print $16 + $17}' /proc/$$/stat)
   after=$(cpu_ticks "${pid_of[$s]}")
   cpu_json="\"server_cpu\":$(awk -v a="$after" -v b="$before" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}'),\"client_cpu\":$(awk -v a="$ca" -v b="$cb" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}')"
 }
-capacity_measured() { # system out.json bound port path: capacity-load (64
-  # connections, one request in flight on each) on core 1 for the run's
-  # duration, with the CPU seconds as oha_measured counts them
-  local s=$1 out=$2 bound=$3 before after hz cb ca rc
-  calm "$s"
-  hz=$(getconf CLK_TCK)
-  before=$(cpu_ticks "${pid_of[$s]}")
-  cb=$(awk '{print $16 + $17}' /proc/$$/stat)
-  timeout -k 5 "$bound" "${on_client[@]}" "$root/target/release/capacity-load" \
-    "127.0.0.1:$4" "$5" 64 1 "$secs" >"$out" 2>"$out.err"
+oha_measured() { # system out.json bound oha-args...: oha_run, measured
+  local s=$1
+  shift
+  measured "$s" oha_run "$@"
+}
+capacity_run() { # out.json bound port path: capacity-load (64 connections, one
+  # request in flight on each) on core 1 for the run's duration
+  local out=$1 rc
+  timeout -k 5 "$2" "${on_client[@]}" "$root/target/release/capacity-load" \
+    "127.0.0.1:$3" "$4" 64 1 "$secs" >"$out" 2>"$out.err"
   rc=$?
   [ $rc -eq 0 ] || log "capacity-load exited $rc: $out ($(head -c 300 "$out.err"))"
   [ -s "$out.err" ] || rm -f "$out.err"
-  ca=$(awk '{print $16 + $17}' /proc/$$/stat)
-  after=$(cpu_ticks "${pid_of[$s]}")
-  cpu_json="\"server_cpu\":$(awk -v a="$after" -v b="$before" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}'),\"client_cpu\":$(awk -v a="$ca" -v b="$cb" -v h="$hz" 'BEGIN{printf "%.2f", (a-b)/h}')"
 }
 order() { # run: systems in turn, the order reversed on even runs
   if [ $(($1 % 2)) -eq 1 ]; then printf '%s\n' "${systems[@]}"; else printf '%s\n' "${systems[@]}" | tac; fi
@@ -310,11 +308,12 @@ if [[ "$scenarios" == *" capacity "* ]]; then
       for run in $(seq "$runs"); do
         for s in $(order "$run"); do
           path="/$s/capacity/$size-$tag"
-          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$path?max-age=86400&size=$size"
-          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$path?max-age=86400&size=$size"
+          target="$path?max-age=86400&size=$size"
+          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$target"
+          curl -s -o /dev/null "http://127.0.0.1:${port[$s]}$target"
           out=capacity-$size-$s-$run.json
           log "(a2) hit at capacity ${size} B: $s run $run"
-          capacity_measured "$s" "$raw/$out" $((secs + 20)) "${port[$s]}" "$path?max-age=86400&size=$size"
+          measured "$s" capacity_run "$raw/$out" $((secs + 20)) "${port[$s]}" "$target"
           record "{\"scenario\":\"capacity\",\"size\":$size,\"system\":\"$s\",\"run\":$run,\"capacity\":\"$out\",\"origin_hits\":$(hits "$path"),$cpu_json}"
         done
       done
