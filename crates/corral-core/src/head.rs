@@ -90,7 +90,7 @@ pub struct RequestHead {
 
 /// The names [`proxy_control`] matches, as a list the unit tests hold it to.
 #[cfg(test)]
-const PROXY_CONTROL: [&str; 14] = [
+const PROXY_CONTROL: [&str; 18] = [
     "forwarded",
     "x-forwarded-host",
     "x-forwarded-proto",
@@ -105,6 +105,10 @@ const PROXY_CONTROL: [&str; 14] = [
     "x-original-host",
     "x-host",
     "front-end-https",
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "client-ip",
 ];
 
 /// Headers that make some frameworks treat a request as another method:
@@ -243,7 +247,58 @@ fn proxy_control(n: &str) -> bool {
             | "x-original-host"
             | "x-host"
             | "front-end-https"
+            // Client addresses other proxies and CDNs claim: corral is the
+            // proxy that knows the client, and says so in X-Forwarded-For.
+            | "x-client-ip"
+            | "true-client-ip"
+            | "cf-connecting-ip"
+            | "client-ip"
     )
+}
+
+/// True when some field name holds `_` (see [`strip_underscored`]).
+pub fn has_underscored(headers: &HeaderMap) -> bool {
+    headers.keys().any(|n| n.as_str().contains('_'))
+}
+
+/// Removes request fields whose names hold `_`, as nginx does by default
+/// (`underscores_in_headers off`). CGI-style servers (WSGI, Rack, PHP,
+/// older gunicorn and Puma) read `X_Forwarded_Host` as `X-Forwarded-Host`,
+/// so a field spelled with underscores would pass every list of names
+/// corral strips. With `allow` (a route's `underscores_in_headers`) they
+/// are passed on, except those that read as a field corral strips or
+/// writes in the dashed form (proxy control, hop-by-hop, framing, method
+/// overrides, X-Forwarded-For) or
+/// as `also` (the account header only an authenticating proxy may set).
+/// Callers check [`has_underscored`] first: the usual request has no
+/// such name, and then nothing here need run.
+pub fn strip_underscored(headers: &mut HeaderMap, allow: bool, also: Option<&HeaderName>) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let n = name.as_str();
+            if !n.contains('_') {
+                return false;
+            }
+            if !allow {
+                return true;
+            }
+            let dashed = n.replace('_', "-");
+            proxy_control(&dashed)
+                || method_override(&dashed)
+                || hop_by_hop::fixed(&dashed)
+                // Those corral writes itself for the origin.
+                || matches!(
+                    dashed.as_str(),
+                    "content-length" | "host" | "expect" | "x-forwarded-for"
+                )
+                || also.is_some_and(|a| a.as_str() == dashed)
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
 }
 
 /// True for a name in [`METHOD_OVERRIDE`].
@@ -371,6 +426,58 @@ mod tests {
         ] {
             assert!(!proxy_control(n) && !method_override(n), "{n}");
         }
+    }
+
+    fn names_after_underscore_strip(
+        fields: &[&'static str],
+        allow: bool,
+        also: Option<&'static str>,
+    ) -> Vec<String> {
+        let mut headers = HeaderMap::new();
+        for f in fields {
+            headers.append(
+                HeaderName::from_static(f),
+                HeaderValue::from_static("evil.example"),
+            );
+        }
+        let also = also.map(HeaderName::from_static);
+        strip_underscored(&mut headers, allow, also.as_ref());
+        let mut names: Vec<String> = headers.keys().map(|n| n.as_str().to_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn underscored_names_are_dropped_unless_allowed_and_harmless() {
+        let fields = [
+            "accept",
+            "x_forwarded_host",
+            "x_forwarded_for",
+            "x_real_ip",
+            "x_original_url",
+            "x_account_id",
+            "x_http_method_override",
+            "transfer_encoding",
+            "content_length",
+            "x_trace_id",
+            "x-trace-id",
+        ];
+        // Off (the default): every name with `_` goes, whatever it reads as.
+        assert_eq!(
+            names_after_underscore_strip(&fields, false, Some("x-account-id")),
+            ["accept", "x-trace-id"]
+        );
+        // Allowed: only those that read as a field corral strips (or the
+        // account header) in their dashed form go.
+        assert_eq!(
+            names_after_underscore_strip(&fields, true, Some("x-account-id")),
+            ["accept", "x-trace-id", "x_trace_id"]
+        );
+        // Nothing to do: the map is untouched.
+        assert_eq!(
+            names_after_underscore_strip(&["accept", "x-real-ip"], false, None),
+            ["accept", "x-real-ip"]
+        );
     }
 
     fn parts(version: Version, uri: &str, hosts: &[&'static str]) -> http::request::Parts {

@@ -1,6 +1,14 @@
 //! The route table: which upstream and which cache policy a request gets.
 //! A route matches on host (optional) and path prefix; the longest prefix
 //! wins, and a route naming the host beats one that does not.
+//!
+//! The route (and so the policy: caching, limits, identity) is chosen on
+//! the form of the request no origin can tell apart: the path case-folded
+//! (unless the route says `match.case_sensitive`), and the host without
+//! one trailing dot. Many origins route `/API/login` as `/api/login` and
+//! resolve `ex.test.` as `ex.test`; choosing on the exact form would let a
+//! client pick a laxer route's policy for the same resource. The exact
+//! path stays in the key and the upstream target.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +27,10 @@ pub struct Route {
     pub name: String,
     host: Option<String>,
     prefix: String,
+    /// `match.case_sensitive`: the prefix is compared as written.
+    case_sensitive: bool,
+    /// `underscores_in_headers`: fields named with `_` reach the origin.
+    pub underscores_in_headers: bool,
     pub cache_enabled: bool,
     pub policy: RoutePolicy,
     pub query_filter: QueryFilter,
@@ -130,6 +142,8 @@ impl Route {
             name: rc.name.clone(),
             host: rc.host.as_ref().map(|h| h.to_ascii_lowercase()),
             prefix: rc.path_prefix.clone(),
+            case_sensitive: rc.case_sensitive,
+            underscores_in_headers: rc.underscores_in_headers,
             cache_enabled: c.enabled,
             policy,
             query_filter: QueryFilter::new(&c.ignore_query),
@@ -184,12 +198,26 @@ impl Route {
         }
     }
 
+    /// `host` without its trailing dot.
     fn matches(&self, host: &str, path: &str) -> bool {
         let host_ok = match &self.host {
             None => true,
             Some(h) => h == host,
         };
-        host_ok && path.starts_with(&self.prefix)
+        host_ok && self.prefix_of(path)
+    }
+
+    /// True when `path` starts with the route's prefix: in ASCII case-
+    /// folded form unless the route is case-sensitive. The normal form of
+    /// a path ([`corral_core::path::normalize`]) leaves only ASCII, with
+    /// unreserved characters decoded, so folding its bytes folds letters.
+    fn prefix_of(&self, path: &str) -> bool {
+        if self.case_sensitive {
+            return path.starts_with(&self.prefix);
+        }
+        path.as_bytes()
+            .get(..self.prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(self.prefix.as_bytes()))
     }
 }
 
@@ -233,8 +261,10 @@ impl RouteTable {
     }
 
     /// The route for a request to `host` (a validated, lowercased host name
-    /// without port) and `path`.
+    /// without port) and `path` (in its normal form). A fully qualified
+    /// host (`ex.test.`) names the same site as `ex.test`.
     pub fn find(&self, host: &str, path: &str) -> Option<&Arc<Route>> {
+        let host = host.strip_suffix('.').unwrap_or(host);
         self.routes
             .iter()
             .filter(|r| r.matches(host, path))

@@ -407,6 +407,16 @@ pub struct RouteConfig {
     pub host: Option<String>,
     /// `match.path_prefix`: starts with `/`; default `/`.
     pub path_prefix: String,
+    /// `match.case_sensitive`: the path prefix is compared as written.
+    /// Off by default: many origins (Express, Koa's router, ASP.NET Core,
+    /// IIS) route `/API/x` as `/api/x`, so the policy is chosen on the
+    /// case-folded path, the form no such origin can tell apart.
+    pub case_sensitive: bool,
+    /// `underscores_in_headers`: request fields whose names hold `_` are
+    /// passed on. Off by default, as nginx's `underscores_in_headers`:
+    /// CGI-style servers read `X_Forwarded_Host` as `X-Forwarded-Host`,
+    /// so such a field would pass every strip list by its spelling.
+    pub underscores_in_headers: bool,
     /// `http://host[:port]` or `https://host[:port]`, with an empty or `/` path.
     pub upstream: http::Uri,
     pub timeouts: TimeoutsConfig,
@@ -979,6 +989,27 @@ routes:
         ));
         let message = assert_at(&error, 8, 5, "routes[1].match");
         assert!(message.contains("never be used"), "{message}");
+    }
+
+    #[test]
+    fn prefixes_that_differ_only_in_case_are_one_match_unless_both_are_case_sensitive() {
+        let two = |a: &str, b: &str| {
+            format!(
+                "  - name: lower\n    match: {{ path_prefix: /api{a} }}\n    upstream: http://127.0.0.1:3001\n  - name: upper\n    match: {{ path_prefix: /API{b} }}\n    upstream: http://127.0.0.1:3002\n"
+            )
+        };
+        let error = refused(&route_with(&two("", "")));
+        let message = assert_at(&error, 12, 27, "routes[2].match.path_prefix");
+        assert!(message.contains("never be used"), "{message}");
+        let error = refused(&route_with(&two(", case_sensitive: true", "")));
+        assert!(error.to_string().contains("never be used"), "{error}");
+        let both = ", case_sensitive: true";
+        let config = config(&route_with(&two(both, both)));
+        assert!(config.routes[1].case_sensitive && config.routes[2].case_sensitive);
+        assert!(!config.routes[0].case_sensitive);
+        assert!(!config.routes[0].underscores_in_headers);
+        let config = self::config(&route_with("    underscores_in_headers: true\n"));
+        assert!(config.routes[0].underscores_in_headers);
     }
 
     #[test]

@@ -187,6 +187,7 @@ pub struct RawRoute {
     pub upstream_concurrency: Option<Text>,
     pub upstream_queue_timeout: Option<Text>,
     pub compression: Option<Spanned<RawCompression>>,
+    pub underscores_in_headers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,6 +203,7 @@ pub struct RawCompression {
 pub struct RawMatch {
     pub host: Option<Text>,
     pub path_prefix: Option<Text>,
+    pub case_sensitive: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -347,6 +347,15 @@ fn routed(
             None,
         )));
     };
+    // Before anything reads the fields (limits, identity, the key): a
+    // field spelled with `_` is another's at a CGI-style origin.
+    if corral_core::head::has_underscored(&head.headers) {
+        corral_core::head::strip_underscored(
+            &mut head.headers,
+            route.underscores_in_headers,
+            app.trust().accounts.header.as_ref(),
+        );
+    }
     let accounts = accounts_of(app, &route, &mut head, client);
     let cached = head.is_cacheable_method()
         && route.cache_enabled

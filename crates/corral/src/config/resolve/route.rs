@@ -44,7 +44,7 @@ impl Resolver<'_> {
             if let Some((first, earlier)) = routes
                 .iter()
                 .enumerate()
-                .find(|(_, r)| r.host == route.host && r.path_prefix == route.path_prefix)
+                .find(|(_, r)| r.host == route.host && same_prefix(r, &route))
             {
                 let (at, field) = match_location(raw_route, &prefix);
                 return Err(self.error(
@@ -73,6 +73,11 @@ impl Resolver<'_> {
             Some(matcher) => self.matcher(matcher, prefix)?,
             None => (None, "/".to_owned()),
         };
+        let case_sensitive = raw
+            .matcher
+            .as_ref()
+            .and_then(|m| m.case_sensitive)
+            .unwrap_or(false);
         let (upstream, upstream_at, upstreams) = self.upstreams(raw, at, prefix)?;
         let balance = self.balance(raw, prefix)?;
         let health = self.health(raw.health.as_ref(), prefix)?;
@@ -125,6 +130,8 @@ impl Resolver<'_> {
             name,
             host,
             path_prefix,
+            case_sensitive,
+            underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
             upstream,
             timeouts,
             cache,
@@ -147,6 +154,17 @@ impl Resolver<'_> {
             .under(prefix, "match.path_prefix", &raw.path_prefix)
             .parse_or("/".to_owned(), match_path_prefix)?;
         Ok((host, path_prefix))
+    }
+}
+
+/// True when no request could tell `a`'s path prefix from `b`'s: the
+/// same prefix, or one that differs only in case where either route
+/// matches case-insensitively (a request would match both, equally long).
+fn same_prefix(a: &RouteConfig, b: &RouteConfig) -> bool {
+    if a.case_sensitive && b.case_sensitive {
+        a.path_prefix == b.path_prefix
+    } else {
+        a.path_prefix.eq_ignore_ascii_case(&b.path_prefix)
     }
 }
 
