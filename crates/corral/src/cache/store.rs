@@ -31,7 +31,8 @@ use crate::origin::upstream::{BodyError, DeadlineBody, OriginBody, UpstreamError
 /// is that resource's representation), else the one its `Location` names
 /// (a GET of it repeats the query), when it is on the same host and path
 /// as the QUERY (so the same route, and the same resource owner) and
-/// differs only in its query. Only a shareable answer: one private to the
+/// differs in its query (in the form the GET is keyed on): never the
+/// QUERY's own target. Only a shareable answer: one private to the
 /// QUERY's caller, whose identity a GET may read differently (a QUERY is
 /// keyed on its whole Cookie field), is never a GET's.
 pub(crate) fn aliases(fill: &FillRequest, entry: &StoredResponse) -> Vec<(PrimaryKey, VariantKey)> {
@@ -63,6 +64,12 @@ pub(crate) fn aliases(fill: &FillRequest, entry: &StoredResponse) -> Vec<(Primar
     }
     let route = &fill.route;
     let uri = crate::cache::rules::get_key(&fill.cache, route, head, named.query());
+    // The QUERY's own target is the resource the query was sent to, not a
+    // representation of it: an answer naming it would let any caller's
+    // query content replace that URI's GET for everyone.
+    if uri == crate::cache::rules::get_key(&fill.cache, route, head, head.query.as_deref()) {
+        return Vec::new();
+    }
     let primary = PrimaryKey::get(&route.name, uri, head.tls);
     let key = primary.variant(None, entry.vary_values());
     vec![(primary, key)]
