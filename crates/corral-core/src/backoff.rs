@@ -7,6 +7,13 @@
 //! not retry together; the first success ends it. A back-off is a pair of
 //! numbers so that instances can share it through Redis.
 //!
+//! A back-off is shared by every caller of the key, so a failure the
+//! request itself may have provoked (a 5xx, a timeout: an application that
+//! chokes on a field outside the key) moves it only when it comes from
+//! another caller than the failure before it ([`BackoffPolicy::after_failure_of`]):
+//! one client's requests never put a key in back-off for everyone. An
+//! origin that cannot be reached at all counts whoever asked.
+//!
 //! `after` is 2 by default: one failed answer is not reused (RFC 9111 §3
 //! keeps a 5xx without freshness out of the cache, and a caller after it
 //! is owed a fresh attempt), a second in a row is an origin failing. The
@@ -57,12 +64,39 @@ impl BackoffPolicy {
         full.mul_f64(1.0 - jitter).max(self.min.min(full))
     }
 
-    /// The back-off after one more failure than `previous` had, from `now`.
+    /// The back-off after one more failure than `previous` had, from `now`:
+    /// a failure that is the origin's whoever asked (it cannot be reached).
     pub fn after_failure(&self, previous: Option<Backoff>, now: SystemTime) -> Backoff {
         let failures = previous.map_or(0, |b| b.failures).saturating_add(1);
         Backoff {
             until: now.checked_add(self.period(failures)).unwrap_or(now),
             failures,
+            caller: None,
+        }
+    }
+
+    /// The back-off after a failure of `caller`'s request that the request
+    /// itself may have provoked; `None` when it changes nothing. The same
+    /// caller's failure again is no new evidence, and a first failure never
+    /// starts a period on its own (whatever `after` says): a period needs
+    /// failures of two callers.
+    pub fn after_failure_of(
+        &self,
+        previous: Option<Backoff>,
+        caller: u64,
+        now: SystemTime,
+    ) -> Option<Backoff> {
+        match previous {
+            Some(p) if p.caller == Some(caller) => None,
+            None => Some(Backoff {
+                until: now,
+                failures: 1,
+                caller: Some(caller),
+            }),
+            Some(p) => Some(Backoff {
+                caller: Some(caller),
+                ..self.after_failure(Some(p), now)
+            }),
         }
     }
 
@@ -79,6 +113,9 @@ impl BackoffPolicy {
 pub struct Backoff {
     pub until: SystemTime,
     pub failures: u32,
+    /// The caller ([`crate::client_addr::caller_group`]) whose failure was
+    /// counted last; `None` when it was the origin's whoever asked.
+    pub caller: Option<u64>,
 }
 
 impl Backoff {
@@ -92,22 +129,37 @@ impl Backoff {
         self.until.duration_since(now).unwrap_or_default()
     }
 
-    /// The shared form: `until` in unix milliseconds, `:`, failures.
+    /// The shared form: `until` in unix milliseconds, `:`, failures, and
+    /// `:caller` when a caller's failure was counted last.
     pub fn encode(&self) -> String {
         let ms = self
             .until
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        format!("{ms}:{}", self.failures)
+        match self.caller {
+            Some(c) => format!("{ms}:{}:{c}", self.failures),
+            None => format!("{ms}:{}", self.failures),
+        }
     }
 
-    /// Reads [`Backoff::encode`]'s form; `None` for anything else.
+    /// Reads [`Backoff::encode`]'s form (an instance of before the caller
+    /// was kept writes none); `None` for anything else.
     pub fn decode(s: &str) -> Option<Self> {
-        let (ms, failures) = s.split_once(':')?;
+        let mut parts = s.split(':');
+        let ms = parts.next()?;
+        let failures = parts.next()?;
+        let caller = match parts.next() {
+            None => None,
+            Some(c) => Some(c.parse().ok()?),
+        };
+        if parts.next().is_some() {
+            return None;
+        }
         let until = UNIX_EPOCH.checked_add(Duration::from_millis(ms.parse().ok()?))?;
         Some(Backoff {
             until,
             failures: failures.parse().ok()?,
+            caller,
         })
     }
 }
@@ -173,10 +225,43 @@ mod tests {
         let b = Backoff {
             until: UNIX_EPOCH + Duration::from_millis(1_764_000_000_123),
             failures: 4,
+            caller: None,
         };
         assert_eq!(Backoff::decode(&b.encode()), Some(b));
-        for bad in ["", "1", "x:1", "1:x", "1:2:3", ":"] {
+        let b = Backoff {
+            caller: Some(u64::MAX),
+            ..b
+        };
+        assert_eq!(Backoff::decode(&b.encode()), Some(b));
+        for bad in ["", "1", "x:1", "1:x", "1:2:x", "1:2:3:4", "1:2:", ":"] {
             assert_eq!(Backoff::decode(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn one_callers_failures_never_start_a_period_for_everyone() {
+        let p = BackoffPolicy {
+            after: 1,
+            ..BackoffPolicy::default()
+        };
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let first = p.after_failure_of(None, 7, now).expect("counted");
+        assert_eq!(first.failures, 1);
+        assert!(!first.active(now), "one caller's failure starts no period");
+        assert_eq!(
+            p.after_failure_of(Some(first), 7, now),
+            None,
+            "nor do its next ones"
+        );
+        let second = p.after_failure_of(Some(first), 8, now).expect("counted");
+        assert_eq!((second.failures, second.caller), (2, Some(8)));
+        assert!(second.active(now), "two callers' failures do");
+        // An unreachable origin is anyone's failure.
+        let down = p.after_failure(Some(first), now);
+        assert!(down.active(now) && down.caller.is_none());
+        assert_eq!(
+            p.after_failure_of(Some(down), 7, now).map(|b| b.failures),
+            Some(3)
+        );
     }
 }

@@ -6,6 +6,14 @@
 //! with a few good keys still counts as failing). It only counts and
 //! decides; it never performs a fetch, and its lock is never held across an
 //! await.
+//!
+//! The circuit is shared by every caller of the route, so what opens it
+//! must be evidence about the origin, not about one client's requests
+//! ([`Evidence`]): an origin that cannot be reached counts whoever asked;
+//! a failed answer (a timeout, a 502/503/504) counts once per caller in a
+//! window, so one client's requests cannot outvote everyone else's; and an
+//! answer the application made (a 500 on a field it chokes on) shows a
+//! live origin, so it counts as healthy.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -35,6 +43,24 @@ pub enum Admission {
     Refuse,
 }
 
+/// What one fetch says about the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// The origin answered (a 500 included: the application is up).
+    Healthy,
+    /// The origin could not be used, whatever was asked: no connection
+    /// (refused, timed out, TLS failed).
+    Unreachable,
+    /// A failure the request itself may have provoked (a timeout, a
+    /// 502/503/504 answer), for this caller ([`crate::client_addr::caller_group`]).
+    Failed { caller: u64 },
+}
+
+/// Callers whose failures a window remembers; beyond it a window's
+/// failures are counted without a caller (the window is busy enough that
+/// one caller's share is small).
+const CALLERS_PER_WINDOW: usize = 64;
+
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     Closed,
@@ -48,6 +74,8 @@ struct State {
     window_start: Instant,
     fetches: u32,
     failures: u32,
+    /// The callers whose [`Evidence::Failed`] this window counted.
+    failed_callers: Vec<u64>,
 }
 
 /// One route's circuit.
@@ -55,6 +83,16 @@ struct State {
 pub struct Circuit {
     settings: CircuitSettings,
     state: Mutex<State>,
+}
+
+impl State {
+    /// A new window from `now`.
+    fn reset(&mut self, now: Instant) {
+        self.window_start = now;
+        self.fetches = 0;
+        self.failures = 0;
+        self.failed_callers.clear();
+    }
 }
 
 impl Circuit {
@@ -66,6 +104,7 @@ impl Circuit {
                 window_start: Instant::now(),
                 fetches: 0,
                 failures: 0,
+                failed_callers: Vec::new(),
             }),
         }
     }
@@ -90,20 +129,19 @@ impl Circuit {
         }
     }
 
-    /// Reports how a fetch went (`ok`: the origin answered without a 5xx).
-    pub fn record(&self, ok: bool) {
+    /// Reports what a fetch said about the origin.
+    pub fn record(&self, evidence: Evidence) {
         if !self.settings.enabled {
             return;
         }
         let now = Instant::now();
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let ok = evidence == Evidence::Healthy;
         match s.phase {
             Phase::Probing { .. } => {
                 if ok {
                     s.phase = Phase::Closed;
-                    s.window_start = now;
-                    s.fetches = 0;
-                    s.failures = 0;
+                    s.reset(now);
                     tracing::info!("origin circuit closed: the probe succeeded");
                 } else {
                     s.phase = Phase::Open {
@@ -115,9 +153,17 @@ impl Circuit {
             Phase::Open { .. } => {}
             Phase::Closed => {
                 if now >= s.window_start + self.settings.window {
-                    s.window_start = now;
-                    s.fetches = 0;
-                    s.failures = 0;
+                    s.reset(now);
+                }
+                if let Evidence::Failed { caller } = evidence {
+                    // One caller's failures are one piece of evidence a
+                    // window: its further ones count neither way.
+                    if s.failed_callers.contains(&caller) {
+                        return;
+                    }
+                    if s.failed_callers.len() < CALLERS_PER_WINDOW {
+                        s.failed_callers.push(caller);
+                    }
                 }
                 s.fetches += 1;
                 if !ok {
@@ -130,6 +176,7 @@ impl Circuit {
                     tracing::warn!(
                         failures = s.failures,
                         fetches = s.fetches,
+                        callers = s.failed_callers.len(),
                         open_for = ?self.settings.open_for,
                         "origin circuit opened: most fetches fail"
                     );
@@ -174,6 +221,17 @@ impl Circuit {
 mod tests {
     use super::*;
 
+    impl Circuit {
+        /// The tests' shorthand: healthy, or unreachable.
+        fn record_ok(&self, ok: bool) {
+            self.record(if ok {
+                Evidence::Healthy
+            } else {
+                Evidence::Unreachable
+            });
+        }
+    }
+
     fn circuit() -> Circuit {
         Circuit::new(CircuitSettings {
             enabled: true,
@@ -188,7 +246,7 @@ mod tests {
     async fn opens_on_the_error_rate_then_probes_once_per_period() {
         let c = circuit();
         for _ in 0..3 {
-            c.record(false);
+            c.record_ok(false);
         }
         assert!(!c.is_open(), "3 fetches are below min_fetches");
         let c = circuit();
@@ -201,18 +259,18 @@ mod tests {
             (false, true),  // 3 of 6: 50%
         ] {
             assert_eq!(c.allow(), Admission::Go);
-            c.record(ok);
+            c.record_ok(ok);
             assert_eq!(c.is_open(), open);
         }
         assert_eq!(c.allow(), Admission::Refuse);
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(c.allow(), Admission::Probe);
         assert_eq!(c.allow(), Admission::Refuse, "one probe at a time");
-        c.record(false);
+        c.record_ok(false);
         assert_eq!(c.allow(), Admission::Refuse, "a failed probe re-opens it");
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(c.allow(), Admission::Probe);
-        c.record(true);
+        c.record_ok(true);
         assert!(!c.is_open());
         assert_eq!(c.allow(), Admission::Go);
     }
@@ -221,7 +279,7 @@ mod tests {
     async fn a_lost_probe_is_replaced_and_old_windows_are_forgotten() {
         let c = circuit();
         for _ in 0..4 {
-            c.record(false);
+            c.record_ok(false);
         }
         assert!(c.is_open());
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -232,12 +290,55 @@ mod tests {
             Admission::Probe,
             "the first probe never reported"
         );
-        c.record(true);
+        c.record_ok(true);
         // Failures spread over windows never add up.
         for _ in 0..3 {
-            c.record(false);
+            c.record_ok(false);
             tokio::time::advance(Duration::from_secs(4)).await;
         }
         assert!(!c.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_callers_failures_are_one_piece_of_evidence_a_window() {
+        let c = circuit();
+        let attacker = 7;
+        for _ in 0..25 {
+            c.record(Evidence::Failed { caller: attacker });
+        }
+        assert!(!c.is_open(), "25 failures of one caller count once");
+        // The victims' fetches go on and keep it closed.
+        for _ in 0..5 {
+            assert_eq!(c.allow(), Admission::Go);
+            c.record(Evidence::Healthy);
+        }
+        assert!(!c.is_open());
+        // Failures from distinct callers are the origin's: 3 of 4 opens.
+        let c = circuit();
+        c.record(Evidence::Healthy);
+        for caller in 1..=3 {
+            c.record(Evidence::Failed { caller });
+        }
+        assert!(c.is_open());
+        // A new window forgets who failed.
+        let c = circuit();
+        c.record(Evidence::Failed { caller: attacker });
+        tokio::time::advance(Duration::from_secs(10)).await;
+        for _ in 0..3 {
+            c.record(Evidence::Failed { caller: attacker });
+        }
+        c.record(Evidence::Healthy);
+        c.record(Evidence::Healthy);
+        c.record(Evidence::Healthy);
+        assert!(!c.is_open(), "1 failure of 4 in the new window");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_origin_counts_whoever_asked() {
+        let c = circuit();
+        for _ in 0..4 {
+            c.record(Evidence::Unreachable);
+        }
+        assert!(c.is_open());
     }
 }

@@ -172,6 +172,21 @@ impl ClientAddr {
     }
 }
 
+/// The caller a shared penalty (the circuit, a key's back-off) counts
+/// failures of: an IPv4 address, or an IPv6 /64 (what one host is
+/// commonly given, so one client cannot be many callers by walking its
+/// own prefix). The same number on every instance, so that back-off
+/// records shared through Redis can compare callers.
+pub fn caller_group(addr: IpAddr) -> u64 {
+    match addr {
+        IpAddr::V4(v4) => u64::from(u32::from(v4)) | (1 << 63),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => caller_group(IpAddr::V4(v4)),
+            None => (u128::from(v6) >> 64) as u64 & !(1 << 63),
+        },
+    }
+}
+
 /// The client address of a request from `peer` that carries `headers`.
 pub fn resolve(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> ClientAddr {
     let peer = canonical(peer);
@@ -466,5 +481,17 @@ mod tests {
             }
             let _ = resolve(peer, &h, &t);
         }
+    }
+
+    #[test]
+    fn a_caller_group_is_an_ipv4_address_or_an_ipv6_64() {
+        let g = |s: &str| caller_group(s.parse().expect("address"));
+        assert_eq!(g("192.0.2.1"), g("192.0.2.1"));
+        assert_ne!(g("192.0.2.1"), g("192.0.2.2"));
+        assert_eq!(g("2001:db8:1:2::1"), g("2001:db8:1:2:ffff::9"));
+        assert_ne!(g("2001:db8:1:2::1"), g("2001:db8:1:3::1"));
+        assert_eq!(g("::ffff:192.0.2.1"), g("192.0.2.1"));
+        // No IPv6 /64 reads as an IPv4 address.
+        assert_ne!(g("0:0:0:0:ffff::"), g("255.255.255.255"));
     }
 }

@@ -51,7 +51,7 @@ pub use cache_status::{
     CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, PROXY_STATUS, UpstreamFailure,
     proxy_status,
 };
-pub use circuit::{Admission, Circuit, CircuitSettings};
+pub use circuit::{Admission, Circuit, CircuitSettings, Evidence};
 pub use clock::{Clock, PausedClock, SystemClock};
 pub use coding::{Accepted, Coding, choose as choose_coding};
 pub use entry::{

@@ -576,6 +576,7 @@ mod backoff_view {
             let backoff = Backoff {
                 until: now + Duration::from_secs(secs),
                 failures: 1,
+                caller: None,
             };
             l1.set_backoff(Digest([n; 32]), backoff, keep, name);
         }

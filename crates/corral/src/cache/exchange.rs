@@ -150,6 +150,7 @@ fn against_stale(
             entry: Arc::clone(stale),
             fwd_status: Some(status.as_u16()),
             detail: Detail::StaleIfError,
+            failure: None,
         }));
     }
     (status == StatusCode::NOT_MODIFIED).then(|| {

@@ -149,6 +149,9 @@ pub enum FillOutcome {
         entry: Arc<StoredResponse>,
         fwd_status: Option<u16>,
         detail: Detail,
+        /// How the exchange failed, when it failed without an answer: what
+        /// the circuit and the back-off judge the origin by.
+        failure: Option<corral_core::UpstreamFailure>,
     },
     Pass {
         reason: PassReason,

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use corral_core::{Admission, Detail};
+use corral_core::{Admission, Detail, Evidence, UpstreamFailure};
 
 use crate::cache::fill::{Ended, Events, FillOutcome, FillRequest};
 use crate::cache::{exchange, made};
@@ -52,23 +52,41 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         ));
     }
     let ended = exchange::fetch(fill, events).await;
-    if let Some(ok) = origin_verdict(&ended) {
-        fill.route.circuit.record(ok);
-        let scope = fill.pass_scope();
-        if ok {
-            fill.cache.l1.clear_backoff(&scope);
-        } else {
-            let policy = fill.route.backoff;
-            let backoff =
-                policy.after_failure(fill.cache.l1.last_backoff(&scope), fill.cache.clock.now());
-            tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
-            let name = fill.primary.shown();
-            fill.cache
-                .l1
-                .set_backoff(scope, backoff, policy.memory(), name);
-        }
+    if let Some(verdict) = origin_verdict(&ended) {
+        judge(fill, verdict);
     }
     ended
+}
+
+/// Feeds a fetch's verdict to the route's circuit and the key's back-off.
+/// Both are shared by every caller, so each takes only the evidence that
+/// is not one client's to make (see `Verdict`).
+fn judge(fill: &FillRequest, verdict: Verdict) {
+    let caller = corral_core::client_addr::caller_group(fill.head.client);
+    fill.route.circuit.record(match verdict {
+        Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
+        Verdict::Unreachable => Evidence::Unreachable,
+        Verdict::Failed => Evidence::Failed { caller },
+    });
+    let scope = fill.pass_scope();
+    let previous = fill.cache.l1.last_backoff(&scope);
+    let policy = fill.route.backoff;
+    let now = fill.cache.clock.now();
+    let backoff = match verdict {
+        Verdict::Healthy => {
+            fill.cache.l1.clear_backoff(&scope);
+            return;
+        }
+        Verdict::Unreachable => Some(policy.after_failure(previous, now)),
+        Verdict::Failed | Verdict::AppError => policy.after_failure_of(previous, caller, now),
+    };
+    if let Some(backoff) = backoff {
+        tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
+        let name = fill.primary.shown();
+        fill.cache
+            .l1
+            .set_backoff(scope, backoff, policy.memory(), name);
+    }
 }
 
 /// Why an origin request was not made.
@@ -91,28 +109,89 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
     made::stale_on_error(fill, detail).unwrap_or_else(|| made::unavailable(fill, detail, retry))
 }
 
-/// Whether a fetch reached a healthy origin (`Some(true)`), a failing one
-/// (`Some(false)`: a 5xx, a refused connection, a timeout), or was no
-/// fetch at all.
-fn origin_verdict(ended: &Ended) -> Option<bool> {
+/// What a fetch says about the origin, for the penalties every caller
+/// shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// An answer that is not a 5xx.
+    Healthy,
+    /// No connection could be made: the origin's failure, whoever asked.
+    Unreachable,
+    /// A 502, 503 or 504, a timeout or a broken exchange: the origin's,
+    /// or the request's (a field that makes the application hang or its
+    /// gateway fail), so counted once per caller.
+    Failed,
+    /// Another 5xx: the application is up and failed this request, which
+    /// may be the request's doing. It never counts toward the circuit,
+    /// and backs the key off only when two callers see it.
+    AppError,
+}
+
+/// The verdict on an answer of `status` from the origin.
+fn status_verdict(status: http::StatusCode) -> Verdict {
+    match status.as_u16() {
+        502..=504 => Verdict::Failed,
+        _ if status.is_server_error() => Verdict::AppError,
+        _ => Verdict::Healthy,
+    }
+}
+
+/// The verdict of a fetch, or `None` when no request reached the origin
+/// (another instance's fill; corral's own queue was full; a request that
+/// could not be built).
+fn origin_verdict(ended: &Ended) -> Option<Verdict> {
     match ended {
-        Ended::Stream(_, answer) => Some(!answer.response.status().is_server_error()),
+        Ended::Stream(_, answer) => Some(status_verdict(answer.response.status())),
         // A 5xx the origin made cacheable is still a failing origin.
-        Ended::Outcome(FillOutcome::Stored { entry, .. }) => {
-            Some(!entry.status().is_server_error())
-        }
+        Ended::Outcome(FillOutcome::Stored { entry, .. }) => Some(status_verdict(entry.status())),
         // Another instance's fill, read from L2: no request of this one.
         Ended::Outcome(FillOutcome::FromL2 { .. }) => None,
-        Ended::Outcome(FillOutcome::Pass { .. } | FillOutcome::Streaming { .. }) => Some(true),
-        Ended::Outcome(FillOutcome::Stale { detail, .. }) => {
-            (*detail == Detail::StaleIfError).then_some(false)
+        Ended::Outcome(FillOutcome::Pass { .. } | FillOutcome::Streaming { .. }) => {
+            Some(Verdict::Healthy)
         }
+        Ended::Outcome(FillOutcome::Stale {
+            detail: Detail::StaleIfError,
+            fwd_status,
+            failure,
+            ..
+        }) => match (
+            failure,
+            fwd_status.and_then(|s| http::StatusCode::from_u16(s).ok()),
+        ) {
+            (Some(failure), _) => failure_verdict(*failure),
+            (None, Some(status)) => Some(status_verdict(status)),
+            (None, None) => Some(Verdict::Failed),
+        },
+        Ended::Outcome(FillOutcome::Stale { .. }) => None,
         Ended::Outcome(FillOutcome::Shared {
             detail: Some(Detail::UpstreamBusy),
             ..
         }) => None,
+        Ended::Outcome(FillOutcome::Shared {
+            detail: Some(Detail::Upstream(failure)),
+            ..
+        }) => failure_verdict(*failure),
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {
-            Some(!response.status.is_server_error())
+            Some(status_verdict(response.status))
         }
+    }
+}
+
+/// The verdict on an exchange that failed before an answer.
+fn failure_verdict(failure: UpstreamFailure) -> Option<Verdict> {
+    match failure {
+        UpstreamFailure::Connect
+        | UpstreamFailure::ConnectRefused
+        | UpstreamFailure::ConnectTimeout
+        | UpstreamFailure::Tls
+        | UpstreamFailure::TlsCertificate
+        | UpstreamFailure::TlsAlert => Some(Verdict::Unreachable),
+        UpstreamFailure::Timeout
+        | UpstreamFailure::TotalTimeout
+        | UpstreamFailure::Exchange
+        | UpstreamFailure::Protocol
+        | UpstreamFailure::Digest => Some(Verdict::Failed),
+        // Nothing was sent: the client's request could not be made one.
+        UpstreamFailure::Request => None,
     }
 }

@@ -26,6 +26,7 @@ pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
             entry,
             fwd_status: None,
             detail: Detail::LockTimeout,
+            failure: None,
         }),
         OnTimeout::Error => Some(lock_timeout_error(fill)),
     }
@@ -77,6 +78,7 @@ pub(crate) fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillO
         entry,
         fwd_status: None,
         detail,
+        failure: None,
     })
 }
 
@@ -108,7 +110,11 @@ pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
         return stale_on_error(fill, Detail::UpstreamBusy)
             .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
     }
-    if let Some(stale) = stale_on_error(fill, Detail::StaleIfError) {
+    if let Some(mut stale) = stale_on_error(fill, Detail::StaleIfError) {
+        if let (FillOutcome::Stale { failure, .. }, Detail::Upstream(f)) = (&mut stale, e.detail())
+        {
+            *failure = Some(f);
+        }
         return stale;
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");

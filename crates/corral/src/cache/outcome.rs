@@ -78,6 +78,7 @@ pub fn from_outcome(
             entry,
             fwd_status,
             detail,
+            ..
         } => {
             crate::telemetry::metrics::stale(*detail);
             let mut st = CacheStatus::forward(Forward::Stale)

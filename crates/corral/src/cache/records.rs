@@ -74,6 +74,12 @@ pub(crate) async fn read(
                 Some(corral_core::Backoff {
                     until: theirs.until.max(ours.until),
                     failures: theirs.failures.max(ours.failures),
+                    // The caller counted last in the longer run.
+                    caller: if theirs.failures >= ours.failures {
+                        theirs.caller
+                    } else {
+                        ours.caller
+                    },
                 })
             }
             Some(_) => None,

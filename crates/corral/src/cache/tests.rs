@@ -49,6 +49,8 @@ enum Reply {
     NotModified(&'static str),
     /// Connection refused.
     Unreachable,
+    /// 500 without Cache-Control: the application failed this request.
+    AppError,
 }
 
 /// The origin, as the transport under the real exchange reaches it: every
@@ -122,6 +124,7 @@ impl ScriptedOrigin {
             Reply::Ok(cc, body) => (StatusCode::OK, cc, body),
             Reply::Unavailable(cc) => (StatusCode::SERVICE_UNAVAILABLE, cc, "down"),
             Reply::NotModified(cc) => (StatusCode::NOT_MODIFIED, cc, ""),
+            Reply::AppError => (StatusCode::INTERNAL_SERVER_ERROR, "", "oops"),
             Reply::Unreachable => {
                 return Err(UpstreamError::Connect("connection refused".into()));
             }
@@ -587,13 +590,22 @@ impl Harness {
 
     /// A GET of `path` with these header fields besides Host.
     fn head_with(&self, path: &str, fields: &[(&str, &str)]) -> RequestHead {
+        self.head_from(path, fields, [127, 0, 0, 1].into())
+    }
+
+    /// A GET of `path` with these header fields, from `client`.
+    fn head_from(
+        &self,
+        path: &str,
+        fields: &[(&str, &str)],
+        client: std::net::IpAddr,
+    ) -> RequestHead {
         let mut request = Request::get(path).header("host", "api.test");
         for (name, value) in fields {
             request = request.header(*name, *value);
         }
         let (mut parts, ()) = request.body(()).expect("unit-test setup").into_parts();
-        RequestHead::parse(&mut parts, [127, 0, 0, 1].into(), RequestBody::None)
-            .expect("unit-test setup")
+        RequestHead::parse(&mut parts, client, RequestBody::None).expect("unit-test setup")
     }
 
     /// The route `path` on `api.test` takes.
@@ -611,10 +623,20 @@ impl Harness {
     }
 
     async fn get_with(&self, path: &str, fields: &[(&str, &str)]) -> Got {
+        self.get_head(path, self.head_with(path, fields)).await
+    }
+
+    /// A GET of `path` from the client at `client`.
+    async fn get_from(&self, path: &str, client: [u8; 4]) -> Got {
+        self.get_head(path, self.head_from(path, &[], client.into()))
+            .await
+    }
+
+    async fn get_head(&self, path: &str, head: RequestHead) -> Got {
         let answer = lookup::serve(
             Arc::clone(&self.app.cache),
             self.route(path),
-            self.head_with(path, fields),
+            head,
             None,
             None,
             None,
@@ -926,6 +948,87 @@ async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
     tokio::time::advance(Duration::from_secs(11)).await;
     h.stampede("/a", 10).await;
     assert_eq!(h.origin.hits(), 3);
+}
+
+/// Hostile twin of the back-off: one client whose requests make the
+/// application fail (a field outside the key it chokes on) does not put
+/// the key in back-off for the next caller.
+#[tokio::test(start_paused = true)]
+async fn one_clients_failures_never_back_a_key_off_for_another() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::AppError, SLOW),
+        None,
+        "    backoff: { min: 10s, max: 60s, after: 1 }\n",
+    );
+    let attacker = [192, 0, 2, 66];
+    for n in 1..=3 {
+        let got = h.get_from("/a", attacker).await;
+        assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(h.origin.hits(), n, "each of its requests is its own");
+    }
+    // The victim's request reaches the origin: no back-off on its key.
+    let victim = h.get_from("/a", [198, 51, 100, 7]).await;
+    assert_eq!(victim.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        victim.cs.detail != Some(Detail::Backoff),
+        "{}",
+        victim.cache_status
+    );
+    assert_eq!(h.origin.hits(), 4);
+    // Two callers failing is the origin's failure: now the key backs off.
+    let next = h.get_from("/a", [203, 0, 113, 9]).await;
+    assert_eq!(next.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        next.cs.detail == Some(Detail::Backoff),
+        "{}",
+        next.cache_status
+    );
+    assert_eq!(h.origin.hits(), 4);
+}
+
+/// Hostile twin of the circuit: URLs that throw, each a new fill, from
+/// one client, never open the route's circuit for the other callers.
+#[tokio::test(start_paused = true)]
+async fn urls_that_throw_never_open_the_circuit_for_other_callers() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::AppError, SLOW),
+        None,
+        "    circuit: { min_fetches: 5, error_rate: 50 }\n",
+    );
+    for n in 0..25 {
+        let got = h.get_from(&format!("/throws{n}"), [192, 0, 2, 66]).await;
+        assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert!(!h.route("/a").circuit.is_open());
+    let victim = h.get_from("/a", [198, 51, 100, 7]).await;
+    assert!(
+        victim.cs.detail != Some(Detail::CircuitOpen),
+        "{}",
+        victim.cache_status
+    );
+    assert_eq!(h.origin.hits(), 26);
+}
+
+/// An origin that cannot be reached is everyone's failure: the circuit
+/// opens whoever asked.
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_origin_opens_the_circuit_from_one_client() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Unreachable, SLOW),
+        None,
+        "    circuit: { min_fetches: 5, error_rate: 50 }\n",
+    );
+    for n in 0..5 {
+        h.get_from(&format!("/down{n}"), [192, 0, 2, 66]).await;
+    }
+    assert!(h.route("/a").circuit.is_open());
+    let got = h.get_from("/a", [198, 51, 100, 7]).await;
+    assert!(
+        got.cs.detail == Some(Detail::CircuitOpen),
+        "{}",
+        got.cache_status
+    );
+    assert_eq!(h.origin.hits(), 5);
 }
 
 #[tokio::test(start_paused = true)]
