@@ -69,6 +69,22 @@ impl Client {
         Self { inner }
     }
 
+    /// [`Client::new`] whose connections come from `source`, a loopback
+    /// address of its own (`127.0.0.2`, …): a caller corral tells apart from
+    /// the others (Linux answers every 127/8 address on `lo`).
+    pub fn from_address(source: std::net::Ipv4Addr) -> Self {
+        assert!(source.is_loopback(), "only loopback sources: {source}");
+        ensure_open_files(8192);
+        let inner = reqwest::Client::builder()
+            .http1_only()
+            .no_proxy()
+            .local_address(std::net::IpAddr::V4(source))
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .expect("build the reqwest client");
+        Self { inner }
+    }
+
     /// The underlying reqwest client, for requests the helpers don't cover.
     pub fn inner(&self) -> &reqwest::Client {
         &self.inner

@@ -24,6 +24,7 @@ pub mod reply;
 pub mod shared;
 pub mod temp;
 pub mod tls;
+pub mod twins;
 pub mod wait;
 
 pub use cache_status::CacheStatus;
