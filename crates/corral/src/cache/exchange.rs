@@ -197,7 +197,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
     match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => {
             if let Err(e) = store::checked(fill, &parts, &bytes) {
-                return Ended::Outcome(made::failed(fill, &e));
+                return Ended::Outcome(made::broke_off(fill, &e, parts.status));
             }
             let own = parts.clone();
             match SharedResponse::from_origin(parts, bytes.clone(), &fill.head.headers) {
@@ -215,7 +215,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
         Buffered::Over(over, rest) => {
             Ended::Stream(over, pass_response(parts, rest, fill.fwd, over))
         }
-        Buffered::Failed(e) => Ended::Outcome(made::failed(fill, &e)),
+        Buffered::Failed(e) => Ended::Outcome(made::broke_off(fill, &e, parts.status)),
     }
 }
 

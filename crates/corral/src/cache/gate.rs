@@ -65,7 +65,7 @@ fn judge(fill: &FillRequest, verdict: Verdict) {
     let caller = corral_core::client_addr::caller_group(fill.head.client);
     fill.route.circuit.record(match verdict {
         Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
-        Verdict::Unreachable => Evidence::Unreachable,
+        Verdict::OriginFault => Evidence::Unreachable,
         Verdict::Failed => Evidence::Failed { caller },
     });
     let scope = fill.pass_scope();
@@ -77,7 +77,7 @@ fn judge(fill: &FillRequest, verdict: Verdict) {
             fill.cache.l1.clear_backoff(&scope);
             return;
         }
-        Verdict::Unreachable => Some(policy.after_failure(previous, now)),
+        Verdict::OriginFault => Some(policy.after_failure(previous, now)),
         Verdict::Failed | Verdict::AppError => policy.after_failure_of(previous, caller, now),
     };
     if let Some(backoff) = backoff {
@@ -115,8 +115,10 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
 enum Verdict {
     /// An answer that is not a 5xx.
     Healthy,
-    /// No connection could be made: the origin's failure, whoever asked.
-    Unreachable,
+    /// The origin's failure, whoever asked: no connection could be made,
+    /// or an answer it had begun (a head that was not a 5xx) broke off or
+    /// failed its own digest.
+    OriginFault,
     /// A 502, 503 or 504, a timeout or a broken exchange: the origin's,
     /// or the request's (a field that makes the application hang or its
     /// gateway fail), so counted once per caller.
@@ -158,6 +160,8 @@ fn origin_verdict(ended: &Ended) -> Option<Verdict> {
             failure,
             fwd_status.and_then(|s| http::StatusCode::from_u16(s).ok()),
         ) {
+            // An answer the origin began and broke.
+            (Some(_), Some(status)) if !status.is_server_error() => Some(Verdict::OriginFault),
             (Some(failure), _) => failure_verdict(*failure),
             (None, Some(status)) => Some(status_verdict(status)),
             (None, None) => Some(Verdict::Failed),
@@ -169,8 +173,14 @@ fn origin_verdict(ended: &Ended) -> Option<Verdict> {
         }) => None,
         Ended::Outcome(FillOutcome::Shared {
             detail: Some(Detail::Upstream(failure)),
+            response,
             ..
-        }) => failure_verdict(*failure),
+        }) => match response.upstream_status {
+            // The origin began an answer and broke it: not a thing the
+            // request's fields decide.
+            Some(status) if status < 500 => Some(Verdict::OriginFault),
+            _ => failure_verdict(*failure),
+        },
         Ended::Outcome(FillOutcome::Shared { response, .. }) => {
             Some(status_verdict(response.status))
         }
@@ -185,12 +195,13 @@ fn failure_verdict(failure: UpstreamFailure) -> Option<Verdict> {
         | UpstreamFailure::ConnectTimeout
         | UpstreamFailure::Tls
         | UpstreamFailure::TlsCertificate
-        | UpstreamFailure::TlsAlert => Some(Verdict::Unreachable),
+        | UpstreamFailure::TlsAlert
+        // A body that does not match the origin's own digest.
+        | UpstreamFailure::Digest => Some(Verdict::OriginFault),
         UpstreamFailure::Timeout
         | UpstreamFailure::TotalTimeout
         | UpstreamFailure::Exchange
-        | UpstreamFailure::Protocol
-        | UpstreamFailure::Digest => Some(Verdict::Failed),
+        | UpstreamFailure::Protocol => Some(Verdict::Failed),
         // Nothing was sent: the client's request could not be made one.
         UpstreamFailure::Request => None,
     }

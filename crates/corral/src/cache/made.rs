@@ -103,6 +103,18 @@ pub(crate) fn unavailable(
 /// The failure every waiter shares, or the stale entry if stale-if-error
 /// allows it.
 pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
+    failed_after(fill, e, None)
+}
+
+/// [`failed`] for an answer whose head (`status`) came and whose body then
+/// failed (broke off, ran past the deadline, or failed its digest): the
+/// status is kept as the origin's (`fwd-status`), and tells the gate that
+/// the origin began an answer, which no field of the request decides.
+pub(crate) fn broke_off(fill: &FillRequest, e: &UpstreamError, status: StatusCode) -> FillOutcome {
+    failed_after(fill, e, Some(status.as_u16()))
+}
+
+fn failed_after(fill: &FillRequest, e: &UpstreamError, head: Option<u16>) -> FillOutcome {
     if let UpstreamError::Busy(_) = e {
         // corral's own queue was full: the origin was not asked, so this
         // is no verdict on it (see `origin_verdict`).
@@ -111,19 +123,25 @@ pub(crate) fn failed(fill: &FillRequest, e: &UpstreamError) -> FillOutcome {
             .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
     }
     if let Some(mut stale) = stale_on_error(fill, Detail::StaleIfError) {
-        if let (FillOutcome::Stale { failure, .. }, Detail::Upstream(f)) = (&mut stale, e.detail())
+        if let (
+            FillOutcome::Stale {
+                failure,
+                fwd_status,
+                ..
+            },
+            Detail::Upstream(f),
+        ) = (&mut stale, e.detail())
         {
             *failure = Some(f);
+            *fwd_status = head;
         }
         return stale;
     }
     tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
+    let mut response = SharedResponse::corral_error(e.status(), e.detail(), e.received_status());
+    response.upstream_status = head;
     FillOutcome::Shared {
-        response: Arc::new(SharedResponse::corral_error(
-            e.status(),
-            e.detail(),
-            e.received_status(),
-        )),
+        response: Arc::new(response),
         fwd: fill.fwd,
         detail: Some(e.detail()),
     }

@@ -202,7 +202,7 @@ pub(crate) async fn store(
             };
             match streamed {
                 // The writers, dropped, abort every reader.
-                Err(e) => return Ended::Outcome(made::failed(fill, &e)),
+                Err(e) => return Ended::Outcome(made::broke_off(fill, &e, parts.status)),
                 Ok(Some(bytes)) => (bytes, Some(writer), outlets.close()),
                 // Passed through to its readers whole; nothing to store,
                 // and the next caller fetches alone.
@@ -226,14 +226,16 @@ pub(crate) async fn store(
                     }
                     return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
                 }
-                Buffered::Failed(e) => return Ended::Outcome(made::failed(fill, &e)),
+                Buffered::Failed(e) => {
+                    return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+                }
             }
         }
     };
     // A body that is not what its digest says is never stored, and the
     // writer, dropped, aborts every reader (the last chunk was held back).
     if let Err(e) = checked(fill, &parts, &bytes) {
-        return Ended::Outcome(made::failed(fill, &e));
+        return Ended::Outcome(made::broke_off(fill, &e, parts.status));
     }
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
     let route = &fill.route;
