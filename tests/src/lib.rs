@@ -40,5 +40,12 @@ pub use redis_deployments::{Keyspace, RedisCluster, RedisSentinels};
 pub use redis_server::Redis;
 pub use reply::Reply;
 pub use wait::{DEADLINE, eventually};
+
+/// Where corral takes its fleet key from when `redis.auth_key_file` is not set.
+pub const REDIS_AUTH_KEY_ENV: &str = "CORRAL_REDIS_AUTH_KEY";
+
+/// The key every proxy the harness starts (and every `corral check` it
+/// runs) is given: a config with `redis:` needs one.
+pub const REDIS_AUTH_KEY: &str = "corral-tests-fleet-key-0123456789abcdef";
 pub mod lifecycle;
 pub use lifecycle::{Exit, Signal};
