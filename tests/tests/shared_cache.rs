@@ -424,7 +424,9 @@ async fn an_entry_forged_in_redis_is_not_served_by_another_instance() {
         forged[body_at - at..body_at - at + 17].copy_from_slice(b"the fake document");
         (real[..at].to_vec(), forged)
     };
-    let forgeries: [(&str, fn(Vec<u8>, Vec<u8>) -> Vec<u8>); 3] = [
+    // How each forgery is put together from (tag, forged envelope).
+    type Assemble = fn(Vec<u8>, Vec<u8>) -> Vec<u8>;
+    let forgeries: [(&str, Assemble); 3] = [
         ("under the real entry's tag", |tag, env| [tag, env].concat()),
         ("with no tag", |_, env| env),
         ("under a made-up tag", |_, env| {
