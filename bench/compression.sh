@@ -19,6 +19,9 @@
 #    and the bytes of one answer.
 # Loopback only: ports 3971 (corpus), 8271/9271 (corral), 8272 (nginx).
 set -euo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 for tool in nginx oha curl python3 taskset; do
   command -v "$tool" >/dev/null || { echo "$tool is needed" >&2; exit 1; }

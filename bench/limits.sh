@@ -10,6 +10,9 @@
 #
 #   bench/limits.sh [RUNS]
 set -euo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 runs=${1:-3}
 cargo build --release -q -p corral -p corral-bench

@@ -16,6 +16,9 @@
 #   bench/redis_cost.sh "1 5 20" [C] [H] [K]
 #   CLUSTER=1 bench/redis_cost.sh "1 5 20" 20 200 10
 set -euo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 counts=${1:-"1 5 20"}
 conc=${2:-20}

@@ -17,6 +17,9 @@
 # BENCH_DURATION=10s, BENCH_NO_BUILD=1 (use the binaries in target/release),
 # BENCH_OUT=FILE (write the table there instead of bench/results/latest.md).
 set -uo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 root=$PWD
 bench=$root/bench

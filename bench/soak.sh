@@ -26,6 +26,9 @@
 # Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
 # in target/release.
 set -euo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 cycles=${1:-1}
 rate=${2:-1500}

@@ -15,6 +15,9 @@
 #                                   TTFB_SIZE=BYTES sets the body (default
 #                                   5 MB, over redis.l2_max_object_size's 1 MiB)
 set -euo pipefail
+# Every instance seals what it shares through Redis with this key (a config
+# with redis: needs one); the HMAC is part of what is measured.
+export CORRAL_REDIS_AUTH_KEY="${CORRAL_REDIS_AUTH_KEY:-bench-fleet-key-0123456789abcdef0123}"
 cd "$(dirname "$0")/.."
 runs=${1:-3}
 mode=${2:-oha}

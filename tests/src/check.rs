@@ -34,7 +34,8 @@ pub async fn corral_check_file(path: &Path) -> CheckOutcome {
         tokio::process::Command::new(&bin)
             .arg("check")
             .arg("--config")
-            .arg(path),
+            .arg(path)
+            .env(crate::REDIS_AUTH_KEY_ENV, crate::REDIS_AUTH_KEY),
         crate::DEADLINE,
         &format!("{} check --config {}", bin.display(), path.display()),
     )

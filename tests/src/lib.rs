@@ -41,5 +41,21 @@ pub use redis_deployments::{Keyspace, RedisCluster, RedisSentinels};
 pub use redis_server::Redis;
 pub use reply::Reply;
 pub use wait::{DEADLINE, eventually};
+
+/// Where corral takes its fleet key from when `redis.auth_key_file` is not set.
+pub const REDIS_AUTH_KEY_ENV: &str = "CORRAL_REDIS_AUTH_KEY";
+
+/// The key every proxy the harness starts (and every `corral check` it
+/// runs) is given: a config with `redis:` needs one.
+pub const REDIS_AUTH_KEY: &str = "corral-tests-fleet-key-0123456789abcdef";
+
+/// `summary` sealed as an instance holding [`REDIS_AUTH_KEY`] writes its
+/// heartbeat under `instance`: what a test plants to play a (compromised
+/// or buggy) member of the fleet rather than an outsider.
+pub fn sealed_heartbeat(instance: &str, summary: &str) -> String {
+    use corral_core::peer_auth::{PeerAuth, PeerKey, Record};
+    let key = PeerKey::new(REDIS_AUTH_KEY.as_bytes()).expect("the test key is long enough");
+    PeerAuth::Key(key).seal_text(Record::Heartbeat, instance, summary)
+}
 pub mod lifecycle;
 pub use lifecycle::{Exit, Signal};

@@ -65,7 +65,12 @@ impl Proxy {
     pub fn new(config: impl Into<ConfigSource>) -> Self {
         Self {
             config: config.into(),
-            env: Vec::new(),
+            // Every instance of a test fleet shares one key, as a real
+            // fleet's do; `.env(...)` may replace it.
+            env: vec![(
+                crate::REDIS_AUTH_KEY_ENV.to_owned(),
+                crate::REDIS_AUTH_KEY.to_owned(),
+            )],
             instances: 1,
             wait_for_redis: true,
             stall_stdout: false,

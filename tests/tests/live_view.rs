@@ -427,10 +427,12 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         .arg(i64::MAX / 2)
         .arg(name);
     server.command::<i64>(&zadd, "ZADD").await;
+    // Sealed with the fleet's key: a member of the fleet, not an outsider
+    // (whose heartbeat is skipped unread), is what shows markup here.
     server
         .set_raw(
             &format!("corral:{{fleet}}:i:{name}"),
-            forged.to_string().as_bytes(),
+            corral_tests::sealed_heartbeat(name, &forged.to_string()).as_bytes(),
         )
         .await;
 

@@ -345,16 +345,21 @@ async fn a_corrupt_shared_entry_is_a_miss_not_an_error() {
     let entry = wait_for_key(&redis, "*:e:*", DEADLINE).await;
     wait_no_lease(&redis, ms(2000)).await;
     let real = redis.get_raw(&entry).await.expect("the entry written by A");
-    assert!(
-        real.starts_with(b"CRL\x01"),
-        "an L2 entry is a CRL version-1 envelope; {entry} starts with {:?}",
-        String::from_utf8_lossy(&real[..real.len().min(8)])
+    // An authentication tag (32 bytes), then a CRL version-1 envelope.
+    assert_eq!(
+        envelope_at(&real),
+        32,
+        "an L2 entry is a tag and a CRL version-1 envelope; {entry} starts with {:?}",
+        String::from_utf8_lossy(&real[..real.len().min(40)])
     );
 
     // Each corruption is read by an instance with no copy of its own.
     let corruptions: [(&str, Vec<u8>); 3] = [
         ("garbage", b"this is not an envelope".to_vec()),
-        ("an unknown version", [&b"CRL\xfe"[..], &real[4..]].concat()),
+        (
+            "an unknown version",
+            [&b"CRL\xfe"[..], &real[36..]].concat(),
+        ),
         ("a truncated envelope", real[..real.len() / 2].to_vec()),
     ];
     for ((what, bytes), proxy) in corruptions.iter().zip(&proxies[1..]) {
@@ -373,6 +378,181 @@ async fn a_corrupt_shared_entry_is_a_miss_not_an_error() {
         origin.hits("/doc") <= 4,
         "one fill plus at most one refetch per corruption, saw {}",
         origin.hits("/doc")
+    );
+}
+
+/// Where the envelope starts in a value read from L2: after the
+/// authentication tag, if the instances write one.
+fn envelope_at(value: &[u8]) -> usize {
+    value
+        .windows(4)
+        .position(|w| w == b"CRL\x01")
+        .expect("an L2 entry holds a CRL version-1 envelope")
+}
+
+/// A third party that can write to Redis but has no key rewrites an entry:
+/// a well-formed envelope with forged content, under the stale tag, with
+/// no tag and with a made-up tag. No instance serves it: each read is a
+/// miss that asks the origin again, and the client gets the real answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_forged_in_redis_is_not_served_by_another_instance() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/doc", cacheable("the real document"))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(4)
+        .start_all()
+        .await;
+    let client = Client::new();
+
+    let filled = client.get(&proxies[0].url("/doc")).await;
+    assert_eq!(filled.text(), "the real document");
+    let entry = wait_for_key(&redis, "*:e:*", DEADLINE).await;
+    wait_no_lease(&redis, ms(2000)).await;
+    assert_eq!(origin.hits("/doc"), 1);
+
+    let forge = |real: &[u8]| {
+        let at = envelope_at(real);
+        // Same length, so every length field of the envelope stays right.
+        let body_at = real
+            .windows(17)
+            .rposition(|w| w == b"the real document")
+            .expect("the body in the envelope");
+        let mut forged = real[at..].to_vec();
+        forged[body_at - at..body_at - at + 17].copy_from_slice(b"the fake document");
+        (real[..at].to_vec(), forged)
+    };
+    // How each forgery is put together from (tag, forged envelope).
+    type Assemble = fn(Vec<u8>, Vec<u8>) -> Vec<u8>;
+    let forgeries: [(&str, Assemble); 3] = [
+        ("under the real entry's tag", |tag, env| [tag, env].concat()),
+        ("with no tag", |_, env| env),
+        ("under a made-up tag", |_, env| {
+            [vec![0x5a; 32], env].concat()
+        }),
+    ];
+    for (n, ((what, make), proxy)) in forgeries.iter().zip(&proxies[1..]).enumerate() {
+        // Each time from the entry a real fill wrote, so the forgery is one
+        // edit away from something valid.
+        let real = redis.get_raw(&entry).await.expect("the entry a fill wrote");
+        let (tag, envelope) = forge(&real);
+        redis.set_raw(&entry, &make(tag, envelope)).await;
+        let answer = client.get(&proxy.url("/doc")).await;
+        assert_eq!(
+            answer.text(),
+            "the real document",
+            "an entry forged {what} was served ({})",
+            answer.cache_status()
+        );
+        assert_eq!(
+            answer.status,
+            200,
+            "forged {what}: {}",
+            answer.cache_status()
+        );
+        assert_eq!(
+            origin.hits("/doc"),
+            2 + n,
+            "an entry forged {what} is a miss: the origin is asked again"
+        );
+        wait_no_lease(&redis, ms(2000)).await;
+    }
+    let metrics = client.get(&proxies[1].admin_url("/metrics")).await.text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("corral_redis_unauthenticated_records_total{kind=\"entry\"} ")),
+        "refused entries are counted:\n{metrics}"
+    );
+}
+
+/// The instance names in `/stats?fleet=1` of `proxy`, and the body's size.
+async fn fleet_names(client: &Client, proxy: &corral_tests::RunningProxy) -> (Vec<String>, usize) {
+    let body = client.get(&proxy.admin_url("/stats?fleet=1")).await.text();
+    let fleet: serde_json::Value = serde_json::from_str(&body).expect("the fleet view is JSON");
+    let mut names: Vec<String> = fleet["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| i["instance"].as_str().expect("a name").to_owned())
+        .collect();
+    names.sort();
+    (names, body.len())
+}
+
+/// Heartbeats planted in Redis by a third party (one of 16 MiB, one
+/// well-formed but unsealed, one real heartbeat copied under another name)
+/// are skipped: the fleet view lists the real instances only and stays the
+/// size of their summaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_heartbeats_neither_appear_in_nor_bloat_the_fleet_view() {
+    let redis = Redis::start().await;
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let client = Client::new();
+    let deadline = Instant::now() + DEADLINE;
+    let (real, honest_size) = loop {
+        let (names, size) = fleet_names(&client, &proxies[0]).await;
+        if names.len() == 2 {
+            break (names, size);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet never listed both: {names:?}"
+        );
+        tokio::time::sleep(ms(200)).await;
+    };
+    let roll = wait_for_key(&redis, "*{fleet}:members", DEADLINE).await;
+    let prefix = roll.trim_end_matches("members");
+    let beat = redis
+        .get_raw(&format!("{prefix}i:{}", real[0]))
+        .await
+        .expect("a live heartbeat");
+    let json_at = beat
+        .iter()
+        .position(|&b| b == b'{')
+        .expect("a JSON summary");
+    let unsealed = String::from_utf8_lossy(&beat[json_at..]).replace(&real[0], "evil-unsealed");
+    let planted: [(&str, Vec<u8>); 3] = [
+        ("evil-huge", vec![b'x'; 16 << 20]),
+        ("evil-unsealed", unsealed.into_bytes()),
+        ("evil-copied", beat.clone()),
+    ];
+    for (name, value) in &planted {
+        redis.set_raw(&format!("{prefix}i:{name}"), value).await;
+        let _: i64 = redis
+            .command(
+                ::redis::cmd("ZADD").arg(&roll).arg(u64::MAX / 2).arg(*name),
+                "ZADD",
+            )
+            .await;
+    }
+    for proxy in &proxies {
+        let started = Instant::now();
+        let (names, size) = fleet_names(&client, proxy).await;
+        assert_eq!(names, real, "only the real instances are listed");
+        assert!(
+            size < honest_size * 2 + 4096,
+            "the fleet view grew from {honest_size} to {size} bytes"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the fleet view took {:?}",
+            started.elapsed()
+        );
+    }
+    let metrics = client.get(&proxies[0].admin_url("/metrics")).await.text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l
+                .starts_with("corral_redis_unauthenticated_records_total{kind=\"heartbeat\"} ")),
+        "skipped heartbeats are counted:\n{metrics}"
     );
 }
 
@@ -720,8 +900,10 @@ async fn no_vary_search_makes_fifty_utm_variants_one_fetch_for_the_fleet() {
     let taught = client.get(&a.url("/search?q=teach")).await;
     assert_eq!(taught.text(), "query:q=teach");
     let record = wait_for_key(&redis, "*:nvs", ms(2000)).await;
+    // After its authentication tag (64 hex digits).
+    let recorded = redis.get_raw(&record).await.expect("the rule record");
     assert_eq!(
-        redis.get_raw(&record).await.as_deref(),
+        recorded.get(64..),
         Some(&br#"params=("fbclid" "utm_medium" "utm_source")"#[..]),
         "the rule as recorded for every instance"
     );

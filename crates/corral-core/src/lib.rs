@@ -33,6 +33,7 @@ mod key;
 pub mod miss;
 mod no_vary_search;
 pub mod path;
+pub mod peer_auth;
 mod policy;
 pub mod proxy_protocol;
 pub mod range;

@@ -507,12 +507,26 @@ async fn heartbeat(state: Arc<crate::ops::AdminState>) {
         let Some(l2) = &state.app.l2 else {
             return;
         };
-        let summary = crate::ops::json_line(&admin::summary(&state));
-        if let Err(e) = l2
-            .heartbeat(&state.instance, summary.trim_end(), HEARTBEAT_TTL)
+        let mut summary = admin::summary(&state);
+        let line = crate::ops::json_line(&summary);
+        let written = match l2
+            .heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
             .await
         {
-            tracing::debug!(error = %e, "fleet heartbeat not written");
+            // Over the heartbeat's size bound (a great many routes): the
+            // fleet view gets this instance's totals without its routes.
+            Ok(false) => {
+                summary.routes.clear();
+                let line = crate::ops::json_line(&summary);
+                l2.heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
+                    .await
+            }
+            other => other,
+        };
+        match written {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!("fleet heartbeat over its size bound: not written"),
+            Err(e) => tracing::debug!(error = %e, "fleet heartbeat not written"),
         }
     }
 }
@@ -717,10 +731,16 @@ mod tests {
             panic!("a --to holding YAML was accepted");
         };
         assert_eq!(proxy_flag(&error.field), "--to", "{error}");
-        let ok = config("http://127.0.0.1:3000", Some("redis://127.0.0.1:6379")).expect("valid");
+        // Without CORRAL_REDIS_AUTH_KEY (not set for unit tests) a --redis
+        // is refused, and the refusal names the flag.
+        let Err(error) = config("http://127.0.0.1:3000", Some("redis://127.0.0.1:6379")) else {
+            panic!("--redis without a key was accepted");
+        };
+        assert_eq!(proxy_flag(&error.field), "--redis", "{error}");
+        let ok = config("http://127.0.0.1:3000", None).expect("valid");
         assert_eq!(ok.routes.len(), 1);
         assert_eq!(ok.routes[0].path_prefix, "/");
-        assert!(ok.redis.is_some());
+        assert!(ok.redis.is_none());
         assert_eq!(ok.cache.memory, 64 << 20);
     }
 }

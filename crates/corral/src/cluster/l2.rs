@@ -1,12 +1,15 @@
 //! L2: the cache every instance shares, in Redis (or Valkey). Entries are
 //! versioned binary envelopes with a Redis TTL of freshness plus the largest
 //! stale window. The key layout, scripts and notices are in `protocol.rs`.
-//! A corrupt value is a miss, never a client error.
+//! A corrupt value is a miss, never a client error. Every record another
+//! instance reads is sealed with the fleet's key (`trust.rs`) and checked
+//! before it is decoded: one that does not verify is a miss too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use corral_core::peer_auth::Record;
 use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
 use futures_util::future::BoxFuture;
 use http::header::HeaderName;
@@ -19,6 +22,7 @@ use crate::cluster::protocol::{
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
 use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
+use crate::cluster::trust::Trust;
 use crate::config::RedisConfig;
 
 /// The shared store.
@@ -30,6 +34,8 @@ pub struct L2 {
     pub lease_ttl: Duration,
     /// Values that failed to decode (corrupt or another version).
     pub corrupt: AtomicU64,
+    /// Seals what this instance writes, checks what it reads.
+    trust: Arc<Trust>,
 }
 
 impl L2 {
@@ -42,7 +48,14 @@ impl L2 {
         let link = RedisLink::new(config)?;
         link.start();
         let layout = Layout::new(&config.key_prefix);
-        let subscriber = Subscriber::start(Arc::clone(&link), &layout, on_notice);
+        let trust = Arc::new(Trust::new(config.auth.clone()));
+        if !trust.enabled() {
+            tracing::warn!(
+                "redis.auth: none: entries, heartbeats and purges read from Redis are not authenticated; whoever can write to it can plant answers"
+            );
+        }
+        let subscriber =
+            Subscriber::start(Arc::clone(&link), &layout, Arc::clone(&trust), on_notice);
         Ok(Arc::new(L2 {
             link,
             subscriber,
@@ -50,6 +63,7 @@ impl L2 {
             max_object_size: config.l2_max_object_size,
             lease_ttl: config.lease_ttl,
             corrupt: AtomicU64::new(0),
+            trust,
         }))
     }
 
@@ -82,26 +96,49 @@ impl L2 {
             Option<String>,
         );
         let (entry, vary, pass, lease, generation, backoff): Row = self.link.query(&cmd).await?;
-        let entry = entry.and_then(|bytes| match envelope::decode(&bytes, generation_stamp) {
+        let entry_key = keys.entry();
+        // Nothing of a record is decoded before its tag verifies.
+        let entry = entry.and_then(|sealed| {
+            let bytes = self.trust.open(Record::Entry, &entry_key, &sealed)?;
+            self.decode_entry(&entry_key, bytes, generation_stamp)
+        });
+        let vary = vary.and_then(|v| {
+            let v = self.trust.open_text(Record::Vary, &keys.vary(), &v)?;
+            Some(parse_vary(v))
+        });
+        let backoff = backoff.and_then(|b| {
+            let b = self.trust.open_text(Record::Backoff, &keys.backoff(), &b)?;
+            corral_core::Backoff::decode(b)
+        });
+        Ok(Probe {
+            entry,
+            vary,
+            pass: pass.is_some(),
+            lease_held: lease.is_some(),
+            lease,
+            generation: generation.unwrap_or(0),
+            backoff,
+        })
+    }
+
+    /// An envelope whose tag verified; a corrupt one is a miss.
+    fn decode_entry(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        generation_stamp: u64,
+    ) -> Option<StoredResponse> {
+        match envelope::decode(bytes, generation_stamp) {
             // A large body is answered with sendfile from a sealed memory
             // file, as when it was filled here.
             Ok(e) => Some(e.map_body(crate::sealed::seal_or_keep)),
             Err(err) => {
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
                 crate::telemetry::metrics::l2(crate::telemetry::metrics::L2Read::Corrupt);
-                tracing::warn!(key = %keys.entry(), error = %err, "unreadable L2 entry treated as a miss");
+                tracing::warn!(key, error = %err, "unreadable L2 entry treated as a miss");
                 None
             }
-        });
-        Ok(Probe {
-            entry,
-            vary: vary.map(|v| parse_vary(&v)),
-            pass: pass.is_some(),
-            lease_held: lease.is_some(),
-            lease,
-            generation: generation.unwrap_or(0),
-            backoff: backoff.as_deref().and_then(corral_core::Backoff::decode),
-        })
+        }
     }
 
     /// Shares a key's back-off with every instance, for as long as it is
@@ -115,8 +152,11 @@ impl L2 {
     ) -> Result<(), L2Error> {
         let ttl = backoff.remaining(now) + keep;
         let mut cmd = redis::cmd("SET");
+        let sealed = self
+            .trust
+            .seal_text(Record::Backoff, &keys.backoff(), &backoff.encode());
         cmd.arg(keys.backoff())
-            .arg(backoff.encode())
+            .arg(sealed)
             .arg("PX")
             .arg(millis(ttl));
         self.link.query::<()>(&cmd).await
@@ -155,19 +195,23 @@ impl L2 {
             // Too big for the envelope's fields: L1 only.
             return Ok(false);
         }
-        let vary = vary_record(entry.vary());
+        let entry_key = keys.entry();
+        let sealed = self.trust.seal(Record::Entry, &entry_key, &bytes);
+        let vary = self
+            .trust
+            .seal_text(Record::Vary, &keys.vary(), &vary_record(entry.vary()));
         let stored: i64 = self
             .link
             .script(
                 &STORE,
                 &[
-                    &keys.entry(),
+                    &entry_key,
                     &keys.generation(),
                     &keys.vary(),
                     &keys.variants(),
                 ],
                 &[
-                    bytes.to_vec(),
+                    sealed,
                     arg(generation),
                     arg(millis(ttl)),
                     arg(&vary),
@@ -214,7 +258,7 @@ impl L2 {
 
     /// Records a ban (for instances that connect later) and broadcasts it.
     pub async fn publish_ban(&self, ban: &corral_core::Ban) -> Result<(), L2Error> {
-        let wire = ClusterNotice::Ban(ban.clone()).encode();
+        let wire = self.seal_notice(&ClusterNotice::Ban(ban.clone()));
         let mut pipe = redis::cmd("HSET");
         pipe.arg(self.bans_key()).arg(&wire).arg(1);
         self.link.query::<()>(&pipe).await?;
@@ -224,7 +268,17 @@ impl L2 {
         self.log_notice(&wire).await
     }
 
-    /// Appends `notice` to the invalidation log and publishes it with its
+    /// `notice` as every instance checks it: sealed under the invalidation
+    /// channel's name, whichever way it travels (channel, log, bans hash).
+    fn seal_notice(&self, notice: &ClusterNotice) -> String {
+        self.trust.seal_text(
+            Record::Notice,
+            &self.layout.invalidate_channel(),
+            &notice.encode(),
+        )
+    }
+
+    /// Appends `notice` (sealed) to the invalidation log and publishes it with its
     /// log id, in one script: an instance that misses the publication
     /// finds it in the log when it resubscribes.
     async fn log_notice(&self, notice: &str) -> Result<(), L2Error> {
@@ -266,7 +320,7 @@ impl L2 {
                 )
                 .await?;
         }
-        self.log_notice(&ClusterNotice::Invalidate(uri.digest()).encode())
+        self.log_notice(&self.seal_notice(&ClusterNotice::Invalidate(uri.digest())))
             .await
     }
 }
@@ -367,9 +421,15 @@ impl SharedTier for L2 {
 
     fn path_rule(&self, scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
         Box::pin(async move {
+            let key = self.layout.rule_key(scope);
             let mut cmd = redis::cmd("GET");
-            cmd.arg(self.layout.rule_key(scope));
-            self.link.query::<Option<String>>(&cmd).await
+            cmd.arg(&key);
+            let sealed = self.link.query::<Option<String>>(&cmd).await?;
+            Ok(sealed.and_then(|r| {
+                self.trust
+                    .open_text(Record::PathRule, &key, &r)
+                    .map(str::to_owned)
+            }))
         })
     }
 
@@ -379,11 +439,10 @@ impl SharedTier for L2 {
             if self.link.writes_paused() {
                 return Ok(());
             }
+            let key = self.layout.rule_key(scope);
+            let sealed = self.trust.seal_text(Record::PathRule, &key, &record);
             let mut cmd = redis::cmd("SET");
-            cmd.arg(self.layout.rule_key(scope))
-                .arg(record)
-                .arg("PX")
-                .arg(millis(RULE_TTL));
+            cmd.arg(&key).arg(sealed).arg("PX").arg(millis(RULE_TTL));
             self.link.query::<()>(&cmd).await
         })
     }
@@ -391,6 +450,15 @@ impl SharedTier for L2 {
 
 /// The most instances a fleet view reads.
 pub const FLEET_MAX: usize = 256;
+
+/// The largest heartbeat (sealed summary) written or read: a few KiB hold
+/// an instance's summary with dozens of routes. Larger ones are skipped
+/// unread, so one forged heartbeat cannot make every fleet view (at most
+/// [`FLEET_MAX`] of them, 2 MiB in all) heavy, nor tie up the Redis link.
+pub const HEARTBEAT_MAX_BYTES: usize = 8 * 1024;
+
+/// The longest instance name on the roll (host name and process id).
+pub const INSTANCE_NAME_MAX: usize = 255;
 
 /// Writes a heartbeat and enrols its instance on the roll (scored by when
 /// it lapses), dropping those that lapsed: KEYS[1] the roll, KEYS[2] the
@@ -405,20 +473,56 @@ return 1",
     )
 });
 
+/// The live names on the roll (KEYS[1]) at `ARGV[1]` ms, at most `ARGV[2]`
+/// of them, each shorter than `ARGV[3]` bytes: a forged name of any size
+/// never leaves Redis.
+static ROLL: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"local out = {}
+for _, n in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'LIMIT', 0, ARGV[2])) do
+  if #n <= tonumber(ARGV[3]) then out[#out + 1] = n end
+end
+return out",
+    )
+});
+
+/// Each heartbeat of KEYS whose length is at most `ARGV[1]` bytes, else
+/// `false` (as for a missing one): an oversized value is measured with
+/// STRLEN, never sent.
+static BEATS: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"local out = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('STRLEN', k) <= tonumber(ARGV[1]) then
+    out[i] = redis.call('GET', k) or false
+  else
+    out[i] = -1
+  end
+end
+return out",
+    )
+});
+
 impl L2 {
     /// Publishes this instance's summary for `ttl`: the fleet view lists
     /// it until then. The view is best effort: while Redis cannot be used
     /// (not connected, or the breaker of its slot open) nothing is sent,
     /// so a heartbeat never counts toward a breaker the cache relies on.
+    /// A summary that would seal to more than [`HEARTBEAT_MAX_BYTES`] is
+    /// not sent (the others would skip it): `Ok(false)`.
     pub async fn heartbeat(
         &self,
         instance: &str,
         summary: &str,
         ttl: Duration,
-    ) -> Result<(), L2Error> {
+    ) -> Result<bool, L2Error> {
         let roll = self.layout.fleet_key();
         if self.link.unavailable_for(&roll) {
-            return Ok(());
+            return Ok(true);
+        }
+        let sealed = self.trust.seal_text(Record::Heartbeat, instance, summary);
+        if sealed.len() > HEARTBEAT_MAX_BYTES || instance.len() > INSTANCE_NAME_MAX {
+            return Ok(false);
         }
         let beat = self.layout.heartbeat_key(instance);
         let now = epoch_millis(SystemTime::now());
@@ -426,37 +530,63 @@ impl L2 {
             .script::<i64>(
                 &HEARTBEAT,
                 &[&roll, &beat],
-                &[arg(instance), arg(summary), arg(millis(ttl)), arg(now)],
+                &[arg(instance), arg(sealed), arg(millis(ttl)), arg(now)],
             )
             .await
-            .map(drop)
+            .map(|_| true)
     }
 
-    /// The live heartbeats (at most [`FLEET_MAX`]), as their instances
-    /// wrote them; `None` while Redis cannot be used (see
-    /// [`L2::heartbeat`]).
+    /// The live heartbeats (at most [`FLEET_MAX`], each at most
+    /// [`HEARTBEAT_MAX_BYTES`] and sealed by this fleet's key; others are
+    /// skipped unparsed), as their instances wrote them; `None` while
+    /// Redis cannot be used (see [`L2::heartbeat`]).
     pub async fn fleet(&self) -> Result<Option<Vec<String>>, L2Error> {
         let roll = self.layout.fleet_key();
         if self.link.unavailable_for(&roll) {
             return Ok(None);
         }
-        let mut cmd = redis::cmd("ZRANGEBYSCORE");
-        cmd.arg(roll)
-            .arg(epoch_millis(SystemTime::now()))
-            .arg("+inf")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(FLEET_MAX);
-        let names: Vec<String> = self.link.query(&cmd).await?;
+        let names: Vec<String> = self
+            .link
+            .script(
+                &ROLL,
+                &[&roll],
+                &[
+                    arg(epoch_millis(SystemTime::now())),
+                    arg(FLEET_MAX),
+                    arg(INSTANCE_NAME_MAX),
+                ],
+            )
+            .await?;
         if names.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let mut get = redis::cmd("MGET");
-        for n in &names {
-            get.arg(self.layout.heartbeat_key(n));
+        let keys: Vec<String> = names.iter().map(|n| self.layout.heartbeat_key(n)).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let beats: Vec<redis::Value> = self
+            .link
+            .script(&BEATS, &keys, &[arg(HEARTBEAT_MAX_BYTES)])
+            .await?;
+        let mut out = Vec::with_capacity(names.len());
+        for (name, beat) in names.iter().zip(beats) {
+            match beat {
+                redis::Value::BulkString(bytes) => {
+                    let Ok(text) = std::str::from_utf8(&bytes) else {
+                        self.trust.skipped(Record::Heartbeat, name, "not UTF-8");
+                        continue;
+                    };
+                    if let Some(summary) = self.trust.open_text(Record::Heartbeat, name, text) {
+                        out.push(summary.to_owned());
+                    }
+                }
+                redis::Value::Int(_) => {
+                    self.trust
+                        .skipped(Record::Heartbeat, name, "over the heartbeat size bound");
+                }
+                // Lapsed between the two reads.
+                _ => {}
+            }
         }
-        let beats: Vec<Option<String>> = self.link.query(&get).await?;
-        Ok(Some(beats.into_iter().flatten().collect()))
+        Ok(Some(out))
     }
 }
 

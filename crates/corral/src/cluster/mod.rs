@@ -1,7 +1,8 @@
 //! What instances share through Redis: the connection and its breaker
 //! (`redis_link`, `breaker`), the wire format (`protocol`), the shared
 //! store (`l2`), the cross-instance lease (`lease`) and the pub/sub
-//! subscriber (`subscriber`), and the seam the cache path reaches all of
+//! subscriber (`subscriber`), the check of every record read from it
+//! (`trust`), and the seam the cache path reaches all of
 //! it through (`tier`). Knows nothing of HTTP answers.
 
 pub mod breaker;
@@ -12,3 +13,4 @@ pub mod redis_link;
 pub mod shards;
 pub mod subscriber;
 pub mod tier;
+pub mod trust;

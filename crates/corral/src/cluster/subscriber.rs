@@ -25,6 +25,8 @@ use crate::cluster::protocol::{
     ClusterNotice, FillNotice, LOG_AFTER, LOG_HEAD, LOG_REPLAY_MAX, Layout, LogId, split_logged,
 };
 use crate::cluster::redis_link::{Reconnect, RedisLink};
+use crate::cluster::trust::Trust;
+use corral_core::peer_auth::Record;
 
 struct Channel {
     tx: broadcast::Sender<FillNotice>,
@@ -87,6 +89,8 @@ pub struct Subscriber {
     log_key: String,
     epoch_key: String,
     on_notice: OnNotice,
+    /// Checks each notice's seal before it is decoded.
+    trust: Arc<Trust>,
     channels: Mutex<HashMap<String, Channel>>,
     sink: Mutex<Option<Sink>>,
     log: Mutex<LogPlace>,
@@ -104,7 +108,12 @@ enum CaughtUp {
 }
 
 impl Subscriber {
-    pub fn start(link: Arc<RedisLink>, layout: &Layout, on_notice: OnNotice) -> Arc<Self> {
+    pub fn start(
+        link: Arc<RedisLink>,
+        layout: &Layout,
+        trust: Arc<Trust>,
+        on_notice: OnNotice,
+    ) -> Arc<Self> {
         let sub = Arc::new(Subscriber {
             link,
             invalidate_channel: layout.invalidate_channel(),
@@ -112,6 +121,7 @@ impl Subscriber {
             log_key: layout.log_key(),
             epoch_key: layout.epoch_key(),
             on_notice,
+            trust,
             channels: Mutex::new(HashMap::new()),
             sink: Mutex::new(None),
             log: Mutex::new(LogPlace::default()),
@@ -143,6 +153,15 @@ impl Subscriber {
             let mut place = self.log.lock().unwrap_or_else(PoisonError::into_inner);
             place.last = place.last.max(id);
         }
+        // A notice another instance did not seal (anyone who can publish
+        // on the channel or write the log or the bans hash) is not applied:
+        // it could drop or ban what everyone is served.
+        let Some(notice) = self
+            .trust
+            .open_text(Record::Notice, &self.invalidate_channel, notice)
+        else {
+            return;
+        };
         match ClusterNotice::decode(notice) {
             Some(notice) => (self.on_notice)(notice),
             None => tracing::warn!(notice, "ignoring a malformed cluster notice"),

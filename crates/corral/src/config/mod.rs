@@ -318,6 +318,16 @@ pub struct RedisConfig {
     /// `rediss://` only: the CA (else the platform's roots) and an optional
     /// client certificate, as PEM bytes read at load.
     pub tls: Option<RedisTls>,
+    /// How instances authenticate what they read from each other through
+    /// Redis (entries, Vary records, back-offs, path rules, heartbeats,
+    /// purges): an HMAC-SHA256 keyed with a secret of at least 32 bytes,
+    /// from `auth_key_file` (the file's bytes, one trailing newline
+    /// dropped) or else the `CORRAL_REDIS_AUTH_KEY` environment variable.
+    /// Every instance of a fleet needs the same key. A `redis:` section
+    /// with neither is refused unless it says `auth: none`, which trusts
+    /// whoever can write to Redis. A record that does not verify is a miss
+    /// (`corral_redis_unauthenticated_records_total`), never served.
+    pub auth: corral_core::peer_auth::PeerAuth,
 }
 
 /// How corral finds Redis: exactly one of `redis.url`, `redis.cluster`
@@ -683,8 +693,16 @@ routes:
         )
     }
 
+    /// `text` parsed; a `redis:` block section that says nothing of
+    /// `auth` gets `auth: none` (the key is the environment's, which unit
+    /// tests do not set; `redis_auth_*` tests cover it).
     fn config(text: &str) -> Config {
-        parse(FILE, text).unwrap_or_else(|e| panic!("config refused: {e}"))
+        let text = if text.contains("\n  auth") {
+            text.to_owned()
+        } else {
+            text.replacen("\nredis:\n", "\nredis:\n  auth: none\n", 1)
+        };
+        parse(FILE, &text).unwrap_or_else(|e| panic!("config refused: {e}"))
     }
 
     fn refused(text: &str) -> ConfigError {
@@ -1312,6 +1330,48 @@ routes:
     /// A valid config whose `redis:` section starts at line 8; `fields` start at line 9.
     fn redis_with(fields: &str) -> String {
         format!("{}redis:\n{fields}", route_with(""))
+    }
+
+    #[test]
+    fn redis_auth_needs_a_key_or_an_explicit_none() {
+        let base = "  url: redis://127.0.0.1\n";
+        let error = refused(&redis_with(base));
+        assert_eq!(error.field, "redis", "{error}");
+        assert!(error.message.contains("auth: none"), "{error}");
+        let off = parse(FILE, &redis_with(&format!("{base}  auth: none\n")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            off.redis.map(|r| r.auth),
+            Some(corral_core::peer_auth::PeerAuth::Off)
+        ));
+        let bad = refused(&redis_with(&format!("{base}  auth: maybe\n")));
+        assert_eq!(bad.field, "redis.auth", "{bad}");
+    }
+
+    #[test]
+    fn redis_auth_key_file_is_read_and_must_be_long_enough() {
+        let dir = std::env::temp_dir().join(format!("corral-auth-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let (long, short) = (dir.join("long"), dir.join("short"));
+        std::fs::write(&long, format!("{}\n", "k".repeat(32))).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&short, format!("{}\n", "k".repeat(31))).unwrap_or_else(|e| panic!("{e}"));
+        let with = |p: &std::path::Path| {
+            redis_with(&format!(
+                "  url: redis://127.0.0.1\n  auth_key_file: {}\n",
+                p.display()
+            ))
+        };
+        let keyed = parse(FILE, &with(&long)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            keyed.redis.map(|r| r.auth),
+            Some(corral_core::peer_auth::PeerAuth::Key(_))
+        ));
+        // The trailing newline is not part of the key: 31 bytes are refused.
+        let error = refused(&with(&short));
+        assert_eq!(error.field, "redis.auth_key_file", "{error}");
+        let both = refused(&format!("{}  auth: none\n", with(&long)));
+        assert_eq!(both.field, "redis.auth_key_file", "{both}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -139,6 +139,8 @@ pub struct RawRedis {
     pub instances: Option<Text>,
     pub resync_rate: Option<Text>,
     pub tls: Option<Spanned<RawRedisTls>>,
+    pub auth: Option<Text>,
+    pub auth_key_file: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -266,6 +266,12 @@ pub fn resync_refresh() {
     counter!("corral_resync_refreshes_total").increment(1);
 }
 
+/// A record read from Redis that was refused unread: its authentication
+/// tag did not verify, or (a heartbeat) it was over its size bound.
+pub fn redis_unauthenticated(kind: corral_core::peer_auth::Record) {
+    counter!("corral_redis_unauthenticated_records_total", "kind" => kind.as_str()).increment(1);
+}
+
 /// An L2 read (the `result` label of `corral_l2_reads_total`).
 pub fn l2(result: L2Read) {
     counter!("corral_l2_reads_total", "result" => result.as_str()).increment(1);

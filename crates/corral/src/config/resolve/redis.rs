@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use corral_core::peer_auth::{PeerAuth, PeerKey};
 use serde_saphyr::{Location, Spanned};
 
 use super::{Resolver, whole_u32};
@@ -15,6 +16,70 @@ use crate::config::{
     DEFAULT_REDIS_CONNECT_TIMEOUT, DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_LEASE_TTL,
     DEFAULT_REDIS_OP_TIMEOUT, RedisConfig, RedisServers, SentinelConfig,
 };
+
+/// The fleet's key when `redis.auth_key_file` is not given.
+pub const AUTH_KEY_ENV: &str = "CORRAL_REDIS_AUTH_KEY";
+
+/// The Redis password when the URLs name a user but no password (e.g.
+/// `redis://corral@valkey:6379/0`): a Kubernetes or compose secret, kept
+/// out of the config file. It is put into each URL, percent-encoded.
+pub const PASSWORD_ENV: &str = "CORRAL_REDIS_PASSWORD";
+
+fn with_env_password(
+    servers: RedisServers,
+    at: &Location,
+    resolver: &Resolver<'_>,
+) -> Result<RedisServers, ConfigError> {
+    let Ok(password) = std::env::var(PASSWORD_ENV) else {
+        return Ok(servers);
+    };
+    let password: String = password
+        .trim_end_matches(['\r', '\n'])
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let fill = |url: String| -> Result<String, ConfigError> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Ok(url);
+        };
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].split_once('@') {
+            Some((user, host)) if !user.contains(':') && !password.is_empty() => Ok(format!(
+                "{scheme}://{user}:{password}@{host}{}",
+                &rest[authority_end..]
+            )),
+            Some((user, _)) if user.contains(':') => Err(resolver.error(
+                at,
+                "redis",
+                format!("{PASSWORD_ENV} is set and a URL holds a password too: give it once"),
+            )),
+            _ => Ok(url),
+        }
+    };
+    Ok(match servers {
+        RedisServers::Node(url) => RedisServers::Node(fill(url)?),
+        RedisServers::Cluster(urls) => {
+            RedisServers::Cluster(urls.into_iter().map(fill).collect::<Result<_, _>>()?)
+        }
+        sentinel @ RedisServers::Sentinel(_) => sentinel,
+    })
+}
+
+/// A key file written by `echo` or an editor ends with a newline the
+/// secret does not hold.
+fn trim_newline(key: &mut Vec<u8>) {
+    if key.last() == Some(&b'\n') {
+        key.pop();
+        if key.last() == Some(&b'\r') {
+            key.pop();
+        }
+    }
+}
 
 /// Unverified entries revalidated per second after the invalidation log
 /// was lost: 3 instances add at most 60 conditional requests a second.
@@ -52,7 +117,7 @@ impl Resolver<'_> {
     fn redis_config(&self, raw: &Spanned<RawRedis>) -> Result<RedisConfig, ConfigError> {
         let at = &raw.referenced;
         let raw = &raw.value;
-        let servers = self.redis_servers(at, raw)?;
+        let servers = with_env_password(self.redis_servers(at, raw)?, at, self)?;
         let op_timeout = self
             .at("redis.op_timeout", &raw.op_timeout)
             .duration_or(DEFAULT_REDIS_OP_TIMEOUT)?
@@ -89,7 +154,9 @@ impl Resolver<'_> {
             .at("redis.resync_rate", &raw.resync_rate)
             .parse_or(DEFAULT_RESYNC_RATE, |t| whole_u32(t, 1, "resync_rate"))?;
         let tls = self.redis_tls(raw.tls.as_ref(), servers.tls())?;
+        let auth = self.redis_auth(at, raw)?;
         Ok(RedisConfig {
+            auth,
             tls,
             instances,
             resync_rate,
@@ -102,6 +169,64 @@ impl Resolver<'_> {
             breaker_failures,
             breaker_open_for,
         })
+    }
+
+    /// `auth` and `auth_key_file`, or `CORRAL_REDIS_AUTH_KEY`: the fleet's
+    /// key, or the explicit choice to trust whoever can write to Redis.
+    fn redis_auth(&self, at: &Location, raw: &RawRedis) -> Result<PeerAuth, ConfigError> {
+        let off = match raw.auth.as_ref() {
+            None => false,
+            Some(t) => match t.value.trim() {
+                "none" => true,
+                "hmac" => false,
+                other => {
+                    return Err(self.error(
+                        &t.referenced,
+                        "redis.auth",
+                        format!("`{other}` is not `hmac` (the default) or `none`"),
+                    ));
+                }
+            },
+        };
+        let from_file = match raw.auth_key_file.as_ref() {
+            Some(file) if off => {
+                return Err(self.error(
+                    &file.referenced,
+                    "redis.auth_key_file",
+                    "a key with `auth: none`: remove one of them",
+                ));
+            }
+            Some(file) => {
+                let mut key = self.read_file(file, "redis.auth_key_file")?;
+                trim_newline(&mut key);
+                Some((key, file))
+            }
+            None => None,
+        };
+        if off {
+            return Ok(PeerAuth::Off);
+        }
+        let key = match from_file {
+            Some((key, file)) => PeerKey::new(&key)
+                .map_err(|e| self.error(&file.referenced, "redis.auth_key_file", e.to_string()))?,
+            None => match std::env::var(AUTH_KEY_ENV) {
+                Ok(key) if !key.is_empty() => PeerKey::new(key.as_bytes())
+                    .map_err(|e| self.error(at, "redis", format!("{AUTH_KEY_ENV}: {e}")))?,
+                _ => {
+                    return Err(self.error(
+                        at,
+                        "redis",
+                        format!(
+                            "no key to authenticate what instances read from each other: \
+                             set redis.auth_key_file or {AUTH_KEY_ENV} (32 bytes or more, \
+                             the same on every instance), or `auth: none` to trust whoever \
+                             can write to this Redis"
+                        ),
+                    ));
+                }
+            },
+        };
+        Ok(PeerAuth::Key(key))
     }
 
     /// Exactly one of `url`, `cluster` and `sentinel`.
