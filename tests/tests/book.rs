@@ -71,7 +71,10 @@ fn fences(text: &str) -> Vec<Fence> {
         let run = marker.map_or(0, |m| trimmed.chars().take_while(|c| *c == m).count());
         match &mut open {
             Some((c, len, fence)) => {
-                if indent < 4 && marker == Some(*c) && run >= *len && trimmed[run..].trim().is_empty()
+                if indent < 4
+                    && marker == Some(*c)
+                    && run >= *len
+                    && trimmed[run..].trim().is_empty()
                 {
                     let (_, _, fence) = open.take().expect("an open fence");
                     out.push(fence);
@@ -320,16 +323,16 @@ fn reference_gaps(raw: &str, doc: &str) -> Vec<String> {
     let mut gaps = Vec::new();
     for (name, fields) in &structs {
         let Some(at) = paths.get(name) else {
-            gaps.push(format!("raw.rs: `{name}` is reached from no field of RawConfig"));
+            gaps.push(format!(
+                "raw.rs: `{name}` is reached from no field of RawConfig"
+            ));
             continue;
         };
         let wanted: BTreeSet<String> = fields.iter().map(|f| f.name.clone()).collect();
         for path in at {
             let shown = if path.is_empty() { "Top level" } else { path };
             let Some(section) = section_of(doc, path) else {
-                gaps.push(format!(
-                    "no section whose heading names `{shown}` ({name})"
-                ));
+                gaps.push(format!("no section whose heading names `{shown}` ({name})"));
                 continue;
             };
             let documented = documented_fields(section);
@@ -355,11 +358,18 @@ fn raw_rs_is_read_as_serde_reads_it() {
     let names = |s: &str| -> Vec<String> { structs[s].iter().map(|f| f.name.clone()).collect() };
     assert_eq!(names("RawRoute"), ["match", "name"]);
     let paths = struct_paths(&structs);
-    assert_eq!(paths["RawMatch"], BTreeSet::from(["routes[].match".to_owned()]));
+    assert_eq!(
+        paths["RawMatch"],
+        BTreeSet::from(["routes[].match".to_owned()])
+    );
     assert_eq!(paths["RawConfig"], BTreeSet::from([String::new()]));
 
     let doc = "## Top level\n| `listen` | x |\n| `routes` | x |\n## `routes[]`\n| `name` | x |\n| `match` | x |\n## `routes[].match`\n| `host` | x |\n";
-    assert!(reference_gaps(raw, doc).is_empty(), "{:?}", reference_gaps(raw, doc));
+    assert!(
+        reference_gaps(raw, doc).is_empty(),
+        "{:?}",
+        reference_gaps(raw, doc)
+    );
     // A field added to the code and not to the reference, and a row left
     // behind for a field that is gone, are both found.
     let grown = raw.replace("pub host:", "pub port: Option<Text>,\n    pub host:");
@@ -381,10 +391,7 @@ fn raw_rs_is_read_as_serde_reads_it() {
 
 #[test]
 fn the_configuration_reference_names_every_field_of_the_config_code() {
-    let raw = read(
-        &workspace_root()
-            .join("crates/corral/src/config/raw.rs"),
-    );
+    let raw = read(&workspace_root().join("crates/corral/src/config/raw.rs"));
     let doc = read(&book_src().join("configuration.md"));
     let structs = raw_structs(&raw);
     assert!(
@@ -418,20 +425,33 @@ fn every_chapter_in_the_summary_exists_and_every_page_is_in_it() {
     }
     assert!(linked.len() >= 10, "SUMMARY.md links {linked:?}");
     let missing: Vec<&String> = linked.iter().filter(|t| !src.join(t).is_file()).collect();
-    assert!(missing.is_empty(), "SUMMARY.md links missing pages: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "SUMMARY.md links missing pages: {missing:?}"
+    );
     let orphans: Vec<String> = markdown_under(&src)
         .iter()
-        .map(|p| p.strip_prefix(&src).expect("under src").display().to_string())
+        .map(|p| {
+            p.strip_prefix(&src)
+                .expect("under src")
+                .display()
+                .to_string()
+        })
         .filter(|p| p != "SUMMARY.md" && !linked.contains(p))
         .collect();
-    assert!(orphans.is_empty(), "pages SUMMARY.md does not list: {orphans:?}");
+    assert!(
+        orphans.is_empty(),
+        "pages SUMMARY.md does not list: {orphans:?}"
+    );
 }
 
 /// Words that look like a commit hash: 7 to 40 hex digits with at least one
 /// digit and one letter.
 fn hash_like(word: &str) -> bool {
     (7..=40).contains(&word.len())
-        && word.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        && word
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
         && word.chars().any(|c| c.is_ascii_digit())
         && word.chars().any(|c| c.is_ascii_alphabetic())
 }
@@ -453,7 +473,10 @@ fn issue_reference(text: &str) -> Option<String> {
 fn the_wording_check_finds_issues_and_hashes() {
     assert!(hash_like("9c1a31e") && hash_like("a6a5e82"));
     assert!(!hash_like("deadbeef") && !hash_like("1234567") && !hash_like("cafe"));
-    assert_eq!(issue_reference("see (issue 26)").as_deref(), Some("(issue 26)"));
+    assert_eq!(
+        issue_reference("see (issue 26)").as_deref(),
+        Some("(issue 26)")
+    );
     assert!(issue_reference("Issue #4 said").is_some());
     assert!(issue_reference("an issue is filed").is_none());
 }
@@ -463,7 +486,11 @@ fn user_docs_carry_no_issue_numbers_or_commit_hashes() {
     let root = workspace_root();
     let mut found = Vec::new();
     for doc in user_docs() {
-        let shown = doc.strip_prefix(&root).unwrap_or(&doc).display().to_string();
+        let shown = doc
+            .strip_prefix(&root)
+            .unwrap_or(&doc)
+            .display()
+            .to_string();
         for (index, line) in read(&doc).lines().enumerate() {
             if let Some(issue) = issue_reference(line) {
                 found.push(format!("{shown}:{}: `{issue}`", index + 1));

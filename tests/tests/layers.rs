@@ -306,8 +306,8 @@ fn the_files_of_a_folder_import_one_another_without_a_cycle() {
 
 #[test]
 fn the_architecture_table_names_every_folder_and_file() {
-    let section = std::fs::read_to_string(src().join("../../../ARCHITECTURE.md"))
-        .expect("ARCHITECTURE.md");
+    let section =
+        std::fs::read_to_string(src().join("../../../ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
     let mut missing = Vec::new();
