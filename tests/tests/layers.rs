@@ -2,7 +2,7 @@
 //! below it. Read from the source, every `crate::` path outside a file's
 //! unit tests: between the folders of `crates/corral/src`, and between the
 //! files of the miss path (`cache/`). A new module must be given its
-//! place here, and in the README's architecture table.
+//! place here, and in ARCHITECTURE.md's table.
 
 use std::path::{Path, PathBuf};
 
@@ -305,13 +305,9 @@ fn the_files_of_a_folder_import_one_another_without_a_cycle() {
 }
 
 #[test]
-fn the_readme_architecture_table_names_every_folder_and_file() {
-    let readme = std::fs::read_to_string(src().join("../../../README.md")).expect("README.md");
-    let start = readme
-        .find("## Architecture")
-        .expect("an Architecture section");
-    let section = &readme[start..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+fn the_architecture_table_names_every_folder_and_file() {
+    let section =
+        std::fs::read_to_string(src().join("../../../ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
     let mut missing = Vec::new();
@@ -335,7 +331,7 @@ fn the_readme_architecture_table_names_every_folder_and_file() {
     }
     assert!(
         missing.is_empty(),
-        "the README's Architecture section does not name: {missing:?}"
+        "ARCHITECTURE.md does not name: {missing:?}"
     );
 }
 

@@ -541,7 +541,7 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         "a forged script ran"
     );
 
-    // A screenshot, for the record (and the README's).
+    // A screenshot, for the record (and the user guide's docs/src/live-view.png).
     let shot = std::env::temp_dir().join(format!("corral-live-{}.png", std::process::id()));
     let arg = format!("--screenshot={}", shot.display());
     tokio::task::spawn_blocking(move || {
