@@ -425,6 +425,11 @@ fn scripted(reply: &Reply, seen: &SeenRequest, body: Incoming) -> Response<Origi
     for (name, value) in &reply.headers {
         response.headers_mut().append(name.clone(), value.clone());
     }
+    for (name, value, when) in &reply.conditional {
+        if when(seen) {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
     response
 }
 

@@ -35,7 +35,16 @@ pub struct Reply {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: ReplyBody,
     pub(crate) delay: Duration,
+    /// Headers sent only to the requests their test accepts.
+    pub(crate) conditional: Vec<ConditionalHeader>,
 }
+
+/// A response header sent when `when(request)` holds.
+pub(crate) type ConditionalHeader = (
+    HeaderName,
+    HeaderValue,
+    Arc<dyn Fn(&SeenRequest) -> bool + Send + Sync>,
+);
 
 impl Reply {
     /// 200 with a fixed body.
@@ -50,6 +59,7 @@ impl Reply {
             headers: Vec::new(),
             body: ReplyBody::Fixed(body.into()),
             delay: Duration::ZERO,
+            conditional: Vec::new(),
         }
     }
 
@@ -102,6 +112,20 @@ impl Reply {
         let name = HeaderName::from_bytes(name.as_bytes()).expect("valid header name");
         let value = HeaderValue::from_str(value).expect("valid header value");
         self.headers.push((name, value));
+        self
+    }
+
+    /// Adds a response header sent only to requests for which `when`
+    /// holds (e.g. a `Set-Cookie` for callers that sent a Cookie).
+    pub fn header_when(
+        mut self,
+        name: &str,
+        value: &str,
+        when: impl Fn(&SeenRequest) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let name = HeaderName::from_bytes(name.as_bytes()).expect("valid header name");
+        let value = HeaderValue::from_str(value).expect("valid header value");
+        self.conditional.push((name, value, Arc::new(when)));
         self
     }
 

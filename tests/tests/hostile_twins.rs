@@ -251,3 +251,36 @@ async fn a_query_never_replaces_its_own_targets_get() {
     let gets = seen.iter().filter(|r| r.method() == "GET").count();
     assert_eq!(gets, 1, "the second GET was a hit: {seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_callers_uncacheable_answer_never_turns_coalescing_off_for_the_others() {
+    // The application greets a caller with cookies by setting another:
+    // that answer is not stored, and the URI is hit-for-pass for such
+    // callers. Callers without cookies get a shareable page.
+    let origin = corral_tests::Origin::new()
+        .route(
+            "/home",
+            corral_tests::Reply::ok("home")
+                .header("cache-control", "max-age=60")
+                .header_when("set-cookie", "seen=1", |r| r.header("cookie").is_some())
+                .delay(std::time::Duration::from_millis(300)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let attacker = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 66));
+    let first = attacker
+        .get_with(&proxy.url("/home"), &[("cookie", "sess=x")])
+        .await;
+    assert_eq!(first.header("set-cookie"), Some("seen=1"), "its own answer");
+    assert_eq!(origin.hits("/home"), 1);
+    // The next burst of callers without cookies is one origin request.
+    let answers = Client::new().burst(30, &proxy.url("/home"), &[]).await;
+    corral_tests::assert_every_answer(&answers, 200, "home");
+    assert_eq!(
+        origin.hits("/home"),
+        2,
+        "{:?}",
+        corral_tests::tally(&answers)
+    );
+}

@@ -36,6 +36,24 @@ impl Identity {
     }
 }
 
+/// The identity a caller's hit-for-pass marker and back-off are kept
+/// under: its own when it is identified; else one shared by the anonymous
+/// callers that carry a Cookie field, and none for those that carry none.
+/// An answer that could not be stored for a caller with cookies (it set a
+/// cookie, say) then never turns coalescing off for callers without: a
+/// penalty never crosses from one class of caller to another.
+pub fn pass_class(identity: Option<&Identity>, headers: &HeaderMap) -> Option<Identity> {
+    /// The anonymous callers with cookies, as one class.
+    const COOKIE_CALLERS: Identity = Identity {
+        digest: *b"corral: anonymous, with cookies.",
+        authorization_only: false,
+    };
+    match identity {
+        Some(id) => Some(*id),
+        None => headers.contains_key(COOKIE).then_some(COOKIE_CALLERS),
+    }
+}
+
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Identity(..)")
@@ -216,6 +234,19 @@ fn canonical_cookie_name(name: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn callers_with_cookies_are_a_pass_class_of_their_own() {
+        let mut cookie = HeaderMap::new();
+        cookie.insert(COOKIE, http::HeaderValue::from_static("sess=a"));
+        let plain = HeaderMap::new();
+        let id = Identity::from_bytes([7; 32]);
+        assert_eq!(pass_class(None, &plain), None);
+        let cookies = pass_class(None, &cookie).expect("a class");
+        assert_ne!(cookies, id);
+        assert_eq!(pass_class(Some(&id), &cookie), Some(id));
+        assert_eq!(pass_class(Some(&id), &plain), Some(id));
+    }
     use http::HeaderValue;
 
     fn rules() -> IdentityRules {

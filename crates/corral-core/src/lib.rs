@@ -60,7 +60,7 @@ pub use entry::{
     merge_not_modified,
 };
 pub use flight::{FlightEnd, FlightView, Flights, Join, Permit, Role, WaitResult, Waiter};
-pub use identity::{Identity, IdentityRules};
+pub use identity::{Identity, IdentityRules, pass_class};
 pub use key::{
     Digest, LocalBytes, LocalKey, PathScope, PrimaryKey, QueryFilter, UriKey, VariantKey,
 };

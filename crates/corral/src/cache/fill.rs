@@ -372,7 +372,13 @@ impl FillRequest {
 
     /// Where this caller's hit-for-pass marker lives.
     pub fn pass_scope(&self) -> Digest {
-        self.primary.pass_scope(self.identity.as_ref())
+        self.primary.pass_scope(self.pass_class().as_ref())
+    }
+
+    /// The class of caller its hit-for-pass marker and back-off are kept
+    /// for ([`corral_core::identity::pass_class`]).
+    pub fn pass_class(&self) -> Option<Identity> {
+        corral_core::pass_class(self.identity.as_ref(), &self.head.headers)
     }
 
     /// Marks this caller's view of the URI uncacheable for a while.

@@ -38,7 +38,7 @@ pub trait Admit: Send + Sync {
 pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
     cache
         .l1
-        .is_pass(&Keys::of(cache, route, ctx, None).pass_scope())
+        .is_pass(&Keys::of(cache, route, ctx, None).pass_scope(ctx))
 }
 
 /// GET and HEAD through the cache; with `body`, a POST the route
@@ -277,10 +277,11 @@ impl Keys {
         }
     }
 
-    /// Where this caller's hit-for-pass marker and back-off live: hashed
-    /// only when asked for, which a hit is not.
-    fn pass_scope(&self) -> Digest {
-        self.primary.pass_scope(self.identity.as_ref())
+    /// Where this caller's (`ctx`'s) hit-for-pass marker and back-off
+    /// live: hashed only when asked for, which a hit is not.
+    fn pass_scope(&self, ctx: &RequestHead) -> Digest {
+        let class = corral_core::pass_class(self.identity.as_ref(), &ctx.headers);
+        self.primary.pass_scope(class.as_ref())
     }
 }
 
@@ -319,7 +320,11 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     let ctx = head.get();
     let now = cache.clock.now();
     // While the origin is failing for this key, nothing here asks it.
-    let backoff = cache.l1.active_backoff(|| keys.pass_scope(), now);
+    // The class of caller its penalties are kept for: read before `ctx`
+    // is shared with a fill below.
+    let class = corral_core::pass_class(keys.identity.as_ref(), &ctx.headers);
+    let scope = || keys.primary.pass_scope(class.as_ref());
+    let backoff = cache.l1.active_backoff(scope, now);
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
     // Looked up by their local keys, made on the stack; the variant's
@@ -370,7 +375,7 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
             entry,
         )
     });
-    let is_pass = || cache.l1.is_pass(&keys.pass_scope());
+    let is_pass = || cache.l1.is_pass(&scope());
     // Redis cannot be used for this key now: a background refresh would
     // be this instance's alone (asked only where a refresh would start).
     let redis_unavailable = || {

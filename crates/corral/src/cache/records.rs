@@ -24,7 +24,11 @@ pub(crate) async fn first_read(
     tier: &dyn SharedTier,
 ) -> Result<(Keys, Probe), L2Error> {
     let cache = Arc::clone(&fill.cache);
-    let keys = tier.keys(&fill.primary, fill.variant.digest, fill.identity.as_ref());
+    let keys = tier.keys(
+        &fill.primary,
+        fill.variant.digest,
+        fill.pass_class().as_ref(),
+    );
     let mut probe = read(fill, tier, &keys).await?;
     let mut keys = keys;
     if let Some(vary) = &probe.vary
@@ -34,7 +38,7 @@ pub(crate) async fn first_read(
         let values = vary.values(&fill.head.headers);
         let variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
-            keys = tier.keys(&fill.primary, variant.digest, fill.identity.as_ref());
+            keys = tier.keys(&fill.primary, variant.digest, fill.pass_class().as_ref());
             probe = read(fill, tier, &keys).await?;
         }
     }
@@ -252,7 +256,7 @@ pub(crate) async fn store(
     let target = if stored_key.digest == fill.variant.digest {
         None
     } else {
-        Some(tier.keys(&fill.primary, stored_key.digest, fill.identity.as_ref()))
+        Some(tier.keys(&fill.primary, stored_key.digest, fill.pass_class().as_ref()))
     };
     match tier
         .store(
