@@ -73,6 +73,9 @@ pub enum OriginMode {
     Script,
     /// Answer every request with `500 origin failure`, without delay.
     InternalError,
+    /// Answer every request with `503 origin unavailable`, without delay:
+    /// the application's own gateway or load balancer finds it down.
+    Unavailable,
 }
 
 /// Builder of a scripted origin.
@@ -362,6 +365,7 @@ async fn answer(
 
     let response = match (mode, reply) {
         (OriginMode::InternalError, _) => text(StatusCode::INTERNAL_SERVER_ERROR, "origin failure"),
+        (OriginMode::Unavailable, _) => text(StatusCode::SERVICE_UNAVAILABLE, "origin unavailable"),
         (OriginMode::Script, None) => text(StatusCode::NOT_FOUND, &format!("no route for {path}")),
         (OriginMode::Script, Some(reply)) => {
             if !reply.delay.is_zero() {

@@ -382,7 +382,8 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         .route("/slow", cacheable("slow").delay(Duration::from_secs(20)))
         .start()
         .await;
-    // A key backs off from its first failure here.
+    // A key backs off from its first failure here (once two callers saw
+    // one: one caller's failures back off no one else).
     let backoff = "{ after: 1, min: 60s, max: 60s }";
     let route = Route::new("api", origin.url()).field("backoff", backoff);
     let proxies = Proxy::new(shared_route(route, &server))
@@ -394,6 +395,9 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
     // A key whose origin failed: in back-off.
     let client = Client::new();
     let failed = client.get(&proxies[0].url("/broken")).await;
+    assert_eq!(failed.status, 503);
+    let other = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 2));
+    let failed = other.get(&proxies[0].url("/broken")).await;
     assert_eq!(failed.status, 503);
     // A flight in progress while the page looks: 40 callers on one key
     // the origin takes its time with.
@@ -437,7 +441,7 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         .await;
 
     let a = &proxies[0];
-    let fleet = fleet_when(a, "all three, 301 clients, 39 waiting", |f| {
+    let fleet = fleet_when(a, "all three, 302 clients, 39 waiting", |f| {
         let waiting = f["instances"]
             .as_array()
             .into_iter()
@@ -450,7 +454,7 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
             })
             .any(|b| b["key"] == "api GET 127.0.0.1/slow" && b["waiting"] == 39);
         f["instances"].as_array().map(Vec::len) == Some(3)
-            && clients(&f["totals"]) == 301
+            && clients(&f["totals"]) == 302
             && waiting
     })
     .await;
@@ -478,13 +482,13 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         }
         n
     };
-    assert_eq!(number(element_text(&dom, "total-clients")), 301);
-    assert_eq!(metrics_clients, 301.0);
+    assert_eq!(number(element_text(&dom, "total-clients")), 302);
+    assert_eq!(metrics_clients, 302.0);
     let origin_hits = origin_hits + origin.hits("/broken") as u64;
     assert_eq!(number(element_text(&dom, "total-origin")), origin_hits);
     assert_eq!(
         number(element_text(&dom, "total-saved")),
-        301 - origin_hits,
+        302 - origin_hits,
         "saved = clients - origin requests"
     );
     assert_eq!(number(element_text(&dom, "instance-count")), 3);

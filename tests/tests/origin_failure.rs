@@ -90,19 +90,29 @@ async fn each_key_reaches_the_failing_origin_once_per_back_off_across_instances(
         .start_all()
         .await;
     origin.set_mode(OriginMode::InternalError);
-    let client = Client::new();
+    // One caller per instance: the failures of one caller alone never back
+    // a key off for the others (hostile_twins.rs), those of several do.
+    let clients: Vec<Client> = (0..INSTANCES as u8)
+        .map(|i| Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 11 + i)))
+        .collect();
     // 2.5 s of requests on every instance at once, a cold key, the origin
-    // down: one failure retried, then back-offs of about 1 s and 2 s (the
-    // count of failures is shared through Redis) allow at most 4 origin
-    // requests in all, however many instances ask; one more when two
-    // instances read the count before either wrote it.
+    // down: one caller's failure retried, the second caller's starts a
+    // back-off of about 1 s, then 2 s (the count of failures, and whose it
+    // was, is shared through Redis): at most 5 origin requests in all,
+    // however many instances ask; one more when two instances read the
+    // count before either wrote it.
     let started = Instant::now();
     let urls: Vec<String> = proxies.iter().map(|p| p.url("/k")).collect();
-    let answers = join_all(urls.iter().map(|url| paced(&client, url, 50, ms(2500)))).await;
+    let answers = join_all(
+        urls.iter()
+            .zip(&clients)
+            .map(|(url, client)| paced(client, url, 50, ms(2500))),
+    )
+    .await;
     let elapsed = started.elapsed();
     let asked = origin.hits("/k");
     assert!(
-        (1..=5).contains(&asked),
+        (1..=6).contains(&asked),
         "{asked} requests reached the failing origin from {INSTANCES} instances in {elapsed:?}"
     );
     for a in answers.iter().flatten() {
@@ -218,12 +228,17 @@ async fn a_route_whose_fetches_mostly_fail_opens_its_circuit_then_probes() {
         "    circuit: { error_rate: 50%, min_fetches: 5, window: 10s, open_for: 1s }\n    upstream:",
     );
     let proxy = Proxy::new(config).start().await;
-    origin.set_mode(OriginMode::InternalError);
+    // The origin is down behind its own gateway: 503s, seen by five
+    // callers. (A 500 shows a live application and never opens it; one
+    // caller's failures count once: see hostile_twins.rs.)
+    origin.set_mode(OriginMode::Unavailable);
     let client = Client::new();
     // Distinct keys: no per-key back-off in the way, only the route's rate.
-    for i in 0..5 {
-        let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;
-        assert_eq!(a.status, 500);
+    for i in 0..5u8 {
+        let caller = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 20 + i));
+        let a = caller.get(&proxy.url(&format!("/c?k={i}"))).await;
+        assert_eq!(a.status, 503);
+        assert_eq!(a.cache_status().detail(), None, "the origin's own 503");
     }
     for i in 5..25 {
         let a = client.get(&proxy.url(&format!("/c?k={i}"))).await;

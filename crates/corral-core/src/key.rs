@@ -30,6 +30,17 @@ impl std::hash::Hash for Digest {
 }
 
 impl Digest {
+    /// The scope of one caller's own back-off for this (pass) scope: its
+    /// own failures leave only its own requests to the stale copy, never
+    /// another caller's (`caller` as [`crate::client_addr::caller_group`]).
+    pub fn for_caller(&self, caller: u64) -> Digest {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.0);
+        h.update(b"\x03caller");
+        h.update(&caller.to_le_bytes());
+        Digest(*h.finalize().as_bytes())
+    }
+
     /// Parses the form `to_hex` writes.
     pub fn from_hex(s: &str) -> Option<Self> {
         let b = s.as_bytes();

@@ -102,6 +102,9 @@ struct BackoffRecord {
     keep: Duration,
     /// The key as the operator's views show it (no query, no secret).
     name: Option<Arc<str>>,
+    /// One caller's own back-off (see [`L1::set_own_backoff`]): not a key
+    /// in back-off, so the operator's views leave it out.
+    own: bool,
 }
 
 /// A back-off record lives until its period ends and its memory passes.
@@ -478,6 +481,23 @@ impl L1 {
                 backoff,
                 keep,
                 name,
+                own: false,
+            },
+        );
+    }
+
+    /// Records one caller's own back-off for a key (its own failures in a
+    /// row leave its own requests to the stale copy): kept and read like a
+    /// key's, but never shown as a key in back-off.
+    pub fn set_own_backoff(&self, key: Digest, backoff: Backoff, keep: Duration) {
+        self.any_backoff.store(true, Ordering::Release);
+        self.backoff.insert(
+            key,
+            BackoffRecord {
+                backoff,
+                keep,
+                name: None,
+                own: true,
             },
         );
     }
@@ -503,7 +523,7 @@ impl L1 {
         let mut all: Vec<(String, Duration)> = self
             .backoff
             .iter()
-            .filter(|(_, r)| r.backoff.active(now))
+            .filter(|(_, r)| !r.own && r.backoff.active(now))
             .map(|(_, r)| {
                 let name = r.name.as_deref().unwrap_or_default().to_owned();
                 (name, r.backoff.remaining(now))
@@ -519,7 +539,7 @@ impl L1 {
         let now = self.time.now();
         self.backoff
             .iter()
-            .filter(|(_, r)| r.backoff.active(now))
+            .filter(|(_, r)| !r.own && r.backoff.active(now))
             .count()
     }
 
@@ -593,6 +613,17 @@ mod backoff_view {
                 ("api GET a/one".to_owned(), 5)
             ]
         );
+        // A caller's own back-off is no key in back-off.
+        let own = Backoff {
+            until: now + Duration::from_secs(600),
+            failures: 2,
+            caller: None,
+        };
+        l1.set_own_backoff(Digest([9; 32]), own, keep);
+        l1.backoff.run_pending_tasks();
+        assert_eq!(l1.backoff_names(10).len(), 3, "the three keys alone");
+        assert_eq!(l1.backoff_keys(), 3);
+        l1.backoff.invalidate(&Digest([9; 32]));
         tokio::time::advance(Duration::from_secs(10)).await;
         let names: Vec<String> = l1.backoff_names(10).into_iter().map(|(k, _)| k).collect();
         assert_eq!(names, ["api GET a/two"], "ended back-offs are not shown");

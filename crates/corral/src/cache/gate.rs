@@ -52,16 +52,44 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         ));
     }
     let ended = exchange::fetch(fill, events).await;
-    if let Some(verdict) = origin_verdict(&ended) {
-        judge(fill, verdict);
+    if let Some(verdict) = origin_verdict(&ended)
+        && judge(fill, verdict)
+    {
+        share_backoff(fill).await;
     }
     ended
 }
 
+/// Writes the key's back-off record this fetch moved to L2, for the other
+/// instances, whatever path the fetch took (a leader's, a follower's after
+/// its leader failed, one alone), and before any notice of its end: the
+/// waiting instances read it on a failure notice. Written whether or not a
+/// period has started, so that every instance counts the same failures in
+/// a row; never a record this fetch did not move, which is no newer than
+/// what was read and would overwrite another instance's newer one.
+async fn share_backoff(fill: &FillRequest) {
+    let Some(tier) = fill.cache.tier.as_deref() else {
+        return;
+    };
+    let Some(backoff) = fill.cache.l1.last_backoff(&fill.pass_scope()) else {
+        return;
+    };
+    let keys = tier.keys(
+        &fill.primary,
+        fill.variant.digest,
+        fill.pass_class().as_ref(),
+    );
+    let now = fill.cache.clock.now();
+    let _ = tier
+        .set_backoff(&keys, &backoff, fill.route.backoff.memory(), now)
+        .await;
+}
+
 /// Feeds a fetch's verdict to the route's circuit and the key's back-off.
 /// Both are shared by every caller, so each takes only the evidence that
-/// is not one client's to make (see `Verdict`).
-fn judge(fill: &FillRequest, verdict: Verdict) {
+/// is not one client's to make (see `Verdict`). True when the key's
+/// shared record moved.
+fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
     let caller = corral_core::client_addr::caller_group(fill.head.client);
     fill.route.circuit.record(match verdict {
         Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
@@ -69,24 +97,34 @@ fn judge(fill: &FillRequest, verdict: Verdict) {
         Verdict::Failed => Evidence::Failed { caller },
     });
     let scope = fill.pass_scope();
-    let previous = fill.cache.l1.last_backoff(&scope);
+    let own = scope.for_caller(caller);
+    let l1 = &fill.cache.l1;
+    let previous = l1.last_backoff(&scope);
     let policy = fill.route.backoff;
     let now = fill.cache.clock.now();
+    let name = fill.primary.shown();
     let backoff = match verdict {
         Verdict::Healthy => {
-            fill.cache.l1.clear_backoff(&scope);
-            return;
+            l1.clear_backoff(&scope);
+            l1.clear_backoff(&own);
+            return false;
         }
         Verdict::OriginFault => Some(policy.after_failure(previous, now)),
-        Verdict::Failed | Verdict::AppError => policy.after_failure_of(previous, caller, now),
+        Verdict::Failed | Verdict::AppError => {
+            // The caller's own failures in a row back its own requests off
+            // (to the stale copy: a failing origin still gets quieter when
+            // one client hammers it), whatever the others get.
+            let mine = policy.after_failure(l1.last_backoff(&own), now);
+            l1.set_own_backoff(own, mine, policy.memory());
+            policy.after_failure_of(previous, caller, now)
+        }
     };
-    if let Some(backoff) = backoff {
-        tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
-        let name = fill.primary.shown();
-        fill.cache
-            .l1
-            .set_backoff(scope, backoff, policy.memory(), name);
-    }
+    let Some(backoff) = backoff else {
+        return false;
+    };
+    tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
+    l1.set_backoff(scope, backoff, policy.memory(), name);
+    true
 }
 
 /// Why an origin request was not made.

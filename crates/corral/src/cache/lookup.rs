@@ -324,7 +324,15 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     // is shared with a fill below.
     let class = corral_core::pass_class(keys.identity.as_ref(), &ctx.headers);
     let scope = || keys.primary.pass_scope(class.as_ref());
-    let backoff = cache.l1.active_backoff(scope, now);
+    // The key's back-off, or this caller's own (see `gate::judge`): either
+    // leaves this caller to the stale copy. Its own never stops a fetch,
+    // which would fail the callers who joined its flight with it.
+    let caller = || corral_core::client_addr::caller_group(ctx.client);
+    let backoff = cache.l1.active_backoff(scope, now).or_else(|| {
+        cache
+            .l1
+            .active_backoff(|| scope().for_caller(caller()), now)
+    });
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
     // Looked up by their local keys, made on the stack; the variant's

@@ -50,6 +50,38 @@ pub(crate) async fn first_read(
     Ok((keys, probe))
 }
 
+/// Adopts another instance's record of the key's failures: the longer
+/// period and the longer run of failures in a row count (a failure that
+/// has not started a period yet still counts toward `backoff.after`).
+pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
+    let scope = fill.pass_scope();
+    let l1 = &fill.cache.l1;
+    let merged = match l1.last_backoff(&scope) {
+        None => Some(theirs),
+        Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
+            Some(corral_core::Backoff {
+                until: theirs.until.max(ours.until),
+                failures: theirs.failures.max(ours.failures),
+                // The caller counted last in the longer run.
+                caller: if theirs.failures >= ours.failures {
+                    theirs.caller
+                } else {
+                    ours.caller
+                },
+            })
+        }
+        Some(_) => None,
+    };
+    if let Some(merged) = merged {
+        l1.set_backoff(
+            scope,
+            merged,
+            fill.route.backoff.memory(),
+            fill.primary.shown(),
+        );
+    }
+}
+
 /// Reads the variant's keys; the entry comes back labelled with its URI and
 /// screened by the purges (bans) in force. A back-off another instance
 /// recorded is adopted here, and an entry too old to serve fresh but still
@@ -67,35 +99,8 @@ pub(crate) async fn read(
         cache.l1.apply_bans(e).map(Arc::unwrap_or_clone)
     });
     let now = cache.clock.now();
-    let scope = fill.pass_scope();
-    // Another instance's record of the key's failures: the longer period
-    // and the longer run of failures in a row count (a failure that has
-    // not started a period yet still counts toward `backoff.after`).
     if let Some(theirs) = probe.backoff {
-        let merged = match cache.l1.last_backoff(&scope) {
-            None => Some(theirs),
-            Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
-                Some(corral_core::Backoff {
-                    until: theirs.until.max(ours.until),
-                    failures: theirs.failures.max(ours.failures),
-                    // The caller counted last in the longer run.
-                    caller: if theirs.failures >= ours.failures {
-                        theirs.caller
-                    } else {
-                        ours.caller
-                    },
-                })
-            }
-            Some(_) => None,
-        };
-        if let Some(merged) = merged {
-            cache.l1.set_backoff(
-                scope,
-                merged,
-                fill.route.backoff.memory(),
-                fill.primary.shown(),
-            );
-        }
+        adopt_backoff(fill, theirs);
     }
     if let Some(e) = &probe.entry
         && !can_serve(fill, &probe)
@@ -227,18 +232,7 @@ pub(crate) async fn publish_result(
             FillNotice::Pass
         }
         Fetched::Shared => FillNotice::Pass,
-        Fetched::Failed => {
-            // Before the notice: the waiting instances read it on Failed.
-            // Written whether or not a period has started, so that every
-            // instance counts the same failures in a row.
-            let now = fill.cache.clock.now();
-            if let Some(backoff) = fill.cache.l1.last_backoff(&fill.pass_scope()) {
-                let _ = tier
-                    .set_backoff(keys, &backoff, fill.route.backoff.memory(), now)
-                    .await;
-            }
-            FillNotice::Failed
-        }
+        Fetched::Failed => FillNotice::Failed,
     }
 }
 

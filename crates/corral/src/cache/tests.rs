@@ -986,6 +986,54 @@ async fn one_clients_failures_never_back_a_key_off_for_another() {
     assert_eq!(h.origin.hits(), 4);
 }
 
+/// A client whose requests keep failing is left to the stale copy by its
+/// own back-off, so a failing origin still gets quieter, while another
+/// caller's request still asks.
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_failures_back_off_only_its_own_requests() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=600", "v1")],
+            Reply::AppError,
+            SLOW,
+        ),
+        None,
+        &format!("{NO_EARLY_REFRESH}    backoff: {{ min: 10s, max: 60s }}\n"),
+    );
+    let hammering = [192, 0, 2, 66];
+    h.get_from("/a", hammering).await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    for n in 2..=3 {
+        let got = h.get_from("/a", hammering).await;
+        assert!(
+            got.cs.detail == Some(Detail::StaleIfError),
+            "{}",
+            got.cache_status
+        );
+        assert_eq!(h.origin.hits(), n);
+    }
+    // Its own two failures in a row: its next requests get the stale copy
+    // without asking.
+    for _ in 0..5 {
+        let got = h.get_from("/a", hammering).await;
+        assert_eq!(got.body, "v1");
+        assert!(
+            got.cs.detail == Some(Detail::Backoff),
+            "{}",
+            got.cache_status
+        );
+    }
+    assert_eq!(h.origin.hits(), 3);
+    // Another caller asks the origin, as it would alone.
+    let other = h.get_from("/a", [198, 51, 100, 7]).await;
+    assert!(
+        other.cs.detail == Some(Detail::StaleIfError),
+        "{}",
+        other.cache_status
+    );
+    assert_eq!(h.origin.hits(), 4);
+}
+
 /// Hostile twin of the circuit: URLs that throw, each a new fill, from
 /// one client, never open the route's circuit for the other callers.
 #[tokio::test(start_paused = true)]
@@ -1078,6 +1126,39 @@ async fn a_failure_another_instance_saw_counts_toward_the_back_off() {
     assert_eq!(recorded.map(|b| b.failures), Some(2));
     let next = h.get("/a").await;
     assert_eq!(next.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        next.cs.detail == Some(Detail::Backoff),
+        "{}",
+        next.cache_status
+    );
+    assert_eq!(h.origin.hits(), 1);
+}
+
+/// Another instance's caller failing, then this instance's caller: two
+/// callers, so the key backs off on every instance. This instance's own
+/// caller failing again only moves its own record, and is never written
+/// over the shared one.
+#[tokio::test(start_paused = true)]
+async fn failures_of_callers_on_two_instances_back_the_key_off() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::AppError, SLOW),
+        Some(FakeTier::new()),
+        "    backoff: { min: 10s, max: 60s }\n",
+    );
+    let keys = h.keys("/a");
+    let policy = h.route("/a").backoff;
+    let other = corral_core::client_addr::caller_group([198, 51, 100, 7].into());
+    let theirs = policy
+        .after_failure_of(None, other, h.clock.now())
+        .expect("counted");
+    tier(&h).records().backoffs.insert(keys.backoff(), theirs);
+    assert_eq!(
+        h.get_from("/a", [192, 0, 2, 1]).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let recorded = tier(&h).backoff(&keys).expect("written");
+    assert_eq!(recorded.failures, 2);
+    let next = h.get_from("/a", [192, 0, 2, 1]).await;
     assert!(
         next.cs.detail == Some(Detail::Backoff),
         "{}",
