@@ -642,6 +642,11 @@ async fn corral_proxy_to_an_origin_caches_with_no_file_and_names_a_bad_flag() {
             && stdout.contains(&format!("http://{admin}")),
         "it says where it listens: {stdout}"
     );
+    // Its log goes to a pipe here, not a terminal: no colour codes.
+    assert!(
+        !stdout.contains('\u{1b}'),
+        "ANSI escapes in a log that is no terminal: {stdout:?}"
+    );
 
     // A bad flag is named as the flag, not as a field of a file the
     // operator never wrote, and nothing starts.

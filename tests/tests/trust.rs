@@ -761,3 +761,34 @@ async fn each_listener_tells_the_origin_its_scheme_and_schemes_never_share_an_en
         "one fill per scheme"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origins_proxy_status_in_corrals_name_never_reaches_the_client() {
+    let origin = RawOrigin::start(|_| {
+        response(
+            200,
+            &[
+                ("cache-control", "max-age=60"),
+                (
+                    "proxy-status",
+                    "corral; error=destination_unavailable, origin-gw; error=\"x\"",
+                ),
+            ],
+            "page",
+        )
+    })
+    .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    // The fill's answer, and the hit that follows.
+    for _ in 0..2 {
+        let answer = client.get(&proxy.url("/p")).await;
+        assert_eq!(answer.text(), "page");
+        assert_eq!(
+            answer.header("proxy-status"),
+            Some("origin-gw; error=\"x\""),
+            "{}",
+            answer.cache_status()
+        );
+    }
+}

@@ -22,6 +22,71 @@ pub static PROXY_STATUS: http::HeaderName = http::HeaderName::from_static("proxy
 /// `Cache-Status` gives, and the status the origin answered with when it
 /// did (`received-status`). So a client tells corral's 503 from the
 /// origin's: the origin's own answers never carry corral's member.
+/// Removes the members of an origin's `Proxy-Status` that claim corral's
+/// name, so that a client can trust corral's own member (RFC 9209 §2: a
+/// member names the intermediary that wrote it). Other members are kept
+/// as written; a field left empty goes.
+pub fn strip_claimed_proxy_status(headers: &mut http::HeaderMap) {
+    if !headers.contains_key(&PROXY_STATUS) {
+        return;
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut claimed = false;
+    for line in headers.get_all(&PROXY_STATUS) {
+        let Ok(text) = line.to_str() else {
+            // Not text: no member of it can be told apart; none is kept.
+            claimed = true;
+            continue;
+        };
+        for member in list_members(text) {
+            if member_name(member) == CACHE_NAME {
+                claimed = true;
+            } else if !member.is_empty() {
+                kept.push(member.to_owned());
+            }
+        }
+    }
+    if !claimed {
+        return;
+    }
+    headers.remove(&PROXY_STATUS);
+    if let Ok(v) = HeaderValue::from_str(&kept.join(", "))
+        && !kept.is_empty()
+    {
+        headers.insert(PROXY_STATUS.clone(), v);
+    }
+}
+
+/// The members of a Structured Field list, split at the commas outside
+/// quoted strings, trimmed.
+fn list_members(text: &str) -> Vec<&str> {
+    let mut members = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, b) in text.bytes().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                members.push(text[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    members.push(text[start..].trim());
+    members
+}
+
+/// A member's name: the token, or the string's content, before its
+/// parameters.
+fn member_name(member: &str) -> &str {
+    let name = member.split(';').next().unwrap_or_default().trim();
+    name.strip_prefix('"')
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or(name)
+}
+
 pub fn proxy_status(detail: Detail, received: Option<u16>) -> HeaderValue {
     let mut v = format!(
         "{CACHE_NAME}; error={}; details=\"{}\"",
@@ -454,6 +519,37 @@ fn put_int(put: &mut impl FnMut(&[u8]) -> bool, n: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_origins_members_claiming_corrals_name_are_removed() {
+        let strip = |lines: &[&'static str]| {
+            let mut h = http::HeaderMap::new();
+            for l in lines {
+                h.append(PROXY_STATUS.clone(), HeaderValue::from_static(l));
+            }
+            strip_claimed_proxy_status(&mut h);
+            h.get_all(&PROXY_STATUS)
+                .iter()
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            strip(&["corral; error=http_request_error"]),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            strip(&[
+                "gw; error=\"x, corral\"",
+                "\"corral\"; error=dns_timeout, cdn"
+            ]),
+            ["gw; error=\"x, corral\", cdn"]
+        );
+        assert_eq!(
+            strip(&["gw, cdn; details=\"a\\\"b, corral\""]),
+            ["gw, cdn; details=\"a\\\"b, corral\""]
+        );
+        assert_eq!(strip(&[]), Vec::<String>::new());
+    }
+
     use super::*;
 
     #[test]

@@ -50,7 +50,7 @@ pub use budget::{Budget, Hold};
 pub use cache_control::{CacheControl, targeted_value};
 pub use cache_status::{
     CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, PROXY_STATUS, UpstreamFailure,
-    proxy_status,
+    proxy_status, strip_claimed_proxy_status,
 };
 pub use circuit::{Admission, Circuit, CircuitSettings, Evidence};
 pub use clock::{Clock, PausedClock, SystemClock};

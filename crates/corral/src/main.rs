@@ -452,8 +452,12 @@ fn init_subscriber<W>(filter: tracing_subscriber::EnvFilter, format: LogFormat, 
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
+    // Colour only for a person at a terminal: a file or a pipe (journald,
+    // a log shipper, `scripts/demo`'s log) gets the plain text.
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal())
         .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
