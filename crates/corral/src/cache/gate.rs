@@ -102,7 +102,6 @@ fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
     let previous = l1.last_backoff(&scope);
     let policy = fill.route.backoff;
     let now = fill.cache.clock.now();
-    let name = fill.primary.shown();
     let backoff = match verdict {
         Verdict::Healthy => {
             l1.clear_backoff(&scope);
@@ -123,7 +122,7 @@ fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
         return false;
     };
     tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
-    l1.set_backoff(scope, backoff, policy.memory(), name);
+    l1.set_backoff(scope, backoff, policy.memory(), fill.primary.shown());
     true
 }
 
