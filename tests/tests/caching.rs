@@ -254,29 +254,37 @@ async fn an_answer_larger_than_max_object_size_is_served_whole_and_not_stored() 
     assert_eq!(origin.hits("/big"), 2);
 }
 
+/// An origin answer that echoes the query, with `rule` as its
+/// No-Vary-Search field (none when empty).
+fn echo_with_rule(rule: &'static str) -> Reply {
+    let reply = Reply::from_request(|req| format!("query:{}", req.query().unwrap_or_default()))
+        .header("cache-control", "max-age=60");
+    if rule.is_empty() {
+        reply
+    } else {
+        reply.header("no-vary-search", rule)
+    }
+}
+
 /// No-Vary-Search (draft-ietf-httpbis-no-vary-search-10), opted in per
 /// route: the rule of each path is learned from its answers, and the
-/// parameters it says do not matter leave the key, and the request the
-/// origin is asked (so a stored answer is always the origin's answer to
-/// exactly the URL it is stored under). What matters never shares; a
-/// path without the field, a malformed field and a route that did not
-/// opt in all keep every parameter.
+/// parameters it says do not matter leave the key. The origin is asked
+/// the client's whole query, and an answer is stored only under a key
+/// made with its own rule: the first answer of a path teaches the rule
+/// and answers its caller; from then on, requests the rule makes
+/// equivalent share one entry. What matters never shares; a path without
+/// the field, a malformed field and a route that did not opt in keep
+/// every parameter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
-    let echo = |rule: &'static str| {
-        let reply = Reply::from_request(|req| format!("query:{}", req.query().unwrap_or_default()))
-            .header("cache-control", "max-age=60");
-        if rule.is_empty() {
-            reply
-        } else {
-            reply.header("no-vary-search", rule)
-        }
-    };
     let origin = Origin::new()
-        .route("/only-id", echo(r#"params, except=("id")"#))
-        .route("/utm", echo(r#"key-order, params=("utm_source" "fbclid")"#))
-        .route("/none", echo(""))
-        .route("/malformed", echo("params=(utm_source)"))
+        .route("/only-id", echo_with_rule(r#"except=("id")"#))
+        .route(
+            "/utm",
+            echo_with_rule(r#"key-order, params=("utm_source" "fbclid")"#),
+        )
+        .route("/none", echo_with_rule(""))
+        .route("/malformed", echo_with_rule("params=(utm_source)"))
         .start()
         .await;
     let learns = Proxy::new(
@@ -291,13 +299,18 @@ async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
         async move { client.get(&url).await }
     };
 
-    // The first answer of a path teaches its rule; it was fetched and is
-    // stored under the whole query (nothing was known yet).
+    // The first answer of a path teaches its rule and answers its caller;
+    // it was keyed with no rule, so it is not stored.
     let taught = get("/only-id?id=1&x=1").await;
     assert_eq!(taught.text(), "query:id=1&x=1");
-    // From now on only `id` is in the key, and in what the origin is asked.
+    // From now on only `id` is in the key; the origin is asked the whole
+    // query, and its answer answers every URL with the same `id`.
     let first = get("/only-id?x=2&id=1").await;
-    assert_eq!(first.text(), "query:id=1", "the origin is asked the key");
+    assert_eq!(
+        first.text(),
+        "query:x=2&id=1",
+        "the origin is asked the URL"
+    );
     for same in ["/only-id?id=1", "/only-id?y=3&id=1&session=abc"] {
         let answer = get(same).await;
         assert!(
@@ -305,11 +318,11 @@ async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
             "{same}: {}",
             answer.cache_status()
         );
-        assert_eq!(answer.text(), "query:id=1", "{same}");
+        assert_eq!(answer.text(), "query:x=2&id=1", "{same}");
     }
     let other = get("/only-id?id=2&x=2").await;
     assert!(!other.cache_status().is_hit(), "{}", other.cache_status());
-    assert_eq!(other.text(), "query:id=2", "`id` matters");
+    assert_eq!(other.text(), "query:id=2&x=2", "`id` matters");
     assert_eq!(origin.hits("/only-id"), 3);
     // A write to one of its URLs retires the entry that answers it
     // (RFC 9111 §4.4), stored under the key the rule makes.
@@ -323,18 +336,19 @@ async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
 
     // `params=(...)`: the named ones go, encoded or not; the rest stay.
     get("/utm?q=a").await;
+    get("/utm?q=a").await;
     let hit = get("/utm?utm%5Fsource=x&q=a&fbclid=y").await;
     assert!(hit.cache_status().is_hit(), "{}", hit.cache_status());
     assert_eq!(hit.text(), "query:q=a");
     let other = get("/utm?q=b&utm_source=x").await;
-    assert_eq!(other.text(), "query:q=b");
+    assert_eq!(other.text(), "query:q=b&utm_source=x");
     let cased = get("/utm?q=a&UTM_SOURCE=x").await;
     assert_eq!(
         cased.text(),
-        "query:UTM_SOURCE=x&q=a",
+        "query:q=a&UTM_SOURCE=x",
         "names are compared exactly"
     );
-    assert_eq!(origin.hits("/utm"), 3);
+    assert_eq!(origin.hits("/utm"), 4);
 
     // No field, or one that does not parse: every parameter matters.
     for path in ["/none", "/malformed"] {
@@ -356,4 +370,114 @@ async fn no_vary_search_leaves_out_what_the_origin_says_does_not_matter() {
         assert_eq!(answer.text(), format!("query:{query}"));
     }
     assert_eq!(origin.hits("/only-id"), 7, "two fetches: x differs");
+}
+
+/// A stored answer is reused only where its own No-Vary-Search rule
+/// makes the URLs equivalent, never under a rule a later answer of the
+/// path taught; draft-10's forms are read as draft-10 writes them (the
+/// forms it dropped are ignored, its allow-list shares); and without
+/// `key-order`, the order of parameters matters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_vary_search_reuses_an_answer_only_under_its_own_rule() {
+    let origin = Origin::new()
+        .route("/p", echo_with_rule(r#"params=("y")"#))
+        .route("/bool", echo_with_rule("params"))
+        .route("/true", echo_with_rule("params=?1"))
+        .route("/both", echo_with_rule(r#"params, except=("page")"#))
+        .route("/allow", echo_with_rule(r#"except=("id")"#))
+        .route("/none-matter", echo_with_rule("except=()"))
+        .route("/order", echo_with_rule(r#"params=("utm")"#))
+        .route("/any-order", echo_with_rule(r#"key-order, params=("utm")"#))
+        .start()
+        .await;
+    let proxy = Proxy::new(
+        Config::new().route(Route::new("api", origin.url()).cache("no_vary_search", "true")),
+    )
+    .start()
+    .await;
+    let client = Client::new();
+    let get = |path: &str| {
+        let client = client.clone();
+        let url = proxy.url(path);
+        async move { client.get(&url).await }
+    };
+
+    // `?id=1` is stored under a rule in which `x` matters.
+    get("/p?id=1").await;
+    let stored = get("/p?id=1").await;
+    assert_eq!(stored.text(), "query:id=1");
+    assert!(get("/p?id=1").await.cache_status().is_hit());
+    // A later answer of the path says `x` does not matter.
+    origin.set_route("/p", echo_with_rule(r#"params=("x")"#));
+    assert_eq!(get("/p?id=2").await.text(), "query:id=2");
+    // The victim's `x` matters to the answer stored for `?id=1`.
+    let victim = get("/p?id=1&x=5").await;
+    assert_eq!(victim.text(), "query:id=1&x=5", "{}", victim.cache_status());
+    assert_eq!(origin.hits("/p"), 4);
+
+    // Forms draft-10 dropped are ignored: every id gets its own answer.
+    for path in ["/bool", "/true", "/both"] {
+        for id in [4, 3, 5, 3] {
+            let answer = get(&format!("{path}?id={id}")).await;
+            assert_eq!(answer.text(), format!("query:id={id}"), "{path}");
+        }
+        assert_eq!(origin.hits(path), 3, "{path}: one fetch per id");
+    }
+
+    // Its allow-list shares what it leaves out.
+    get("/allow?id=1&t=1").await;
+    assert_eq!(get("/allow?id=1&t=2").await.text(), "query:id=1&t=2");
+    let shared = get("/allow?t=3&id=1").await;
+    assert!(shared.cache_status().is_hit(), "{}", shared.cache_status());
+    assert_eq!(shared.text(), "query:id=1&t=2");
+    assert_eq!(get("/allow?id=2&t=2").await.text(), "query:id=2&t=2");
+    assert_eq!(origin.hits("/allow"), 3);
+    get("/none-matter?a=1").await;
+    get("/none-matter?a=2").await;
+    let any = get("/none-matter?b=3").await;
+    assert!(any.cache_status().is_hit(), "{}", any.cache_status());
+    assert_eq!(any.text(), "query:a=2");
+    assert_eq!(origin.hits("/none-matter"), 2);
+
+    // Order matters unless the rule says `key-order`.
+    get("/order?a=1&b=2").await;
+    get("/order?a=1&b=2").await;
+    let swapped = get("/order?b=2&a=1&utm=1").await;
+    assert_eq!(swapped.text(), "query:b=2&a=1&utm=1");
+    assert_eq!(origin.hits("/order"), 3);
+    get("/any-order?a=1&b=2").await;
+    get("/any-order?a=1&b=2").await;
+    let swapped = get("/any-order?b=2&a=1&utm=1").await;
+    assert!(
+        swapped.cache_status().is_hit(),
+        "{}",
+        swapped.cache_status()
+    );
+    assert_eq!(swapped.text(), "query:a=1&b=2");
+    assert_eq!(origin.hits("/any-order"), 2);
+}
+
+/// `cache.sort_query`: on by default, reorderings of one query share an
+/// entry; off, the client's order is kept in the key and what the origin
+/// is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sort_query_decides_whether_parameter_order_matters() {
+    let origin = Origin::new().route("/s", echo_with_rule("")).start().await;
+    let client = Client::new();
+    let sorting = Proxy::new(Config::single(origin.url())).start().await;
+    for query in ["a=1&b=2", "b=2&a=1"] {
+        let answer = client.get(&sorting.url(&format!("/s?{query}"))).await;
+        assert_eq!(answer.text(), "query:a=1&b=2");
+    }
+    assert_eq!(origin.hits("/s"), 1);
+    let kept = Proxy::new(
+        Config::new().route(Route::new("api", origin.url()).cache("sort_query", "false")),
+    )
+    .start()
+    .await;
+    for query in ["a=1&b=2", "b=2&a=1", "b=2&a=1"] {
+        let answer = client.get(&kept.url(&format!("/s?{query}"))).await;
+        assert_eq!(answer.text(), format!("query:{query}"));
+    }
+    assert_eq!(origin.hits("/s"), 3, "the order matters: two more fetches");
 }

@@ -74,11 +74,26 @@ impl fmt::Debug for Digest {
     }
 }
 
-/// Which query parameters a route drops from its keys.
-#[derive(Debug, Clone, Default)]
+/// Which query parameters a route drops from its keys, and whether it
+/// orders the rest by name.
+#[derive(Debug, Clone)]
 pub struct QueryFilter {
     exact: Vec<String>,
     prefixes: Vec<String>,
+    /// Parameters are ordered by name, so `?b=2&a=1` is `?a=1&b=2` (the
+    /// route's `cache.sort_query`, on by default; off where the route
+    /// learns No-Vary-Search rules, whose `key-order` decides).
+    sort: bool,
+}
+
+impl Default for QueryFilter {
+    fn default() -> Self {
+        QueryFilter {
+            exact: Vec::new(),
+            prefixes: Vec::new(),
+            sort: true,
+        }
+    }
 }
 
 impl QueryFilter {
@@ -95,14 +110,29 @@ impl QueryFilter {
         f
     }
 
+    /// The filter, ordering parameters by name (`true`) or keeping the
+    /// client's order, where a No-Vary-Search rule does not say
+    /// `key-order`.
+    pub fn sorted(mut self, sort: bool) -> Self {
+        self.sort = sort;
+        self
+    }
+
+    /// True when parameters are ordered by name under `rule`.
+    fn sorts(&self, rule: Option<&NoVarySearch>) -> bool {
+        self.sort || rule.is_some_and(NoVarySearch::ignores_order)
+    }
+
     fn drops(&self, name: &str) -> bool {
         self.exact.iter().any(|e| e == name) || self.prefixes.iter().any(|p| name.starts_with(p))
     }
 
     /// True when `query` is already what [`QueryFilter::normalize`] makes
-    /// of it: no empty or dropped parameter, names in order. One pass over
-    /// the bytes, each name read once: this runs on every hit.
+    /// of it: no empty or dropped parameter, names in order (where they
+    /// are ordered). One pass over the bytes, each name read once: this
+    /// runs on every hit.
     fn in_order(&self, query: &str, rule: Option<&NoVarySearch>) -> bool {
+        let sort = self.sorts(rule);
         let bytes = query.as_bytes();
         let mut prev: &[u8] = &[];
         let mut start = 0;
@@ -117,7 +147,9 @@ impl QueryFilter {
             }
             let name = &pair[..pair.iter().position(|&b| b == b'=').unwrap_or(pair.len())];
             // `&` and `=` are ASCII, so `name` is whole characters.
-            if name < prev || self.leaves(&query[start..start + name.len()], rule) {
+            if (sort && by_name(name, prev).is_lt())
+                || self.leaves(&query[start..start + name.len()], rule)
+            {
                 return false;
             }
             prev = name;
@@ -138,8 +170,9 @@ impl QueryFilter {
         (self.filters() && self.drops(name)) || rule.is_some_and(|r| !r.matters(name))
     }
 
-    /// The query with ignored parameters dropped and the rest sorted, so
-    /// `?b=2&a=1` and `?a=1&b=2` name the same resource.
+    /// The query with ignored parameters dropped and the rest sorted
+    /// (where the filter sorts), so `?b=2&a=1` and `?a=1&b=2` name the
+    /// same resource.
     pub fn normalize(&self, query: &str) -> String {
         self.normalize_with(query, None)
     }
@@ -166,7 +199,9 @@ impl QueryFilter {
         }
         let mut pairs: Vec<&str> = query.split('&').filter(kept).collect();
         // Stable: equal names stay in the order the client sent them.
-        pairs.sort_by(|a, b| a[..name(a)].cmp(&b[..name(b)]));
+        if self.sorts(rule) {
+            pairs.sort_by(|a, b| by_name(&a.as_bytes()[..name(a)], &b.as_bytes()[..name(b)]));
+        }
         for (i, p) in pairs.iter().enumerate() {
             if i > 0 {
                 out.push('&');
@@ -176,6 +211,19 @@ impl QueryFilter {
     }
 }
 
+/// Two parameter names in the order keys sort them: as
+/// `application/x-www-form-urlencoded` decodes them, which is how origins
+/// read them. Raw bytes would order `a+b` and `a%20b` apart, and so let
+/// `?a+b=1&a%20b=2` and `?a%20b=2&a+b=1` share a key although an origin
+/// reads `a b` first as 1 in one and 2 in the other.
+fn by_name(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    use crate::no_vary_search::form_decoded;
+    if !a.iter().chain(b).any(|&c| c == b'+' || c == b'%') {
+        return a.cmp(b);
+    }
+    form_decoded(a).cmp(&form_decoded(b))
+}
+
 /// The target URI, normalized: lowercased host name (without port: the
 /// instances behind one load balancer listen on different ports but serve
 /// the same site), path, normalized query. The host is validated before it
@@ -183,9 +231,18 @@ impl QueryFilter {
 /// [`UriKey::target`] is what the origin is asked for.
 #[derive(Clone)]
 pub struct UriKey {
+    /// Host, path and normalized query; then, for a key made with a
+    /// No-Vary-Search rule, ` ~nvs(` the rule's record `)`.
     readable: String,
     /// Where the path starts in `readable`.
     host_len: usize,
+    /// Where the target ends in `readable` (the rule's mark follows).
+    target_end: usize,
+    /// What the origin is asked, where it is not the key's target: a key
+    /// made with a rule leaves parameters out, and the origin is asked
+    /// the client's whole query (the route's filter applied), so that
+    /// what is stored is the answer to a URL the rule makes equivalent.
+    asked: Option<Box<str>>,
     /// Hashed when first asked for: a hit never needs it (its L1 key is
     /// [`PrimaryKey::local`]), only invalidations and their notices do.
     digest: std::sync::OnceLock<Digest>,
@@ -193,7 +250,9 @@ pub struct UriKey {
 
 impl PartialEq for UriKey {
     fn eq(&self, other: &Self) -> bool {
-        self.readable == other.readable && self.host_len == other.host_len
+        self.readable == other.readable
+            && self.host_len == other.host_len
+            && self.target_end == other.target_end
     }
 }
 
@@ -221,19 +280,39 @@ impl UriKey {
         readable.make_ascii_lowercase();
         let host_len = readable.len();
         readable.push_str(path);
-        if let Some(q) = query {
-            readable.push('?');
-            let mark = readable.len();
-            filter.normalize_into(q, rule, &mut readable);
-            // Drop the `?` only when the filter kept nothing: a `?` that
-            // ends a kept value (`a=?`) is the client's and stays.
-            if readable.len() == mark {
-                readable.pop();
+        let query_into = |rule: Option<&NoVarySearch>, out: &mut String| {
+            if let Some(q) = query {
+                out.push('?');
+                let mark = out.len();
+                filter.normalize_into(q, rule, out);
+                // Drop the `?` only when the filter kept nothing: a `?`
+                // that ends a kept value (`a=?`) is the client's and stays.
+                if out.len() == mark {
+                    out.pop();
+                }
             }
+        };
+        query_into(rule, &mut readable);
+        let target_end = readable.len();
+        let mut asked = None;
+        if let Some(rule) = rule {
+            let mut whole = String::with_capacity(path.len() + 1 + query.map_or(0, str::len));
+            whole.push_str(path);
+            query_into(None, &mut whole);
+            if whole != readable[host_len..] {
+                asked = Some(whole.into_boxed_str());
+            }
+            // Entries stored under one rule are never found by a key
+            // made with another: an answer is reused only under its own.
+            readable.push_str(" ~nvs(");
+            readable.push_str(rule.record());
+            readable.push(')');
         }
         UriKey {
             readable,
             host_len,
+            target_end,
+            asked,
             digest: std::sync::OnceLock::new(),
         }
     }
@@ -243,9 +322,19 @@ impl UriKey {
     }
 
     /// The path and normalized query: the request target the origin gets
-    /// for this key, so that what is stored is what was asked for.
+    /// for this key, so that what is stored is what was asked for (with a
+    /// No-Vary-Search rule, the client's whole query: see `asked`).
     pub fn target(&self) -> &str {
-        &self.readable[self.host_len..]
+        self.asked
+            .as_deref()
+            .unwrap_or(&self.readable[self.host_len..self.target_end])
+    }
+
+    /// The No-Vary-Search rule's record this key was made with, if any.
+    pub fn rule_mark(&self) -> Option<&str> {
+        self.readable[self.target_end..]
+            .strip_prefix(" ~nvs(")
+            .and_then(|r| r.strip_suffix(')'))
     }
 
     pub fn digest(&self) -> Digest {
@@ -932,18 +1021,31 @@ mod tests {
 
         fn rule() -> impl Strategy<Value = Option<NoVarySearch>> {
             let names = proptest::collection::vec(0..NAMES.len(), 0..4);
-            (0..3u8, names).prop_map(|(kind, picked)| {
+            (0..3u8, names, any::<bool>()).prop_map(|(kind, picked, key_order)| {
                 let list: Vec<String> = picked
                     .into_iter()
                     .map(|i| format!("\"{}\"", NAMES[i]))
                     .collect();
-                let field = match kind {
-                    0 => return None,
+                let mut field = match kind {
+                    0 => String::new(),
                     1 => format!("params=({})", list.join(" ")),
-                    _ => format!("params, except=({})", list.join(" ")),
+                    _ => format!("except=({})", list.join(" ")),
                 };
+                if key_order {
+                    field = if field.is_empty() {
+                        "key-order".to_owned()
+                    } else {
+                        format!("key-order, {field}")
+                    };
+                }
                 NoVarySearch::parse(field.as_bytes())
             })
+        }
+
+        /// A route that learns rules: the client's order kept unless a
+        /// rule says `key-order`.
+        fn learning() -> QueryFilter {
+            QueryFilter::default().sorted(false)
         }
 
         /// The pairs whose parameter matters, in the order the key keeps
@@ -956,56 +1058,169 @@ mod tests {
                 .filter(|p| rule.is_none_or(|r| r.matters(&name(p))))
                 .map(str::to_owned)
                 .collect();
-            pairs.sort_by_key(|p| name(p));
+            if rule.is_some_and(NoVarySearch::ignores_order) {
+                pairs.sort_by(|a, b| by_name(name(a).as_bytes(), name(b).as_bytes()));
+            }
             pairs
+        }
+
+        /// `+` and `%XX` decoded, written apart from the code under test.
+        fn decode(raw: &str) -> Vec<u8> {
+            let b = raw.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match b[i] {
+                    b'+' => out.push(b' '),
+                    b'%' if i + 2 < b.len()
+                        && hex(b[i + 1]).is_some()
+                        && hex(b[i + 2]).is_some() =>
+                    {
+                        out.push(
+                            u8::try_from(
+                                hex(b[i + 1]).unwrap_or(0) * 16 + hex(b[i + 2]).unwrap_or(0),
+                            )
+                            .unwrap_or(0),
+                        );
+                        i += 2;
+                    }
+                    c => out.push(c),
+                }
+                i += 1;
+            }
+            out
+        }
+
+        /// The draft's equivalence of two queries under `rule` (§4,
+        /// "comparing"), from the field's text: decoded pairs, those
+        /// the rule names left out (a name that is not UTF-8 always
+        /// kept), sorted by name only with `key-order`, then compared.
+        fn equivalent(a: &str, b: &str, field: Option<&str>) -> bool {
+            let parsed: Option<(bool, Vec<Vec<u8>>, bool)> = field.map(|f| {
+                let key_order = f.contains("key-order");
+                let only = f.contains("except=");
+                let names = f.split('"').skip(1).step_by(2).map(decode).collect();
+                (only, names, key_order)
+            });
+            let pairs = |q: &str| -> Vec<(Vec<u8>, Vec<u8>)> {
+                let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = q
+                    .split('&')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| {
+                        let (n, v) = p.split_once('=').unwrap_or((p, ""));
+                        (decode(n), decode(v))
+                    })
+                    .filter(|(n, _)| match &parsed {
+                        None => true,
+                        Some(_) if std::str::from_utf8(n).is_err() => true,
+                        Some((only, names, _)) => names.contains(n) == *only,
+                    })
+                    .collect();
+                if parsed.as_ref().is_some_and(|(_, _, key_order)| *key_order) {
+                    pairs.sort_by(|x, y| x.0.cmp(&y.0));
+                }
+                pairs
+            };
+            pairs(a) == pairs(b)
         }
 
         proptest! {
             /// Two requests share a key exactly when the pairs whose
-            /// parameter matters are the same: a rule never merges
-            /// requests that differ in a parameter it says matters, and
-            /// does merge those that differ only in what it names.
+            /// parameter matters are the same (in order, unless the rule
+            /// says `key-order`): a rule never merges requests that differ
+            /// in a parameter it says matters, and does merge those that
+            /// differ only in what it names.
             #[test]
             fn a_rule_shares_a_key_only_where_nothing_that_matters_differs(
                 a in query(),
                 b in query(),
                 rule in rule(),
             ) {
-                let key = |q: &str| {
-                    UriKey::with_rule("h", "/p", Some(q), &QueryFilter::default(), rule.as_ref())
-                };
+                let key = |q: &str| UriKey::with_rule("h", "/p", Some(q), &learning(), rule.as_ref());
                 prop_assert_eq!(
                     key(&a) == key(&b),
                     mattering(&a, rule.as_ref()) == mattering(&b, rule.as_ref()),
                     "{:?} / {:?} under {:?}", key(&a), key(&b), rule
                 );
-                // The key is the target the origin is asked for, and the
-                // same key again when made from it.
+                // The origin is asked the client's whole query, and the
+                // same key is made from it.
                 let target = key(&a).target().to_owned();
-                let again = UriKey::with_rule(
-                    "h",
-                    "/p",
-                    target.split_once('?').map(|(_, q)| q),
-                    &QueryFilter::default(),
-                    rule.as_ref(),
-                );
+                let asked = target.split_once('?').map(|(_, q)| q);
+                prop_assert_eq!(asked.unwrap_or(""), a.split('&').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("&"));
+                let again = UriKey::with_rule("h", "/p", asked, &learning(), rule.as_ref());
                 prop_assert_eq!(again, key(&a));
+            }
+
+            /// An answer stored for `a` under its own rule is found by a
+            /// request for `b`, whatever rule `b`'s key was made with,
+            /// only where that answer's own rule makes `a` and `b`
+            /// equivalent by the draft's comparison.
+            #[test]
+            fn a_stored_answer_is_reused_only_under_its_own_rule(
+                a in query(),
+                b in query(),
+                own in rule(),
+                later in rule(),
+            ) {
+                let stored = UriKey::with_rule("h", "/p", Some(&a), &learning(), own.as_ref());
+                let asked = UriKey::with_rule("h", "/p", Some(&b), &learning(), later.as_ref());
+                if stored == asked {
+                    prop_assert!(
+                        equivalent(&a, &b, own.as_ref().map(NoVarySearch::record)),
+                        "{a:?} and {b:?} share {stored:?} under {own:?}"
+                    );
+                }
             }
         }
 
         #[test]
         fn the_names_a_rule_gives_are_compared_decoded() {
-            let rule = NoVarySearch::parse(br#"params=("utm_source" "a b")"#);
+            let rule = NoVarySearch::parse(br#"key-order, params=("utm_source" "a b")"#);
             let key = |q: &str| {
-                UriKey::with_rule("h", "/p", Some(q), &QueryFilter::default(), rule.as_ref())
+                UriKey::with_rule("h", "/p", Some(q), &learning(), rule.as_ref())
                     .readable()
                     .to_owned()
             };
-            assert_eq!(key("q=1&utm_source=x"), "h/p?q=1");
-            assert_eq!(key("utm%5Fsource=x&q=1"), "h/p?q=1");
-            assert_eq!(key("a+b=1&q=1&a%20b=2"), "h/p?q=1");
-            assert_eq!(key("utm_source=x"), "h/p");
-            assert_eq!(key("UTM_SOURCE=x&q=1"), "h/p?UTM_SOURCE=x&q=1");
+            let mark = r#" ~nvs(key-order, params=("a b" "utm_source"))"#;
+            assert_eq!(key("q=1&utm_source=x"), format!("h/p?q=1{mark}"));
+            assert_eq!(key("utm%5Fsource=x&q=1"), format!("h/p?q=1{mark}"));
+            assert_eq!(key("a+b=1&q=1&a%20b=2"), format!("h/p?q=1{mark}"));
+            assert_eq!(key("utm_source=x"), format!("h/p{mark}"));
+            assert_eq!(
+                key("UTM_SOURCE=x&q=1"),
+                format!("h/p?UTM_SOURCE=x&q=1{mark}")
+            );
+        }
+
+        #[test]
+        fn without_key_order_the_order_of_parameters_matters() {
+            let rule = NoVarySearch::parse(br#"params=("utm")"#);
+            let key = |q: &str| UriKey::with_rule("h", "/p", Some(q), &learning(), rule.as_ref());
+            assert_ne!(key("a=1&b=2"), key("b=2&a=1"));
+            assert_eq!(key("a=1&utm=x&b=2"), key("a=1&b=2"));
+            let plain = |q: &str| UriKey::new("h", "/p", Some(q), &learning());
+            assert_ne!(plain("a=1&b=2"), plain("b=2&a=1"));
+            // A route that sorts (the default) merges them.
+            let sorting = |q: &str| UriKey::new("h", "/p", Some(q), &QueryFilter::default());
+            assert_eq!(sorting("a=1&b=2"), sorting("b=2&a=1"));
+            // Sorted as names decode: `a+b` and `a%20b` are one name,
+            // whose values keep the client's order.
+            assert_ne!(sorting("a+b=1&a%20b=2"), sorting("a%20b=2&a+b=1"));
+        }
+
+        #[test]
+        fn keys_made_with_different_rules_never_meet() {
+            let a = NoVarySearch::parse(br#"params=("x")"#);
+            let b = NoVarySearch::parse(br#"params=("y")"#);
+            let with = |rule: Option<&NoVarySearch>| {
+                UriKey::with_rule("h", "/p", Some("id=1"), &learning(), rule)
+            };
+            assert_ne!(with(a.as_ref()), with(b.as_ref()));
+            assert_ne!(with(a.as_ref()), with(None));
+            assert_eq!(with(a.as_ref()).target(), "/p?id=1");
+            assert_eq!(with(a.as_ref()).rule_mark(), Some(r#"params=("x")"#));
+            assert_eq!(with(None).rule_mark(), None);
         }
     }
 }

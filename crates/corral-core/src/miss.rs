@@ -47,6 +47,9 @@ pub enum WaitEnd<T> {
     Shared { fits: bool, outcome: T },
     /// The leader found the answer uncacheable.
     Pass,
+    /// The leader's answer changed how the key is made (a new
+    /// No-Vary-Search rule): look again with the key made anew.
+    Rekeyed,
     /// The leader went away without an answer.
     Dangling,
     /// The leader held the key past `lock_age`: the flight was retired.
@@ -139,7 +142,7 @@ impl Miss {
                 fits: true,
                 outcome,
             } => Next::Answer(outcome),
-            WaitEnd::Stored { fits: false, .. } => {
+            WaitEnd::Stored { fits: false, .. } | WaitEnd::Rekeyed => {
                 if self.attempt < VARY_RETRIES {
                     self.attempt += 1;
                     Next::LookAgain

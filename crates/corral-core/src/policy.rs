@@ -153,6 +153,11 @@ pub enum PassReason {
     /// only callers that accept the coding could read it, so it is
     /// neither stored nor shared.
     Undecodable,
+    /// The answer names another No-Vary-Search rule than the one its
+    /// key was made with: it answers its own caller, the path learns the
+    /// rule, and the flight's waiters look again with keys made with it.
+    /// Not a hit-for-pass: the next request is keyed with the new rule.
+    RuleChanged,
 }
 
 impl PassReason {
@@ -171,6 +176,7 @@ impl PassReason {
             PassReason::ConflictingFraming => "conflicting-framing",
             PassReason::DictionaryCompressed => "dictionary-compressed",
             PassReason::Undecodable => "undecodable",
+            PassReason::RuleChanged => "no-vary-search-changed",
         }
     }
 }

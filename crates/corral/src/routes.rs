@@ -146,7 +146,7 @@ impl Route {
             underscores_in_headers: rc.underscores_in_headers,
             cache_enabled: c.enabled,
             policy,
-            query_filter: QueryFilter::new(&c.ignore_query),
+            query_filter: QueryFilter::new(&c.ignore_query).sorted(c.sort_query),
             no_vary_search: c.no_vary_search,
             compression: rc.compression.clone(),
             identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),

@@ -176,9 +176,19 @@ fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -
     match answered.framing {
         Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
         Framing::Plain => {
-            fill.route
+            match fill
+                .route
                 .policy
                 .evaluate(&method, &answered.uri, &answered.parts, response_time)
+            {
+                // Stored only under a key made with the answer's own rule.
+                Decision::Store { .. }
+                    if crate::cache::rules::changed(fill, &answered.parts.headers) =>
+                {
+                    Decision::Pass(PassReason::RuleChanged)
+                }
+                decision => decision,
+            }
         }
     }
 }
@@ -223,7 +233,10 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
 /// (unless only its framing was wrong) and streamed to the leader, read
 /// ahead of a slow client so that the exchange ends at the origin's pace.
 fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
-    if reason != PassReason::ConflictingFraming {
+    if !matches!(
+        reason,
+        PassReason::ConflictingFraming | PassReason::RuleChanged
+    ) {
         fill.mark_pass();
     }
     let total = fill.route.upstream.total;
@@ -249,7 +262,8 @@ fn shareable(reason: PassReason, post: bool) -> bool {
         PassReason::Private
         | PassReason::ConflictingFraming
         | PassReason::VaryStar
-        | PassReason::DictionaryCompressed => false,
+        | PassReason::DictionaryCompressed
+        | PassReason::RuleChanged => false,
         PassReason::NoStore | PassReason::SetCookie => !post,
         _ => true,
     }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use corral_core::miss::{Miss, Next, WaitEnd};
-use corral_core::{Detail, Forward, Join, Permit, Role, WaitResult};
+use corral_core::{Detail, Forward, Join, PassReason, Permit, Role, WaitResult};
 use http::StatusCode;
 use tokio::sync::oneshot;
 
@@ -127,6 +127,12 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
             fits: true,
             outcome,
         },
+        // The answer named another No-Vary-Search rule than the key's:
+        // the path knows it now, and this request's key under it may be
+        // the leader's, stored by the next flight, or its own.
+        FillOutcome::Pass {
+            reason: PassReason::RuleChanged,
+        } => WaitEnd::Rekeyed,
         FillOutcome::Pass { reason } => {
             tracing::debug!(route = %fill.route.name, key = %fill.primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
             WaitEnd::Pass

@@ -131,8 +131,9 @@ impl Missed {
             // Boxed: the flight's state is set up only where it is used.
             match Box::pin(flight::fly(joining, &mut miss, head)).await {
                 Flown::Answer(answer) => return answer,
-                // The leader taught a Vary set, or left: look again.
-                Flown::LookAgain => {}
+                // The leader taught a Vary set or a No-Vary-Search rule,
+                // or left: look again, with keys made anew.
+                Flown::LookAgain => asked.rekey(),
             }
             joining = match look(&mut asked, &miss) {
                 Looked::Answered(answer) => return answer,
@@ -169,6 +170,19 @@ impl Asked {
         let changed = keys.primary != self.keys.primary;
         self.keys = keys;
         changed
+    }
+}
+
+impl Asked {
+    /// Makes the keys again where the path's No-Vary-Search rule, as L1
+    /// knows it, is not the one they were made with.
+    fn rekey(&mut self) {
+        let Some((scope, known)) = &self.keys.rule else {
+            return;
+        };
+        if self.cache.l1.path_rule(scope) != *known {
+            self.keys = Keys::of(&self.cache, &self.route, self.ctx.get(), self.body.as_ref());
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use corral_core::{EntryState, StoredResponse, VariantKey};
+use corral_core::{EntryState, PassReason, StoredResponse, VariantKey};
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest};
 use crate::cache::rules;
@@ -175,6 +175,10 @@ impl Fetched {
         match ended {
             Ended::Outcome(FillOutcome::Stored { entry, .. }) => Fetched::Stored(Arc::clone(entry)),
             Ended::Outcome(FillOutcome::FromL2 { .. }) => Fetched::InL2,
+            // An answer under another No-Vary-Search rule than the key's:
+            // not uncacheable, and nothing is marked (the rule is
+            // recorded; other instances' waiters fetch their own).
+            Ended::Stream(PassReason::RuleChanged, _) => Fetched::Shared,
             // A stream, or a streamed answer that outgrew what is stored.
             Ended::Stream(..) | Ended::Outcome(FillOutcome::Pass { .. }) => Fetched::Pass,
             Ended::Outcome(FillOutcome::Shared { response, .. })

@@ -73,12 +73,46 @@ pub fn learn(fill: &FillRequest, headers: &HeaderMap) {
     }
 }
 
+/// True when the answer to `fill` names another rule than the one its key
+/// was made with: it must not be stored under that key, since requests
+/// the old rule made equivalent may not be under the answer's own. The
+/// path learns the answer's rule here (and every instance with it), so
+/// that the flight's waiters, looking again, make their keys with it.
+/// A request without a query has the same key under every rule, and
+/// never asks.
+pub fn changed(fill: &FillRequest, headers: &HeaderMap) -> bool {
+    if fill.body.is_some() || fill.head.query.is_none() {
+        return false;
+    }
+    let Some(scope) = scope(&fill.route, &fill.head) else {
+        return false;
+    };
+    let rule = NoVarySearch::of(headers);
+    if rule.as_ref().map(NoVarySearch::record) == fill.primary.uri().rule_mark() {
+        return false;
+    }
+    let record = rule
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |r| r.record().to_owned());
+    fill.cache.l1.learn_path_rule(&scope, rule, KEEP);
+    if let Some(tier) = fill.cache.tier.clone() {
+        let route = fill.route.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = tier.set_path_rule(scope.digest(), record).await {
+                tracing::debug!(%route, error = %e, "No-Vary-Search rule not recorded in Redis");
+            }
+        });
+    }
+    true
+}
+
 /// Records the rule of an answer the fill stored for every instance.
 pub async fn publish(fill: &FillRequest, headers: &HeaderMap) {
     let (Some(tier), Some(scope)) = (&fill.cache.tier, scope(&fill.route, &fill.head)) else {
         return;
     };
-    let record = NoVarySearch::of(headers).map_or_else(|| "-".to_owned(), |r| r.record());
+    let record =
+        NoVarySearch::of(headers).map_or_else(|| "-".to_owned(), |r| r.record().to_owned());
     if let Err(e) = tier.set_path_rule(scope.digest(), record).await {
         tracing::debug!(route = %fill.route.name, error = %e, "No-Vary-Search rule not recorded in Redis");
     }

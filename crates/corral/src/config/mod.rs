@@ -560,6 +560,10 @@ pub struct RouteCacheConfig {
     /// leave the parameters it names out of the key (off by default: the
     /// origin then decides what shares an entry).
     pub no_vary_search: bool,
+    /// Order query parameters by name in keys, so `?b=2&a=1` shares
+    /// `?a=1&b=2`'s entry. On by default; off by default where
+    /// `no_vary_search` is on, whose rules' `key-order` then decides.
+    pub sort_query: bool,
     /// `identity.headers`: lowercased request headers that make a response user-specific.
     pub identity_headers: Vec<String>,
     /// `identity.cookies`: request cookies that make a response user-specific.
@@ -597,6 +601,7 @@ impl Default for RouteCacheConfig {
             early_refresh_beta: p.early_refresh_beta,
             ignore_query: Vec::new(),
             no_vary_search: false,
+            sort_query: true,
             identity_headers: vec!["authorization".to_owned()],
             identity_cookies: Vec::new(),
             store_set_cookie: p.store_set_cookie,

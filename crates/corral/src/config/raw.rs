@@ -229,6 +229,7 @@ pub struct RawRouteCache {
     pub early_refresh_beta: Option<Text>,
     pub ignore_query: Option<Vec<Text>>,
     pub no_vary_search: Option<bool>,
+    pub sort_query: Option<bool>,
     pub identity: Option<RawIdentity>,
     pub store_set_cookie: Option<bool>,
     pub hit_for_pass: Option<Text>,

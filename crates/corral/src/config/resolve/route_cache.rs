@@ -70,6 +70,7 @@ impl Resolver<'_> {
             )?,
             None => defaults.targeted_fields.clone(),
         };
+        let no_vary_search = raw.no_vary_search.unwrap_or(defaults.no_vary_search);
         Ok(RouteCacheConfig {
             enabled: raw.enabled.unwrap_or(defaults.enabled),
             default_ttl,
@@ -82,7 +83,8 @@ impl Resolver<'_> {
             ttl_jitter,
             early_refresh_beta,
             ignore_query,
-            no_vary_search: raw.no_vary_search.unwrap_or(defaults.no_vary_search),
+            no_vary_search,
+            sort_query: raw.sort_query.unwrap_or(!no_vary_search),
             identity_headers,
             identity_cookies,
             store_set_cookie: raw.store_set_cookie.unwrap_or(defaults.store_set_cookie),
