@@ -707,6 +707,63 @@ async fn identical_graphql_mutations_each_reach_the_origin() {
     assert_eq!(origin.hits("/graphql"), 7, "{:#?}", tally(&writes));
 }
 
+/// The write check reads the parsed operation, and a body corral cannot
+/// read is never coalesced: a mutation spelled with JSON escapes, an
+/// Apollo persisted query sent by hash alone, and a gzip-encoded
+/// mutation each reach the origin once per request sent, beside the
+/// same caller's identical reads, which still share one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_or_disguised_graphql_writes_are_never_coalesced() {
+    let mut origin = Origin::new();
+    for path in ["/escaped", "/persisted", "/gzipped", "/read"] {
+        origin = origin.route_method(http::Method::POST, path, Reply::echo_body().delay(ms(400)));
+    }
+    let origin = origin.start().await;
+    let proxy = Proxy::new(post_config(&origin, true)).start().await;
+    let client = Client::new();
+    const ESCAPED: &str = r#"{"query":"\u006dutation { like(post: 1) }"}"#;
+    const PERSISTED: &str = r#"{"extensions":{"persistedQuery":{"version":1,"sha256Hash":"ecf4edb46db40b5132295c0291d62fb65d6759a9eedfa4d5d612dd5ec54a6b38"}}}"#;
+    const READ: &str = r#"{"query":"{ likes(post: 1) }"}"#;
+    let gzipped = {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(br#"{"query":"mutation { like(post: 1) }"}"#)
+            .expect("gzip");
+        bytes::Bytes::from(enc.finish().expect("gzip"))
+    };
+    let gzip_url = proxy.url("/gzipped");
+    let gzip_burst = futures_util::future::join_all((0..6).map(|_| {
+        client.send(
+            http::Method::POST,
+            &gzip_url,
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+            Some(gzipped.clone()),
+        )
+    }));
+    let urls = ["/escaped", "/persisted", "/read"].map(|p| proxy.url(p));
+    let (escaped, persisted, gzip, reads) = tokio::join!(
+        post_burst(&client, &urls[0], 6, ESCAPED, JSON),
+        post_burst(&client, &urls[1], 6, PERSISTED, JSON),
+        gzip_burst,
+        post_burst(&client, &urls[2], 6, READ, JSON),
+    );
+    assert_every_answer(&escaped, 200, ESCAPED);
+    assert_every_answer(&persisted, 200, PERSISTED);
+    assert_every_answer(&reads, 200, READ);
+    assert!(gzip.iter().all(|a| a.status == 200 && a.body == gzipped));
+    for path in ["/escaped", "/persisted", "/gzipped"] {
+        assert_eq!(
+            origin.hits(path),
+            6,
+            "{path}: one origin request per request"
+        );
+    }
+    assert_eq!(origin.hits("/read"), 1, "{:#?}", tally(&reads));
+}
+
 /// 63 of a declared 64 KiB, then nothing: a body that stalls.
 fn stalled_post() -> Vec<u8> {
     let mut req =

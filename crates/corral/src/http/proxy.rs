@@ -498,6 +498,18 @@ async fn counted(
     Ok((tallies, gate))
 }
 
+/// True when identical copies of this POST body may share one origin
+/// request: see [`corral_core::graphql::classify`].
+fn post_coalescible(head: &RequestHead, body: &[u8]) -> bool {
+    let field = |name| head.headers.get(name).map(http::HeaderValue::as_bytes);
+    corral_core::graphql::classify(
+        field(http::header::CONTENT_TYPE),
+        field(http::header::CONTENT_ENCODING),
+        body,
+    )
+    .coalescible()
+}
+
 /// A routed request the cache does not answer as a GET: a coalesced POST,
 /// or one straight to the upstream.
 async fn route_through(
@@ -519,9 +531,11 @@ async fn route_through(
         // deadline: stalled bodies hold no fill's memory, and not for long.
         let mut hold = app.post_memory.hold();
         match read_up_to(body, max, head.body, route.post_read_timeout, &mut hold).await {
-            // A GraphQL write reaches the origin once per request sent
-            // (a QUERY is safe by definition: RFC 10008 §2).
-            Read::Whole(bytes) if !head.is_query() && corral_core::graphql::may_write(&bytes) => {
+            // A GraphQL write reaches the origin once per request sent,
+            // and so does a body corral cannot read (encoded, persisted by
+            // hash, malformed). A QUERY is safe by definition (RFC 10008
+            // §2).
+            Read::Whole(bytes) if !head.is_query() && !post_coalescible(&head, &bytes) => {
                 drop(hold);
                 if let Some(g) = &gate
                     && let Err(answer) = g.admit().await
