@@ -436,3 +436,114 @@ async fn an_answer_the_origin_encoded_anyway_reaches_only_callers_that_accept_it
     assert!(!plain.cache_status().is_hit(), "{}", plain.cache_status());
     assert_eq!(origin.hits("/bomb"), 2, "never stored");
 }
+
+fn gzipped(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// An origin that encodes whatever its callers accept: on a route that
+/// does not compress, a caller that accepts no coding gets the body
+/// decoded (stored beside the encoded one), never the encoded bytes; a
+/// gzip bomb that does not decode within `max_object_size`, and a
+/// dictionary coding for a caller that offered no dictionary, are a 502
+/// (`http_response_content_coding`) for it and are never stored for the
+/// next such caller, while a caller that accepts gzip still gets the
+/// origin's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_the_caller_does_not_accept_is_decoded_or_refused_never_passed_on() {
+    let text = document();
+    let small = gzipped(text.as_bytes());
+    let bomb = gzipped(&vec![0u8; 4 * 1024 * 1024]);
+    let gz = |body: Vec<u8>, cc: &'static str| {
+        Reply::ok(body)
+            .header("content-encoding", "gzip")
+            .header("content-type", "application/json")
+            .header("vary", "accept-encoding")
+            .header("cache-control", cc)
+    };
+    let origin = Origin::new()
+        .route("/small", gz(small.clone(), "max-age=60"))
+        .route("/uncached", gz(small.clone(), "no-store"))
+        .route("/bomb", gz(bomb.clone(), "max-age=60"))
+        .route(
+            "/slow-bomb",
+            gz(bomb.clone(), "max-age=60").delay(Duration::from_millis(300)),
+        )
+        .route(
+            "/dcb",
+            Reply::ok(vec![0xffu8, 0xd8, 0xff, 1, 2, 3])
+                .header("content-encoding", "dcb")
+                .header("vary", "accept-encoding, available-dictionary")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url()).cache("max_object_size", "1MiB"))
+        .start()
+        .await;
+    let client = Client::new();
+    let get = |path: &str, accept: &'static str| {
+        let client = client.clone();
+        let url = proxy.url(path);
+        async move {
+            client
+                .send(
+                    http::Method::GET,
+                    &url,
+                    &[("accept-encoding", accept)],
+                    None,
+                )
+                .await
+        }
+    };
+
+    for path in ["/small", "/small", "/uncached"] {
+        let plain = get(path, "identity").await;
+        assert_eq!(plain.status, 200, "{path}");
+        assert_eq!(plain.header("content-encoding"), None, "{path}");
+        assert!(plain.body == text.as_bytes(), "{path}: decoded for it");
+    }
+    let encoded = get("/small", "gzip").await;
+    assert_eq!(encoded.header("content-encoding"), Some("gzip"));
+    assert!(encoded.body == small);
+    assert_eq!(origin.hits("/small"), 2, "one fetch per Accept-Encoding");
+
+    for _ in 0..2 {
+        let refused = get("/bomb", "identity").await;
+        assert_eq!(refused.status, 502);
+        assert!(
+            refused
+                .header("proxy-status")
+                .is_some_and(|p| p.contains("http_response_content_coding")),
+            "{:?}",
+            refused.header("proxy-status")
+        );
+        assert!(refused.body.len() < 4096, "never the bomb's bytes");
+    }
+    let accepted = get("/bomb", "gzip").await;
+    assert_eq!(accepted.status, 200);
+    assert!(accepted.body == bomb, "the caller that accepts gzip");
+
+    // The attacker's flight: its refusal is never the victim's.
+    let (attacker, victim) = tokio::join!(get("/slow-bomb", "identity"), async {
+        // Joins the attacker's flight once its fetch is under way.
+        corral_tests::eventually(Duration::from_secs(5), "the attacker's fetch", || async {
+            origin.hits("/slow-bomb") == 1
+        })
+        .await;
+        get("/slow-bomb", "gzip").await
+    });
+    assert_eq!(attacker.status, 502);
+    assert_eq!(victim.status, 200, "{:?}", victim.header("cache-status"));
+    assert!(victim.body == bomb);
+
+    for _ in 0..2 {
+        let refused = get("/dcb", "gzip, br, dcb").await;
+        assert_eq!(refused.status, 502, "no dictionary was offered");
+        assert_ne!(refused.header("content-encoding"), Some("dcb"));
+    }
+    assert_eq!(origin.hits("/dcb"), 2, "never stored for the next caller");
+}

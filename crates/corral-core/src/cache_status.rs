@@ -214,6 +214,10 @@ pub enum UpstreamFailure {
     Protocol,
     /// The body did not match its `Content-Digest` or `Repr-Digest`.
     Digest,
+    /// The body is in a content coding its caller does not accept, and
+    /// does not decode (within the route's object size, or at all: a
+    /// dictionary coding for a caller that offered no dictionary).
+    Coding,
 }
 
 impl UpstreamFailure {
@@ -231,6 +235,7 @@ impl UpstreamFailure {
             UpstreamFailure::Request => "bad-upstream-request",
             UpstreamFailure::Protocol => "upstream-protocol-error",
             UpstreamFailure::Digest => "upstream-digest-mismatch",
+            UpstreamFailure::Coding => "upstream-content-coding",
         }
     }
 
@@ -250,6 +255,7 @@ impl UpstreamFailure {
             UpstreamFailure::Protocol => "http_protocol_error",
             // What arrived is not the whole, true body: like a cut one.
             UpstreamFailure::Digest => "http_response_incomplete",
+            UpstreamFailure::Coding => "http_response_content_coding",
         }
     }
 }
@@ -555,7 +561,7 @@ mod tests {
     #[test]
     fn every_own_answer_names_a_registered_proxy_error_type() {
         // RFC 9209 §2.3, the types corral may name.
-        const REGISTERED: [&str; 16] = [
+        const REGISTERED: [&str; 17] = [
             "destination_not_found",
             "destination_unavailable",
             "connection_refused",
@@ -567,6 +573,7 @@ mod tests {
             "http_request_error",
             "http_request_denied",
             "http_response_incomplete",
+            "http_response_content_coding",
             "http_response_timeout",
             "http_protocol_error",
             "proxy_internal_response",
@@ -612,6 +619,7 @@ mod tests {
             F::Request,
             F::Protocol,
             F::Digest,
+            F::Coding,
         ] {
             details.push(Detail::Upstream(f));
         }

@@ -126,6 +126,55 @@ impl Accepted {
     }
 }
 
+/// True when `request` accepts the content coding named `name` (any
+/// coding, not only those corral compresses in): named with a weight
+/// above zero, or covered by a `*` above zero that does not name it. No
+/// `Accept-Encoding`, or one corral cannot read, accepts none (as in
+/// [`Accepted::of`]); a dictionary coding (`dcb`, `dcz`: RFC 9842) is
+/// accepted only from a caller that offered a dictionary.
+pub fn accepts(request: &HeaderMap, name: &str) -> bool {
+    let dictionary = name.eq_ignore_ascii_case("dcb") || name.eq_ignore_ascii_case("dcz");
+    if dictionary && !request.contains_key("available-dictionary") {
+        return false;
+    }
+    let mut named: Option<u16> = None;
+    let mut star: Option<u16> = None;
+    for line in request.get_all(ACCEPT_ENCODING) {
+        let Ok(line) = line.to_str() else {
+            return false;
+        };
+        for member in line.split(',') {
+            let member = member.trim_matches([' ', '\t']);
+            if member.is_empty() {
+                continue;
+            }
+            let mut parts = member.split(';');
+            let coding = parts.next().unwrap_or_default().trim_matches([' ', '\t']);
+            let mut weight = 1000;
+            for param in parts {
+                match param.split_once('=') {
+                    Some((k, v)) if k.trim_matches([' ', '\t']).eq_ignore_ascii_case("q") => {
+                        match qvalue(v.trim_matches([' ', '\t'])) {
+                            Some(w) => weight = w,
+                            None => return false,
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+            let same = coding.eq_ignore_ascii_case(name)
+                || (coding.eq_ignore_ascii_case("x-gzip") && name.eq_ignore_ascii_case("gzip"))
+                || (coding.eq_ignore_ascii_case("gzip") && name.eq_ignore_ascii_case("x-gzip"));
+            if same {
+                named = Some(named.map_or(weight, |w| w.min(weight)));
+            } else if coding == "*" {
+                star = Some(star.map_or(weight, |w| w.min(weight)));
+            }
+        }
+    }
+    named.or(star).is_some_and(|w| w > 0)
+}
+
 /// The coding, of those `offered` (in the server's order of preference),
 /// to answer `request` in: the highest weight the caller gives one, ties
 /// going to the earlier offered; `None` for the unencoded answer.
@@ -169,6 +218,28 @@ mod tests {
     }
 
     const OFFERED: &[Coding] = &[Coding::Zstd, Coding::Br, Coding::Gzip];
+
+    #[test]
+    fn a_coding_is_accepted_only_where_the_caller_says_so() {
+        assert!(accepts(&ae("gzip, br"), "gzip"));
+        assert!(accepts(&ae("x-gzip"), "gzip"));
+        assert!(accepts(&ae("*"), "deflate"));
+        assert!(accepts(&ae("br;q=0.5, *;q=0.1"), "gzip"));
+        assert!(!accepts(&ae("gzip;q=0, *"), "gzip"));
+        assert!(!accepts(&ae("identity"), "gzip"));
+        assert!(!accepts(&ae(""), "gzip"));
+        assert!(!accepts(&ae("gzip;level=9"), "gzip"));
+        assert!(!accepts(&HeaderMap::new(), "gzip"));
+        // A dictionary coding needs a dictionary offered.
+        assert!(!accepts(&ae("dcb, gzip"), "dcb"));
+        let mut offered = ae("dcb, gzip");
+        offered.insert(
+            "available-dictionary",
+            HeaderValue::from_static(":pZGm1Av0IEBKARczz7exkNYsZb8LzaMrV7J32a2fFG4=:"),
+        );
+        assert!(accepts(&offered, "dcb"));
+        assert!(!accepts(&offered, "dcz"));
+    }
 
     #[test]
     fn what_clients_send_chooses_as_expected() {

@@ -99,6 +99,63 @@ pub fn has_coding(headers: &HeaderMap) -> bool {
         .any(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"))
 }
 
+/// The first content coding of an answer (`response`) that its caller
+/// (`request`) does not accept (see [`corral_core::accepts_coding`]):
+/// such an answer is decoded for the caller, or refused with a 502, never
+/// passed on encoded. `None` when every coding it names is accepted.
+pub fn unaccepted_coding(request: &HeaderMap, response: &HeaderMap) -> Option<String> {
+    response
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        .find(|c| !corral_core::accepts_coding(request, c))
+        .map(str::to_owned)
+}
+
+/// An answer the origin encoded in a coding its caller does not accept,
+/// on a route that does not compress: kept as it came for the callers
+/// that accept it, beside its decoded bytes for the others, as
+/// [`encode`] keeps it where the route compresses. `Err`: a coding corral
+/// does not know, or past `limit` once decoded.
+pub fn decode_for_callers(
+    entry: StoredResponse,
+    limit: u64,
+) -> Result<StoredResponse, Box<StoredResponse>> {
+    match origin_coding(&entry) {
+        Some(coding) => decoded(entry, coding, limit),
+        None => Err(Box::new(entry)),
+    }
+}
+
+/// A passed-on answer's body, decoded for a caller that does not accept
+/// its coding, with `headers` made to say so (no `Content-Encoding`, no
+/// digests of the encoded bytes, a weak validator). `None`: a coding
+/// corral does not know, or past `limit` once decoded.
+pub fn decode_passed(headers: &mut HeaderMap, body: &[u8], limit: u64) -> Option<Bytes> {
+    let mut codings = headers.get_all(CONTENT_ENCODING).iter();
+    let only = codings.next()?;
+    if codings.next().is_some() {
+        return None;
+    }
+    let coding = Coding::from_name(only.to_str().ok()?.trim())?;
+    let body = decompress(coding, body, limit)?;
+    headers.remove(CONTENT_ENCODING);
+    headers.remove(corral_core::digest::CONTENT_DIGEST.clone());
+    headers.remove(corral_core::digest::REPR_DIGEST.clone());
+    headers.remove(http::header::CONTENT_LENGTH);
+    if let Some(weak) = headers
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.starts_with("W/"))
+        .and_then(|t| HeaderValue::from_str(&format!("W/{t}")).ok())
+    {
+        headers.insert(ETAG, weak);
+    }
+    Some(Bytes::from(body))
+}
+
 /// The one coding corral knows that the origin encoded its answer in
 /// (though it was asked for none).
 fn origin_coding(entry: &StoredResponse) -> Option<Coding> {

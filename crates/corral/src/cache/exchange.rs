@@ -57,7 +57,68 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         {
             share(fill, answered, reason).await
         }
+        Decision::Pass(reason)
+            if crate::cache::compress::unaccepted_coding(
+                &fill.head.headers,
+                &answered.parts.headers,
+            )
+            .is_some() =>
+        {
+            pass_decoded(fill, answered, reason).await
+        }
         Decision::Pass(reason) => pass(fill, answered, reason),
+    }
+}
+
+/// [`pass`] for an answer in a coding its caller does not accept: read
+/// whole within the route's object size and decoded for it, or refused
+/// with a 502 (`upstream-content-coding`) when it does not decode within
+/// that size (a bomb), or is in a coding corral does not know. Never
+/// passed on encoded.
+async fn pass_decoded(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
+    let Answered {
+        mut parts,
+        body,
+        deadline,
+        ..
+    } = answered;
+    let limit = fill.route.policy.max_object_size;
+    let refused = |what: &str| {
+        UpstreamError::Coding(format!(
+            "{what}, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
+        ))
+    };
+    let coding = crate::cache::compress::unaccepted_coding(&fill.head.headers, &parts.headers)
+        .unwrap_or_default();
+    let declared = declared_length(&parts.headers);
+    let bytes = match store::read_body(fill, body, declared, deadline).await {
+        Buffered::Full(bytes) => bytes,
+        Buffered::Over(..) => {
+            let e = refused(&format!("{coding}-encoded and over max_object_size"));
+            return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+        }
+        Buffered::Failed(e) => return Ended::Outcome(made::broke_off(fill, &e, parts.status)),
+    };
+    if let Err(e) = store::checked(fill, &parts, &bytes) {
+        return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+    }
+    match crate::cache::compress::decode_passed(&mut parts.headers, &bytes, limit) {
+        Some(decoded) => {
+            if !matches!(
+                reason,
+                PassReason::ConflictingFraming | PassReason::RuleChanged
+            ) {
+                fill.mark_pass();
+            }
+            Ended::Stream(
+                reason,
+                pass_response(parts, Body::from(decoded), fill.fwd, reason),
+            )
+        }
+        None => {
+            let e = refused(&format!("{coding}-encoded"));
+            Ended::Outcome(made::broke_off(fill, &e, parts.status))
+        }
     }
 }
 

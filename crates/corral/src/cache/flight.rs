@@ -119,6 +119,12 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
             fits: head.matches_vary(request) && body.joinable(),
             outcome,
         },
+        // A coding the leader's caller did not accept is that caller's
+        // failure alone: look again (and fetch, if need be) for this one.
+        FillOutcome::Shared {
+            detail: Some(Detail::Upstream(corral_core::UpstreamFailure::Coding)),
+            ..
+        } => WaitEnd::Rekeyed,
         FillOutcome::Shared { response, .. } => WaitEnd::Shared {
             fits: response.matches_vary(request),
             outcome,

@@ -180,6 +180,18 @@ fn status_verdict(status: http::StatusCode) -> Verdict {
 /// could not be built).
 fn origin_verdict(ended: &Ended) -> Option<Verdict> {
     match ended {
+        // A coding the caller does not accept: its own choice, whatever
+        // status the origin began with.
+        Ended::Outcome(
+            FillOutcome::Stale {
+                failure: Some(UpstreamFailure::Coding),
+                ..
+            }
+            | FillOutcome::Shared {
+                detail: Some(Detail::Upstream(UpstreamFailure::Coding)),
+                ..
+            },
+        ) => Some(Verdict::Healthy),
         Ended::Stream(_, answer) => Some(status_verdict(answer.response.status())),
         // A 5xx the origin made cacheable is still a failing origin.
         Ended::Outcome(FillOutcome::Stored { entry, .. }) => Some(status_verdict(entry.status())),
@@ -235,6 +247,9 @@ fn failure_verdict(failure: UpstreamFailure) -> Option<Verdict> {
         | UpstreamFailure::TlsAlert
         // A body that does not match the origin's own digest.
         | UpstreamFailure::Digest => Some(Verdict::OriginFault),
+        // The origin answered; the caller's Accept-Encoding, which one
+        // client chooses, made its coding a failure for that caller.
+        UpstreamFailure::Coding => Some(Verdict::Healthy),
         UpstreamFailure::Timeout
         | UpstreamFailure::TotalTimeout
         | UpstreamFailure::Exchange

@@ -167,7 +167,11 @@ pub(crate) async fn store(
     let incremental = incremental(&parts.headers);
     // On a route that compresses, an answer the origin encoded anyway
     // reaches only callers that accept its coding: never streamed to all.
-    let encoded = fill.route.compression.is_some() && compress::has_coding(&parts.headers);
+    // Nor is one in a coding this fill's caller does not accept, which is
+    // decoded for it (and whoever else accepts none) once it is whole.
+    let unaccepted = compress::unaccepted_coding(&fill.head.headers, &parts.headers);
+    let encoded = compress::has_coding(&parts.headers)
+        && (fill.route.compression.is_some() || unaccepted.is_some());
     let streamed = streamable(fill, events, declared, &keep.vary, incremental)
         .filter(|_| !encoded)
         .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
@@ -237,13 +241,28 @@ pub(crate) async fn store(
     if let Err(e) = checked(fill, &parts, &bytes) {
         return Ended::Outcome(made::broke_off(fill, &e, parts.status));
     }
+    let status = parts.status;
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
     let route = &fill.route;
     let limit = route.policy.max_object_size;
     let ready = coded.iter().map(|c| (c.coding, c.whole.clone())).collect();
     let config = route.compression.as_ref();
-    let entry = match compress::encode_with(config, &route.name, entry, limit, ready) {
+    let encoded = match (&unaccepted, config) {
+        (Some(_), None) => compress::decode_for_callers(entry, limit),
+        _ => compress::encode_with(config, &route.name, entry, limit, ready),
+    };
+    let entry = match encoded {
         Ok(entry) => Arc::new(entry),
+        // In a coding its caller does not accept, and past what corral
+        // can undo (a bomb, a coding it does not know, a dictionary the
+        // caller never offered): refused, never passed on encoded.
+        Err(_) if unaccepted.is_some() => {
+            let coding = unaccepted.unwrap_or_default();
+            let e = UpstreamError::Coding(format!(
+                "{coding}-encoded, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
+            ));
+            return Ended::Outcome(made::broke_off(fill, &e, status));
+        }
         // Encoded by the origin past what corral can undo: only its
         // caller gets it.
         Err(entry) => {

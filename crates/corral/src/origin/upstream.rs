@@ -50,6 +50,10 @@ pub enum UpstreamError {
     /// `Repr-Digest` says (RFC 9530).
     #[error("the upstream's body failed its integrity check: {0}")]
     Digest(corral_core::digest::Mismatch),
+    /// The body is in a coding its caller does not accept, and corral
+    /// could not decode it for that caller.
+    #[error("the upstream's body is {0}")]
+    Coding(String),
 }
 
 impl UpstreamError {
@@ -86,6 +90,7 @@ impl UpstreamError {
             UpstreamError::Request(_) => F::Request,
             UpstreamError::Protocol(_) => F::Protocol,
             UpstreamError::Digest(_) => F::Digest,
+            UpstreamError::Coding(_) => F::Coding,
             UpstreamError::Busy(_) => return Detail::UpstreamBusy,
         })
     }
