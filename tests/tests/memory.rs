@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use corral_tests::lifecycle::scrape;
-use corral_tests::{Client, Config, Origin, Proxy, Reply};
+use corral_tests::{Client, Config, Origin, Proxy, Reply, Route};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_with_kibibyte_headers_stay_within_the_memory_bound() {
@@ -298,4 +298,74 @@ async fn idle_connections_do_not_keep_a_large_answers_head() {
         "each idle connection holds {each_kib:.0} KiB after one 100 KB answer head"
     );
     assert_eq!(origin.hits("/big"), 1);
+}
+
+/// Readers that never read hold none of the fills' memory (issue 44,
+/// finding 6): a cacheable chunked answer that outgrows the object size
+/// passes through to its readers, and what it holds for their lag is
+/// counted in the pass-through budget, not in `cache.fill_memory`. So
+/// waves of connections that request such answers and read nothing
+/// cannot keep another route's fills from being stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_that_never_read_never_keep_another_routes_fills_from_being_stored() {
+    const ATTACKERS: usize = 4;
+    const VICTIMS: usize = 10;
+    let origin = Origin::new()
+        .route(
+            "/big",
+            // 8 MiB without a length: past what the kernel's buffers take.
+            Reply::trickle(128 * 1024, 64, std::time::Duration::from_millis(1))
+                .header("cache-control", "max-age=600"),
+        )
+        .route(
+            "/small",
+            Reply::trickle(16 * 1024, 4, std::time::Duration::from_millis(1))
+                .header("cache-control", "max-age=600"),
+        )
+        .start()
+        .await;
+    let config = Config::new()
+        .cache("memory", "16MiB")
+        .cache("max_object_size", "256KiB")
+        .cache("fill_memory", "1MiB")
+        .server("send_timeout", "1h")
+        .route(Route::new("big", origin.url()).path_prefix("/big"))
+        .route(Route::new("small", origin.url()).path_prefix("/small"));
+    let proxy = Proxy::new(config).start().await;
+    let mut attackers = Vec::new();
+    for i in 0..ATTACKERS {
+        let req = format!("GET /big?k={i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        attackers.push(corral_tests::send_as_slow_reader(proxy.addr(), req.as_bytes()).await);
+    }
+    // Every attacker's answer outgrew the object size and passes through
+    // to a reader that reads nothing.
+    corral_tests::eventually(
+        corral_tests::DEADLINE,
+        "the attackers' answers pass through",
+        || async {
+            scrape(&proxy)
+                .await
+                .sum("corral_streams_passed_through_total", &[("route", "big")])
+                >= ATTACKERS as f64
+        },
+    )
+    .await;
+    let client = Client::new();
+    for k in 0..VICTIMS {
+        let url = proxy.url(&format!("/small?k={k}"));
+        let first = client.get(&url).await;
+        assert_eq!(first.body.len(), 64 * 1024);
+        assert!(
+            first.cache_status().to_string().contains("stored"),
+            "victim {k}: {} (fill memory held: {:?})",
+            first.cache_status(),
+            scrape(&proxy).await.value("corral_fill_buffer_bytes", &[])
+        );
+    }
+    for k in 0..VICTIMS {
+        let again = client.get(&proxy.url(&format!("/small?k={k}"))).await;
+        assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    }
+    assert_eq!(origin.hits("/small"), VICTIMS);
+    drop(attackers);
 }

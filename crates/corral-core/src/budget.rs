@@ -66,6 +66,12 @@ impl Hold {
     pub fn held(&self) -> u64 {
         self.held
     }
+
+    /// Gives back everything held now; the hold may grow again.
+    pub fn release(&mut self) {
+        self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
+        self.held = 0;
+    }
 }
 
 impl Drop for Hold {

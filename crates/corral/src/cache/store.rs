@@ -198,6 +198,7 @@ pub(crate) async fn store(
                     let room = Room {
                         limit,
                         hold: &mut hold,
+                        lag: &fill.cache.ahead_memory,
                         events,
                         route,
                     };
@@ -419,6 +420,10 @@ struct Room<'a> {
     limit: u64,
     /// The fill's hold on `cache.fill_memory`.
     hold: &'a mut corral_core::Hold,
+    /// What passed-through bodies may hold for their readers at once
+    /// (the read-ahead budget): a reader's lag is counted here, never in
+    /// the fills' memory.
+    lag: &'a Arc<Budget>,
     events: &'a Events,
     /// For the metrics.
     route: &'a str,
@@ -443,10 +448,13 @@ async fn stream_unknown(
     let Room {
         limit,
         hold,
+        lag,
         events,
         route,
     } = room;
     let mut whole = Some(BytesMut::new());
+    // Once passing through: what is held for the readers.
+    let mut lagging: Option<corral_core::Hold> = None;
     loop {
         // Passing through: read on from the origin only while what the
         // readers have yet to read is within the bound.
@@ -477,17 +485,32 @@ async fn stream_unknown(
                 copy.extend_from_slice(&data);
             } else {
                 // Not to be stored: from now on the body only passes
-                // through, holding for its readers no more than the fill's
-                // hold covers (the copies it no longer builds were half of
-                // it).
+                // through, holding for its readers no more than half what
+                // the fill held (the copies it no longer builds were the
+                // other half). That is the readers' lag, paced by the
+                // slowest: counted in the pass-through budget, and the
+                // fill memory, which fills being stored share, is given
+                // back now. Readers who never read so hold no fill's room
+                // (with no pass-through room left, one chunk at a time is
+                // held for them).
                 whole = None;
-                outlets.pass_through(hold.held() / 2);
+                let mut held_for_readers = lag.hold();
+                let bound = hold.held() / 2;
+                let bound = if held_for_readers.grow(bound) {
+                    bound
+                } else {
+                    0
+                };
+                lagging = Some(held_for_readers);
+                hold.release();
+                outlets.pass_through(bound);
                 let reason = if fits { "fill-memory" } else { "too-large" };
                 crate::telemetry::metrics::stream_passed_through(route, reason);
                 events.send(FillEvent::Overflowed);
             }
         }
     }
+    drop(lagging);
     Ok(whole.map(BytesMut::freeze))
 }
 
