@@ -580,6 +580,14 @@ async fn serve(
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let health_listener = match config.health_listen {
+        None => None,
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (health_listen)"))?,
+        ),
+    };
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
     let app = Arc::new(app::App::new(&config).context("invalid redis section")?);
@@ -607,6 +615,16 @@ async fn serve(
     let admin_server = config.server.clone();
     let admin_state_for_listener = Arc::clone(&admin_state);
     let admin_shutdown = shutdown_rx.clone();
+    if let Some(listener) = health_listener {
+        let (state, server, shutdown) = (
+            Arc::clone(&admin_state),
+            config.server.clone(),
+            shutdown_rx.clone(),
+        );
+        tokio::spawn(async move {
+            admin::serve_health(listener, state, &server, shutdown).await;
+        });
+    }
     let admin = tokio::spawn(async move {
         admin::serve(
             admin_listener,
@@ -619,7 +637,7 @@ async fn serve(
     if let Some((path, loaded)) = source {
         reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     }
-    tracing::info!(listen = %config.listen, admin = %config.admin, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
+    tracing::info!(listen = %config.listen, admin = %config.admin, health_listen = ?config.health_listen, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {
         let graceful = wait_for_signal().await;

@@ -61,6 +61,10 @@ pub struct Config {
     pub listen_tls: Option<ListenTls>,
     /// Address of the admin listener (metrics, health, purge); never the same as `listen`.
     pub admin: SocketAddr,
+    /// A listener of its own for the health probes alone (`/healthz`,
+    /// `/readyz`, `/lb-health`), so that whoever fills the admin listener
+    /// cannot fail them; `None`: the probes are on the admin listener only.
+    pub health_listen: Option<SocketAddr>,
     pub server: ServerConfig,
     pub cache: CacheConfig,
     /// The shared L2 cache and cross-instance coalescing; `None` when the file has no
@@ -1041,6 +1045,26 @@ routes:
             .replace("127.0.0.1:9080", "127.0.0.1:0")
             .replace("127.0.0.1:8080", "127.0.0.1:0");
         config(&text);
+    }
+
+    #[test]
+    fn health_listen_has_a_port_of_its_own() {
+        let text = route_with("").replace(
+            "admin: 127.0.0.1:9080\n",
+            "admin: 127.0.0.1:9080\nhealth_listen: 0.0.0.0:9081\n",
+        );
+        assert_eq!(
+            config(&text).health_listen,
+            Some("0.0.0.0:9081".parse().expect("addr"))
+        );
+        assert_eq!(config(&route_with("")).health_listen, None);
+
+        let text = route_with("").replace(
+            "admin: 127.0.0.1:9080\n",
+            "admin: 127.0.0.1:9080\nhealth_listen: 0.0.0.0:9080\n",
+        );
+        let message = assert_at(&refused(&text), 3, 16, "health_listen");
+        assert!(message.contains("its own port"), "{message}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub struct RawConfig {
     pub listen: Option<Text>,
     pub listen_tls: Option<Spanned<RawListenTls>>,
     pub admin: Option<Text>,
+    pub health_listen: Option<Text>,
     pub server: Option<RawServer>,
     pub cache: Option<Spanned<RawCache>>,
     pub redis: Option<Spanned<RawRedis>>,

@@ -5,7 +5,8 @@
 //! the operator's live view: the page (`/`, its script and style embedded
 //! in the binary) and the figures it reads every second (`/stats`, and
 //! `/stats?fleet=1` for every instance sharing the Redis; see stats.rs).
-//! It never shares a port with client traffic.
+//! It never shares a port with client traffic. The probes may also have a
+//! listener of their own (`health_listen`, [`serve_health`]).
 //!
 //! On loopback (the default) anyone on the host may read the live view,
 //! as `/metrics`, unless an admin token of its own is set. Listening
@@ -13,6 +14,10 @@
 //! `/`, its assets and `/stats` need the admin token (else, off loopback,
 //! the purge token), as a bearer token or as the password of HTTP Basic
 //! (which a browser asks for); with no token at all they are refused.
+//!
+//! No one address may hold more than its share of the connections (see
+//! [`serve`]): the probes must stay answerable whoever else reaches the
+//! port.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,17 +34,27 @@ use crate::app::App;
 use crate::ops::{AdminState, json_line};
 
 pub fn router(state: Arc<AdminState>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/lb-health", get(lb_health))
+    let views = Router::new()
         .route("/metrics", get(metrics))
         .route("/purge", axum::routing::post(crate::ops::purge::handle))
         .route("/", get(page))
         .route("/live.js", get(script))
         .route("/live.css", get(style))
-        .route("/stats", get(stats))
-        .with_state(state)
+        .route("/stats", get(stats));
+    probes().merge(views).with_state(state)
+}
+
+/// The health listener's endpoints: the probes and nothing else.
+pub fn health_router(state: Arc<AdminState>) -> Router {
+    probes().with_state(state)
+}
+
+/// Liveness, readiness and load-balancer health.
+fn probes() -> Router<Arc<AdminState>> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/lb-health", get(lb_health))
 }
 
 /// The live page and its assets, built into the binary.
@@ -305,32 +320,79 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
 }
 
 /// Connections the admin listener serves at once: scrapers, health checks
-/// and operators, never client traffic.
+/// and operators, never client traffic. Past it a connection is closed at
+/// once, never queued behind the ones served.
 const ADMIN_CONNECTIONS: usize = 64;
+/// Connections the health listener (`health_listen`) serves at once.
+const HEALTH_CONNECTIONS: usize = 32;
+/// Connections one address may hold on the admin or health listener: a
+/// scraper, a prober and an operator's views need a few each; whoever
+/// opens more takes nothing from the others.
+pub const CONNECTIONS_PER_PEER: usize = 8;
+/// The first request head (and each next one on HTTP/1) must come within
+/// this of the accept (or of the last answer), or the connection closes;
+/// shorter than the client listener's, since nothing slow has a reason
+/// to be here. `server.header_read_timeout` applies when it is shorter.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The admin and health listeners' deadlines and limits, from the
+/// client listener's `server` settings, with their own connection limit.
+fn limits(
+    server: &crate::config::ServerConfig,
+    max_connections: usize,
+) -> crate::http::connection::Limits {
+    crate::http::connection::Limits {
+        header_read_timeout: server.header_read_timeout.min(HEADER_READ_TIMEOUT),
+        idle_timeout: server.idle_timeout,
+        send_timeout: server.send_timeout,
+        min_send_rate: server.min_send_rate,
+        max_connections,
+        proxy_protocol: false,
+        shed_when_overloaded: false,
+        h1_buffer: 0,
+        per_peer: CONNECTIONS_PER_PEER,
+        refuse_when_full: true,
+    }
+}
 
 /// Serves the admin endpoints under the same deadlines as client traffic
-/// (an idle or silent socket is closed), with their own small limit.
+/// (an idle or silent socket is closed) but a shorter head deadline, with
+/// their own small limit shared out by peer address.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let limits = crate::http::connection::Limits {
-        header_read_timeout: server.header_read_timeout,
-        idle_timeout: server.idle_timeout,
-        send_timeout: server.send_timeout,
-        min_send_rate: server.min_send_rate,
-        max_connections: ADMIN_CONNECTIONS,
-        proxy_protocol: false,
-        shed_when_overloaded: false,
-        h1_buffer: 0,
-    };
+    let limits = limits(server, ADMIN_CONNECTIONS);
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(
         "admin",
         listener,
         router(state),
+        builder,
+        limits,
+        shutdown,
+        server.shutdown_grace,
+    )
+    .await;
+}
+
+/// Serves the probes alone on `health_listen`, with the admin listener's
+/// rules and slots of its own: whoever can reach the admin listener, and
+/// fills it, leaves this one to the probers.
+pub async fn serve_health(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    server: &crate::config::ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let limits = limits(server, HEALTH_CONNECTIONS);
+    let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
+    crate::http::connection::serve(
+        "health",
+        listener,
+        health_router(state),
         builder,
         limits,
         shutdown,
