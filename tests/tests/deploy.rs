@@ -2444,7 +2444,7 @@ fn the_dashboard_has_its_variables_and_covers_what_operators_watch() {
         "corral_origin_fetches_total",
         "corral_origin_fetch_duration_seconds_bucket",
         "corral_flights_in_progress",
-        "corral_stampede_top_waiters",
+        "corral_flight_waiters_bucket",
         "corral_origin_backoff_keys",
         "corral_origin_circuit_open",
         "corral_redis_connected",

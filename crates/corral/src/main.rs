@@ -517,10 +517,12 @@ async fn heartbeat(state: Arc<crate::ops::AdminState>) {
             .heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
             .await
         {
-            // Over the heartbeat's size bound (a great many routes): the
-            // fleet view gets this instance's totals without its routes.
+            // Over the heartbeat's size bound (a great many routes, long
+            // keys): the fleet view gets this instance's totals without its
+            // routes and most-waited keys.
             Ok(false) => {
                 summary.routes.clear();
+                summary.flights.most_waited.clear();
                 let line = crate::ops::json_line(&summary);
                 l2.heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
                     .await
@@ -597,6 +599,11 @@ async fn serve(
         draining: std::sync::atomic::AtomicBool::new(false),
         purge_token: tokens.purge,
         guarded: matches!(tokens.admin, AdminToken::Own(_)) || !config.admin.ip().is_loopback(),
+        metrics_token: match &tokens.admin {
+            AdminToken::Own(t) => Some(t.clone()),
+            AdminToken::Purge(_) => None,
+        },
+        admin_hosts: config.server.admin_hosts.clone(),
         admin_token: match tokens.admin {
             AdminToken::Own(t) => Some(t),
             AdminToken::Purge(t) => t,

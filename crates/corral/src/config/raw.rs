@@ -107,6 +107,7 @@ pub struct RawServer {
     pub drain_period: Option<Text>,
     pub purge_token: Option<Text>,
     pub admin_token: Option<Text>,
+    pub admin_hosts: Option<Vec<Text>>,
     pub trusted_proxies: Option<Vec<Text>>,
     pub trusted_header: Option<Text>,
     pub listen_proxy_protocol: Option<bool>,
