@@ -167,6 +167,7 @@ fn url_host(url: &str) -> &str {
 struct CorralConfig {
     listen: String,
     admin: String,
+    health_listen: Option<String>,
     #[serde(default)]
     server: ServerSection,
     cache: CacheSection,
@@ -959,12 +960,25 @@ async fn corral_check_refuses_a_broken_deploy_config() {
 // ---------------------------------------------------------------------------
 // (c) The Kubernetes manifests agree with the config they mount
 
+/// The probes have a listener of their own (`health_listen`), which no
+/// Service exposes: whoever can reach the admin port, and fills it, does
+/// not fail them.
 #[test]
-fn deployment_probes_hit_readyz_and_healthz_on_the_admin_port() {
+fn deployment_probes_hit_readyz_and_healthz_on_the_health_listener() {
     let pods = CorralPods::load();
     let container = pods.container();
     let admin = port_of(&pods.config.admin);
     let listen = port_of(&pods.config.listen);
+    let health = port_of(
+        pods.config
+            .health_listen
+            .as_deref()
+            .expect("the ConfigMap sets health_listen for the probes"),
+    );
+    assert!(
+        ports_differ(&[admin, listen, health]),
+        "health_listen has a port of its own"
+    );
 
     let ports: Vec<u16> = container.ports.iter().map(|p| p.container_port).collect();
     assert!(
@@ -975,6 +989,21 @@ fn deployment_probes_hit_readyz_and_healthz_on_the_admin_port() {
         ports.contains(&admin),
         "containerPorts {ports:?} lack admin port {admin}"
     );
+    assert!(
+        ports.contains(&health),
+        "containerPorts {ports:?} lack health port {health}"
+    );
+    for service in kubernetes_documents()
+        .into_iter()
+        .filter(|(_, head, _)| head.kind == "Service")
+    {
+        let text = &service.2;
+        assert!(
+            !text.contains(&health.to_string()) && !text.contains("targetPort: health"),
+            "{}: a Service exposes the health port {health}",
+            service.0.display()
+        );
+    }
 
     for (which, probe, path) in [
         ("readiness", &container.readiness_probe, "/readyz"),
@@ -987,10 +1016,17 @@ fn deployment_probes_hit_readyz_and_healthz_on_the_admin_port() {
         assert_eq!(get.path, path, "{which} probe path");
         assert_eq!(
             pods.resolve(&get.port),
-            admin,
-            "{which} probe must hit the admin port {admin}"
+            health,
+            "{which} probe must hit the health port {health}"
         );
     }
+}
+
+fn ports_differ(ports: &[u16]) -> bool {
+    let mut seen = ports.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len() == ports.len()
 }
 
 #[test]
@@ -2408,7 +2444,7 @@ fn the_dashboard_has_its_variables_and_covers_what_operators_watch() {
         "corral_origin_fetches_total",
         "corral_origin_fetch_duration_seconds_bucket",
         "corral_flights_in_progress",
-        "corral_stampede_top_waiters",
+        "corral_flight_waiters_bucket",
         "corral_origin_backoff_keys",
         "corral_origin_circuit_open",
         "corral_redis_connected",

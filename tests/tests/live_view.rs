@@ -201,9 +201,9 @@ async fn without_redis_the_fleet_is_this_instance() {
 
 const TOKEN: &str = "live-view-token-0123456789";
 
-/// With an admin token of its own, the page, its assets and `/stats` need
-/// it (bearer or HTTP Basic, as a browser sends it); health and metrics
-/// stay open. The page forbids everything but its own script and style.
+/// With an admin token of its own, the page, its assets, `/stats` and
+/// `/metrics` need it (bearer or HTTP Basic, as a browser sends it);
+/// health stays open. The page forbids everything but its own script and style.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_view_needs_its_token_when_one_is_set() {
     let origin = Origin::new().route("/a", cacheable("a")).start().await;
@@ -215,12 +215,28 @@ async fn the_live_view_needs_its_token_when_one_is_set() {
         .no_proxy()
         .build()
         .expect("client");
-    for path in ["/", "/live.js", "/live.css", "/stats", "/stats?fleet=1"] {
+    for path in [
+        "/",
+        "/live.js",
+        "/live.css",
+        "/stats",
+        "/stats?fleet=1",
+        "/metrics",
+    ] {
         let url = proxy.admin_url(path);
         let none = http.get(&url).send().await.expect("answer");
         assert_eq!(none.status(), 401, "{path}");
         let challenge = none.headers().get("www-authenticate").expect("challenge");
-        assert!(challenge.to_str().expect("ascii").starts_with("Basic "));
+        // A browser is asked for Basic; a scraper is told to bring a bearer.
+        let scheme = if path == "/metrics" {
+            "Bearer "
+        } else {
+            "Basic "
+        };
+        assert!(
+            challenge.to_str().expect("ascii").starts_with(scheme),
+            "{path}"
+        );
         let wrong = http
             .get(&url)
             .bearer_auth("live-view-token-012345678X")
@@ -242,6 +258,9 @@ async fn the_live_view_needs_its_token_when_one_is_set() {
             .await
             .expect("answer");
         assert_eq!(basic.status(), 200, "{path}");
+        if path == "/metrics" {
+            continue;
+        }
         assert_eq!(
             basic
                 .headers()
@@ -268,7 +287,7 @@ async fn the_live_view_needs_its_token_when_one_is_set() {
         "{csp}"
     );
     assert!(!csp.contains("unsafe"), "{csp}");
-    for open in ["/healthz", "/metrics"] {
+    for open in ["/healthz", "/readyz", "/lb-health"] {
         let answer = http
             .get(proxy.admin_url(open))
             .send()

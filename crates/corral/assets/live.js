@@ -188,7 +188,8 @@ function render(fleet) {
 
   // Instances.
   text("instance-count", fmt(fleet.instances.length));
-  text("fleet-source", fleet.source === "redis" ? "(every instance sharing this Redis)" : "(this instance)");
+  const withheld = fleet.withheld ? `; ${fleet.withheld} more withheld: their view needs a token` : "";
+  text("fleet-source", (fleet.source === "redis" ? "(every instance sharing this Redis" : "(this instance") + withheld + ")");
   fill("instances", fleet.instances.map((i) => {
     const ir = perInstance.get(i.instance);
     const ic = ir ? OUTCOMES.reduce((a, o) => a + ir.totals[o], 0) : null;

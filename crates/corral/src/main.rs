@@ -517,10 +517,12 @@ async fn heartbeat(state: Arc<crate::ops::AdminState>) {
             .heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
             .await
         {
-            // Over the heartbeat's size bound (a great many routes): the
-            // fleet view gets this instance's totals without its routes.
+            // Over the heartbeat's size bound (a great many routes, long
+            // keys): the fleet view gets this instance's totals without its
+            // routes and most-waited keys.
             Ok(false) => {
                 summary.routes.clear();
+                summary.flights.most_waited.clear();
                 let line = crate::ops::json_line(&summary);
                 l2.heartbeat(&state.instance, line.trim_end(), HEARTBEAT_TTL)
                     .await
@@ -580,6 +582,14 @@ async fn serve(
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let health_listener = match config.health_listen {
+        None => None,
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (health_listen)"))?,
+        ),
+    };
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
     let app = Arc::new(app::App::new(&config).context("invalid redis section")?);
@@ -589,6 +599,11 @@ async fn serve(
         draining: std::sync::atomic::AtomicBool::new(false),
         purge_token: tokens.purge,
         guarded: matches!(tokens.admin, AdminToken::Own(_)) || !config.admin.ip().is_loopback(),
+        metrics_token: match &tokens.admin {
+            AdminToken::Own(t) => Some(t.clone()),
+            AdminToken::Purge(_) => None,
+        },
+        admin_hosts: config.server.admin_hosts.clone(),
         admin_token: match tokens.admin {
             AdminToken::Own(t) => Some(t),
             AdminToken::Purge(t) => t,
@@ -607,6 +622,16 @@ async fn serve(
     let admin_server = config.server.clone();
     let admin_state_for_listener = Arc::clone(&admin_state);
     let admin_shutdown = shutdown_rx.clone();
+    if let Some(listener) = health_listener {
+        let (state, server, shutdown) = (
+            Arc::clone(&admin_state),
+            config.server.clone(),
+            shutdown_rx.clone(),
+        );
+        tokio::spawn(async move {
+            admin::serve_health(listener, state, &server, shutdown).await;
+        });
+    }
     let admin = tokio::spawn(async move {
         admin::serve(
             admin_listener,
@@ -619,7 +644,7 @@ async fn serve(
     if let Some((path, loaded)) = source {
         reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     }
-    tracing::info!(listen = %config.listen, admin = %config.admin, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
+    tracing::info!(listen = %config.listen, admin = %config.admin, health_listen = ?config.health_listen, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {
         let graceful = wait_for_signal().await;

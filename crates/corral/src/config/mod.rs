@@ -61,6 +61,10 @@ pub struct Config {
     pub listen_tls: Option<ListenTls>,
     /// Address of the admin listener (metrics, health, purge); never the same as `listen`.
     pub admin: SocketAddr,
+    /// A listener of its own for the health probes alone (`/healthz`,
+    /// `/readyz`, `/lb-health`), so that whoever fills the admin listener
+    /// cannot fail them; `None`: the probes are on the admin listener only.
+    pub health_listen: Option<SocketAddr>,
     pub server: ServerConfig,
     pub cache: CacheConfig,
     /// The shared L2 cache and cross-instance coalescing; `None` when the file has no
@@ -200,6 +204,9 @@ pub struct ServerConfig {
     /// not on loopback; `CORRAL_ADMIN_TOKEN` when absent, else the purge
     /// token.
     pub admin_token: Option<String>,
+    /// Host names (lower case, no port) the admin listener's views,
+    /// metrics and purges answer for, besides IP literals and `localhost`.
+    pub admin_hosts: Vec<String>,
     /// Proxies whose `X-Forwarded-For` / `Forwarded` is believed (empty:
     /// nobody's; the peer is the client).
     pub trusted_proxies: corral_core::client_addr::TrustedProxies,
@@ -247,6 +254,7 @@ impl Default for ServerConfig {
             drain_period: Duration::from_secs(5),
             purge_token: None,
             admin_token: None,
+            admin_hosts: Vec::new(),
             trusted_proxies: Default::default(),
             listen_proxy_protocol: false,
             runtime: RuntimeMode::Shared,
@@ -1046,6 +1054,32 @@ routes:
             .replace("127.0.0.1:9080", "127.0.0.1:0")
             .replace("127.0.0.1:8080", "127.0.0.1:0");
         config(&text);
+    }
+
+    #[test]
+    fn admin_hosts_are_names_and_health_listen_has_its_own_port() {
+        let text = route_with("").replace(
+            "admin: 127.0.0.1:9080\n",
+            "admin: 127.0.0.1:9080\nhealth_listen: 0.0.0.0:9081\nserver:\n  admin_hosts: [Corral.Example., ops-1]\n",
+        );
+        let c = config(&text);
+        assert_eq!(c.server.admin_hosts, ["corral.example", "ops-1"]);
+        assert_eq!(c.health_listen, Some("0.0.0.0:9081".parse().expect("addr")));
+        assert_eq!(config(&route_with("")).health_listen, None);
+
+        let text = route_with("").replace(
+            "admin: 127.0.0.1:9080\n",
+            "admin: 127.0.0.1:9080\nserver:\n  admin_hosts: [ok.example, \"evil.example:9080\"]\n",
+        );
+        let message = assert_at(&refused(&text), 4, 29, "server.admin_hosts[1]");
+        assert!(message.contains("without a port"), "{message}");
+
+        let text = route_with("").replace(
+            "admin: 127.0.0.1:9080\n",
+            "admin: 127.0.0.1:9080\nhealth_listen: 0.0.0.0:9080\n",
+        );
+        let message = assert_at(&refused(&text), 3, 16, "health_listen");
+        assert!(message.contains("its own port"), "{message}");
     }
 
     #[test]

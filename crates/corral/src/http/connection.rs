@@ -8,9 +8,13 @@
 //! `idle_timeout`,
 //! a write the client does not read for `send_timeout` closes it, and a
 //! connection whose requests are mostly abandoned by the client (HTTP/2
-//! rapid reset) is closed. Connections are counted by a semaphore permit
-//! taken before accept, so past the limit corral stops accepting and the
-//! kernel queues: nothing is refused, nothing spins.
+//! rapid reset) is closed. On the client listener connections are counted
+//! by a semaphore permit taken before accept, so past the limit corral stops
+//! accepting and the kernel queues: nothing is refused, nothing spins. A
+//! listener that must stay reachable to some callers whatever others do
+//! (the admin and health listeners, which health probes read) instead
+//! accepts at once and closes what is past its limit or past its peer's
+//! share (`per_peer`), so no connection waits behind silent ones.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,6 +42,7 @@ use tower::ServiceExt;
 
 use crate::cache::respond::Wire;
 use crate::http::client_stream::{ClientStream, Writes};
+use crate::http::peer_cap::{PeerCap, PeerSlot};
 
 /// Abandoned requests a connection may have before its abandon rate counts.
 const ABANDON_FLOOR: usize = 64;
@@ -63,6 +68,12 @@ pub struct Limits {
     /// up to this many bytes of a head, until the first request it does
     /// not take hands the connection to hyper; 0: hyper serves it all.
     pub h1_buffer: usize,
+    /// Connections one peer address may hold open at once; past it a new
+    /// one is closed at once. 0: no cap (the client listener).
+    pub per_peer: usize,
+    /// Past `max_connections` a new connection is closed at once, not left
+    /// queued by the kernel behind the ones being served.
+    pub refuse_when_full: bool,
 }
 
 /// What one connection is doing, shared by its requests, its socket and its
@@ -568,13 +579,21 @@ pub async fn serve_on<H: Handler>(
 ) {
     let builder = Arc::new(builder);
     register(name, &slots, limits.max_connections);
+    let peers = (limits.per_peer > 0).then(|| PeerCap::new(limits.per_peer));
     loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&slots).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = shutdown.changed() => break,
+        // Queueing listeners take their slot before accept, so past the
+        // limit the kernel holds new connections; refusing ones take it
+        // after, and close what finds none (see `admit`).
+        let queued = if limits.refuse_when_full {
+            None
+        } else {
+            tokio::select! {
+                p = Arc::clone(&slots).acquire_owned() => match p {
+                    Ok(p) => Some(p),
+                    Err(_) => break,
+                },
+                _ = shutdown.changed() => break,
+            }
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -591,6 +610,10 @@ pub async fn serve_on<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         crate::telemetry::metrics::connection_accepted();
+        let Some((permit, peer_slot)) = admit(name, queued, &slots, peers.as_ref(), peer) else {
+            // Dropping the stream closes it: its caller learns at once.
+            continue;
+        };
         let shed = limits.shed_when_overloaded && crate::overload::shedding();
         if shed {
             crate::telemetry::metrics::overload_shed("connection");
@@ -664,6 +687,7 @@ pub async fn serve_on<H: Handler>(
                 }
             }
             drop(permit);
+            drop(peer_slot);
             tracing::trace!(listener = name, %peer, "connection closed");
         });
     }
@@ -677,6 +701,44 @@ pub async fn serve_on<H: Handler>(
             tracing::warn!(listener = name, grace = ?grace, "shutdown grace elapsed with connections still open");
         }
     }
+}
+
+/// The listener slot and the peer's share an accepted connection from
+/// `peer` is served under: the slot taken before accept (`queued`), else
+/// one free now; and a place in the peer's share where shares are capped.
+/// `None`: the connection is closed at once, counted by why.
+fn admit(
+    name: &'static str,
+    queued: Option<tokio::sync::OwnedSemaphorePermit>,
+    slots: &Arc<Semaphore>,
+    peers: Option<&Arc<PeerCap>>,
+    peer: SocketAddr,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, Option<PeerSlot>)> {
+    // The peer's share first, so a caller past its share does not take
+    // a slot from the listener, not even for a moment.
+    let peer_slot = match peers {
+        None => None,
+        Some(peers) => match peers.admit(peer.ip()) {
+            Some(s) => Some(s),
+            None => {
+                crate::telemetry::metrics::connection_closed("peer-limit");
+                tracing::debug!(listener = name, %peer, "closing a connection past its address's share");
+                return None;
+            }
+        },
+    };
+    let permit = match queued {
+        Some(p) => p,
+        None => match Arc::clone(slots).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                crate::telemetry::metrics::connection_closed("listener-full");
+                tracing::debug!(listener = name, %peer, "closing a connection past the listener's limit");
+                return None;
+            }
+        },
+    };
+    Some((permit, peer_slot))
 }
 
 /// Reads a PROXY protocol header off `stream`: what it says, and the bytes
@@ -879,6 +941,8 @@ mod tests {
             proxy_protocol: false,
             shed_when_overloaded: false,
             h1_buffer: 0,
+            per_peer: 0,
+            refuse_when_full: false,
         }
     }
 

@@ -1,5 +1,5 @@
 //! The HTTP front end: listeners and the life of a client connection
-//! (`server`, `connection`, `client_stream`; HTTP/1.1's GET and HEAD
+//! (`server`, `connection`, `client_stream`, `peer_cap`; HTTP/1.1's GET and HEAD
 //! without a body served by `h1`, everything else by hyper; the origin's
 //! 1xx answers are written under either by `origin::interim`) and the one request handler
 //! (`proxy`), with the rate limits that spare hits handed to the cache
@@ -10,6 +10,7 @@ pub mod client_stream;
 pub mod connection;
 pub mod gate;
 pub mod h1;
+pub mod peer_cap;
 pub mod proxy;
 pub mod refusal;
 pub mod server;

@@ -50,6 +50,8 @@ fn shared(
         proxy_protocol: config.listen_proxy_protocol,
         shed_when_overloaded: config.overload.is_some(),
         h1_buffer: usize::try_from(config.max_header_size.max(HYPER_BUF)).unwrap_or(usize::MAX),
+        per_peer: 0,
+        refuse_when_full: false,
     };
     let builder = connection::builder(
         &limits,

@@ -5,7 +5,8 @@
 //! the operator's live view: the page (`/`, its script and style embedded
 //! in the binary) and the figures it reads every second (`/stats`, and
 //! `/stats?fleet=1` for every instance sharing the Redis; see stats.rs).
-//! It never shares a port with client traffic.
+//! It never shares a port with client traffic. The probes may also have a
+//! listener of their own (`health_listen`, [`serve_health`]).
 //!
 //! On loopback (the default) anyone on the host may read the live view,
 //! as `/metrics`, unless an admin token of its own is set. Listening
@@ -13,6 +14,12 @@
 //! `/`, its assets and `/stats` need the admin token (else, off loopback,
 //! the purge token), as a bearer token or as the password of HTTP Basic
 //! (which a browser asks for); with no token at all they are refused.
+//! `/metrics` needs the admin token when it is the instance's own.
+//!
+//! Everything but the probes answers only a Host that is an IP literal,
+//! `localhost` or a listed name (DNS rebinding), and no one address may
+//! hold more than its share of the connections (see [`serve`]): the
+//! probes must stay answerable whoever else reaches the port.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,17 +36,89 @@ use crate::app::App;
 use crate::ops::{AdminState, json_line};
 
 pub fn router(state: Arc<AdminState>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/lb-health", get(lb_health))
+    let views = Router::new()
         .route("/metrics", get(metrics))
         .route("/purge", axum::routing::post(crate::ops::purge::handle))
         .route("/", get(page))
         .route("/live.js", get(script))
         .route("/live.css", get(style))
         .route("/stats", get(stats))
-        .with_state(state)
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            named_host,
+        ));
+    probes().merge(views).with_state(state)
+}
+
+/// The health listener's endpoints: the probes and nothing else.
+pub fn health_router(state: Arc<AdminState>) -> Router {
+    probes().with_state(state)
+}
+
+/// Liveness, readiness and load-balancer health. They answer whatever
+/// Host a request names: a load balancer's health check may name the
+/// service, and what they tell is not private.
+fn probes() -> Router<Arc<AdminState>> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/lb-health", get(lb_health))
+}
+
+/// Refuses a request for a view, the metrics or a purge whose Host is
+/// not one the admin listener answers for (see [`host_allowed`]): a page
+/// an operator's browser loaded from elsewhere may have its name point at
+/// this listener (DNS rebinding), and would then read it as its own.
+async fn named_host(
+    State(s): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let host = match req.headers().get(header::HOST) {
+        // Unreadable bytes name no host it answers for.
+        Some(v) => Some(v.to_str().unwrap_or("")),
+        None => req.uri().authority().map(|a| a.as_str()),
+    };
+    if host_allowed(host, &s.admin_hosts) {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        [(header::X_CONTENT_TYPE_OPTIONS, "nosniff")],
+        "the admin listener answers only for an IP address, localhost or a name in \
+         server.admin_hosts: ask it by its address, or list the name you use\n",
+    )
+        .into_response()
+}
+
+/// Whether the admin listener answers for `host` (a Host field or an
+/// authority, with or without its port): an IP literal, `localhost`, or a
+/// name in `listed` (lower case, without a trailing dot). No Host at all
+/// is let through: every browser sends one, so its absence is no page.
+fn host_allowed(host: Option<&str>, listed: &[String]) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let port_ok = |p: &str| p.is_empty() || p.strip_prefix(':').is_some_and(digits);
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, port)| ip.parse::<std::net::Ipv6Addr>().is_ok() && port_ok(port));
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if digits(port) => name,
+        Some(_) => return false,
+        None => host,
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    !name.is_empty()
+        && (name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || listed.contains(&name))
+}
+
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The live page and its assets, built into the binary.
@@ -201,12 +280,16 @@ pub fn summary(s: &AdminState) -> crate::ops::stats::Summary {
             instance: &s.instance,
             listen: &s.listen,
             uptime_s: s.started.elapsed().as_secs(),
+            guarded: s.guarded,
         },
     )
 }
 
 /// Every instance whose heartbeat is live in Redis (this one's summary
-/// always fresh); this one alone without Redis, or when it fails.
+/// always fresh); this one alone without Redis, or when it fails. A view
+/// anyone may read (not `guarded`) leaves out the instances whose own
+/// view needs a token: what they guard is not shown by their neighbour,
+/// only counted (`withheld`).
 async fn fleet(s: &AdminState, own: crate::ops::stats::Summary) -> crate::ops::stats::Fleet {
     use crate::ops::stats::{Fleet, Summary};
     let Some(l2) = &s.app.l2 else {
@@ -219,14 +302,16 @@ async fn fleet(s: &AdminState, own: crate::ops::stats::Summary) -> crate::ops::s
         }
         Ok(None) => Fleet::of("local", vec![own]),
         Ok(Some(beats)) => {
-            let mut all: Vec<Summary> = beats
+            let (mut all, withheld): (Vec<Summary>, Vec<Summary>) = beats
                 .iter()
                 .filter_map(|b| serde_json::from_str::<Summary>(b).ok())
                 .filter(|other| other.instance != own.instance)
-                .collect();
+                .partition(|other| s.guarded || !other.guarded);
             all.push(own);
             all.sort_by(|a, b| a.instance.cmp(&b.instance));
-            Fleet::of("redis", all)
+            let mut fleet = Fleet::of("redis", all);
+            fleet.withheld = withheld.len();
+            fleet
         }
     }
 }
@@ -269,11 +354,32 @@ async fn lb_health(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+/// `GET /metrics`: open, as scrapers expect, unless the instance has an
+/// admin token of its own; then only to it (a bearer token, as
+/// Prometheus' `authorization` sends it, or HTTP Basic's password).
+async fn metrics(
+    State(s): State<Arc<AdminState>>,
+    headers: header::HeaderMap,
+) -> axum::response::Response {
+    if let Some(token) = s.metrics_token.as_deref() {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if access(true, Some(token), given) != Access::Open {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer realm=\"corral\"")],
+                "missing or wrong admin token: /metrics needs server.admin_token \
+                 (or CORRAL_ADMIN_TOKEN) as a bearer token\n",
+            )
+                .into_response();
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::metrics::render(&s.metrics, &gauges(&s.app)),
     )
+        .into_response()
 }
 
 /// The point-in-time state the metrics export.
@@ -305,32 +411,79 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
 }
 
 /// Connections the admin listener serves at once: scrapers, health checks
-/// and operators, never client traffic.
+/// and operators, never client traffic. Past it a connection is closed at
+/// once, never queued behind the ones served.
 const ADMIN_CONNECTIONS: usize = 64;
+/// Connections the health listener (`health_listen`) serves at once.
+const HEALTH_CONNECTIONS: usize = 32;
+/// Connections one address may hold on the admin or health listener: a
+/// scraper, a prober and an operator's views need a few each; whoever
+/// opens more takes nothing from the others.
+pub const CONNECTIONS_PER_PEER: usize = 8;
+/// The first request head (and each next one on HTTP/1) must come within
+/// this of the accept (or of the last answer), or the connection closes;
+/// shorter than the client listener's, since nothing slow has a reason
+/// to be here. `server.header_read_timeout` applies when it is shorter.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The admin and health listeners' deadlines and limits, from the
+/// client listener's `server` settings, with their own connection limit.
+fn limits(
+    server: &crate::config::ServerConfig,
+    max_connections: usize,
+) -> crate::http::connection::Limits {
+    crate::http::connection::Limits {
+        header_read_timeout: server.header_read_timeout.min(HEADER_READ_TIMEOUT),
+        idle_timeout: server.idle_timeout,
+        send_timeout: server.send_timeout,
+        min_send_rate: server.min_send_rate,
+        max_connections,
+        proxy_protocol: false,
+        shed_when_overloaded: false,
+        h1_buffer: 0,
+        per_peer: CONNECTIONS_PER_PEER,
+        refuse_when_full: true,
+    }
+}
 
 /// Serves the admin endpoints under the same deadlines as client traffic
-/// (an idle or silent socket is closed), with their own small limit.
+/// (an idle or silent socket is closed) but a shorter head deadline, with
+/// their own small limit shared out by peer address.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let limits = crate::http::connection::Limits {
-        header_read_timeout: server.header_read_timeout,
-        idle_timeout: server.idle_timeout,
-        send_timeout: server.send_timeout,
-        min_send_rate: server.min_send_rate,
-        max_connections: ADMIN_CONNECTIONS,
-        proxy_protocol: false,
-        shed_when_overloaded: false,
-        h1_buffer: 0,
-    };
+    let limits = limits(server, ADMIN_CONNECTIONS);
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(
         "admin",
         listener,
         router(state),
+        builder,
+        limits,
+        shutdown,
+        server.shutdown_grace,
+    )
+    .await;
+}
+
+/// Serves the probes alone on `health_listen`, with the admin listener's
+/// rules and slots of its own: whoever can reach the admin listener, and
+/// fills it, leaves this one to the probers.
+pub async fn serve_health(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    server: &crate::config::ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let limits = limits(server, HEALTH_CONNECTIONS);
+    let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
+    crate::http::connection::serve(
+        "health",
+        listener,
+        health_router(state),
         builder,
         limits,
         shutdown,
@@ -380,5 +533,41 @@ mod tests {
         );
         assert_eq!(access(true, Some(TOKEN), Some("Basic !!!")), Access::Wrong);
         assert_eq!(access(true, Some(TOKEN), Some(TOKEN)), Access::Wrong);
+    }
+
+    #[test]
+    fn the_admin_listener_answers_for_ip_literals_localhost_and_listed_names() {
+        let listed = vec!["corral-admin.ops.svc".to_owned()];
+        let allowed = |h: &str| host_allowed(Some(h), &listed);
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:9080",
+            "10.1.2.3:9080",
+            "[::1]:9080",
+            "[fe80::1]",
+            "localhost",
+            "LOCALHOST:9080",
+            "localhost.:9080",
+            "corral-admin.ops.svc:9080",
+            "Corral-Admin.ops.svc.",
+        ] {
+            assert!(allowed(ok), "{ok} refused");
+        }
+        for refused in [
+            "attacker.example",
+            "attacker.example:9080",
+            "127.0.0.1.attacker.example",
+            "localhost.attacker.example",
+            "corral-admin.ops.svc.attacker.example",
+            "[::1",
+            "[not-an-ip]:9080",
+            "127.0.0.1:x",
+            "",
+            ":9080",
+            "2130706433",
+        ] {
+            assert!(!allowed(refused), "{refused:?} let through");
+        }
+        assert!(host_allowed(None, &[]), "no Host: not a browser");
     }
 }

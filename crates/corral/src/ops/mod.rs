@@ -25,9 +25,15 @@ pub struct AdminState {
     pub purge_token: Option<String>,
     /// The live view's token (`server.admin_token`, else the purge token).
     pub admin_token: Option<String>,
-    /// The admin listener is not on loopback: the live view needs
-    /// `admin_token`.
+    /// The admin listener is not on loopback, or has a token of its own:
+    /// the live view needs `admin_token`.
     pub guarded: bool,
+    /// `/metrics`' token: the admin token when it is the instance's own
+    /// (`server.admin_token`, `CORRAL_ADMIN_TOKEN`); `None`: open.
+    pub metrics_token: Option<String>,
+    /// Names (lower case) besides IP literals and `localhost` that the
+    /// views, metrics and purges answer for (`server.admin_hosts`).
+    pub admin_hosts: Vec<String>,
     /// This process, as the fleet view names it: host name and pid.
     pub instance: String,
     /// The client listener's address.

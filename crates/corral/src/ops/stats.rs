@@ -30,6 +30,10 @@ pub struct Summary {
     pub listen: String,
     pub version: String,
     pub uptime_s: u64,
+    /// Its own live view needs a token: a view anyone may read does not
+    /// show it (absent in a heartbeat from an older corral: open).
+    #[serde(default)]
+    pub guarded: bool,
     /// When it was read, in milliseconds since the Unix epoch.
     pub at_ms: u64,
     pub totals: Traffic,
@@ -89,6 +93,17 @@ pub struct FlightsView {
     /// Those with the longest back-off to run.
     #[serde(default)]
     pub backoff: Vec<BackedOff>,
+    /// The keys whose flights had the most followers lately, most first
+    /// (never on `/metrics`: a key is no label value).
+    #[serde(default)]
+    pub most_waited: Vec<Waited>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Waited {
+    pub key: String,
+    /// The most followers one of its flights had.
+    pub waiters: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -208,6 +223,8 @@ pub struct Live<'a> {
     pub instance: &'a str,
     pub listen: &'a str,
     pub uptime_s: u64,
+    /// Its live view needs a token.
+    pub guarded: bool,
 }
 
 /// The summary, from the metrics text `metrics` rendered just now and
@@ -247,6 +264,7 @@ pub fn summary(metrics: &str, live: &Live<'_>) -> Summary {
         listen: live.listen.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         uptime_s: live.uptime_s,
+        guarded: live.guarded,
         at_ms: crate::cluster::protocol::epoch_millis(std::time::SystemTime::now()),
         totals,
         routes,
@@ -273,6 +291,10 @@ pub fn summary(metrics: &str, live: &Live<'_>) -> Summary {
                     key,
                     remaining_ms: left.as_millis() as u64,
                 })
+                .collect(),
+            most_waited: crate::telemetry::metrics::most_waited()
+                .into_iter()
+                .map(|(key, waiters)| Waited { key, waiters })
                 .collect(),
         },
         redis: redis(&all, app),
@@ -419,6 +441,10 @@ pub struct Fleet {
     pub source: String,
     pub totals: Traffic,
     pub instances: Vec<Summary>,
+    /// Live instances left out because their view needs a token and this
+    /// one does not.
+    #[serde(default)]
+    pub withheld: usize,
 }
 
 impl Fleet {
@@ -431,6 +457,7 @@ impl Fleet {
             source: source.to_owned(),
             totals,
             instances,
+            withheld: 0,
         }
     }
 }
@@ -444,7 +471,7 @@ mod tests {
         let text = "# HELP x y\n# TYPE corral_requests_total counter\n\
             corral_requests_total{route=\"api\",method=\"GET\",cache=\"hit\"} 12\n\
             corral_l1_bytes 4096\n\
-            corral_stampede_top_waiters{key=\"a \\\"b\\\" \\\\ c\\nd\"} 3\n\
+            corral_example_labelled{name=\"a \\\"b\\\" \\\\ c\\nd\"} 3\n\
             broken{route=\"x} 1\n";
         let all = samples(text);
         assert_eq!(all.len(), 3, "{all:?}");
@@ -452,7 +479,7 @@ mod tests {
         assert_eq!(all[0].value, 12.0);
         assert_eq!(all[1].name, "corral_l1_bytes");
         assert_eq!(all[1].value, 4096.0);
-        assert_eq!(all[2].label("key"), Some("a \"b\" \\ c\nd"));
+        assert_eq!(all[2].label("name"), Some("a \"b\" \\ c\nd"));
     }
 
     #[test]

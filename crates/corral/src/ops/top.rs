@@ -76,6 +76,7 @@ async fn once(client: &reqwest::Client, args: &Args) -> ExitCode {
 async fn read(client: &reqwest::Client, args: &Args) -> Result<Fleet, String> {
     let mut instances: Vec<Summary> = Vec::new();
     let mut source = "top";
+    let mut withheld = 0;
     for (i, admin) in args.admins.iter().enumerate() {
         let base = if admin.contains("://") {
             admin.trim_end_matches('/').to_owned()
@@ -99,6 +100,7 @@ async fn read(client: &reqwest::Client, args: &Args) -> Result<Fleet, String> {
             if f.source == "redis" {
                 source = "redis";
             }
+            withheld = f.withheld;
             f.instances
         } else {
             vec![serde_json::from_str(&body).map_err(|e| format!("{url}: {e}"))?]
@@ -109,7 +111,9 @@ async fn read(client: &reqwest::Client, args: &Args) -> Result<Fleet, String> {
             }
         }
     }
-    Ok(Fleet::of(source, instances))
+    let mut fleet = Fleet::of(source, instances);
+    fleet.withheld = withheld;
+    Ok(fleet)
 }
 
 async fn interactive(client: &reqwest::Client, args: &Args) -> ExitCode {
@@ -184,12 +188,20 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
     let total = t.clients();
     let saved = total.saturating_sub(t.origin_requests);
     s += &format!(
-        "corral top - {} instance(s) ({})   q quits\n\n",
+        "corral top - {} instance(s) ({}){}   q quits\n\n",
         fleet.instances.len(),
         if fleet.source == "redis" {
             "fleet"
         } else {
             "as listed"
+        },
+        if fleet.withheld > 0 {
+            format!(
+                ", {} more withheld: their view needs a token",
+                fleet.withheld
+            )
+        } else {
+            String::new()
         }
     );
     s += &format!(

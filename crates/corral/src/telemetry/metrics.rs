@@ -11,10 +11,12 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// How many of the most-waited-on keys are exported.
+/// How many of the most-waited-on keys are kept.
 const TOP_KEYS: usize = 10;
 
-/// The keys whose flights had the most waiters recently (bounded).
+/// The keys whose flights had the most waiters recently (bounded). Shown
+/// on `/stats` (the live view, which a token guards off loopback), never
+/// exported as a label: a key names a path and what a caller asked for.
 static TOP: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
 
 /// Installs the recorder (once per process) and returns its handle.
@@ -445,8 +447,8 @@ pub struct Gauges {
     pub redis: Option<(bool, u64, bool)>,
 }
 
-/// The exposition text: the recorded metrics, the gauges and the top
-/// stampeding keys.
+/// The exposition text: the recorded metrics and the gauges. No label
+/// value in it is a key or a request path.
 pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
     gauge!("corral_l1_entries").set(g.l1_entries as f64);
     gauge!("corral_l1_bytes").set(g.l1_bytes as f64);
@@ -475,23 +477,15 @@ pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
         gauge!("corral_redis_connected").set(if connected { 1.0 } else { 0.0 });
     }
     handle.run_upkeep();
-    let mut out = handle.render();
-    let top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
-    out.push_str("# HELP corral_stampede_top_waiters Most followers seen on one flight, for the busiest keys.\n");
-    out.push_str("# TYPE corral_stampede_top_waiters gauge\n");
-    for (key, waiters) in top.iter() {
-        out.push_str(&format!(
-            "corral_stampede_top_waiters{{key=\"{}\"}} {waiters}\n",
-            escape_label(key)
-        ));
-    }
-    out
+    handle.render()
 }
 
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The keys whose flights had the most followers, most first, with how
+/// many (for `/stats`; see [`TOP`]).
+pub fn most_waited() -> Vec<(String, usize)> {
+    let mut top = TOP.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    top
 }
 
 /// How a rate-limit check ended, and who counted it.
@@ -551,10 +545,5 @@ mod tests {
         let top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
         assert_eq!(top.len(), TOP_KEYS);
         assert!(top.iter().all(|(_, w)| *w >= 40), "{top:?}");
-    }
-
-    #[test]
-    fn labels_are_escaped() {
-        assert_eq!(escape_label("a\"b\\c"), "a\\\"b\\\\c");
     }
 }

@@ -279,6 +279,22 @@ impl Resolver<'_> {
             Some(t) => Some(self.listen_tls(t, listen, admin)?),
             None => None,
         };
+        let taken: Vec<SocketAddr> = [listen, admin]
+            .into_iter()
+            .chain(listen_tls.as_ref().map(|t| t.addr))
+            .collect();
+        let health_listen = match self
+            .at("health_listen", &raw.health_listen)
+            .setting(socket_addr)?
+        {
+            Some(addr) if taken.iter().any(|t| collide(addr.value, *t)) => {
+                return Err(addr.blame(format!(
+                    "{} overlaps listen, listen_tls or admin; give the health listener its own port",
+                    addr.value
+                )));
+            }
+            other => other.map(|a| a.value),
+        };
         let cache = self.cache(self.required(&raw.cache, root, "cache")?)?;
         let redis = self.redis(raw.redis.as_ref())?;
         let callers = match &raw.callers {
@@ -296,6 +312,7 @@ impl Resolver<'_> {
             listen,
             listen_tls,
             admin,
+            health_listen,
             server,
             cache,
             redis,
@@ -348,6 +365,7 @@ fn is_empty(raw: &RawConfig) -> bool {
     raw.listen.is_none()
         && raw.listen_tls.is_none()
         && raw.admin.is_none()
+        && raw.health_listen.is_none()
         && raw.server.is_none()
         && raw.cache.is_none()
         && raw.redis.is_none()

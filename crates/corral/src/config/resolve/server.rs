@@ -64,6 +64,10 @@ impl Resolver<'_> {
             }
             Ok(token.to_owned())
         })?;
+        let admin_hosts = match &raw.admin_hosts {
+            None => Vec::new(),
+            Some(entries) => self.list(entries, "server.admin_hosts", admin_host)?,
+        };
         let trusted_proxies = self.trusted_proxies(raw)?;
         let (runtime, workers) = self.threads(raw)?;
         let overload =
@@ -80,6 +84,7 @@ impl Resolver<'_> {
             listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
             purge_token,
             admin_token,
+            admin_hosts,
             header_read_timeout: header_read_timeout.value,
             idle_timeout: idle_timeout.value,
             send_timeout: send_timeout.value,
@@ -149,4 +154,28 @@ impl Resolver<'_> {
         })?;
         Ok((runtime, workers))
     }
+}
+
+/// One entry of `server.admin_hosts`: a host name as a Host field names
+/// it, without port or scheme, kept in lower case without a trailing dot.
+/// IP addresses and `localhost` are always answered for, so they are not
+/// listed.
+fn admin_host(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !valid {
+        return Err(format!(
+            "`{text}` is not a host name such as corral-admin.example: write the name alone, without a port, scheme or wildcard"
+        ));
+    }
+    Ok(name)
 }
