@@ -23,6 +23,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(&file, &text)
 }
 
+/// True when `text` is a duration of zero (`0`, `0s`, `0ms`): what
+/// `corral proxy --ttl 0` means by "keep nothing without freshness".
+pub fn is_zero_duration(text: &str) -> bool {
+    text.trim() == "0" || duration::parse_duration(text).is_ok_and(|d| d.is_zero())
+}
+
 /// Parses and validates config `text`; `file_name` is only used in error messages.
 pub fn parse(file_name: &str, text: &str) -> Result<Config, ConfigError> {
     let options = serde_saphyr::options! {
@@ -562,7 +568,8 @@ pub struct RouteCacheConfig {
     pub no_vary_search: bool,
     /// `identity.headers`: lowercased request headers that make a response user-specific.
     pub identity_headers: Vec<String>,
-    /// `identity.cookies`: request cookies that make a response user-specific.
+    /// `identity.cookies`: request cookies that make a response user-specific;
+    /// `*` (the default): every cookie, the whole Cookie field.
     pub identity_cookies: Vec<String>,
     /// `false`: responses with `Set-Cookie` are not stored; `true`: stored without it.
     pub store_set_cookie: bool,
@@ -598,7 +605,9 @@ impl Default for RouteCacheConfig {
             ignore_query: Vec::new(),
             no_vary_search: false,
             identity_headers: vec!["authorization".to_owned()],
-            identity_cookies: Vec::new(),
+            // Any cookie may carry a session: a caller with cookies is
+            // keyed on them unless the route names the ones that matter.
+            identity_cookies: vec!["*".to_owned()],
             store_set_cookie: p.store_set_cookie,
             hit_for_pass: p.hit_for_pass,
             targeted_fields: p.targeted.iter().map(|h| h.as_str().to_owned()).collect(),
@@ -805,7 +814,7 @@ routes:
         assert_eq!(cache.early_refresh_beta, 1.0);
         assert!(cache.ignore_query.is_empty());
         assert_eq!(cache.identity_headers, ["authorization"]);
-        assert!(cache.identity_cookies.is_empty());
+        assert_eq!(cache.identity_cookies, ["*"]);
         assert!(!cache.store_set_cookie);
         assert_eq!(cache.hit_for_pass, Duration::from_secs(10));
         assert_eq!(cache.targeted_fields, ["cdn-cache-control"]);
