@@ -306,8 +306,7 @@ fn personal_origin() -> corral_tests::Origin {
 /// it or at the same moment, must get the anonymous page, never the
 /// victim's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_personalized_page_without_cache_control_never_reaches_a_caller_without_the_credential()
-{
+async fn a_personalized_page_without_cache_control_never_reaches_a_caller_without_the_credential() {
     let anonymous = "account of anonymous".to_owned();
     for credential in [("cookie", "sess=alice"), ("authorization", "Bearer alice")] {
         let victim_page = format!("account of {}", credential.1);
@@ -315,9 +314,10 @@ async fn a_personalized_page_without_cache_control_never_reaches_a_caller_withou
             let origin = personal_origin().start().await;
             let proxy = match proxy {
                 "corral proxy" => Proxy::flags(&origin.url(), &[]),
-                _ => Proxy::new(Config::new().route(
-                    Route::new("site", origin.url()).cache("default_ttl", "10s"),
-                )),
+                _ => Proxy::new(
+                    Config::new()
+                        .route(Route::new("site", origin.url()).cache("default_ttl", "10s")),
+                ),
             }
             .start()
             .await;

@@ -251,8 +251,12 @@ mod tests {
             h.insert(COOKIE, http::HeaderValue::from_static(v));
             h
         };
-        let a = every.identify(&field("_ga=1; theme=dark")).expect("identified");
-        let b = every.identify(&field("_ga=2; theme=dark")).expect("identified");
+        let a = every
+            .identify(&field("_ga=1; theme=dark"))
+            .expect("identified");
+        let b = every
+            .identify(&field("_ga=2; theme=dark"))
+            .expect("identified");
         assert_ne!(a, b);
         assert!(!a.is_authorization_only());
         assert_eq!(every.identify(&HeaderMap::new()), None);

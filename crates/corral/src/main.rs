@@ -767,7 +767,10 @@ mod tests {
     #[test]
     fn a_proxy_flag_is_one_value_whatever_it_holds() {
         let config = |to: &str, redis: Option<&str>| {
-            config::parse("corral proxy", &proxy_config(&flags(to, redis, Some("10s"))))
+            config::parse(
+                "corral proxy",
+                &proxy_config(&flags(to, redis, Some("10s"))),
+            )
         };
         // Quotes, a newline and YAML of its own stay inside the one value,
         // which is then refused as the upstream it claims to be.
@@ -809,7 +812,10 @@ mod tests {
         let default = route(Some(DEFAULT_PROXY_TTL));
         assert_eq!(default.cache.default_ttl, Some(Duration::from_secs(10)));
         assert!(default.cache.enabled);
-        assert_eq!(route(Some("2m")).cache.default_ttl, Some(Duration::from_secs(120)));
+        assert_eq!(
+            route(Some("2m")).cache.default_ttl,
+            Some(Duration::from_secs(120))
+        );
         for zero in ["0", "0s", "0ms"] {
             let off = route(Some(zero));
             assert_eq!(off.cache.default_ttl, None, "{zero}");

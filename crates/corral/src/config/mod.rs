@@ -290,6 +290,9 @@ pub const DEFAULT_MIN_SEND_RATE: u64 = 4096;
 
 /// Default `cache.max_fills`.
 const DEFAULT_MAX_FILLS: usize = 1024;
+/// `cache.memory` when the file leaves it (or `cache:`) out: what
+/// `corral proxy --memory` defaults to.
+const DEFAULT_MEMORY: u64 = 256 << 20;
 
 /// Default `cache.max_object_size`: 8MiB.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
@@ -1097,9 +1100,9 @@ routes:
         let message = assert_at(&refused(&text), 7, 5, "routes[0].upstream");
         assert_eq!(message, "required field has no value");
 
+        // A `cache:` with nothing in it is the defaults.
         let text = route_with("").replace("  memory: 256MiB\n", "");
-        let message = assert_at(&refused(&text), 3, 1, "cache");
-        assert_eq!(message, "required field has no value");
+        assert_eq!(config(&text).cache.memory, 256 << 20);
     }
 
     #[test]
@@ -1222,7 +1225,49 @@ routes:
         assert_eq!(message, "at least one route is required");
 
         let error = refused("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9080\nroutes: []\n");
-        assert_at(&error, 1, 1, "cache");
+        assert_at(&error, 3, 9, "routes");
+        let error = refused("listen: 127.0.0.1:8080\n");
+        let message = assert_at(&error, 1, 1, "routes");
+        assert_eq!(message, "required field is missing");
+    }
+
+    #[test]
+    fn a_minimal_config_is_listen_and_a_route_with_an_upstream() {
+        let c = config("listen: 127.0.0.1:8080\nroutes:\n  - upstream: http://127.0.0.1:3000\n");
+        assert_eq!(c.admin, "127.0.0.1:9080".parse().expect("addr"));
+        assert_eq!(c.cache.memory, 256 << 20);
+        assert_eq!(c.routes[0].name, "route-0");
+        assert_eq!(c.routes[0].path_prefix, "/");
+        assert_eq!(c.routes[0].cache.identity_cookies, ["*"]);
+        // The default admin address is not silently shared with listen.
+        let error =
+            refused("listen: 127.0.0.1:9080\nroutes:\n  - upstream: http://127.0.0.1:3000\n");
+        let message = assert_at(&error, 1, 9, "listen");
+        assert!(message.contains("give `admin:` another"), "{message}");
+    }
+
+    #[test]
+    fn every_missing_or_unreadable_required_field_is_reported_in_one_run() {
+        let text = "admin: nowhere\ncache: { memory: lots }\nroutes:\n  - name: a\n  - name: \"b c\"\n    upstream: ftp://x\n  - upstreams: [\"127.0.0.1:2\"]\n";
+        let error = refused(text);
+        let all: Vec<(Option<u32>, &str)> = std::iter::once(&error)
+            .chain(&error.also)
+            .map(|e| (e.line, e.field.as_str()))
+            .collect();
+        assert_eq!(
+            all,
+            [
+                (Some(1), "listen"),
+                (Some(1), "admin"),
+                (Some(2), "cache.memory"),
+                (Some(4), "routes[0].upstream"),
+                (Some(5), "routes[1].name"),
+                (Some(6), "routes[1].upstream"),
+                (Some(7), "routes[2].upstreams[0]"),
+            ],
+            "{error}"
+        );
+        assert_eq!(error.to_string().lines().count(), 7, "{error}");
     }
 
     #[test]
