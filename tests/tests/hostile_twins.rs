@@ -310,7 +310,7 @@ async fn a_personalized_page_without_cache_control_never_reaches_a_caller_withou
     let anonymous = "account of anonymous".to_owned();
     for credential in [("cookie", "sess=alice"), ("authorization", "Bearer alice")] {
         let victim_page = format!("account of {}", credential.1);
-        for proxy in ["corral proxy", "minimal config"] {
+        for proxy in ["minimal config", "corral proxy"] {
             let origin = personal_origin().start().await;
             let proxy = match proxy {
                 "corral proxy" => Proxy::flags(&origin.url(), &[]),
