@@ -29,6 +29,9 @@ pub enum ConfigSource {
     Built(Config),
     /// Raw YAML without `listen`/`admin`; the harness prepends both.
     Yaml(String),
+    /// No file: `corral proxy` with these flags (`--to` among them); the
+    /// harness adds `--listen` and `--admin`.
+    Flags(Vec<String>),
 }
 
 impl From<Config> for ConfigSource {
@@ -76,6 +79,14 @@ impl Proxy {
             stall_stdout: false,
             open_files: None,
         }
+    }
+
+    /// `corral proxy --to upstream` with `flags` (e.g. `["--ttl", "0"]`):
+    /// what a newcomer runs, with no file.
+    pub fn flags(upstream: &str, flags: &[&str]) -> Self {
+        let mut all = vec!["--to".to_owned(), upstream.to_owned()];
+        all.extend(flags.iter().map(|f| (*f).to_owned()));
+        Self::new(ConfigSource::Flags(all))
     }
 
     /// Do not wait for the shared cache at start (for a Redis that is down
@@ -184,6 +195,7 @@ impl Proxy {
         let yaml = match &self.config {
             ConfigSource::Built(config) => config.render(addr, admin_addr),
             ConfigSource::Yaml(body) => with_listeners(body, addr, admin_addr),
+            ConfigSource::Flags(flags) => format!("# corral proxy {}\n", flags.join(" ")),
         };
         let config_path = dir.path().join("corral.yaml");
         std::fs::write(&config_path, &yaml).expect("write the proxy config");
@@ -205,10 +217,16 @@ impl Proxy {
             }
             None => Command::new(bin),
         };
+        match &self.config {
+            ConfigSource::Flags(flags) => command
+                .arg("proxy")
+                .args(flags)
+                .args(["--listen", &addr.to_string()])
+                .args(["--admin", &admin_addr.to_string()])
+                .args(["--log-format", "json"]),
+            _ => command.arg("serve").arg("--config").arg(&config_path),
+        };
         let child = command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config_path)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(stdout)

@@ -53,6 +53,32 @@ async fn check_refuses_a_bad_duration_naming_its_line_and_path() {
     assert_names_line_and_path(&stderr, 9, "routes[0].cache.default_ttl");
 }
 
+/// A first file as a newcomer writes it, lacking what it lacks: one run
+/// of `corral check` names every required field missing or unreadable,
+/// each with the file, its line and its field; and the file fixed is the
+/// three lines of a minimal config.
+#[tokio::test]
+async fn check_names_every_missing_required_field_in_one_run() {
+    let yaml = "routes:\n  - name: api\n  - name: web\n    upstream: localhost:3000\n";
+    let (status, stderr) = corral_check(yaml).await;
+    assert_eq!(status.code(), Some(2), "stderr:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "one line each:\n{stderr}");
+    for (line, (at, field)) in lines.iter().zip([
+        ("1:1", "listen"),
+        ("2:5", "routes[0].upstream"),
+        ("4:15", "routes[1].upstream"),
+    ]) {
+        assert!(
+            line.contains(&format!("check.yaml:{at}: {field}: ")),
+            "expected check.yaml:{at}: {field}: ... in:\n{stderr}"
+        );
+    }
+    let minimal = "listen: 127.0.0.1:8080\nroutes:\n  - upstream: http://127.0.0.1:3000\n";
+    let (status, stderr) = corral_check(minimal).await;
+    assert!(status.success(), "exit {status}, stderr:\n{stderr}");
+}
+
 #[tokio::test]
 async fn check_accepts_a_config_the_tests_build() {
     let yaml = Config::single("http://127.0.0.1:9").render(

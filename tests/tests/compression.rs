@@ -547,3 +547,73 @@ async fn a_coding_the_caller_does_not_accept_is_decoded_or_refused_never_passed_
     }
     assert_eq!(origin.hits("/dcb"), 2, "never stored for the next caller");
 }
+
+/// On a route without `compression:`, an origin that gzips for callers
+/// that accept it and says `Vary: Accept-Encoding` (as nginx's `gzip on`
+/// and most frameworks do): the five spellings of "gzip" that clients send
+/// are one variant and one origin request, asked with `gzip`; callers that
+/// accept no gzip share the unencoded one, fetched without the field, and
+/// never get a gzip body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_encoding_is_gzip_or_nothing_on_defaults_so_five_spellings_are_one_fetch() {
+    use corral_tests::RawOrigin;
+    use std::io::Write;
+    let doc = document();
+    let gzipped = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(doc.as_bytes()).expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let (plain, sent) = (doc.clone(), gzipped.clone());
+    // Reads the field as a lax origin does: any mention of gzip.
+    let origin = RawOrigin::start(move |r| {
+        let gzip = r
+            .header("accept-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("gzip"));
+        let body: &[u8] = if gzip { &sent } else { plain.as_bytes() };
+        let mut head = String::from(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncache-control: max-age=60\r\nvary: Accept-Encoding\r\n",
+        );
+        if gzip {
+            head.push_str("content-encoding: gzip\r\n");
+        }
+        head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+        let mut out = head.into_bytes();
+        out.extend_from_slice(body);
+        out
+    })
+    .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    for accept in [
+        "gzip, deflate, br",
+        "br, gzip",
+        "gzip;q=1.0, identity; q=0.5",
+        "GZIP",
+        "deflate, gzip",
+    ] {
+        let a = client.get_with(&url, &[("accept-encoding", accept)]).await;
+        assert_eq!(a.status, 200, "{accept}");
+        assert_eq!(a.header("content-encoding"), Some("gzip"), "{accept}");
+        assert!(a.body == gzipped, "{accept}: the origin's gzip bytes");
+        assert_eq!(decoded(&a), doc.as_bytes(), "{accept}");
+    }
+    assert_eq!(origin.requests().len(), 1, "five spellings, one fetch");
+    for accept in [None, Some("br"), Some("gzip;q=0"), Some("identity")] {
+        let a = client.get_with(&url, &accepting(accept)).await;
+        assert_eq!(a.status, 200, "{accept:?}");
+        assert_eq!(a.header("content-encoding"), None, "{accept:?}");
+        assert_eq!(a.body, doc.as_bytes(), "{accept:?}");
+    }
+    let asked: Vec<Option<String>> = origin
+        .requests()
+        .iter()
+        .map(|r| r.header("accept-encoding").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        asked,
+        [Some("gzip".to_owned()), None],
+        "one fetch per class, each asked as its class"
+    );
+}

@@ -284,3 +284,67 @@ async fn a_cookie_callers_uncacheable_answer_never_turns_coalescing_off_for_the_
         corral_tests::tally(&answers)
     );
 }
+
+/// A personalized page as most applications send it: no Cache-Control, no
+/// Set-Cookie, the caller's session (a cookie, or Authorization) in it.
+fn personal_origin() -> corral_tests::Origin {
+    let page = corral_tests::Reply::from_request(|r| {
+        format!(
+            "account of {}",
+            r.header("cookie")
+                .or(r.header("authorization"))
+                .unwrap_or("anonymous")
+        )
+    })
+    .delay(std::time::Duration::from_millis(300));
+    corral_tests::Origin::new().route("/account", page)
+}
+
+/// With a default TTL (what `corral proxy` runs on, and what a minimal
+/// config's `default_ttl` gives) a victim's personalized page is kept; an
+/// attacker without the victim's cookie or Authorization, asking after
+/// it or at the same moment, must get the anonymous page, never the
+/// victim's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_personalized_page_without_cache_control_never_reaches_a_caller_without_the_credential() {
+    let anonymous = "account of anonymous".to_owned();
+    for credential in [("cookie", "sess=alice"), ("authorization", "Bearer alice")] {
+        let victim_page = format!("account of {}", credential.1);
+        for proxy in ["minimal config", "corral proxy"] {
+            let origin = personal_origin().start().await;
+            let proxy = match proxy {
+                "corral proxy" => Proxy::flags(&origin.url(), &[]),
+                _ => Proxy::new(
+                    Config::new()
+                        .route(Route::new("site", origin.url()).cache("default_ttl", "10s")),
+                ),
+            }
+            .start()
+            .await;
+            let url = proxy.url("/account");
+            let victim = Client::new();
+            let attacker = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 66));
+            // After: the victim's page is in the cache.
+            let mine = victim.get_with(&url, &[credential]).await;
+            assert_eq!(mine.text(), victim_page);
+            let theirs = attacker.get(&url).await;
+            assert_eq!(theirs.text(), anonymous, "{credential:?} after");
+            // At the same moment: the victim leads a fill, the attacker
+            // asks while it runs (another key: fresh ones).
+            let url = proxy.url("/account?at=once");
+            let fields = [credential];
+            let (mine, theirs) = tokio::join!(victim.get_with(&url, &fields), async {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                attacker.get(&url).await
+            });
+            assert_eq!(mine.text(), victim_page);
+            assert_eq!(theirs.text(), anonymous, "{credential:?} at once");
+            // The anonymous page is shared between anonymous callers, and
+            // the victim's is still the victim's own.
+            let again = victim.get_with(&proxy.url("/account"), &[credential]).await;
+            assert_eq!(again.text(), victim_page);
+            assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+            assert_eq!(origin.hits("/account"), 4, "{credential:?}");
+        }
+    }
+}

@@ -98,6 +98,9 @@ async fn explicitly_shareable_answers_to_credentialed_requests_are_shared() {
     }
 }
 
+/// A route without `compression:` reads Accept-Encoding as gzip or
+/// nothing: a caller that accepts gzip and one that does not are two
+/// variants, and the origin is asked with `gzip` or with no field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vary_accept_encoding_stores_each_encoding_apart() {
     let origin = Origin::new()
@@ -116,7 +119,7 @@ async fn vary_accept_encoding_stores_each_encoding_apart() {
     let gzip = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
     assert_eq!(gzip.text(), "enc:gzip");
     let br = client.get_with(&url, &[("accept-encoding", "br")]).await;
-    assert_eq!(br.text(), "enc:br");
+    assert_eq!(br.text(), "enc:");
     assert_eq!(origin.hits("/enc"), 2);
 
     let gzip_again = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
@@ -127,7 +130,7 @@ async fn vary_accept_encoding_stores_each_encoding_apart() {
         gzip_again.cache_status()
     );
     let br_again = client.get_with(&url, &[("accept-encoding", "br")]).await;
-    assert_eq!(br_again.text(), "enc:br");
+    assert_eq!(br_again.text(), "enc:");
     assert!(
         br_again.cache_status().is_hit(),
         "{}",
@@ -154,11 +157,11 @@ async fn equivalent_accept_encoding_lists_share_one_variant() {
     let first = client
         .get_with(&url, &[("accept-encoding", "gzip, br")])
         .await;
-    assert_eq!(first.text(), "enc:gzip, br");
+    assert_eq!(first.text(), "enc:gzip");
     let second = client
         .get_with(&url, &[("accept-encoding", "br,gzip")])
         .await;
-    assert_eq!(second.text(), "enc:gzip, br");
+    assert_eq!(second.text(), "enc:gzip");
     assert!(second.cache_status().is_hit(), "{}", second.cache_status());
     assert_eq!(origin.hits("/enc"), 1);
 }

@@ -262,3 +262,97 @@ async fn h2c_clients_are_served_and_share_the_cache_with_http1_clients() {
     assert_eq!(again.text(), "over h2c");
     assert_eq!(origin.hits("/h2"), 1);
 }
+
+/// An API answer that says nothing of its freshness, as most do, after
+/// `work` at the origin (long enough that a burst's callers all arrive
+/// while it runs).
+fn api_origin(work: Duration) -> Origin {
+    let slow = |body: &'static str| Reply::ok(body).delay(work);
+    Origin::new()
+        .route("/api", slow("items"))
+        .route("/no-store", slow("n").header("cache-control", "no-store"))
+        .route("/private", slow("p").header("cache-control", "private"))
+        .route("/max-age", slow("m").header("cache-control", "max-age=0"))
+}
+
+/// `corral proxy --to` on its defaults protects an API that sends no
+/// Cache-Control: 200 callers at once on a cold key are one origin
+/// request, and the answer is kept for `--ttl` (10 s by default), so the
+/// next caller is a hit. What the origin says still wins: `no-store`,
+/// `private` and `max-age=0` are not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_proxy_defaults_make_a_burst_on_an_api_without_cache_control_one_request() {
+    let origin = api_origin(Duration::from_millis(300)).start().await;
+    let proxy = Proxy::flags(&origin.url(), &[]).start().await;
+    let client = Client::new();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.burst(200, &proxy.url("/api"), &[]),
+    )
+    .await
+    .expect("200 answers within 20 s");
+    corral_tests::assert_every_answer(&answers, 200, "items");
+    assert_eq!(
+        origin.hits("/api"),
+        1,
+        "{:?}",
+        corral_tests::tally(&answers)
+    );
+    let later = client.get(&proxy.url("/api")).await;
+    assert!(later.cache_status().is_hit(), "{}", later.cache_status());
+    let ttl: u64 = later
+        .cache_status()
+        .param("ttl")
+        .and_then(|t| t.parse().ok())
+        .expect("a hit says its ttl");
+    assert!((1..=10).contains(&ttl), "ttl={ttl}");
+    assert_eq!(origin.hits("/api"), 1);
+    for path in ["/no-store", "/private", "/max-age"] {
+        for _ in 0..2 {
+            let a = client.get(&proxy.url(path)).await;
+            assert_eq!(a.status, 200, "{path}");
+            assert!(!a.cache_status().is_hit(), "{path}: {}", a.cache_status());
+        }
+        assert_eq!(origin.hits(path), 2, "{path}: the origin's word wins");
+    }
+}
+
+/// `--ttl 0` keeps nothing the origin did not give a lifetime, but a burst
+/// on it is still one origin request: the answer is shared with the
+/// callers who asked at the same moment. `--no-cache` is a plain proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_proxy_ttl_0_still_collapses_a_burst_and_no_cache_passes_everything() {
+    // Nothing is kept: every caller of the burst must arrive while the
+    // one fetch runs, hence the longer work.
+    let origin = api_origin(Duration::from_secs(1)).start().await;
+    let proxy = Proxy::flags(&origin.url(), &["--ttl", "0"]).start().await;
+    let client = Client::new();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.burst(200, &proxy.url("/api"), &[]),
+    )
+    .await
+    .expect("200 answers within 20 s");
+    corral_tests::assert_every_answer(&answers, 200, "items");
+    assert_eq!(
+        origin.hits("/api"),
+        1,
+        "{:?}",
+        corral_tests::tally(&answers)
+    );
+    let later = client.get(&proxy.url("/api")).await;
+    assert!(!later.cache_status().is_hit(), "{}", later.cache_status());
+    assert_eq!(origin.hits("/api"), 2, "nothing was kept");
+    drop(proxy);
+
+    let origin = api_origin(Duration::from_millis(10)).start().await;
+    let proxy = Proxy::flags(&origin.url(), &["--no-cache"]).start().await;
+    let answers = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.burst(20, &proxy.url("/api"), &[]),
+    )
+    .await
+    .expect("20 answers within 20 s");
+    corral_tests::assert_every_answer(&answers, 200, "items");
+    assert_eq!(origin.hits("/api"), 20, "a plain proxy");
+}

@@ -182,6 +182,24 @@ pub fn choose(request: &HeaderMap, offered: &[Coding]) -> Option<Coding> {
     Accepted::of(request)?.best(offered.iter().map(|&c| (c, c)))
 }
 
+/// Rewrites a request's `Accept-Encoding` to one of two classes, as
+/// Varnish does by default: `gzip` when the caller accepts gzip (named, or
+/// `x-gzip`, or covered by `*`, with a weight above zero), else no field at
+/// all. The cache key (through `Vary`) and the request sent upstream are
+/// both made from the rewritten field, so the many spellings clients send
+/// (`gzip, deflate, br`, `br, gzip`, `GZIP`, ...) share one variant and
+/// one origin request, and a caller that accepts no gzip is only ever
+/// served an answer fetched without it. A field corral cannot read
+/// accepts no coding (the cautious read).
+pub fn normalize_accept_encoding(request: &mut HeaderMap) {
+    let gzip = Accepted::of(request).is_some_and(|a| a.weight(Coding::Gzip) > 0);
+    if gzip {
+        request.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("gzip"));
+    } else {
+        request.remove(ACCEPT_ENCODING);
+    }
+}
+
 /// `qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )`, in
 /// thousandths.
 fn qvalue(v: &str) -> Option<u16> {
@@ -239,6 +257,36 @@ mod tests {
         );
         assert!(accepts(&offered, "dcb"));
         assert!(!accepts(&offered, "dcz"));
+    }
+
+    #[test]
+    fn accept_encoding_is_normalized_to_gzip_or_nothing() {
+        for (field, gzip) in [
+            ("gzip, deflate, br", true),
+            ("br, gzip", true),
+            ("gzip;q=1.0, identity; q=0.5", true),
+            ("GZIP", true),
+            ("deflate, gzip", true),
+            ("x-gzip", true),
+            ("*", true),
+            ("br, *;q=0.1", true),
+            ("gzip;q=0", false),
+            ("*, gzip;q=0", false),
+            ("br", false),
+            ("identity", false),
+            ("deflate", false),
+            ("gzip;level=9", false),
+            ("", false),
+        ] {
+            let mut h = ae(field);
+            normalize_accept_encoding(&mut h);
+            let want = gzip.then_some("gzip");
+            let got = h.get(ACCEPT_ENCODING).map(|v| v.to_str().expect("ascii"));
+            assert_eq!(got, want, "{field:?}");
+        }
+        let mut none = HeaderMap::new();
+        normalize_accept_encoding(&mut none);
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct IdentityRules {
     /// The configured cookie names, in the canonical form [`cookie_name_forms`]
     /// compares.
     cookies: Vec<Vec<u8>>,
+    /// `*` among the cookie names: the whole Cookie field identifies the
+    /// caller, whatever its cookies are called (the default).
+    every_cookie: bool,
     key: [u8; 32],
 }
 
@@ -76,12 +79,15 @@ impl IdentityRules {
         // agree on keys; the hash is keyed so a key does not reveal a
         // credential to anyone who can only read the store.
         let key = blake3::derive_key("corral 2026-11 identity v1", b"");
+        let every_cookie = cookies.iter().any(|c| c == "*");
         IdentityRules {
             headers,
             cookies: cookies
                 .iter()
+                .filter(|c| *c != "*")
                 .map(|c| canonical_cookie_name(c.as_bytes()))
                 .collect(),
+            every_cookie,
             key,
         }
     }
@@ -140,7 +146,9 @@ impl IdentityRules {
                 h.update(pair);
             }
         }
-        if whole_cookie && self.cookies.is_empty() {
+        // `*`, or a coalesced POST on a route that names no cookie: the
+        // session may be in any cookie, so all of them identify.
+        if self.every_cookie || (whole_cookie && self.cookies.is_empty()) {
             for value in headers.get_all(COOKIE) {
                 found = true;
                 authorization_only = false;
@@ -234,6 +242,30 @@ fn canonical_cookie_name(name: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_star_makes_every_cookie_a_credential() {
+        let every = IdentityRules::new(vec![AUTHORIZATION], vec!["*".into()]);
+        let field = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(COOKIE, http::HeaderValue::from_static(v));
+            h
+        };
+        let a = every
+            .identify(&field("_ga=1; theme=dark"))
+            .expect("identified");
+        let b = every
+            .identify(&field("_ga=2; theme=dark"))
+            .expect("identified");
+        assert_ne!(a, b);
+        assert!(!a.is_authorization_only());
+        assert_eq!(every.identify(&HeaderMap::new()), None);
+        // Named cookies alone: the others are anonymous.
+        let named = IdentityRules::new(vec![AUTHORIZATION], vec!["session".into()]);
+        assert_eq!(named.identify(&field("_ga=1")), None);
+        let none = IdentityRules::new(vec![AUTHORIZATION], Vec::new());
+        assert_eq!(none.identify(&field("session=1")), None);
+    }
 
     #[test]
     fn callers_with_cookies_are_a_pass_class_of_their_own() {

@@ -54,7 +54,9 @@ pub use cache_status::{
 };
 pub use circuit::{Admission, Circuit, CircuitSettings, Evidence};
 pub use clock::{Clock, PausedClock, SystemClock};
-pub use coding::{Accepted, Coding, accepts as accepts_coding, choose as choose_coding};
+pub use coding::{
+    Accepted, Coding, accepts as accepts_coding, choose as choose_coding, normalize_accept_encoding,
+};
 pub use entry::{
     EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, VIA_1_1, compact,
     merge_not_modified,

@@ -70,6 +70,15 @@ enum Command {
         /// The cache's memory bound (L1), e.g. 256MiB or 1GiB.
         #[arg(long, default_value = "256MiB")]
         memory: String,
+        /// How long an answer without freshness information (no
+        /// Cache-Control max-age, no Expires) is kept, e.g. 10s or 2m;
+        /// 0: such answers are not kept (concurrent requests still share
+        /// one fetch). The origin's own Cache-Control always wins.
+        #[arg(long, default_value = DEFAULT_PROXY_TTL)]
+        ttl: String,
+        /// Keep nothing and coalesce nothing: a plain reverse proxy.
+        #[arg(long, conflicts_with = "ttl")]
+        no_cache: bool,
         /// Log format on stdout.
         #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
         log_format: LogFormat,
@@ -230,9 +239,19 @@ fn main() -> ExitCode {
             admin,
             redis,
             memory,
+            ttl,
+            no_cache,
             log_format,
         } => {
-            let text = proxy_config(&to, &listen, &admin, redis.as_deref(), &memory);
+            let flags = ProxyFlags {
+                to: &to,
+                listen: &listen,
+                admin: &admin,
+                redis: redis.as_deref(),
+                memory: &memory,
+                ttl: (!no_cache).then_some(ttl.as_str()),
+            };
+            let text = proxy_config(&flags);
             let config = match config::parse("corral proxy", &text) {
                 Ok(c) => c,
                 Err(e) => {
@@ -270,25 +289,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// `corral proxy`'s default for `--ttl`: long enough that a burst on a
+/// hot key is one origin request every ten seconds, short enough that an
+/// API's answers are never more than seconds old (docs/src/getting-started.md).
+const DEFAULT_PROXY_TTL: &str = "10s";
+
+/// The flags of `corral proxy` that make its configuration.
+struct ProxyFlags<'a> {
+    to: &'a str,
+    listen: &'a str,
+    admin: &'a str,
+    redis: Option<&'a str>,
+    memory: &'a str,
+    /// `--ttl`; `None` with `--no-cache`.
+    ttl: Option<&'a str>,
+}
+
 /// The configuration `corral proxy` runs: one route, everything under
-/// `/`, to `to`; the defaults for the rest. Each value is written as a
-/// quoted YAML string (a JSON string is one), so whatever the flags hold
-/// is read as that value and checked as a file's would be.
-fn proxy_config(to: &str, listen: &str, admin: &str, redis: Option<&str>, memory: &str) -> String {
+/// `/`, to `to`, answers without freshness information kept for `--ttl`;
+/// the defaults for the rest. Each value is written as a quoted YAML
+/// string (a JSON string is one), so whatever the flags hold is read as
+/// that value and checked as a file's would be.
+fn proxy_config(flags: &ProxyFlags<'_>) -> String {
     let quoted = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".to_owned());
     let mut text = format!(
         "listen: {}\nadmin: {}\ncache: {{ memory: {} }}\n",
-        quoted(listen),
-        quoted(admin),
-        quoted(memory)
+        quoted(flags.listen),
+        quoted(flags.admin),
+        quoted(flags.memory)
     );
-    if let Some(url) = redis {
+    if let Some(url) = flags.redis {
         text.push_str(&format!("redis: {{ url: {} }}\n", quoted(url)));
     }
     text.push_str(&format!(
         "routes:\n  - name: proxy\n    match: {{ path_prefix: / }}\n    upstream: {}\n",
-        quoted(to)
+        quoted(flags.to)
     ));
+    match flags.ttl {
+        None => text.push_str("    cache: { enabled: false }\n"),
+        // `--ttl 0`: the origin's Cache-Control alone decides.
+        Some(ttl) if config::is_zero_duration(ttl) => {}
+        Some(ttl) => text.push_str(&format!("    cache: {{ default_ttl: {} }}\n", quoted(ttl))),
+    }
     text
 }
 
@@ -299,6 +341,7 @@ fn proxy_flag(field: &str) -> &str {
         "listen" => "--listen",
         "admin" => "--admin",
         "cache.memory" => "--memory",
+        "routes[0].cache.default_ttl" => "--ttl",
         f if f.starts_with("redis") => "--redis",
         f => f,
     }
@@ -751,7 +794,7 @@ mod tests {
         let config = |to: &str, redis: Option<&str>| {
             config::parse(
                 "corral proxy",
-                &proxy_config(to, "127.0.0.1:8080", "127.0.0.1:9080", redis, "64MiB"),
+                &proxy_config(&flags(to, redis, Some("10s"))),
             )
         };
         // Quotes, a newline and YAML of its own stay inside the one value,
@@ -771,5 +814,43 @@ mod tests {
         assert_eq!(ok.routes[0].path_prefix, "/");
         assert!(ok.redis.is_none());
         assert_eq!(ok.cache.memory, 64 << 20);
+    }
+
+    fn flags<'a>(to: &'a str, redis: Option<&'a str>, ttl: Option<&'a str>) -> ProxyFlags<'a> {
+        ProxyFlags {
+            to,
+            listen: "127.0.0.1:8080",
+            admin: "127.0.0.1:9080",
+            redis,
+            memory: "64MiB",
+            ttl,
+        }
+    }
+
+    #[test]
+    fn ttl_gives_answers_without_freshness_a_lifetime_and_no_cache_turns_caching_off() {
+        let route = |ttl: Option<&str>| {
+            let text = proxy_config(&flags("http://127.0.0.1:3000", None, ttl));
+            let config = config::parse("corral proxy", &text).expect("valid");
+            config.routes.into_iter().next().expect("one route")
+        };
+        let default = route(Some(DEFAULT_PROXY_TTL));
+        assert_eq!(default.cache.default_ttl, Some(Duration::from_secs(10)));
+        assert!(default.cache.enabled);
+        assert_eq!(
+            route(Some("2m")).cache.default_ttl,
+            Some(Duration::from_secs(120))
+        );
+        for zero in ["0", "0s", "0ms"] {
+            let off = route(Some(zero));
+            assert_eq!(off.cache.default_ttl, None, "{zero}");
+            assert!(off.cache.enabled);
+        }
+        assert!(!route(None).cache.enabled);
+        let text = proxy_config(&flags("http://127.0.0.1:3000", None, Some("soon")));
+        let Err(error) = config::parse("corral proxy", &text) else {
+            panic!("--ttl soon was accepted");
+        };
+        assert_eq!(proxy_flag(&error.field), "--ttl", "{error}");
     }
 }

@@ -51,9 +51,16 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         // would let a shared cache keep but for the method: identical
         // in-flight POSTs of one caller share one origin request. A
         // `private` answer is the caller's own, and so is a POST's
-        // `no-store` or Set-Cookie one: waiters fetch alone.
+        // `no-store` or Set-Cookie one: waiters fetch alone. An answer
+        // that says nothing of its freshness (most APIs') is not stored,
+        // but those who asked for it at the same moment share it: a burst
+        // on such a key is one origin request, not one per caller, and the
+        // key is not marked hit-for-pass, so the next burst coalesces too.
         Decision::Pass(reason)
-            if (answered.parts.status.is_server_error() || post) && shareable(reason, post) =>
+            if (answered.parts.status.is_server_error()
+                || post
+                || reason == PassReason::NoFreshness)
+                && shareable(reason, post) =>
         {
             share(fill, answered, reason).await
         }

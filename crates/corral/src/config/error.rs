@@ -24,6 +24,9 @@ pub struct ConfigError {
     pub field: String,
     /// What is wrong, on one line.
     pub message: String,
+    /// Further errors found in the same run (every required field missing
+    /// or unreadable is reported at once), each on a line of its own.
+    pub also: Vec<ConfigError>,
 }
 
 impl fmt::Display for ConfigError {
@@ -38,7 +41,11 @@ impl fmt::Display for ConfigError {
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
         }
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", self.message)?;
+        for other in &self.also {
+            write!(f, "\n{other}")?;
+        }
+        Ok(())
     }
 }
 
@@ -72,6 +79,7 @@ impl ConfigError {
             column,
             field: field.into(),
             message: message.into(),
+            also: Vec::new(),
         }
     }
 
@@ -83,7 +91,19 @@ impl ConfigError {
             column: None,
             field: String::new(),
             message: format!("cannot read config file: {cause}"),
+            also: Vec::new(),
         }
+    }
+
+    /// The first of `errors` in file order, carrying the others in
+    /// [`ConfigError::also`]; `None` when there are none.
+    pub(super) fn all(mut errors: Vec<ConfigError>) -> Option<Self> {
+        errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+        errors.dedup_by(|a, b| a.field == b.field && a.line == b.line);
+        let mut errors = errors.into_iter();
+        let mut first = errors.next()?;
+        first.also.extend(errors);
+        Some(first)
     }
 
     /// Translates a serde-saphyr error, naming the field from the node at its location.
@@ -148,6 +168,7 @@ mod tests {
             column,
             field: field.into(),
             message: "bad".into(),
+            also: Vec::new(),
         }
     }
 
@@ -162,6 +183,21 @@ mod tests {
             "corral.yaml: listen: bad"
         );
         assert_eq!(error(Some(3), None, "").to_string(), "corral.yaml:3: bad");
+    }
+
+    #[test]
+    fn several_errors_show_one_a_line_in_file_order() {
+        let all = ConfigError::all(vec![
+            error(Some(9), Some(5), "routes[0].upstream"),
+            error(Some(1), Some(1), "listen"),
+            error(Some(9), Some(5), "routes[0].upstream"),
+        ])
+        .expect("errors");
+        assert_eq!(
+            all.to_string(),
+            "corral.yaml:1:1: listen: bad\ncorral.yaml:9:5: routes[0].upstream: bad"
+        );
+        assert_eq!(ConfigError::all(Vec::new()), None);
     }
 
     #[test]

@@ -23,6 +23,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(&file, &text)
 }
 
+/// True when `text` is a duration of zero (`0`, `0s`, `0ms`): what
+/// `corral proxy --ttl 0` means by "keep nothing without freshness".
+pub fn is_zero_duration(text: &str) -> bool {
+    text.trim() == "0" || duration::parse_duration(text).is_ok_and(|d| d.is_zero())
+}
+
 /// Parses and validates config `text`; `file_name` is only used in error messages.
 pub fn parse(file_name: &str, text: &str) -> Result<Config, ConfigError> {
     let options = serde_saphyr::options! {
@@ -292,6 +298,9 @@ pub const DEFAULT_MIN_SEND_RATE: u64 = 4096;
 
 /// Default `cache.max_fills`.
 const DEFAULT_MAX_FILLS: usize = 1024;
+/// `cache.memory` when the file leaves it (or `cache:`) out: what
+/// `corral proxy --memory` defaults to.
+const DEFAULT_MEMORY: u64 = 256 << 20;
 
 /// Default `cache.max_object_size`: 8MiB.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 * 1024 * 1024;
@@ -574,7 +583,8 @@ pub struct RouteCacheConfig {
     pub sort_query: bool,
     /// `identity.headers`: lowercased request headers that make a response user-specific.
     pub identity_headers: Vec<String>,
-    /// `identity.cookies`: request cookies that make a response user-specific.
+    /// `identity.cookies`: request cookies that make a response user-specific;
+    /// `*` (the default): every cookie, the whole Cookie field.
     pub identity_cookies: Vec<String>,
     /// `false`: responses with `Set-Cookie` are not stored; `true`: stored without it.
     pub store_set_cookie: bool,
@@ -611,7 +621,9 @@ impl Default for RouteCacheConfig {
             no_vary_search: false,
             sort_query: true,
             identity_headers: vec!["authorization".to_owned()],
-            identity_cookies: Vec::new(),
+            // Any cookie may carry a session: a caller with cookies is
+            // keyed on them unless the route names the ones that matter.
+            identity_cookies: vec!["*".to_owned()],
             store_set_cookie: p.store_set_cookie,
             hit_for_pass: p.hit_for_pass,
             targeted_fields: p.targeted.iter().map(|h| h.as_str().to_owned()).collect(),
@@ -818,7 +830,7 @@ routes:
         assert_eq!(cache.early_refresh_beta, 1.0);
         assert!(cache.ignore_query.is_empty());
         assert_eq!(cache.identity_headers, ["authorization"]);
-        assert!(cache.identity_cookies.is_empty());
+        assert_eq!(cache.identity_cookies, ["*"]);
         assert!(!cache.store_set_cookie);
         assert_eq!(cache.hit_for_pass, Duration::from_secs(10));
         assert_eq!(cache.targeted_fields, ["cdn-cache-control"]);
@@ -1127,9 +1139,9 @@ routes:
         let message = assert_at(&refused(&text), 7, 5, "routes[0].upstream");
         assert_eq!(message, "required field has no value");
 
+        // A `cache:` with nothing in it is the defaults.
         let text = route_with("").replace("  memory: 256MiB\n", "");
-        let message = assert_at(&refused(&text), 3, 1, "cache");
-        assert_eq!(message, "required field has no value");
+        assert_eq!(config(&text).cache.memory, 256 << 20);
     }
 
     #[test]
@@ -1252,7 +1264,49 @@ routes:
         assert_eq!(message, "at least one route is required");
 
         let error = refused("listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9080\nroutes: []\n");
-        assert_at(&error, 1, 1, "cache");
+        assert_at(&error, 3, 9, "routes");
+        let error = refused("listen: 127.0.0.1:8080\n");
+        let message = assert_at(&error, 1, 1, "routes");
+        assert_eq!(message, "required field is missing");
+    }
+
+    #[test]
+    fn a_minimal_config_is_listen_and_a_route_with_an_upstream() {
+        let c = config("listen: 127.0.0.1:8080\nroutes:\n  - upstream: http://127.0.0.1:3000\n");
+        assert_eq!(c.admin, "127.0.0.1:9080".parse().expect("addr"));
+        assert_eq!(c.cache.memory, 256 << 20);
+        assert_eq!(c.routes[0].name, "route-0");
+        assert_eq!(c.routes[0].path_prefix, "/");
+        assert_eq!(c.routes[0].cache.identity_cookies, ["*"]);
+        // The default admin address is not silently shared with listen.
+        let error =
+            refused("listen: 127.0.0.1:9080\nroutes:\n  - upstream: http://127.0.0.1:3000\n");
+        let message = assert_at(&error, 1, 9, "listen");
+        assert!(message.contains("give `admin:` another"), "{message}");
+    }
+
+    #[test]
+    fn every_missing_or_unreadable_required_field_is_reported_in_one_run() {
+        let text = "admin: nowhere\ncache: { memory: lots }\nroutes:\n  - name: a\n  - name: \"b c\"\n    upstream: ftp://x\n  - upstreams: [\"127.0.0.1:2\"]\n";
+        let error = refused(text);
+        let all: Vec<(Option<u32>, &str)> = std::iter::once(&error)
+            .chain(&error.also)
+            .map(|e| (e.line, e.field.as_str()))
+            .collect();
+        assert_eq!(
+            all,
+            [
+                (Some(1), "listen"),
+                (Some(1), "admin"),
+                (Some(2), "cache.memory"),
+                (Some(4), "routes[0].upstream"),
+                (Some(5), "routes[1].name"),
+                (Some(6), "routes[1].upstream"),
+                (Some(7), "routes[2].upstreams[0]"),
+            ],
+            "{error}"
+        );
+        assert_eq!(error.to_string().lines().count(), 7, "{error}");
     }
 
     #[test]

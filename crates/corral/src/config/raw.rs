@@ -3,7 +3,8 @@
 //! `resolve` does that, so every semantic error can name its line and field.
 //!
 //! Required fields are `Option` here on purpose: `resolve` reports them missing with
-//! the position of the section that lacks them.
+//! the position of the section that lacks them (all of them in one run), and fills
+//! the defaults of the rest.
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
@@ -116,7 +117,7 @@ pub struct RawServer {
     pub overload: Option<Text>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCache {
     pub memory: Option<Text>,

@@ -357,6 +357,13 @@ fn routed(
         );
     }
     let accounts = accounts_of(app, &route, &mut head, client);
+    // A route that compresses chooses the coding per caller itself; any
+    // other that caches reads Accept-Encoding as gzip or nothing, so the
+    // spellings clients send share one variant and one fill (the key's
+    // Vary values and the upstream request both come from this head).
+    if route.cache_enabled && route.compression.is_none() && head.is_cacheable_method() {
+        corral_core::normalize_accept_encoding(&mut head.headers);
+    }
     let cached = head.is_cacheable_method()
         && route.cache_enabled
         && head.body == RequestBody::None

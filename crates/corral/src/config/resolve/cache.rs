@@ -5,16 +5,23 @@ use serde_saphyr::Spanned;
 
 use super::{Resolver, whole_number};
 use crate::config::raw::RawCache;
-use crate::config::size::{describe_size, parse_size};
-use crate::config::{CacheConfig, ConfigError, DEFAULT_MAX_FILLS, DEFAULT_MAX_OBJECT_SIZE};
+use crate::config::size::describe_size;
+use crate::config::{
+    CacheConfig, ConfigError, DEFAULT_MAX_FILLS, DEFAULT_MAX_OBJECT_SIZE, DEFAULT_MEMORY,
+};
 
 impl Resolver<'_> {
-    /// `cache:`: `memory` is required, the rest sized from it by default.
-    pub(super) fn cache(&self, raw: &Spanned<RawCache>) -> Result<CacheConfig, ConfigError> {
-        let (at, raw) = (&raw.referenced, &raw.value);
+    /// `cache:`: `memory` ([`DEFAULT_MEMORY`] when left out, as is the whole
+    /// section), the rest sized from it by default.
+    pub(super) fn cache(
+        &self,
+        raw: Option<&Spanned<RawCache>>,
+    ) -> Result<CacheConfig, ConfigError> {
+        let none = RawCache::default();
+        let raw = raw.map_or(&none, |r| &r.value);
         let memory = self
             .at("cache.memory", &raw.memory)
-            .required(at, parse_size)?
+            .size_or(DEFAULT_MEMORY)?
             .positive()?;
         let max_object_size = self
             .at("cache.max_object_size", &raw.max_object_size)

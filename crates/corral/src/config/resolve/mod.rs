@@ -16,6 +16,7 @@ mod compression;
 mod limits;
 mod origin_failure;
 mod redis;
+mod required;
 mod route;
 mod route_cache;
 mod server;
@@ -259,11 +260,34 @@ impl Resolver<'_> {
             return Err(self.error(
                 root,
                 "",
-                "the file is empty: listen, admin, cache and routes are required",
+                "the file is empty: listen and routes (each with an upstream) are required",
             ));
         }
+        // Every required field missing or unreadable is reported in one
+        // run, with the first other refusal the full pass below makes.
+        let required = self.required_fields(raw, root);
+        if !required.is_empty() {
+            let mut errors = required;
+            if let Err(other) = self.resolved(raw, root) {
+                errors.push(other);
+            }
+            return Err(ConfigError::all(errors).expect("at least one error"));
+        }
+        self.resolved(raw, root)
+    }
+
+    /// The whole file once its required fields are known to be there.
+    fn resolved(&self, raw: &RawConfig, root: &Location) -> Result<Config, ConfigError> {
         let listen = self.at("listen", &raw.listen).required(root, socket_addr)?;
-        let admin = self.at("admin", &raw.admin).required(root, socket_addr)?;
+        let admin = self
+            .at("admin", &raw.admin)
+            .setting_or(default_admin(), socket_addr)?;
+        if collide(listen.value, admin.value) && admin.at.is_none() {
+            return Err(listen.blame(format!(
+                "{} is the admin listener's default address; give `admin:` another",
+                listen.value
+            )));
+        }
         if collide(listen.value, admin.value) {
             return Err(admin.blame(format!(
                 "{} overlaps listen address {}; give the admin listener its own port",
@@ -295,7 +319,7 @@ impl Resolver<'_> {
             }
             other => other.map(|a| a.value),
         };
-        let cache = self.cache(self.required(&raw.cache, root, "cache")?)?;
+        let cache = self.cache(raw.cache.as_ref())?;
         let redis = self.redis(raw.redis.as_ref())?;
         let callers = match &raw.callers {
             Some(c) => self.callers(c)?,
@@ -372,6 +396,11 @@ fn is_empty(raw: &RawConfig) -> bool {
         && raw.callers.is_none()
         && raw.limits.is_none()
         && raw.routes.is_none()
+}
+
+/// `admin` when the file leaves it out: loopback, as `corral proxy`'s.
+fn default_admin() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9080))
 }
 
 /// A listener's address: an IP and a port, never a name to look up.

@@ -65,10 +65,10 @@ impl Resolver<'_> {
     fn route(&self, raw: &Spanned<RawRoute>, prefix: &str) -> Result<RouteConfig, ConfigError> {
         let at = &raw.referenced;
         let raw = &raw.value;
+        // Unnamed: called after its place, as metrics and logs need a name.
         let name = self
             .under(prefix, "name", &raw.name)
-            .required(at, route_name)?
-            .value;
+            .parse_or(default_route_name(prefix), route_name)?;
         let (host, path_prefix) = match &raw.matcher {
             Some(matcher) => self.matcher(matcher, prefix)?,
             None => (None, "/".to_owned()),
@@ -181,6 +181,12 @@ fn match_location(route: &Spanned<RawRoute>, prefix: &str) -> (Location, String)
 }
 
 /// A route's or a limit's name: shown in headers, metrics and logs, so plain.
+/// The name of an unnamed route: `route-0` for `routes[0]`.
+fn default_route_name(prefix: &str) -> String {
+    let index = prefix.trim_start_matches("routes[").trim_end_matches(']');
+    format!("route-{index}")
+}
+
 pub(super) fn route_name(text: &str) -> Result<String, String> {
     if text.is_empty() {
         return Err("route name must not be empty".to_owned());

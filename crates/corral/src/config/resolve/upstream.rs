@@ -149,7 +149,7 @@ impl Resolver<'_> {
 }
 
 /// An origin: `http://` or `https://`, a host and maybe a port, nothing more.
-fn upstream_uri(text: &str) -> Result<http::Uri, String> {
+pub(super) fn upstream_uri(text: &str) -> Result<http::Uri, String> {
     let text = text.trim();
     let example = "write e.g. http://127.0.0.1:3000";
     let uri: http::Uri = text
