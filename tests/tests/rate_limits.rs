@@ -258,7 +258,12 @@ async fn global_and_route_limits(redis: Option<&Redis>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_behind_one_address_are_counted_by_account_and_guests_by_address() {
     let origin = Origin::new()
-        .route("/school", Reply::ok("ok"))
+        // Each allowed request reaches the origin: no concurrent callers
+        // share an answer that says no-store.
+        .route(
+            "/school",
+            Reply::ok("ok").header("cache-control", "no-store"),
+        )
         .start()
         .await;
     let limit = "[{ name: per-caller, key: account_or_ip, rate: 2/h }]";
@@ -480,7 +485,10 @@ fn shared_config(origin: &corral_tests::RunningOrigin, redis: &Redis, limits: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_account_over_five_instances_is_limited_to_the_configured_total() {
     let redis = Redis::start().await;
-    let origin = Origin::new().route("/a", Reply::ok("a")).start().await;
+    let origin = Origin::new()
+        .route("/a", Reply::ok("a").header("cache-control", "no-store"))
+        .start()
+        .await;
     let proxies = Proxy::new(shared_config(
         &origin,
         &redis,

@@ -12,8 +12,8 @@
 //!   operation anywhere is a write, whichever `operationName` it names.
 //!   A persisted operation sent by its hash or id alone
 //!   (`extensions.persistedQuery`, `documentId`) cannot be read: never
-//!   coalesced. JSON that does not parse, or a `query` that is not a
-//!   document, cannot be read either.
+//!   coalesced. Nor is a `query` that is not a document. JSON that does
+//!   not parse gets the coarse test below.
 //! - `application/graphql`: the body is the document.
 //! - A form (`application/x-www-form-urlencoded`): its `query` field is
 //!   the document, its `extensions` may persist one.
@@ -59,9 +59,10 @@ pub fn classify(
         .unwrap_or_default();
     let json = media == b"application/json" || media.ends_with(b"+json");
     if json || (media.is_empty() && body.trim_ascii_start().first() == Some(&b'{')) {
+        // JSON that does not parse is no operation an origin runs: the
+        // coarse test still keeps a keyword in it from being shared.
         return match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(value) => json_body(&value),
-            Err(_) if json => PostBody::Unreadable,
             Err(_) => coarse(body),
         };
     }
@@ -306,6 +307,8 @@ mod tests {
             PostBody::Read
         );
         assert_eq!(classify(None, None, b""), PostBody::Read);
+        assert_eq!(classify(JSON, None, b"{not json}"), PostBody::Read);
+        assert_eq!(classify(JSON, None, b"{mutation}"), PostBody::Write);
     }
 
     #[test]
@@ -315,7 +318,6 @@ mod tests {
             (JSON, None, &persisted[..]),
             (JSON, None, br#"{"documentId":"sha256:abc"}"#),
             (JSON, None, br#"{"query":5}"#),
-            (JSON, None, b"{not json"),
             (JSON, None, br#"{"query":"{ me "}"#),
             (JSON, None, br#"{"query":"{ me(x: \"open) }"}"#),
             (JSON, Some(&b"gzip"[..]), br#"{"query":"{ me }"}"#),

@@ -102,14 +102,17 @@ pub fn has_coding(headers: &HeaderMap) -> bool {
 /// The first content coding of an answer (`response`) that its caller
 /// (`request`) does not accept (see [`corral_core::accepts_coding`]):
 /// such an answer is decoded for the caller, or refused with a 502, never
-/// passed on encoded. `None` when every coding it names is accepted.
+/// passed on encoded. Only the codings corral knows are judged (gzip,
+/// br, zstd, deflate, and the dictionary codings); another is opaque to
+/// it and passes as it came. `None` when every coding judged is accepted.
 pub fn unaccepted_coding(request: &HeaderMap, response: &HeaderMap) -> Option<String> {
+    const KNOWN: [&str; 7] = ["gzip", "x-gzip", "br", "zstd", "deflate", "dcb", "dcz"];
     response
         .get_all(CONTENT_ENCODING)
         .iter()
-        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .flat_map(|v| v.to_str().unwrap_or_default().split(','))
         .map(str::trim)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        .filter(|c| KNOWN.iter().any(|k| c.eq_ignore_ascii_case(k)))
         .find(|c| !corral_core::accepts_coding(request, c))
         .map(str::to_owned)
 }
