@@ -104,6 +104,7 @@ YAML
 }
 stop_corral() { kill -INT "$corral_pid"; wait "$corral_pid" 2>/dev/null || true; }
 metric() { curl -sf http://127.0.0.1:9271/metrics | awk -v n="$1" '$1 ~ "^"n"[{ ]" { s += $NF } END { printf "%.0f", s }'; }
+metricf() { curl -sf http://127.0.0.1:9271/metrics | awk -v n="$1" '$1 ~ "^"n"[{ ]" { s += $NF } END { printf "%.6f", s }'; }
 
 echo "## Store-time compression of a JSON corpus (100 documents, $(du -sk "$work/corpus" | cut -f1) KiB)"
 echo
@@ -114,10 +115,10 @@ for coding in gzip br zstd; do
   for i in $(seq 0 99); do curl -sf -o /dev/null "http://127.0.0.1:8271/$i.json"; done
   in=$(metric corral_compression_bytes_in_total)
   out=$(metric corral_compression_bytes_out_total)
-  us=$(metric corral_compression_microseconds_total)
+  secs=$(metricf corral_compression_duration_seconds_sum)
   stop_corral
-  awk -v c="$coding" -v i="$in" -v o="$out" -v t="$us" \
-    'BEGIN { printf "| %s | %.2f | %.0f |\n", c, i / o, i / t }'
+  awk -v c="$coding" -v i="$in" -v o="$out" -v t="$secs" \
+    'BEGIN { printf "| %s | %.2f | %.0f |\n", c, i / o, i / t / 1e6 }'
 done
 
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # utime + stime, clock ticks

@@ -697,7 +697,7 @@ async fn a_heartbeat_never_opens_the_redis_breaker() {
     tokio::time::sleep(Duration::from_millis(2_700)).await;
     let metrics = scrape(&proxy).await;
     assert_eq!(
-        metrics.sum("corral_redis_breaker_opened", &[]),
+        metrics.sum("corral_redis_breaker_opened_total", &[]),
         0.0,
         "a heartbeat counted toward the breaker"
     );
@@ -710,7 +710,9 @@ async fn a_heartbeat_never_opens_the_redis_breaker() {
     assert_eq!(fleet["instances"].as_array().map(Vec::len), Some(1));
     assert_eq!(fleet["instances"][0]["redis"]["link"], "connected");
     assert_eq!(
-        scrape(&proxy).await.sum("corral_redis_breaker_opened", &[]),
+        scrape(&proxy)
+            .await
+            .sum("corral_redis_breaker_opened_total", &[]),
         0.0
     );
 }

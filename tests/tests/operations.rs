@@ -693,3 +693,92 @@ async fn corral_proxy_to_an_origin_caches_with_no_file_and_names_a_bad_flag() {
         assert!(stderr.starts_with(said), "{flag} {value}: {stderr}");
     }
 }
+
+/// `/metrics` as Prometheus' conventions and client libraries have it:
+/// HELP text on every family, base units (no `_microseconds`),
+/// `corral_build_info`, the `process_*` figures, and the counters whose
+/// label sets are known present at 0 before their first event (a rate
+/// over a counter that appears only later reads as no data in an
+/// incident, not as zero).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_carry_help_units_build_info_process_figures_and_zeroes_from_start() {
+    let redis = corral_tests::Redis::start().await;
+    let origin = Origin::new()
+        .route("/a", Reply::ok("a").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let proxy = Proxy::new(
+        Config::new()
+            .route(Route::new("api", origin.url()))
+            .redis(&redis.url()),
+    )
+    .start()
+    .await;
+    let m = scrape(&proxy).await;
+    let text = m.text().to_owned();
+    let mut families = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split_whitespace().next().unwrap_or_default();
+            families += 1;
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no HELP:\n{text}"
+            );
+        }
+    }
+    assert!(families >= 30, "{families} families:\n{text}");
+    assert!(!text.contains("_microseconds"), "{text}");
+    assert_eq!(
+        m.value(
+            "corral_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        m.value("process_cpu_seconds_total", &[]).is_some(),
+        "{text}"
+    );
+    for figure in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            m.value(figure, &[]).is_some_and(|v| v > 0.0),
+            "{figure}:\n{text}"
+        );
+    }
+    // Before any request: the known label sets, at 0.
+    for (name, labels) in [
+        ("corral_stale_answers_total", &[("reason", "error")][..]),
+        (
+            "corral_origin_skipped_total",
+            &[("route", "api"), ("reason", "backoff")][..],
+        ),
+        (
+            "corral_origin_skipped_total",
+            &[("route", "api"), ("reason", "circuit-open")][..],
+        ),
+        ("corral_fills_refused_total", &[("route", "api")][..]),
+        ("corral_wait_list_full_total", &[("route", "api")][..]),
+        ("corral_connections_closed_total", &[("reason", "idle")][..]),
+        ("corral_lease_total", &[("outcome", "acquired")][..]),
+        ("corral_redis_errors_total", &[("kind", "timeout")][..]),
+        ("corral_l2_reads_total", &[("result", "hit")][..]),
+        ("corral_redis_breaker_opened_total", &[][..]),
+    ] {
+        assert_eq!(
+            m.value(name, labels),
+            Some(0.0),
+            "{name}{labels:?}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("# TYPE corral_redis_breaker_opened_total counter"),
+        "a count is a counter:\n{text}"
+    );
+}

@@ -373,7 +373,7 @@ async fn a_full_redis_refuses_writes_and_reads_go_on() {
         scrape.sum("corral_redis_errors_total", &[("kind", "error")]),
         0.0
     );
-    assert_eq!(scrape.sum("corral_redis_breaker_opened", &[]), 0.0);
+    assert_eq!(scrape.sum("corral_redis_breaker_opened_total", &[]), 0.0);
     assert_eq!(
         lifecycle::log_lines_with(a, "Redis refuses writes").len(),
         1,
@@ -756,6 +756,45 @@ async fn while_redis_is_unavailable_stale_while_revalidate_waits_for_it() {
     eventually(Duration::from_secs(10), "/swr refreshed", || async {
         client.get(&proxies[0].url("/swr")).await;
         origin.hits("/swr") >= 2
+    })
+    .await;
+}
+
+/// `corral_redis_connected` tells the truth in an outage: it was 1 for
+/// 95 s after Redis died, since the connection object outlives the
+/// server. It now says whether Redis answers (the heartbeat asks every
+/// 2 s): 0 soon after Redis is killed, 1 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connected_goes_to_zero_when_redis_dies_and_back_when_it_returns() {
+    let mut redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/a", Reply::ok("a").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let proxy = Proxy::new(
+        Config::new()
+            .route(Route::new("api", origin.url()))
+            .redis(&redis.url()),
+    )
+    .start()
+    .await;
+    let connected = || async {
+        lifecycle::scrape(&proxy)
+            .await
+            .value("corral_redis_connected", &[])
+    };
+    eventually(DEADLINE, "connected at first", || async {
+        connected().await == Some(1.0)
+    })
+    .await;
+    redis.kill();
+    eventually(DEADLINE, "0 once Redis is gone", || async {
+        connected().await == Some(0.0)
+    })
+    .await;
+    redis.restart().await;
+    eventually(DEADLINE, "1 once Redis is back", || async {
+        connected().await == Some(1.0)
     })
     .await;
 }

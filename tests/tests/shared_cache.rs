@@ -967,3 +967,47 @@ async fn no_vary_search_makes_fifty_utm_variants_one_fetch_for_the_fleet() {
     assert_eq!(origin.hits("/search"), 4);
     wait_no_lease(&redis, ms(2000)).await;
 }
+
+/// A caller that waited on another instance's fetch was collapsed onto
+/// it, and says so: `collapsed` with `detail=l2` in Cache-Status, and in
+/// `corral_requests_total{cache="collapsed"}` (it was counted as a hit).
+/// A caller that arrives once the entry is stored is still a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_on_another_instances_fetch_is_counted_as_collapsed() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/slow", cacheable("one answer").delay(ms(800)))
+        .start()
+        .await;
+    let proxies = Proxy::new(shared(&origin, &redis))
+        .instances(2)
+        .start_all()
+        .await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let client = Client::new();
+    let a_url = a.url("/slow");
+    let (led, waited) = tokio::join!(client.get(&a_url), async {
+        corral_tests::eventually(DEADLINE, "A's fetch under way", || async {
+            origin.hits("/slow") == 1
+        })
+        .await;
+        client.get(&b.url("/slow")).await
+    });
+    assert_eq!(led.text(), "one answer");
+    assert_eq!(waited.text(), "one answer");
+    let st = waited.cache_status();
+    assert!(st.collapsed() && !st.is_hit(), "{st}");
+    assert_eq!(st.detail(), Some("l2"), "{st}");
+    let scraped = corral_tests::lifecycle::scrape(b).await;
+    let count = |cache: &str| {
+        scraped.sum(
+            "corral_requests_total",
+            &[("route", "api"), ("cache", cache)],
+        )
+    };
+    assert_eq!((count("collapsed"), count("hit")), (1.0, 0.0));
+    // On a third instance's view: the entry is stored, a plain hit.
+    let later = client.get(&b.url("/slow")).await;
+    assert!(later.cache_status().is_hit(), "{}", later.cache_status());
+    assert_eq!(origin.hits("/slow"), 1);
+}

@@ -47,6 +47,15 @@ pub enum Record {
 }
 
 impl Record {
+    pub const ALL: [Record; 6] = [
+        Record::Entry,
+        Record::Vary,
+        Record::Backoff,
+        Record::PathRule,
+        Record::Heartbeat,
+        Record::Notice,
+    ];
+
     /// The name mixed into the tag.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -134,7 +134,10 @@ function render(fleet) {
   text("rate-clients", have ? fmt(clientRate) : "–");
   text("rate-origin", have ? fmt(originRate) : "–");
   text("rate-saved", have ? fmt(Math.max(0, clientRate - originRate)) : "–");
-  text("hit-ratio", clientRate > 0 ? ((rates.hit + rates.stale) / clientRate * 100).toFixed(1) + " %" : "–");
+  // Fresh answers only: a stale one (an origin outage served from the
+  // store) is shown beside the ratio, never inside it.
+  text("hit-ratio", clientRate > 0 ? (rates.hit / clientRate * 100).toFixed(1) + " %" : "–");
+  text("stale-ratio", clientRate > 0 ? (rates.stale / clientRate * 100).toFixed(1) + " %" : "–");
 
   fill("outcomes", OUTCOMES.map((o) => {
     const tr = row([o, have ? fmt(rates[o]) : "–", fmt(t.requests[o] || 0)]);
@@ -160,7 +163,7 @@ function render(fleet) {
     const tr = row([
       name, known ? fmt(all) : "–", ...OUTCOMES.map((o) => (known ? fmt(rr[o]) : "–")),
       known ? fmt(rr.origin) : "–", fmt(saved(r)),
-      all > 0 ? ((rr.hit + rr.stale) / all * 100).toFixed(1) + " %" : "–",
+      all > 0 ? (rr.hit / all * 100).toFixed(1) + " %" : "–",
       r.open ? "open" : "closed",
     ], [null, null, null, null, null, null, null, null, null, null, null, r.open ? "open" : null]);
     tr.dataset.route = name;

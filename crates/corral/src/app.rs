@@ -91,6 +91,7 @@ impl App {
                     ClusterNotice::Ban(ban) => l1.add_ban(ban),
                     ClusterNotice::Invalidate(uri) => l1.invalidate_uri_digest(uri),
                 });
+                crate::telemetry::metrics::register_redis();
                 Some(L2::start(rc, on_notice)?)
             }
         };

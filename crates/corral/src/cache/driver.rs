@@ -190,7 +190,7 @@ fn settle(
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
     }
     let refresh_from = match &outcome {
-        FillOutcome::FromL2 { entry }
+        FillOutcome::FromL2 { entry, .. }
             if entry.state(fill.cache.clock.now()) == EntryState::StaleWhileRevalidate =>
         {
             Some(Arc::clone(entry))

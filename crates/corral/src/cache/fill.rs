@@ -139,6 +139,10 @@ pub enum FillOutcome {
     /// Another instance's fill, read from L2 (and stored in L1).
     FromL2 {
         entry: Arc<StoredResponse>,
+        /// Found after waiting on that instance's fetch (its lease): the
+        /// caller was collapsed onto it, not answered from a stored copy.
+        /// `fwd`: why this caller's fetch was needed.
+        waited: Option<Forward>,
     },
     Shared {
         response: Arc<SharedResponse>,

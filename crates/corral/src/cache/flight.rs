@@ -108,7 +108,7 @@ async fn follow(
 fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
     let request = &fill.head.headers;
     match &outcome {
-        FillOutcome::Stored { entry, .. } | FillOutcome::FromL2 { entry } => WaitEnd::Stored {
+        FillOutcome::Stored { entry, .. } | FillOutcome::FromL2 { entry, .. } => WaitEnd::Stored {
             fits: entry.matches_vary(request),
             outcome,
         },

@@ -41,15 +41,22 @@ pub fn from_outcome(
     request: &HeaderMap,
 ) -> Answer {
     match outcome {
-        FillOutcome::FromL2 { entry } => {
-            // Filled by another instance, read from L2: fresh is a hit;
-            // within stale-while-revalidate it is a stale answer, and the
-            // fill that read it starts the refresh.
+        FillOutcome::FromL2 { entry, waited } => {
+            // Filled by another instance, read from L2: fresh is a hit, or,
+            // read after waiting on that instance's fetch, collapsed onto
+            // it; within stale-while-revalidate it is a stale answer, and
+            // the fill that read it starts the refresh.
             let st = if entry.state(now) == corral_core::EntryState::StaleWhileRevalidate {
                 crate::telemetry::metrics::stale(Detail::StaleWhileRevalidate);
                 CacheStatus::forward(Forward::Stale)
                     .with_ttl(entry.ttl_secs(now))
                     .with_detail(Detail::StaleWhileRevalidate)
+            } else if let Some(fwd) = waited {
+                let mut st = CacheStatus::forward(*fwd)
+                    .with_ttl(entry.ttl_secs(now))
+                    .with_detail(Detail::L2);
+                st.collapsed = true;
+                st
             } else {
                 CacheStatus::hit(entry.ttl_secs(now)).with_detail(Detail::L2)
             };

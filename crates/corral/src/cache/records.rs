@@ -129,7 +129,14 @@ pub(crate) fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
 }
 
 /// A probe's entry, if it can answer now: stored into L1 and returned.
-pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
+/// `waited`: since when this fill waited on another instance's fetch; an
+/// entry that fetch got after then is one the caller was collapsed onto
+/// (one got before was only being written: a hit).
+pub(crate) fn usable(
+    fill: &FillRequest,
+    probe: &mut Probe,
+    waited: Option<std::time::SystemTime>,
+) -> Option<Ended> {
     if !can_serve(fill, probe) {
         return None;
     }
@@ -152,7 +159,11 @@ pub(crate) fn usable(fill: &FillRequest, probe: &mut Probe) -> Option<Ended> {
     fill.cache
         .l1
         .insert(&key, fill.primary.uri(), Arc::clone(&entry));
-    Some(Ended::Outcome(FillOutcome::FromL2 { entry }))
+    let collapsed = waited.is_some_and(|since| entry.response_time() >= since);
+    Some(Ended::Outcome(FillOutcome::FromL2 {
+        entry,
+        waited: collapsed.then_some(fill.fwd),
+    }))
 }
 
 /// What the leader's fetch came to, as L2 records it: taken from the

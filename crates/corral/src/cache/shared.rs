@@ -13,7 +13,7 @@
 //! trouble falls back to fetching locally: Redis never fails a request.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -92,18 +92,23 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
         probe: Box::new(probe),
         waited: false,
     };
+    // When this fill began to wait on another instance's: an answer that
+    // fetch got after it is one this caller was collapsed onto.
+    let mut following_since = None;
     loop {
         state = match state {
-            State::Read { mut probe, waited } => match judge(fill, &mut probe) {
-                Judged::Serve(hit) => return hit,
-                Judged::Pass => return pass_known(fill, events).await,
-                Judged::Backoff => return gate::fetch(fill, events).await,
-                Judged::Fetch => State::Acquire {
-                    generation: probe.generation,
-                    had_backoff: probe.backoff.is_some(),
-                    waited,
-                },
-            },
+            State::Read { mut probe, waited } => {
+                match judge(fill, &mut probe, following_since.filter(|_| waited)) {
+                    Judged::Serve(hit) => return hit,
+                    Judged::Pass => return pass_known(fill, events).await,
+                    Judged::Backoff => return gate::fetch(fill, events).await,
+                    Judged::Fetch => State::Acquire {
+                        generation: probe.generation,
+                        had_backoff: probe.backoff.is_some(),
+                        waited,
+                    },
+                }
+            }
             State::Acquire {
                 generation,
                 had_backoff,
@@ -128,19 +133,23 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
                     State::Follow
                 }
             },
-            State::Follow => match follow(fill, tier, &keys, deadline, &mut poll, lock_age).await {
-                Followed::Read(probe) => State::Read {
-                    probe,
-                    waited: true,
-                },
-                Followed::AgedOut(probe) => {
-                    lock_age = None;
-                    State::TakeOver(probe)
+            State::Follow => {
+                following_since.get_or_insert_with(|| fill.cache.clock.now());
+                let followed = follow(fill, tier, &keys, deadline, &mut poll, lock_age).await;
+                match followed {
+                    Followed::Read(probe) => State::Read {
+                        probe,
+                        waited: true,
+                    },
+                    Followed::AgedOut(probe) => {
+                        lock_age = None;
+                        State::TakeOver(probe)
+                    }
+                    Followed::LockTimeout => return lock_timeout(fill, events).await,
+                    Followed::Failed | Followed::Local => return gate::fetch(fill, events).await,
+                    Followed::Unavailable(e) => return local(fill, events, &e).await,
                 }
-                Followed::LockTimeout => return lock_timeout(fill, events).await,
-                Followed::Failed | Followed::Local => return gate::fetch(fill, events).await,
-                Followed::Unavailable(e) => return local(fill, events, &e).await,
-            },
+            }
             State::TakeOver(probe) => {
                 let seen = probe.lease.as_deref().unwrap_or_default();
                 match tier.take_over(&keys, seen).await {
@@ -166,8 +175,8 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
     }
 }
 
-fn judge(fill: &FillRequest, probe: &mut Probe) -> Judged {
-    if let Some(hit) = usable(fill, probe) {
+fn judge(fill: &FillRequest, probe: &mut Probe, waited: Option<SystemTime>) -> Judged {
+    if let Some(hit) = usable(fill, probe, waited) {
         return Judged::Serve(hit);
     }
     if probe.pass {
@@ -202,7 +211,7 @@ async fn lead(
     // Double-check: the previous leader may have stored it just before
     // releasing.
     if let Ok(mut again) = read(fill, tier, keys).await
-        && let Some(hit) = usable(fill, &mut again)
+        && let Some(hit) = usable(fill, &mut again, None)
     {
         let _ = lease.release().await;
         return hit;
@@ -352,7 +361,7 @@ pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &
         Ok(read) => read,
         Err(e) => return local(fill, events, &e).await,
     };
-    if let Some(hit) = usable(fill, &mut probe) {
+    if let Some(hit) = usable(fill, &mut probe, None) {
         return hit;
     }
     if probe.pass {

@@ -137,6 +137,10 @@ pub struct RedisLink {
     /// how long entry writes pause after it (`breaker.open_for`).
     full: Mutex<Option<Instant>>,
     full_pause: Duration,
+    /// Redis answered the last command (any answer, even an error reply);
+    /// false after a timeout or a dropped connection. A connection kept
+    /// while Redis is gone still looks open: this says whether it works.
+    answering: AtomicBool,
 }
 
 /// A full Redis is logged again only after this long without a refusal.
@@ -222,6 +226,7 @@ impl RedisLink {
             shards,
             full: Mutex::new(None),
             full_pause: config.breaker_open_for,
+            answering: AtomicBool::new(false),
         }))
     }
 
@@ -470,6 +475,12 @@ impl RedisLink {
             .is_some()
     }
 
+    /// Connected, and Redis answered the last command sent (the fleet
+    /// heartbeat sends one every 2 s): `corral_redis_connected`.
+    pub fn is_answering(&self) -> bool {
+        self.is_connected() && self.answering.load(Ordering::Relaxed)
+    }
+
     /// For /readyz: connected, connecting or breaker-open (the link's
     /// breaker, or every primary's; some open is still `connected`, the
     /// metrics tell).
@@ -525,6 +536,7 @@ impl RedisLink {
         match r {
             Ok(Ok(v)) => {
                 breaker.success();
+                self.answering.store(true, Ordering::Relaxed);
                 Ok(v)
             }
             // A cluster moving the slot of this request's keys: healthy,
@@ -544,10 +556,18 @@ impl RedisLink {
             }
             Ok(Err(e)) => {
                 breaker.failure();
+                // A reply (an error one) is Redis answering; a connection
+                // lost or refused is not.
+                let gone = e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout();
+                self.answering.store(!gone, Ordering::Relaxed);
                 metrics::redis_error(metrics::RedisFailure::Error);
                 Err(L2Error::Redis(e))
             }
             Err(_) => {
+                self.answering.store(false, Ordering::Relaxed);
                 breaker.failure();
                 metrics::redis_error(metrics::RedisFailure::Timeout);
                 Err(L2Error::Timeout(self.op_timeout))

@@ -405,7 +405,7 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
         flights: app.cache.flights.len(),
         redis: app.l2.as_ref().map(|l2| {
             let (open, opened) = l2.link.breaker_state();
-            (open, opened, l2.link.is_connected())
+            (open, opened, l2.link.is_answering())
         }),
     }
 }

@@ -52,9 +52,388 @@ pub fn install() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed");
             }
+            describe();
+            register_known();
             handle
         })
         .clone()
+}
+
+/// Every family corral exports, with its HELP text: `(name, kind, help)`.
+/// A test reads `/metrics` and fails on a family missing from here.
+pub const FAMILIES: &[(&str, Kind, &str)] = &[
+    (
+        "corral_build_info",
+        Kind::Gauge,
+        "Always 1; the labels name the running build.",
+    ),
+    (
+        "corral_requests_total",
+        Kind::Counter,
+        "Answered client requests by route, method and cache outcome (hit, stale, miss, collapsed, pass, error).",
+    ),
+    (
+        "corral_origin_fetches_total",
+        Kind::Counter,
+        "Requests sent to the origin, by route and answer status (error: no answer).",
+    ),
+    (
+        "corral_origin_fetch_duration_seconds",
+        Kind::Histogram,
+        "Time from sending an origin request to its answer's head, by route.",
+    ),
+    (
+        "corral_origin_skipped_total",
+        Kind::Counter,
+        "Origin requests corral did not make, by route and reason (backoff, circuit-open, upstream-busy).",
+    ),
+    (
+        "corral_origin_circuit_open",
+        Kind::Gauge,
+        "1 while the route's origin circuit is open.",
+    ),
+    (
+        "corral_origin_backoff_keys",
+        Kind::Gauge,
+        "Keys in back-off now.",
+    ),
+    (
+        "corral_stale_answers_total",
+        Kind::Counter,
+        "Stale answers, by reason.",
+    ),
+    (
+        "corral_flights_in_progress",
+        Kind::Gauge,
+        "Keys being fetched now.",
+    ),
+    (
+        "corral_flight_waiters",
+        Kind::Histogram,
+        "Callers that waited on one flight, per flight.",
+    ),
+    (
+        "corral_wait_list_full_total",
+        Kind::Counter,
+        "Callers turned away because a flight had coalesce.max_waiters, by route.",
+    ),
+    (
+        "corral_fills_refused_total",
+        Kind::Counter,
+        "Fills not started for lack of a fill slot, by route.",
+    ),
+    (
+        "corral_fills_cancelled_total",
+        Kind::Counter,
+        "Fills cancelled because nobody waited for them any more, by route.",
+    ),
+    (
+        "corral_lease_total",
+        Kind::Counter,
+        "Cross-instance leases, by outcome.",
+    ),
+    (
+        "corral_redis_connected",
+        Kind::Gauge,
+        "1 while Redis answers this instance's commands.",
+    ),
+    (
+        "corral_redis_breaker_open",
+        Kind::Gauge,
+        "1 while a Redis breaker is open.",
+    ),
+    (
+        "corral_redis_breaker_opened_total",
+        Kind::Counter,
+        "Times a Redis breaker opened.",
+    ),
+    (
+        "corral_redis_errors_total",
+        Kind::Counter,
+        "Failed Redis commands, by kind.",
+    ),
+    (
+        "corral_redis_unauthenticated_records_total",
+        Kind::Counter,
+        "Records read from Redis and refused unread (bad authentication tag, or over their size bound), by kind.",
+    ),
+    (
+        "corral_l2_reads_total",
+        Kind::Counter,
+        "L2 reads, by result.",
+    ),
+    (
+        "corral_invalidation_log_total",
+        Kind::Counter,
+        "Invalidation notices replayed after a resubscription, and gaps the log could not cover.",
+    ),
+    (
+        "corral_resync_refreshes_total",
+        Kind::Counter,
+        "Unverified entries revalidated at the resync pace.",
+    ),
+    (
+        "corral_refreshes_deferred_total",
+        Kind::Counter,
+        "Refreshes that waited for Redis.",
+    ),
+    ("corral_l1_entries", Kind::Gauge, "Entries in L1."),
+    ("corral_l1_bytes", Kind::Gauge, "Bytes L1's entries weigh."),
+    (
+        "corral_l1_side_bytes",
+        Kind::Gauge,
+        "Bytes of L1's side tables (Vary sets, pass markers, invalidations).",
+    ),
+    (
+        "corral_l1_limit_bytes",
+        Kind::Gauge,
+        "What L1's entries may weigh in all.",
+    ),
+    (
+        "corral_fill_buffer_bytes",
+        Kind::Gauge,
+        "Bytes fills under way hold.",
+    ),
+    (
+        "corral_fill_memory_limit_bytes",
+        Kind::Gauge,
+        "cache.fill_memory.",
+    ),
+    (
+        "corral_post_buffer_bytes",
+        Kind::Gauge,
+        "Bytes coalesced POST bodies hold.",
+    ),
+    (
+        "corral_ahead_buffer_bytes",
+        Kind::Gauge,
+        "Bytes held for passed-through answers' readers.",
+    ),
+    (
+        "corral_sealed_bodies",
+        Kind::Gauge,
+        "Large bodies kept in sealed memory files.",
+    ),
+    (
+        "corral_sealed_bytes",
+        Kind::Gauge,
+        "Bytes of large bodies in sealed memory files (not in RSS).",
+    ),
+    (
+        "corral_connections_closed_total",
+        Kind::Counter,
+        "Client or admin connections corral closed for a reason of its own, by reason.",
+    ),
+    (
+        "corral_overload_busy_ratio",
+        Kind::Gauge,
+        "Share of the last tick the serving threads were busy (0 to 1).",
+    ),
+    (
+        "corral_overloaded",
+        Kind::Gauge,
+        "1 while corral sheds new work.",
+    ),
+    (
+        "corral_overload_shed_total",
+        Kind::Counter,
+        "New work turned away while overloaded, by what.",
+    ),
+    (
+        "corral_worker_connections_total",
+        Kind::Counter,
+        "Connections each per_core worker accepted.",
+    ),
+    (
+        "corral_interim_responses_total",
+        Kind::Counter,
+        "Interim (1xx) answers of the origin passed on, by status.",
+    ),
+    (
+        "corral_upstream_server_up",
+        Kind::Gauge,
+        "0 while a server of a route's pool is left out after failures.",
+    ),
+    (
+        "corral_upstream_slots_total",
+        Kind::Counter,
+        "upstream_concurrency slots taken or given up, by route and outcome.",
+    ),
+    (
+        "corral_rate_limit_total",
+        Kind::Counter,
+        "Rate-limit decisions, by route, limit, outcome and counter.",
+    ),
+    (
+        "corral_trusted_proxy_requests_total",
+        Kind::Counter,
+        "Requests each server.trusted_proxies entry vouched for.",
+    ),
+    (
+        "corral_streams_passed_through_total",
+        Kind::Counter,
+        "Streamed answers that outgrew a bound and passed through, by route and reason.",
+    ),
+    (
+        "corral_stream_readers_cut_total",
+        Kind::Counter,
+        "Readers of a passing-through answer cut off for holding the others back, by route.",
+    ),
+    (
+        "corral_digest_mismatches_total",
+        Kind::Counter,
+        "Origin bodies that failed their Content-Digest or Repr-Digest, by route and field.",
+    ),
+    (
+        "corral_compression_bytes_in_total",
+        Kind::Counter,
+        "Bytes compressed when answers were stored, by route and coding.",
+    ),
+    (
+        "corral_compression_bytes_out_total",
+        Kind::Counter,
+        "Bytes those answers compressed to, by route and coding.",
+    ),
+    (
+        "corral_compression_duration_seconds",
+        Kind::Histogram,
+        "Time spent compressing one stored answer in every coding, by route.",
+    ),
+    (
+        "corral_variants_per_key",
+        Kind::Histogram,
+        "Representations an entry was stored with, by route.",
+    ),
+    (
+        "corral_log_lines_dropped_total",
+        Kind::Counter,
+        "Log lines dropped because stdout could not keep up.",
+    ),
+];
+
+/// A family's Prometheus type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// HELP text for every family, and `corral_build_info`.
+fn describe() {
+    for &(name, kind, help) in FAMILIES {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+    gauge!(
+        "corral_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "profile" => if cfg!(debug_assertions) { "debug" } else { "release" }
+    )
+    .set(1.0);
+}
+
+/// Reasons a connection is closed by corral (`corral_connections_closed_total`).
+const CLOSE_REASONS: [&str; 10] = [
+    "no-request",
+    "idle",
+    "send-timeout",
+    "slow-reader",
+    "abandoned-requests",
+    "proxy-protocol",
+    "tls-handshake",
+    "overload",
+    "peer-limit",
+    "listener-full",
+];
+
+/// The instance-wide counters whose label sets are known, at 0 from
+/// start-up: a rate over a counter that appears only at its first event
+/// reads as no data, not as zero.
+fn register_known() {
+    for reason in [
+        corral_core::Detail::StaleWhileRevalidate,
+        corral_core::Detail::StaleIfError,
+        corral_core::Detail::LockTimeout,
+        corral_core::Detail::Backoff,
+        corral_core::Detail::CircuitOpen,
+        corral_core::Detail::FillLimit,
+        corral_core::Detail::WaitListFull,
+        corral_core::Detail::UpstreamBusy,
+    ] {
+        counter!("corral_stale_answers_total", "reason" => reason.stale_reason()).increment(0);
+    }
+    for what in ["pass", "connection"] {
+        counter!("corral_overload_shed_total", "what" => what).increment(0);
+    }
+    for reason in CLOSE_REASONS {
+        counter!("corral_connections_closed_total", "reason" => reason).increment(0);
+    }
+    counter!("corral_log_lines_dropped_total").increment(0);
+}
+
+/// The shared tier's counters at 0, once Redis is configured.
+pub fn register_redis() {
+    for l in [
+        Lease::Acquired,
+        Lease::TakenOver,
+        Lease::AgedOut,
+        Lease::Lost,
+        Lease::Local,
+        Lease::TimedOut,
+    ] {
+        counter!("corral_lease_total", "outcome" => l.as_str()).increment(0);
+    }
+    for k in [
+        RedisFailure::Timeout,
+        RedisFailure::Error,
+        RedisFailure::BreakerOpen,
+        RedisFailure::NotConnected,
+        RedisFailure::TryAgain,
+        RedisFailure::Oom,
+    ] {
+        counter!("corral_redis_errors_total", "kind" => k.as_str()).increment(0);
+    }
+    for r in [L2Read::Hit, L2Read::Miss, L2Read::Corrupt] {
+        counter!("corral_l2_reads_total", "result" => r.as_str()).increment(0);
+    }
+    for o in ["replayed", "lost"] {
+        counter!("corral_invalidation_log_total", "outcome" => o).increment(0);
+    }
+    for kind in corral_core::peer_auth::Record::ALL {
+        counter!("corral_redis_unauthenticated_records_total", "kind" => kind.as_str())
+            .increment(0);
+    }
+    counter!("corral_refreshes_deferred_total").increment(0);
+    counter!("corral_resync_refreshes_total").increment(0);
+    counter!("corral_redis_breaker_opened_total").increment(0);
+}
+
+/// A route's counters at 0, registered with the route.
+pub fn register_route(route: &str) {
+    let r = || route.to_owned();
+    counter!("corral_fills_refused_total", "route" => r()).increment(0);
+    counter!("corral_fills_cancelled_total", "route" => r()).increment(0);
+    counter!("corral_wait_list_full_total", "route" => r()).increment(0);
+    counter!("corral_stream_readers_cut_total", "route" => r()).increment(0);
+    for reason in [
+        corral_core::Detail::Backoff,
+        corral_core::Detail::CircuitOpen,
+        corral_core::Detail::UpstreamBusy,
+    ] {
+        counter!("corral_origin_skipped_total", "route" => r(), "reason" => reason.as_str())
+            .increment(0);
+    }
+    for field in ["content-digest", "repr-digest"] {
+        counter!("corral_digest_mismatches_total", "route" => r(), "field" => field).increment(0);
+    }
+    for reason in ["too-large", "fill-memory"] {
+        counter!("corral_streams_passed_through_total", "route" => r(), "reason" => reason)
+            .increment(0);
+    }
 }
 
 /// How often histogram samples are folded into their buckets when nobody
@@ -342,10 +721,10 @@ pub fn compressed(route: &str, coding: &'static str, before: usize, after: usize
         .increment(after as u64);
 }
 
-/// Time spent compressing stored answers (every coding of one answer).
+/// Time spent compressing one stored answer (every coding of it).
 pub fn compression_time(route: &str, took: Duration) {
-    counter!("corral_compression_microseconds_total", "route" => route.to_owned())
-        .increment(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    histogram!("corral_compression_duration_seconds", "route" => route.to_owned())
+        .record(took.as_secs_f64());
 }
 
 /// An entry of `route` was stored with `variants` representations: the
@@ -473,11 +852,13 @@ pub fn render(handle: &PrometheusHandle, g: &Gauges) -> String {
     gauge!("corral_flights_in_progress").set(g.flights as f64);
     if let Some((state, opened, connected)) = g.redis {
         gauge!("corral_redis_breaker_open").set(if state { 1.0 } else { 0.0 });
-        gauge!("corral_redis_breaker_opened").set(opened as f64);
+        counter!("corral_redis_breaker_opened_total").absolute(opened);
         gauge!("corral_redis_connected").set(if connected { 1.0 } else { 0.0 });
     }
     handle.run_upkeep();
-    handle.render()
+    let mut out = handle.render();
+    process_metrics(&mut out);
+    out
 }
 
 /// The keys whose flights had the most followers, most first, with how
@@ -531,6 +912,103 @@ pub fn upstream_slot(route: &str, outcome: &'static str) {
 /// failures (0): `corral_upstream_server_up{route,server}`.
 pub fn upstream_server_up(route: &str, server: &str) -> metrics::Gauge {
     gauge!("corral_upstream_server_up", "route" => route.to_owned(), "server" => server.to_owned())
+}
+
+/// The process's own figures, in the names Prometheus' client libraries
+/// use (`process_*`): CPU seconds, resident and virtual memory, open and
+/// allowed descriptors, start time. Read from `/proc` at each scrape;
+/// where it cannot be read (not Linux), they are left out.
+fn process_metrics(out: &mut String) {
+    use std::fmt::Write;
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the command name, which is in parentheses and may
+    // hold spaces: state is field 3, so utime (14) is index 11 here.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    // /proc counts CPU time in USER_HZ ticks, 100 a second on Linux
+    // whatever the kernel's own tick rate (a fixed user-visible ABI).
+    let ticks = 100.0;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v * 1024.0)
+    };
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    });
+    let mut family = |name: &str, kind: &str, help: &str, value: f64| {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        );
+    };
+    if let (Some(utime), Some(stime)) = (field(11), field(12)) {
+        family(
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            (utime + stime) / ticks,
+        );
+    }
+    if let Some(rss) = kib("VmRSS:") {
+        family(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            rss,
+        );
+    }
+    if let Some(vsize) = field(20) {
+        family(
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            vsize,
+        );
+    }
+    if let (Some(start), Some(boot)) = (field(19), boot) {
+        family(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            boot + start / ticks,
+        );
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        family(
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            fds.count() as f64,
+        );
+    }
+    let max = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse::<f64>().ok())
+        });
+    if let Some(max) = max {
+        family(
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            max,
+        );
+    }
 }
 
 #[cfg(test)]
