@@ -17,7 +17,11 @@ fn private_profile(origin: &str) -> Config {
                 .path_prefix("/profile")
                 .cache("enabled", "false"),
         )
-        .route(Route::new("site", origin))
+        // Cookies identify no one on the catch-all (the default keys a
+        // request with any cookie per caller, which would hide a route
+        // chosen wrongly): only the route's policy can keep the page
+        // private.
+        .route(Route::new("site", origin).cache("identity", "{ cookies: [] }"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +64,7 @@ async fn a_trailing_dot_on_the_host_takes_the_hosts_route() {
                     .host("ex.test")
                     .cache("enabled", "false"),
             )
-            .route(Route::new("any", origin))
+            .route(Route::new("any", origin).cache("identity", "{ cookies: [] }"))
     };
     let (victim, _) = Twin::new(Personality::CaseInsensitive, config)
         .step(
