@@ -2505,6 +2505,10 @@ fn the_alerts_cover_corrals_failures_and_name_their_severity() {
             "corral_fill_memory_limit_bytes",
         ),
         ("CorralHigh5xxRate", "cache=\"error\""),
+        ("CorralOverloaded", "corral_overloaded"),
+        ("CorralLeaseTimeouts", "corral_lease_total"),
+        ("CorralUpstreamServerDown", "corral_upstream_server_up"),
+        ("CorralDescriptorsNearLimit", "process_max_fds"),
     ] {
         let rule = alerts
             .get(alert)
