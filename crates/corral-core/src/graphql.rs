@@ -23,6 +23,12 @@
 
 use std::borrow::Cow;
 
+/// The bytes a document's structure turns on, named so that no brace or
+/// quote stands alone in the code.
+const OPEN: u8 = b'{';
+const CLOSE: u8 = b'}';
+const QUOTE: u8 = b'"';
+
 /// What a POST body is, for coalescing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostBody {
@@ -58,7 +64,7 @@ pub fn classify(
         })
         .unwrap_or_default();
     let json = media == b"application/json" || media.ends_with(b"+json");
-    if json || (media.is_empty() && body.trim_ascii_start().first() == Some(&b'{')) {
+    if json || (media.is_empty() && body.trim_ascii_start().first() == Some(&OPEN)) {
         // JSON that does not parse is no operation an origin runs: the
         // coarse test still keeps a keyword in it from being shared.
         return match serde_json::from_slice::<serde_json::Value>(body) {
@@ -190,7 +196,7 @@ fn document(doc: &str) -> PostBody {
                     i += 1;
                 }
             }
-            b'"' if b[i..].starts_with(b"\"\"\"") => {
+            QUOTE if b[i..].starts_with(b"\"\"\"") => {
                 i += 3;
                 loop {
                     if i >= b.len() {
@@ -206,19 +212,19 @@ fn document(doc: &str) -> PostBody {
                     }
                 }
             }
-            b'"' => {
+            QUOTE => {
                 i += 1;
                 loop {
                     match b.get(i) {
                         None | Some(b'\n' | b'\r') => return PostBody::Unreadable,
                         Some(b'\\') => i += 2,
-                        Some(b'"') => break,
+                        Some(&QUOTE) => break,
                         Some(_) => i += 1,
                     }
                 }
             }
-            b'{' => depth += 1,
-            b'}' => match depth.checked_sub(1) {
+            OPEN => depth += 1,
+            CLOSE => match depth.checked_sub(1) {
                 Some(d) => depth = d,
                 None => return PostBody::Unreadable,
             },

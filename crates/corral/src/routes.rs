@@ -193,10 +193,7 @@ impl Route {
                 }),
                 rc.upstream_queue_timeout,
             ),
-            requests: {
-                crate::telemetry::metrics::register_route(&rc.name);
-                crate::telemetry::metrics::RequestCounters::new(&rc.name)
-            },
+            requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
             limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits, global_limits),
         }
     }

@@ -242,40 +242,11 @@ pub(crate) async fn store(
     if let Err(e) = checked(fill, &parts, &bytes) {
         return Ended::Outcome(made::broke_off(fill, &e, parts.status));
     }
-    let status = parts.status;
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
-    let route = &fill.route;
-    let limit = route.policy.max_object_size;
     let ready = coded.iter().map(|c| (c.coding, c.whole.clone())).collect();
-    let config = route.compression.as_ref();
-    let encoded = match (&unaccepted, config) {
-        (Some(_), None) => compress::decode_for_callers(entry, limit),
-        _ => compress::encode_with(config, &route.name, entry, limit, ready),
-    };
-    let entry = match encoded {
-        Ok(entry) => Arc::new(entry),
-        // In a coding its caller does not accept, and past what corral
-        // can undo (a bomb, a coding it does not know, a dictionary the
-        // caller never offered): refused, never passed on encoded.
-        Err(_) if unaccepted.is_some() => {
-            let coding = unaccepted.unwrap_or_default();
-            let e = UpstreamError::Coding(format!(
-                "{coding}-encoded, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
-            ));
-            return Ended::Outcome(made::broke_off(fill, &e, status));
-        }
-        // Encoded by the origin past what corral can undo: only its
-        // caller gets it.
-        Err(entry) => {
-            fill.mark_pass();
-            let reason = PassReason::Undecodable;
-            let mut head = Response::new(());
-            *head.status_mut() = entry.status();
-            *head.headers_mut() = entry.headers().clone();
-            let (parts, ()) = head.into_parts();
-            let body = Body::from(entry.body().clone());
-            return Ended::Stream(reason, pass_response(parts, body, fill.fwd, reason));
-        }
+    let entry = match representations(fill, entry, unaccepted, ready) {
+        Ok(entry) => entry,
+        Err(ended) => return *ended,
     };
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
@@ -302,6 +273,57 @@ pub(crate) async fn store(
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
     })
+}
+
+/// The stored entry in the representations its callers may read: each
+/// configured coding where the route compresses; decoded beside the
+/// origin's coding where this fill's caller does not accept it
+/// (`unaccepted`). `Err`: what the fill ends with instead, when the
+/// origin's coding cannot be undone within the object size: a 502 for a
+/// caller that does not accept it (never the encoded bytes), the encoded
+/// answer passed to its caller alone otherwise.
+fn representations(
+    fill: &FillRequest,
+    entry: StoredResponse,
+    unaccepted: Option<String>,
+    ready: Vec<(corral_core::Coding, Bytes)>,
+) -> Result<Arc<StoredResponse>, Box<Ended>> {
+    let route = &fill.route;
+    let limit = route.policy.max_object_size;
+    let config = route.compression.as_ref();
+    let status = entry.status();
+    let encoded = match (&unaccepted, config) {
+        (Some(_), None) => compress::decode_for_callers(entry, limit),
+        _ => compress::encode_with(config, &route.name, entry, limit, ready),
+    };
+    match encoded {
+        Ok(entry) => Ok(Arc::new(entry)),
+        // In a coding its caller does not accept, and past what corral
+        // can undo (a bomb, a coding it does not know, a dictionary the
+        // caller never offered): refused, never passed on encoded.
+        Err(_) if unaccepted.is_some() => {
+            let coding = unaccepted.unwrap_or_default();
+            let e = UpstreamError::Coding(format!(
+                "{coding}-encoded, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
+            ));
+            Err(Box::new(Ended::Outcome(made::broke_off(fill, &e, status))))
+        }
+        // Encoded by the origin past what corral can undo: only its
+        // caller gets it.
+        Err(entry) => {
+            fill.mark_pass();
+            let reason = PassReason::Undecodable;
+            let mut head = Response::new(());
+            *head.status_mut() = entry.status();
+            *head.headers_mut() = entry.headers().clone();
+            let (parts, ()) = head.into_parts();
+            let body = Body::from(entry.body().clone());
+            Err(Box::new(Ended::Stream(
+                reason,
+                pass_response(parts, body, fill.fwd, reason),
+            )))
+        }
+    }
 }
 
 /// The codings a streamed answer is compressed in as it arrives (see

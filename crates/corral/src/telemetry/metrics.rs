@@ -465,7 +465,9 @@ pub struct RequestCounters {
 }
 
 impl RequestCounters {
+    /// The route's request counters, and its other counters at 0.
     pub fn new(route: &str) -> Self {
+        register_route(route);
         let mut counters = Vec::with_capacity(METHODS.len() * RESULTS.len());
         for method in METHODS {
             for result in RESULTS {
