@@ -5,7 +5,9 @@ use std::net::{SocketAddr, TcpListener};
 /// Returns a loopback address whose port was free a moment ago.
 ///
 /// The port is found by binding port 0 and releasing it; another process could
-/// take it in between, which is why `Proxy::start` retries a failed start.
+/// take it in between. `Proxy` starts corral on port 0 instead and reads the
+/// bound ports back; this is for processes that cannot report theirs (and
+/// for a `CORRAL_BIN` build that may not).
 pub fn free_addr() -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     listener.local_addr()

@@ -1,4 +1,15 @@
-//! Runs the real `corral serve` as a child process on free loopback ports.
+//! Runs the real `corral serve` as a child process on loopback ports.
+//!
+//! Every listener is configured on port 0: corral binds what the kernel
+//! gives it and writes the bound addresses, with its instance name, to the
+//! file `CORRAL_READY_FILE` names, which the harness reads (as linkerd's
+//! tests read their proxies' bound addresses back). No port is picked,
+//! released and hoped for, so two tests can never start on one port, and
+//! `/healthz` must answer with this child's instance name
+//! (`corral-instance`), so another test's corral can never pass for it.
+//! A binary given by `CORRAL_BIN` (an older build, to show a test fails on
+//! it) may not write the file: there the harness picks free ports as
+//! before.
 //!
 //! The child is killed (and reaped) when its handle drops; its stdout and
 //! stderr go to a log file in a scratch directory, printed along with the
@@ -110,10 +121,7 @@ impl Proxy {
     /// Starts every instance concurrently and waits until all are healthy;
     /// instance `i` of the result is the `i`-th started.
     pub async fn start_all(self) -> Vec<RunningProxy> {
-        let ports = free_addrs(2 * self.instances).expect("free ports for the instances");
-        let starts = ports
-            .chunks(2)
-            .map(|pair| self.clone().start_on(Some((pair[0], pair[1]))));
+        let starts = (0..self.instances).map(|_| self.clone().start());
         futures_util::future::join_all(starts).await
     }
 
@@ -144,24 +152,25 @@ impl Proxy {
     /// A start that fails because a picked port was taken in the meantime is
     /// retried on new ports; any other failure fails the test with the log.
     pub async fn start(self) -> RunningProxy {
-        self.start_on(None).await
-    }
-
-    /// Starts one process, first on `ports` (listen, admin) when given.
-    async fn start_on(self, mut ports: Option<(SocketAddr, SocketAddr)>) -> RunningProxy {
         ensure_open_files(OPEN_FILES);
         let bin = corral_bin();
+        // Another build, which may not report its bound addresses.
+        let legacy = std::env::var_os("CORRAL_BIN").is_some();
         let mut failure = String::new();
         for _attempt in 0..3 {
-            let (addr, admin_addr) = match ports.take() {
-                Some(ports) => ports,
-                None => {
-                    let picked = free_addrs(2).expect("free ports for listen and admin");
-                    (picked[0], picked[1])
-                }
+            let (addr, admin_addr) = if legacy {
+                let picked = free_addrs(2).expect("free ports for listen and admin");
+                (picked[0], picked[1])
+            } else {
+                let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+                (any, any)
             };
             let mut proxy = self.spawn(&bin, addr, admin_addr);
-            match proxy.wait_healthy(STARTUP_DEADLINE).await {
+            let started = match proxy.wait_ready(STARTUP_DEADLINE, legacy).await {
+                Ok(()) => proxy.wait_healthy(STARTUP_DEADLINE).await,
+                Err(e) => Err(e),
+            };
+            match started {
                 Ok(()) if self.wait_for_redis && proxy.has_redis() => {
                     proxy.wait_redis_connected(STARTUP_DEADLINE).await;
                     return proxy;
@@ -227,6 +236,7 @@ impl Proxy {
             _ => command.arg("serve").arg("--config").arg(&config_path),
         };
         let child = command
+            .env("CORRAL_READY_FILE", dir.path().join("ready.json"))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -237,11 +247,20 @@ impl Proxy {
             child,
             addr,
             admin_addr,
+            instance: None,
             config_path,
             log_path,
             dir,
         }
     }
+}
+
+/// What corral writes to `CORRAL_READY_FILE` once it listens.
+#[derive(serde::Deserialize)]
+struct Ready {
+    instance: String,
+    listen: SocketAddr,
+    admin: SocketAddr,
 }
 
 enum Unhealthy {
@@ -254,6 +273,8 @@ pub struct RunningProxy {
     child: Child,
     addr: SocketAddr,
     admin_addr: SocketAddr,
+    /// The instance name corral reported; `/healthz` must say it.
+    instance: Option<String>,
     config_path: PathBuf,
     log_path: PathBuf,
     dir: TempDir,
@@ -395,6 +416,33 @@ impl RunningProxy {
         }
     }
 
+    /// Waits for the addresses corral bound (its ready file), and takes
+    /// them; a `legacy` binary may write none, and keeps the picked ports.
+    async fn wait_ready(&mut self, within: Duration, legacy: bool) -> Result<(), Unhealthy> {
+        let path = self.dir.path().join("ready.json");
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let ready: Ready = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()));
+                self.addr = ready.listen;
+                self.admin_addr = ready.admin;
+                self.instance = Some(ready.instance);
+                return Ok(());
+            }
+            if legacy {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Unhealthy::Exited(status));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Unhealthy::TimedOut);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn wait_healthy(&mut self, within: Duration) -> Result<(), Unhealthy> {
         let client = reqwest::Client::builder()
             .no_proxy()
@@ -411,7 +459,19 @@ impl RunningProxy {
             if let Ok(response) = client.get(&url).send().await
                 && response.status() == reqwest::StatusCode::OK
             {
-                return Ok(());
+                let said = response
+                    .headers()
+                    .get("corral-instance")
+                    .and_then(|v| v.to_str().ok());
+                match (&self.instance, said) {
+                    (None, _) => return Ok(()),
+                    (Some(ours), Some(said)) if said == ours => return Ok(()),
+                    // Another process on this port: never ours.
+                    (Some(ours), said) => panic!(
+                        "GET {url} was answered by {said:?}, not this test's corral {ours}\n{}",
+                        self.report()
+                    ),
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(Unhealthy::TimedOut);

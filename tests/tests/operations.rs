@@ -782,3 +782,56 @@ async fn metrics_carry_help_units_build_info_process_figures_and_zeroes_from_sta
         "a count is a counter:\n{text}"
     );
 }
+
+/// A listener on port 0 is bound by the kernel, and corral says where:
+/// `CORRAL_READY_FILE` gets the bound addresses and the instance name
+/// (written whole, once every listener is bound), and `/healthz` names the
+/// same instance, so whoever started it (the test harness, a supervisor)
+/// knows both its ports and that it talks to this process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corral_on_port_zero_reports_what_it_bound_and_health_names_it() {
+    let origin = Origin::new()
+        .route(
+            "/one",
+            Reply::ok("one").header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let dir = corral_tests::temp::TempDir::new("ready").expect("scratch dir");
+    let ready = dir.path().join("ready.json");
+    let mut cmd = tokio::process::Command::new(corral_tests::paths::corral_bin());
+    cmd.args(["proxy", "--to", &origin.url()])
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .env("CORRAL_READY_FILE", &ready)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let child = cmd.spawn().expect("spawn corral proxy");
+    eventually(DEADLINE, "the ready file", || async { ready.exists() }).await;
+    let text = std::fs::read_to_string(&ready).expect("the ready file");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let addr = |key: &str| -> std::net::SocketAddr {
+        report[key]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {text}"))
+    };
+    let (listen, admin) = (addr("listen"), addr("admin"));
+    assert!(
+        listen.port() != 0 && admin.port() != 0 && listen != admin,
+        "{text}"
+    );
+    assert_eq!(report["listen_tls"], serde_json::Value::Null, "{text}");
+    let instance = report["instance"].as_str().expect("instance");
+    assert!(
+        instance.ends_with(&format!("/{}", child.id().expect("pid"))),
+        "{instance}"
+    );
+    let client = Client::new();
+    let health = client.get(&format!("http://{admin}/healthz")).await;
+    assert_eq!(health.status, 200);
+    assert_eq!(health.header("corral-instance"), Some(instance));
+    let one = client.get(&format!("http://{listen}/one")).await;
+    assert_eq!(one.text(), "one");
+}

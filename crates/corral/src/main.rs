@@ -525,6 +525,30 @@ enum AdminToken {
     Purge(Option<String>),
 }
 
+/// The addresses a serving process bound and its name: logged, and
+/// written as JSON to the file `CORRAL_READY_FILE` names once every
+/// listener is bound, so that whoever started it with port 0 (a test
+/// harness, a supervisor) learns its ports from it.
+#[derive(serde::Serialize)]
+struct Bound {
+    instance: String,
+    listen: std::net::SocketAddr,
+    listen_tls: Option<std::net::SocketAddr>,
+    admin: std::net::SocketAddr,
+    health_listen: Option<std::net::SocketAddr>,
+}
+
+impl Bound {
+    /// Written whole or not at all: to a file beside it, then renamed.
+    fn write(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let mut temp = path.as_os_str().to_owned();
+        temp.push(".tmp");
+        std::fs::write(&temp, serde_json::to_vec(self)?)?;
+        std::fs::rename(&temp, path)?;
+        Ok(())
+    }
+}
+
 /// This process, as the fleet view names it: the host name and the pid.
 fn instance_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -625,6 +649,7 @@ async fn serve(
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let admin_addr = admin_listener.local_addr()?;
     let health_listener = match config.health_listen {
         None => None,
         Some(addr) => Some(
@@ -632,6 +657,10 @@ async fn serve(
                 .await
                 .with_context(|| format!("cannot listen on {addr} (health_listen)"))?,
         ),
+    };
+    let health_addr = match &health_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
     };
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
@@ -687,7 +716,20 @@ async fn serve(
     if let Some((path, loaded)) = source {
         reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     }
-    tracing::info!(listen = %config.listen, admin = %config.admin, health_listen = ?config.health_listen, live = %format_args!("http://{}/", config.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
+    // What was bound, which a configured port 0 leaves to the kernel.
+    let bound = Bound {
+        instance: admin_state.instance.clone(),
+        listen: plain_addr,
+        listen_tls: tls_addr,
+        admin: admin_addr,
+        health_listen: health_addr,
+    };
+    if let Some(path) = std::env::var_os("CORRAL_READY_FILE") {
+        bound.write(std::path::Path::new(&path)).with_context(|| {
+            format!("cannot write CORRAL_READY_FILE {}", path.to_string_lossy())
+        })?;
+    }
+    tracing::info!(listen = %bound.listen, admin = %bound.admin, health_listen = ?bound.health_listen, live = %format_args!("http://{}/", bound.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
     let drain_period = config.server.drain_period;
     tokio::spawn(async move {
         let graceful = wait_for_signal().await;

@@ -60,9 +60,16 @@ pub fn health_router(state: Arc<AdminState>) -> Router {
 /// service, and what they tell is not private.
 fn probes() -> Router<Arc<AdminState>> {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/lb-health", get(lb_health))
+}
+
+/// Liveness: `ok`, with the instance's name (`corral-instance`, as the
+/// fleet view names it), so that whoever checks knows which process
+/// answered (a test, the one it started; an operator, the pod).
+async fn healthz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    ([("corral-instance", s.instance.clone())], "ok\n")
 }
 
 /// Refuses a request for a view, the metrics or a purge whose Host is
