@@ -76,6 +76,16 @@ enum Command {
         /// one fetch). The origin's own Cache-Control always wins.
         #[arg(long, default_value = DEFAULT_PROXY_TTL)]
         ttl: String,
+        /// Serve a stale answer for up to this long past its freshness
+        /// while one background fetch refreshes it, where the origin's
+        /// Cache-Control names no stale-while-revalidate, e.g. 30s.
+        #[arg(long, conflicts_with = "no_cache")]
+        stale_while_revalidate: Option<String>,
+        /// Serve a stale answer for up to this long past its freshness
+        /// when the origin fails (a 5xx, a timeout, no connection), where
+        /// its Cache-Control names no stale-if-error, e.g. 1h.
+        #[arg(long, conflicts_with = "no_cache")]
+        stale_if_error: Option<String>,
         /// Keep nothing and coalesce nothing: a plain reverse proxy.
         #[arg(long, conflicts_with = "ttl")]
         no_cache: bool,
@@ -240,6 +250,8 @@ fn main() -> ExitCode {
             redis,
             memory,
             ttl,
+            stale_while_revalidate,
+            stale_if_error,
             no_cache,
             log_format,
         } => {
@@ -250,6 +262,7 @@ fn main() -> ExitCode {
                 redis: redis.as_deref(),
                 memory: &memory,
                 ttl: (!no_cache).then_some(ttl.as_str()),
+                stale: (stale_while_revalidate.as_deref(), stale_if_error.as_deref()),
             };
             let text = proxy_config(&flags);
             let config = match config::parse("corral proxy", &text) {
@@ -303,6 +316,8 @@ struct ProxyFlags<'a> {
     memory: &'a str,
     /// `--ttl`; `None` with `--no-cache`.
     ttl: Option<&'a str>,
+    /// `--stale-while-revalidate` and `--stale-if-error`, when given.
+    stale: (Option<&'a str>, Option<&'a str>),
 }
 
 /// The configuration `corral proxy` runs: one route, everything under
@@ -325,11 +340,27 @@ fn proxy_config(flags: &ProxyFlags<'_>) -> String {
         "routes:\n  - name: proxy\n    match: {{ path_prefix: / }}\n    upstream: {}\n",
         quoted(flags.to)
     ));
-    match flags.ttl {
-        None => text.push_str("    cache: { enabled: false }\n"),
-        // `--ttl 0`: the origin's Cache-Control alone decides.
-        Some(ttl) if config::is_zero_duration(ttl) => {}
-        Some(ttl) => text.push_str(&format!("    cache: {{ default_ttl: {} }}\n", quoted(ttl))),
+    let Some(ttl) = flags.ttl else {
+        text.push_str("    cache: { enabled: false }\n");
+        return text;
+    };
+    let mut cache = Vec::new();
+    // `--ttl 0`: the origin's Cache-Control alone decides.
+    if !config::is_zero_duration(ttl) {
+        cache.push(format!("default_ttl: {}", quoted(ttl)));
+    }
+    let (swr, sie) = flags.stale;
+    if let Some(d) = swr {
+        cache.push(format!(
+            "stale_while_revalidate: {{ default: {} }}",
+            quoted(d)
+        ));
+    }
+    if let Some(d) = sie {
+        cache.push(format!("stale_if_error: {{ default: {} }}", quoted(d)));
+    }
+    if !cache.is_empty() {
+        text.push_str(&format!("    cache: {{ {} }}\n", cache.join(", ")));
     }
     text
 }
@@ -342,6 +373,8 @@ fn proxy_flag(field: &str) -> &str {
         "admin" => "--admin",
         "cache.memory" => "--memory",
         "routes[0].cache.default_ttl" => "--ttl",
+        f if f.starts_with("routes[0].cache.stale_while_revalidate") => "--stale-while-revalidate",
+        f if f.starts_with("routes[0].cache.stale_if_error") => "--stale-if-error",
         f if f.starts_with("redis") => "--redis",
         f => f,
     }
@@ -866,6 +899,7 @@ mod tests {
             redis,
             memory: "64MiB",
             ttl,
+            stale: (None, None),
         }
     }
 
@@ -894,5 +928,38 @@ mod tests {
             panic!("--ttl soon was accepted");
         };
         assert_eq!(proxy_flag(&error.field), "--ttl", "{error}");
+    }
+
+    #[test]
+    fn the_stale_flags_set_the_routes_stale_windows_and_name_themselves() {
+        let with = |swr: Option<&str>, sie: Option<&str>| {
+            let mut f = flags("http://127.0.0.1:3000", None, Some("0"));
+            f.stale = (swr, sie);
+            config::parse("corral proxy", &proxy_config(&f))
+        };
+        let route = with(Some("30s"), Some("1h"))
+            .expect("valid")
+            .routes
+            .into_iter()
+            .next()
+            .expect("one route");
+        assert_eq!(route.cache.default_ttl, None);
+        assert_eq!(
+            route.cache.stale_while_revalidate.default,
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            route.cache.stale_if_error.default,
+            Duration::from_secs(3600)
+        );
+        for (swr, sie, flag) in [
+            (Some("soon"), None, "--stale-while-revalidate"),
+            (None, Some("later"), "--stale-if-error"),
+        ] {
+            let Err(error) = with(swr, sie) else {
+                panic!("{flag} accepted a bad value");
+            };
+            assert_eq!(proxy_flag(&error.field), flag, "{error}");
+        }
     }
 }
