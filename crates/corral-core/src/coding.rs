@@ -137,37 +137,44 @@ pub fn accepts(request: &HeaderMap, name: &str) -> bool {
     if name.eq_ignore_ascii_case("dcb") || name.eq_ignore_ascii_case("dcz") {
         return request.contains_key("available-dictionary");
     }
+    // Bytes, not `str` splitting with trimmed patterns: every request of
+    // a route without `compression:` asks this, hits too.
+    let name = name.as_bytes();
+    let gzip = name.eq_ignore_ascii_case(b"gzip") || name.eq_ignore_ascii_case(b"x-gzip");
     let mut named: Option<u16> = None;
     let mut star: Option<u16> = None;
     for line in request.get_all(ACCEPT_ENCODING) {
-        let Ok(line) = line.to_str() else {
-            return false;
-        };
-        for member in line.split(',') {
-            let member = member.trim_matches([' ', '\t']);
+        for member in line.as_bytes().split(|&b| b == b',') {
+            let member = trim(member);
             if member.is_empty() {
                 continue;
             }
-            let mut parts = member.split(';');
-            let coding = parts.next().unwrap_or_default().trim_matches([' ', '\t']);
+            let (coding, params) = match member.iter().position(|&b| b == b';') {
+                Some(i) => (trim(&member[..i]), Some(&member[i + 1..])),
+                None => (member, None),
+            };
+            // A field corral cannot read accepts nothing.
+            if coding.is_empty() || !coding.iter().all(|&b| is_tchar(b)) {
+                return false;
+            }
             let mut weight = 1000;
-            for param in parts {
-                match param.split_once('=') {
-                    Some((k, v)) if k.trim_matches([' ', '\t']).eq_ignore_ascii_case("q") => {
-                        match qvalue(v.trim_matches([' ', '\t'])) {
-                            Some(w) => weight = w,
-                            None => return false,
-                        }
-                    }
+            for param in params.into_iter().flat_map(|p| p.split(|&b| b == b';')) {
+                let Some(eq) = param.iter().position(|&b| b == b'=') else {
+                    return false;
+                };
+                let q = std::str::from_utf8(trim(&param[eq + 1..])).ok();
+                match q.and_then(qvalue) {
+                    Some(w) if trim(&param[..eq]).eq_ignore_ascii_case(b"q") => weight = w,
                     _ => return false,
                 }
             }
             let same = coding.eq_ignore_ascii_case(name)
-                || (coding.eq_ignore_ascii_case("x-gzip") && name.eq_ignore_ascii_case("gzip"))
-                || (coding.eq_ignore_ascii_case("gzip") && name.eq_ignore_ascii_case("x-gzip"));
+                || (gzip
+                    && (coding.eq_ignore_ascii_case(b"gzip")
+                        || coding.eq_ignore_ascii_case(b"x-gzip")));
             if same {
                 named = Some(named.map_or(weight, |w| w.min(weight)));
-            } else if coding == "*" {
+            } else if coding == b"*" {
                 star = Some(star.map_or(weight, |w| w.min(weight)));
             }
         }
@@ -192,12 +199,46 @@ pub fn choose(request: &HeaderMap, offered: &[Coding]) -> Option<Coding> {
 /// served an answer fetched without it. A field corral cannot read
 /// accepts no coding (the cautious read).
 pub fn normalize_accept_encoding(request: &mut HeaderMap) {
-    let gzip = Accepted::of(request).is_some_and(|a| a.weight(Coding::Gzip) > 0);
+    // Every request of a route without `compression:` comes here, hits
+    // too: read without allocating, and the field left alone when it
+    // already says what it would be rewritten to.
+    let mut lines = request.get_all(ACCEPT_ENCODING).iter();
+    let Some(first) = lines.next() else {
+        return;
+    };
+    let single = lines.next().is_none();
+    let already = single && first.as_bytes() == b"gzip";
+    // A client sends the same field on every request of a connection:
+    // this thread's last answer, for the same bytes, is this one's.
+    let gzip = if single {
+        LAST_FIELD.with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((field, gzip)) if field.as_bytes() == first.as_bytes() => *gzip,
+                _ => {
+                    let gzip = accepts(request, "gzip");
+                    *last = Some((first.clone(), gzip));
+                    gzip
+                }
+            }
+        })
+    } else {
+        accepts(request, "gzip")
+    };
     if gzip {
-        request.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("gzip"));
+        if !already {
+            request.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("gzip"));
+        }
     } else {
         request.remove(ACCEPT_ENCODING);
     }
+}
+
+thread_local! {
+    /// The last single `Accept-Encoding` field line this thread read, and
+    /// whether it accepts gzip (see [`normalize_accept_encoding`]).
+    static LAST_FIELD: std::cell::RefCell<Option<(http::HeaderValue, bool)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// `qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )`, in
@@ -217,6 +258,13 @@ fn qvalue(v: &str) -> Option<u16> {
         "1" if thousandths == 0 => Some(1000),
         _ => None,
     }
+}
+
+/// `b` without the spaces and tabs around it.
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|&c| c != b' ' && c != b'\t').unwrap_or(b.len());
+    let end = b.iter().rposition(|&c| c != b' ' && c != b'\t').map_or(start, |i| i + 1);
+    &b[start..end]
 }
 
 fn is_tchar(b: u8) -> bool {
@@ -340,6 +388,35 @@ mod tests {
     }
 
     proptest! {
+        /// The byte reader `accepts` uses (it runs on every request of a
+        /// route without compression) says what the full parser says.
+        #[test]
+        fn accepts_reads_gzip_as_the_parser_does(
+            members in proptest::collection::vec(
+                (
+                    prop_oneof![
+                        Just("gzip"), Just("GZIP"), Just("x-gzip"), Just("br"), Just("*"),
+                        Just("identity"), Just("deflate"), Just(""), Just("g zip"),
+                    ],
+                    prop_oneof![
+                        Just(""), Just(";q=0"), Just(";q=0.5"), Just("; q=1"), Just(";q=1.0"),
+                        Just(";q=2"), Just(";level=1"), Just(";q="),
+                    ],
+                    prop_oneof![Just(""), Just(" "), Just("\t")],
+                ),
+                0..5,
+            ),
+        ) {
+            let field: Vec<String> = members
+                .iter()
+                .map(|(c, q, pad)| format!("{pad}{c}{q}{pad}"))
+                .collect();
+            let field = field.join(",");
+            let h = ae(&field);
+            let parsed = Accepted::of(&h).is_some_and(|a| a.weight(Coding::Gzip) > 0);
+            prop_assert_eq!(accepts(&h, "gzip"), parsed, "{:?}", field);
+        }
+
         /// A coding is chosen only when the field gives it a weight above
         /// zero, itself or through `*` (when not named): never one the
         /// caller refused, `*;q=0` and `gzip;q=0` included.
