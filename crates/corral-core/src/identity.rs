@@ -110,6 +110,14 @@ impl IdentityRules {
 
     #[inline]
     fn identify_with(&self, headers: &HeaderMap, whole_cookie: bool) -> Option<Identity> {
+        // Most requests (every hit of an anonymous caller) carry none of
+        // the fields: answered before a keyed hasher is set up.
+        let cookies = !self.cookies.is_empty() || self.every_cookie || whole_cookie;
+        if !self.headers.iter().any(|n| headers.contains_key(n))
+            && !(cookies && headers.contains_key(COOKIE))
+        {
+            return None;
+        }
         let mut h = blake3::Hasher::new_keyed(&self.key);
         let mut found = false;
         let mut authorization_only = true;
