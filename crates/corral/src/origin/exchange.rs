@@ -115,7 +115,11 @@ pub async fn exchange(
     let uri = req.uri().clone();
     let res = transport
         .send(upstream, req, asked.retry, deadline, asked.held)
-        .await?;
+        .await;
+    if let Some(visit) = &head.visit {
+        visit.record(upstream.authority.as_str(), started.elapsed());
+    }
+    let res = res?;
     let (mut parts, body) = res.into_parts();
     let framing = sanitize_response(&mut parts)?;
     Ok(Answered {
