@@ -402,7 +402,9 @@ fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFo
         admin: admin_token,
     };
     let served = runtime.block_on(serve(config, source, tokens, max_connections));
-    // The last lines ("corral stopped") are still queued for stdout.
+    // Warnings counted since their last summary, then the last lines
+    // ("corral stopped"), still queued for stdout.
+    telemetry::repeats::flush();
     if !log_sink::flush_installed(Duration::from_secs(2)) {
         eprintln!("corral: stdout did not take the last log lines within 2s");
     }
