@@ -659,7 +659,9 @@ async fn serve(
             .and_then(|(l, _)| l.local_addr().ok())
             .map_or_else(|| config.listen.to_string(), |a| a.to_string()),
         started: std::time::Instant::now(),
+        history: crate::ops::history::History::default(),
     });
+    tokio::spawn(crate::ops::history::record(Arc::clone(&admin_state)));
     if app.l2.is_some() {
         tokio::spawn(heartbeat(Arc::clone(&admin_state)));
     }
