@@ -710,6 +710,86 @@ async fn a_page_opened_mid_incident_draws_what_led_to_it_and_flags_the_breaker()
     );
 }
 
+/// `corral top --once` in an incident: the open Redis breaker, the open
+/// circuit and the keys in back-off head the view (plain text: stdout is
+/// no terminal), and its rates are made of two readings an interval
+/// apart, so they are figures, not dashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_top_once_heads_with_what_is_open_and_shows_rates() {
+    let mut redis = Redis::start().await;
+    let mut origin = Origin::new().route("/o", cacheable("up")).start().await;
+    let circuit = "{ error_rate: 50%, min_fetches: 5, window: 10s, open_for: 60s }";
+    let route = Route::new("api", origin.url()).field("circuit", circuit);
+    let config =
+        shared_route(route, &redis).redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    origin.stop().await;
+    redis.kill();
+    // Five callers see the origin fail (one caller's failures count once).
+    for i in 0..5u8 {
+        let caller = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 20 + i));
+        let a = caller.get(&proxy.url(&format!("/o?k={i}"))).await;
+        assert!(a.status.is_server_error(), "{a:?}");
+    }
+    fleet_when(&proxy, "the circuit and the breaker open", |f| {
+        let i = &f["instances"][0];
+        i["routes"][0]["circuit"] == "open" && i["redis"]["breaker_open"] == true
+    })
+    .await;
+    // Requests go on while top takes its two readings.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, client, url) = (stop.clone(), client.clone(), proxy.url("/o?busy"));
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client.get(&url).await;
+            }
+        })
+    };
+    let admin = proxy.admin_url("");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(corral_bin())
+            .args(["top", "--once", "--interval", "1", "--admin", &admin])
+            .env_remove("CORRAL_ADMIN_TOKEN")
+            .output()
+            .expect("corral top runs")
+    })
+    .await
+    .expect("top task");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.expect("load");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let alarm = text
+        .lines()
+        .find(|l| l.starts_with("!! "))
+        .unwrap_or_else(|| panic!("no alarm line:\n{text}"));
+    assert!(alarm.contains("REDIS BREAKER OPEN: "), "{alarm}");
+    assert!(alarm.contains("CIRCUIT OPEN: api"), "{alarm}");
+    assert!(!text.contains('\x1b'), "no terminal, no escapes:\n{text}");
+    let rate = |label: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("{label}:\n{text}"));
+        let per_s = line
+            .split_whitespace()
+            .find(|w| w.ends_with("/s"))
+            .unwrap_or_else(|| panic!("a rate: {line}"));
+        per_s
+            .trim_end_matches("/s")
+            .parse()
+            .unwrap_or_else(|_| panic!("a rate, not a dash: {line}"))
+    };
+    assert!(rate("client requests") > 0.0, "{text}");
+    assert!(rate("origin errors") >= 0.0, "{text}");
+}
+
 // ---------------------------------------------------------------------------
 // corral top, interactive, in tmux
 // ---------------------------------------------------------------------------

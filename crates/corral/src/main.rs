@@ -101,7 +101,8 @@ enum Command {
         /// With --once: print the reading as JSON (the /stats?fleet=1 form).
         #[arg(long, requires = "once")]
         json: bool,
-        /// Seconds between readings.
+        /// Seconds between readings (with --once, between the two that
+        /// make its rates).
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
         /// The admin token, where the live view is guarded; defaults to
