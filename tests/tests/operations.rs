@@ -259,7 +259,11 @@ async fn an_access_line_names_host_bytes_upstream_and_the_request_id_the_origin_
     let origin = Origin::new()
         .route(
             "/a",
-            Reply::ok("hello").header("cache-control", "max-age=60"),
+            Reply::ok("hello")
+                .header("cache-control", "max-age=60")
+                // Echoed by the origin, stored with the answer: never
+                // served to another caller.
+                .header("x-request-id", "the-origin-echo"),
         )
         .start()
         .await;
@@ -284,6 +288,9 @@ async fn an_access_line_names_host_bytes_upstream_and_the_request_id_the_origin_
     let lines = wait_for_access_lines(&proxy, answers.len(), DEADLINE).await;
     let report = || format!("{lines:#?}\n{}", proxy.report());
     assert_eq!(lines.len(), answers.len(), "{}", report());
+    for a in &answers {
+        assert_eq!(a.headers.get_all("x-request-id").iter().count(), 1, "{a:?}");
+    }
     let ids: Vec<&str> = answers
         .iter()
         .map(|a| a.header("x-request-id").expect("an id echoed"))
