@@ -662,7 +662,12 @@ async fn serve(
         started: std::time::Instant::now(),
         history: crate::ops::history::History::default(),
     });
-    tokio::spawn(crate::ops::history::record(Arc::clone(&admin_state)));
+    {
+        let state = Arc::clone(&admin_state);
+        tokio::spawn(async move {
+            crate::ops::history::record(&state.history, || admin::summary(&state)).await;
+        });
+    }
     if app.l2.is_some() {
         tokio::spawn(heartbeat(Arc::clone(&admin_state)));
     }

@@ -7,12 +7,11 @@
 //! the metrics every 5 s, off the request path.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ops::AdminState;
 use crate::ops::stats::Summary;
 
 /// How often a point is taken.
@@ -92,15 +91,14 @@ impl History {
     }
 }
 
-/// Takes a point at once and then every [`EVERY`], for as long as the
-/// process runs.
-pub async fn record(state: Arc<AdminState>) {
+/// Keeps `history`: a point of `read()` at once and then every
+/// [`EVERY`], for as long as the process runs.
+pub async fn record(history: &History, read: impl Fn() -> Summary) {
     let mut every = tokio::time::interval(EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let summary = crate::ops::admin::summary(&state);
-        state.history.push(Point::of(&summary));
+        history.push(Point::of(&read()));
     }
 }
 
