@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::proxy::RunningProxy;
 
-pub use access_log::{AccessLine, access_lines};
+pub use access_log::{AccessLine, Json, access_lines, lines_with_message, occurrences};
 pub use scrape::{Sample, Scrape};
 
 /// How often the waits below look again when there is no event to wait on.

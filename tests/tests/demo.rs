@@ -180,6 +180,30 @@ impl Demo {
         signal_group("-0", self.pgid)
     }
 
+    /// The script kept its logs when it stopped, and nothing else: one
+    /// directory, named on stderr, with corral's log (which says it
+    /// started) and demo-origin's.
+    fn assert_only_logs_kept(&self) {
+        let left = self.leftovers();
+        assert_eq!(left.len(), 1, "files left behind: {left:?}");
+        let dir = self.dir.path().join(&left[0]);
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("list the kept logs")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        assert_eq!(
+            files,
+            ["corral.log", "origin.log"],
+            "only the logs are kept"
+        );
+        let named = format!("logs kept in {}/corral.log", dir.display());
+        assert!(self.stderr().contains(&named), "{}", self.stderr());
+        let log = std::fs::read_to_string(dir.join("corral.log")).expect("corral.log");
+        assert!(log.contains("corral"), "corral's log: {log}");
+    }
+
     /// Entries the script left in its temporary directory.
     fn leftovers(&self) -> Vec<String> {
         std::fs::read_dir(self.dir.path())
@@ -408,7 +432,7 @@ async fn the_demo_shows_a_miss_a_hit_and_a_one_fetch_stampede_and_ctrl_c_stops_i
         .sum();
     assert_eq!(fetches, 2, "corral_origin_fetches_total:\n{metrics}");
 
-    // Ctrl-C: the script and both processes stop, their files go.
+    // Ctrl-C: the script and both processes stop; their logs stay.
     assert!(signal_group("-INT", demo.pgid), "send SIGINT to the demo");
     let status = demo.exit().await;
     assert_eq!(status.code(), Some(130), "{}", demo.report());
@@ -419,7 +443,7 @@ async fn the_demo_shows_a_miss_a_hit_and_a_one_fetch_stampede_and_ctrl_c_stops_i
             "127.0.0.1:{port} still listens after Ctrl-C"
         );
     }
-    assert_eq!(demo.leftovers(), Vec::<String>::new(), "files left behind");
+    demo.assert_only_logs_kept();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,5 +487,5 @@ async fn the_demo_reports_a_process_that_cannot_listen_and_stops_the_other() {
     );
     assert!(!demo.group_alive(), "demo-origin was stopped");
     assert!(!listening(ports.origin));
-    assert_eq!(demo.leftovers(), Vec::<String>::new(), "files left behind");
+    demo.assert_only_logs_kept();
 }

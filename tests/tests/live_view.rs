@@ -221,6 +221,7 @@ async fn the_live_view_needs_its_token_when_one_is_set() {
         "/live.css",
         "/stats",
         "/stats?fleet=1",
+        "/history",
         "/metrics",
     ] {
         let url = proxy.admin_url(path);
@@ -586,6 +587,207 @@ async fn the_page_shows_the_fleet_in_a_browser_and_escapes_what_it_shows() {
         std::fs::copy(&shot, keep).expect("screenshot kept");
     }
     let _ = std::fs::remove_file(&shot);
+}
+
+/// The text of the first element whose attributes include `attr`, in a
+/// serialized DOM, with its opening tag.
+fn tagged<'a>(dom: &'a str, attr: &str) -> (&'a str, &'a str) {
+    let at = dom
+        .find(attr)
+        .unwrap_or_else(|| panic!("{attr} in the page"));
+    let open = dom[..at].rfind('<').expect("a tag");
+    let end = dom[at..].find('>').expect("the tag's end") + at;
+    let text_end = dom[end..].find('<').expect("closing tag") + end;
+    (&dom[open..=end], &dom[end + 1..text_end])
+}
+
+/// The value of attribute `name` in `tag`.
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let from = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    tag[from..].split('"').next()
+}
+
+/// A page opened in the middle of an incident (the origin gone, Redis
+/// gone) shows what led to it: its chart starts with the readings the
+/// instance kept before the page opened (`/history`), has a time and a
+/// rate axis, shades the trouble, and draws the origin's errors; the
+/// origin errors have a figure of their own, and the open Redis breaker
+/// is flagged over the page and on its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_opened_mid_incident_draws_what_led_to_it_and_flags_the_breaker() {
+    if chromium().is_none() && std::env::var("CORRAL_SKIP_CHROMIUM").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: no Chromium and CORRAL_SKIP_CHROMIUM=1");
+        return;
+    }
+    let mut redis = Redis::start().await;
+    let mut origin = Origin::new().route("/o", cacheable("up")).start().await;
+    let config = shared(&origin, &redis).redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    for i in 0..20 {
+        assert_eq!(
+            client.get(&proxy.url(&format!("/o?k={i}"))).await.status,
+            200
+        );
+    }
+    origin.stop().await;
+    redis.kill();
+    for i in 0..30 {
+        let a = client.get(&proxy.url(&format!("/o?down={i}"))).await;
+        assert!(a.status.is_server_error(), "{a:?}");
+    }
+    // The instance's own readings (one every 5 s) come to show it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let history = loop {
+        let h = stats(&proxy, "/history").await;
+        let points = h["points"].as_array().cloned().unwrap_or_default();
+        if points
+            .last()
+            .is_some_and(|p| p["redis_breaker_open"] == true && count(&p["origin_errors"]) > 0)
+        {
+            break points;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reading showed the incident: {h:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(history.len() >= 2, "{history:#?}");
+    assert!(
+        history.iter().any(|p| p["redis_breaker_open"] == false),
+        "a reading from before the incident: {history:#?}"
+    );
+    let opened_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("now")
+        .as_millis() as u64;
+    let metrics = scrape(&proxy).await;
+    let errors = metrics.sum("corral_origin_fetches_total", &[("status", "error")])
+        + metrics.sum("corral_origin_fetches_total", &[("status", "502")])
+        + metrics.sum("corral_origin_fetches_total", &[("status", "503")])
+        + metrics.sum("corral_origin_fetches_total", &[("status", "504")]);
+    assert!(errors >= 1.0);
+
+    let url = proxy.admin_url("/");
+    let dom = tokio::task::spawn_blocking(move || {
+        headless(&url, &["--virtual-time-budget=3000", "--dump-dom"])
+    })
+    .await
+    .expect("chromium task");
+    assert!(!dom.is_empty(), "no DOM");
+    let (chart, _) = tagged(&dom, "id=\"chart\"");
+    let since: u64 = attribute(chart, "data-since")
+        .map(number)
+        .unwrap_or_else(|| panic!("the history's start: {chart}"));
+    assert!(since < opened_ms, "the chart starts before the page opened");
+    assert_eq!(since, count(&history[0]["at_ms"]));
+    let kept = attribute(chart, "data-history-points").map(number);
+    assert!(kept >= Some(history.len() as u64), "{chart}");
+    assert!(attribute(chart, "data-points").map(number) >= Some(history.len() as u64 - 1));
+    // The axes: clock times below, rates beside, and the trouble shaded.
+    assert!(dom.matches("class=\"axis-x\"").count() >= 1, "a time axis");
+    assert_eq!(dom.matches("class=\"axis-y\"").count(), 3, "a rate axis");
+    assert!(dom.contains(" /s</text>"), "rates labelled per second");
+    assert!(dom.contains("class=\"trouble\""), "the incident shaded");
+    assert!(
+        dom.contains("data-series=\"errors\""),
+        "the origin's errors drawn"
+    );
+    // The origin's errors, a figure of their own.
+    assert_eq!(
+        number(element_text(&dom, "total-origin-errors")) as f64,
+        errors
+    );
+    // The breaker, flagged over the page and on its instance.
+    let (alarms, said) = tagged(&dom, "id=\"alarms\"");
+    assert_eq!(attribute(alarms, "data-breaker"), Some("open"), "{alarms}");
+    assert!(!alarms.contains(" hidden"), "{alarms}");
+    assert!(said.starts_with("Redis breaker open: "), "{said}");
+    assert!(
+        dom.contains("<td class=\"alarm\">"),
+        "the instance's Redis cell"
+    );
+}
+
+/// `corral top --once` in an incident: the open Redis breaker, the open
+/// circuit and the keys in back-off head the view (plain text: stdout is
+/// no terminal), and its rates are made of two readings an interval
+/// apart, so they are figures, not dashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corral_top_once_heads_with_what_is_open_and_shows_rates() {
+    let mut redis = Redis::start().await;
+    let mut origin = Origin::new().route("/o", cacheable("up")).start().await;
+    let circuit = "{ error_rate: 50%, min_fetches: 5, window: 10s, open_for: 60s }";
+    let route = Route::new("api", origin.url()).field("circuit", circuit);
+    let config =
+        shared_route(route, &redis).redis_field("breaker", "{ failures: 2, open_for: 60s }");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    origin.stop().await;
+    redis.kill();
+    // Five callers see the origin fail (one caller's failures count once).
+    for i in 0..5u8 {
+        let caller = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 20 + i));
+        let a = caller.get(&proxy.url(&format!("/o?k={i}"))).await;
+        assert!(a.status.is_server_error(), "{a:?}");
+    }
+    fleet_when(&proxy, "the circuit and the breaker open", |f| {
+        let i = &f["instances"][0];
+        i["routes"][0]["circuit"] == "open" && i["redis"]["breaker_open"] == true
+    })
+    .await;
+    // Requests go on while top takes its two readings.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, client, url) = (stop.clone(), client.clone(), proxy.url("/o?busy"));
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client.get(&url).await;
+            }
+        })
+    };
+    let admin = proxy.admin_url("");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(corral_bin())
+            .args(["top", "--once", "--interval", "1", "--admin", &admin])
+            .env_remove("CORRAL_ADMIN_TOKEN")
+            .output()
+            .expect("corral top runs")
+    })
+    .await
+    .expect("top task");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.expect("load");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let alarm = text
+        .lines()
+        .find(|l| l.starts_with("!! "))
+        .unwrap_or_else(|| panic!("no alarm line:\n{text}"));
+    assert!(alarm.contains("REDIS BREAKER OPEN: "), "{alarm}");
+    assert!(alarm.contains("CIRCUIT OPEN: api"), "{alarm}");
+    assert!(!text.contains('\x1b'), "no terminal, no escapes:\n{text}");
+    let rate = |label: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("{label}:\n{text}"));
+        let per_s = line
+            .split_whitespace()
+            .find(|w| w.ends_with("/s"))
+            .unwrap_or_else(|| panic!("a rate: {line}"));
+        per_s
+            .trim_end_matches("/s")
+            .parse()
+            .unwrap_or_else(|_| panic!("a rate, not a dash: {line}"))
+    };
+    assert!(rate("client requests") > 0.0, "{text}");
+    assert!(rate("origin errors") >= 0.0, "{text}");
 }
 
 // ---------------------------------------------------------------------------

@@ -249,6 +249,84 @@ async fn the_access_log_has_one_line_per_request_and_never_the_query_or_credenti
     }
 }
 
+/// One request can be followed from the client to the origin and back:
+/// its `X-Request-Id` (kept when it is a short token, made otherwise)
+/// reaches the origin, comes back on the answer and is on its access line,
+/// with the host, the bytes answered, and the upstream asked and how long
+/// it took when one was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_line_names_host_bytes_upstream_and_the_request_id_the_origin_got() {
+    let origin = Origin::new()
+        .route(
+            "/a",
+            Reply::ok("hello")
+                .header("cache-control", "max-age=60")
+                // Echoed by the origin, stored with the answer: never
+                // served to another caller.
+                .header("x-request-id", "the-origin-echo"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/a?q=1");
+    let answers = [
+        // A miss with a good id: kept.
+        client
+            .get_with(&url, &[("x-request-id", "trace-7f3a.1")])
+            .await,
+        // A hit (written from the entry's head) without one: made.
+        client.get(&url).await,
+        // Ids that are not short tokens are replaced.
+        client
+            .get_with(&url, &[("x-request-id", "two words")])
+            .await,
+        client
+            .get_with(&url, &[("x-request-id", &"a".repeat(129))])
+            .await,
+    ];
+    let lines = wait_for_access_lines(&proxy, answers.len(), DEADLINE).await;
+    let report = || format!("{lines:#?}\n{}", proxy.report());
+    assert_eq!(lines.len(), answers.len(), "{}", report());
+    for a in &answers {
+        assert_eq!(a.headers.get_all("x-request-id").iter().count(), 1, "{a:?}");
+    }
+    let ids: Vec<&str> = answers
+        .iter()
+        .map(|a| a.header("x-request-id").expect("an id echoed"))
+        .collect();
+    assert_eq!(ids[0], "trace-7f3a.1");
+    for id in &ids[1..] {
+        assert_eq!(id.len(), 20, "a made id: {id}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    }
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    for (line, id) in lines.iter().zip(&ids) {
+        assert_eq!(line.request_id, *id, "{}", line.raw);
+        assert_eq!(line.host, "127.0.0.1", "{}", line.raw);
+        assert_eq!(line.bytes, Some(5), "{}", line.raw);
+        assert!(!line.raw.contains("q=1"), "{}", line.raw);
+    }
+    // The miss asked the origin, which got the client's id.
+    let seen = origin.requests("/a");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header_all("x-request-id"), ["trace-7f3a.1"]);
+    let origin_addr = origin.addr().to_string();
+    assert_eq!(lines[0].cache, "miss", "{}", report());
+    assert_eq!(lines[0].upstream.as_deref(), Some(origin_addr.as_str()));
+    let took = lines[0].upstream_ms.expect("upstream_ms on a miss");
+    assert!(took >= 0.0 && took <= lines[0].ms, "{}", lines[0].raw);
+    // The hits asked nobody.
+    for line in &lines[1..] {
+        assert_eq!(line.cache, "hit", "{}", line.raw);
+        assert_eq!(line.upstream, None, "{}", line.raw);
+        assert_eq!(line.upstream_ms, None, "{}", line.raw);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_without_losing_an_in_flight_request_and_exits_zero() {
     const DRAIN: Duration = Duration::from_secs(1);

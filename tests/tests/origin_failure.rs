@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use corral_tests::lifecycle::scrape;
+use corral_tests::lifecycle::{Json, lines_with_message, occurrences, scrape};
 use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Redis, Reply, Route};
 use futures_util::future::join_all;
 use tokio::time::Instant;
@@ -273,4 +273,101 @@ async fn a_route_whose_fetches_mostly_fail_opens_its_circuit_then_probes() {
         let a = client.get(&proxy.url(&format!("/c?k=after{j}"))).await;
         assert_eq!(a.text(), "up");
     }
+}
+
+/// An origin outage under load writes a handful of lines, not one per
+/// request: the first failure of each kind (route and detail) is logged
+/// at once, the rest as summary lines whose `repeated` counts sum to every
+/// request that failed. Every circuit line names the route and its
+/// upstream; the line that closes it says how long it was open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_outage_writes_a_few_counted_lines_naming_the_route_and_upstream() {
+    const REQUESTS: u64 = 300;
+    let mut origin = Origin::new()
+        .route("/o", Reply::ok("up").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let addr = origin.addr();
+    let route = Route::new("api", origin.url()).cache("hit_for_pass", "0s");
+    let config = Config::new().route(route).to_yaml().replace(
+        "    upstream:",
+        "    circuit: { error_rate: 50%, min_fetches: 5, window: 10s, open_for: 1s }\n    upstream:",
+    );
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    origin.stop().await;
+    // Distinct keys, so each request is a fill of its own.
+    for i in 0..REQUESTS {
+        let a = client.get(&proxy.url(&format!("/o?k={i}"))).await;
+        assert!(a.status.is_server_error(), "{a:?}");
+    }
+    // Every failure is accounted for once the summaries are written.
+    let upstream = addr.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fill_failed = loop {
+        let lines = lines_with_message(&proxy.log(), "fill failed");
+        if occurrences(&lines) >= REQUESTS {
+            break lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {REQUESTS} failures logged\n{}",
+            occurrences(&lines),
+            proxy.report()
+        );
+        tokio::time::sleep(ms(100)).await;
+    };
+    assert_eq!(occurrences(&fill_failed), REQUESTS, "{}", proxy.report());
+    // One line at once per kind (the origin's refusals, then the open
+    // circuit's), and a summary for each: not one per request.
+    assert!(fill_failed.len() <= 6, "{}", proxy.report());
+    let text = |f: &std::collections::BTreeMap<String, Json>, k: &str| {
+        f.get(k).and_then(Json::as_str).map(str::to_owned)
+    };
+    for line in &fill_failed {
+        assert_eq!(text(line, "route").as_deref(), Some("api"), "{line:?}");
+        assert_eq!(text(line, "upstream"), Some(upstream.clone()), "{line:?}");
+    }
+    // The origin was asked (and failed) only until the circuit opened,
+    // plus its probes: the rest were the circuit's.
+    let metrics = scrape(&proxy).await;
+    let skipped = metrics.sum("corral_origin_skipped_total", &[("reason", "circuit-open")]) as u64;
+    assert!(skipped >= REQUESTS - 20, "{skipped} skipped");
+    let upstream_failed = lines_with_message(&proxy.log(), "upstream failed");
+    assert_eq!(occurrences(&upstream_failed), REQUESTS - skipped);
+    assert!(upstream_failed.len() <= 4, "{}", proxy.report());
+    let opened = lines_with_message(&proxy.log(), "origin circuit opened: most fetches fail");
+    assert_eq!(opened.len(), 1, "{}", proxy.report());
+    assert_eq!(text(&opened[0], "route").as_deref(), Some("api"));
+    assert_eq!(text(&opened[0], "upstream"), Some(upstream.clone()));
+
+    // The origin is back: a probe closes the circuit, and its line says so.
+    let _origin = Origin::new()
+        .route("/o", Reply::ok("up").header("cache-control", "max-age=60"))
+        .start_at(addr)
+        .await;
+    let deadline = Instant::now() + DEADLINE;
+    let mut i = 0;
+    while client.get(&proxy.url(&format!("/o?back={i}"))).await.status != 200 {
+        assert!(Instant::now() < deadline, "the circuit never closed");
+        i += 1;
+        tokio::time::sleep(ms(50)).await;
+    }
+    let closed = loop {
+        let lines = lines_with_message(&proxy.log(), "origin circuit closed: the probe succeeded");
+        if !lines.is_empty() {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "{}", proxy.report());
+        tokio::time::sleep(ms(20)).await;
+    };
+    assert_eq!(text(&closed[0], "route").as_deref(), Some("api"));
+    assert_eq!(text(&closed[0], "upstream"), Some(upstream));
+    assert!(closed[0].get("open_s").and_then(Json::as_f64).is_some());
+    assert!(
+        closed[0]
+            .get("failed_probes")
+            .and_then(Json::as_f64)
+            .is_some()
+    );
 }

@@ -798,3 +798,103 @@ async fn redis_connected_goes_to_zero_when_redis_dies_and_back_when_it_returns()
     })
     .await;
 }
+
+/// The lines about Redis an instance writes while Redis is away, as
+/// fields: `message`'s lines only.
+fn redis_lines(
+    proxy: &RunningProxy,
+    message: &str,
+) -> Vec<std::collections::BTreeMap<String, lifecycle::Json>> {
+    lifecycle::lines_with_message(&proxy.log(), message)
+}
+
+fn field<'a>(
+    line: &'a std::collections::BTreeMap<String, lifecycle::Json>,
+    name: &str,
+) -> Option<&'a str> {
+    line.get(name).and_then(lifecycle::Json::as_str)
+}
+
+/// A Redis that stays down fails the breaker's probe every `open_for`:
+/// the first failure is logged, the rest come as one summary line per
+/// growing interval (`repeated`), not a line a second for ever. Every
+/// breaker line names the Redis it guards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stays_down_is_logged_once_then_summed_and_named() {
+    const REOPENED: &str = "redis circuit breaker re-opened: the probe failed";
+    let mut redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/down", cacheable("down"))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms")
+        .redis_field("breaker", "{ failures: 2, open_for: 200ms }");
+    let proxy = Proxy::new(config).start().await;
+    let client = Client::new();
+    redis.kill();
+    // Misses keep probing Redis until a summary of the failed probes is
+    // written (5 s after the first).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut i = 0;
+    let reopened = loop {
+        let lines = redis_lines(&proxy, REOPENED);
+        if lines.iter().any(|l| l.contains_key("repeated")) {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "no summary\n{}", proxy.report());
+        i += 1;
+        let _ = client.get(&proxy.url(&format!("/down?miss={i}"))).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let own_lines = reopened
+        .iter()
+        .filter(|l| !l.contains_key("repeated"))
+        .count();
+    assert_eq!(own_lines, 1, "{}", proxy.report());
+    assert!(lifecycle::occurrences(&reopened) > 5, "{}", proxy.report());
+    let address = redis.addr().to_string();
+    let opened = redis_lines(
+        &proxy,
+        "redis circuit breaker opened after consecutive failures",
+    );
+    assert_eq!(opened.len(), 1, "{}", proxy.report());
+    for line in opened.iter().chain(&reopened) {
+        assert_eq!(field(line, "redis"), Some(address.as_str()), "{line:?}");
+    }
+}
+
+/// An instance started while Redis cannot be reached says so once, then
+/// counts its retries (every half second) in summary lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_at_start_is_logged_once_then_summed() {
+    const CANNOT: &str = "cannot connect to Redis yet; serving without it";
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let origin = Origin::new().route("/a", cacheable("a")).start().await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&format!("redis://{address}"));
+    let proxy = Proxy::new(config).without_waiting_for_redis().start().await;
+    let lines =
+        lifecycle::wait_for_log_lines(&proxy, "\"repeated\"", 1, Duration::from_secs(20)).await;
+    assert!(
+        lines.iter().any(|l| l.contains(CANNOT)),
+        "{}",
+        proxy.report()
+    );
+    let all = redis_lines(&proxy, CANNOT);
+    assert_eq!(
+        all.iter().filter(|l| !l.contains_key("repeated")).count(),
+        1,
+        "{}",
+        proxy.report()
+    );
+    assert!(lifecycle::occurrences(&all) >= 5, "{}", proxy.report());
+    for line in &all {
+        assert_eq!(field(line, "redis"), Some(address.as_str()), "{line:?}");
+    }
+}

@@ -68,6 +68,14 @@ enum Phase {
     Probing { since: Instant },
 }
 
+/// Since when a circuit has been open, and how many probes failed since:
+/// told once, when it closes, rather than a line per failed probe.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: Instant,
+    failed_probes: u32,
+}
+
 #[derive(Debug)]
 struct State {
     phase: Phase,
@@ -76,6 +84,7 @@ struct State {
     failures: u32,
     /// The callers whose [`Evidence::Failed`] this window counted.
     failed_callers: Vec<u64>,
+    outage: Option<Outage>,
 }
 
 /// One route's circuit.
@@ -83,6 +92,9 @@ struct State {
 pub struct Circuit {
     settings: CircuitSettings,
     state: Mutex<State>,
+    /// The route and the upstream its lines name.
+    route: String,
+    upstream: String,
 }
 
 impl State {
@@ -97,14 +109,22 @@ impl State {
 
 impl Circuit {
     pub fn new(settings: CircuitSettings) -> Self {
+        Self::named(settings, "", "")
+    }
+
+    /// A circuit whose log lines name its route and upstream.
+    pub fn named(settings: CircuitSettings, route: &str, upstream: &str) -> Self {
         Circuit {
             settings,
+            route: route.to_owned(),
+            upstream: upstream.to_owned(),
             state: Mutex::new(State {
                 phase: Phase::Closed,
                 window_start: Instant::now(),
                 fetches: 0,
                 failures: 0,
                 failed_callers: Vec::new(),
+                outage: None,
             }),
         }
     }
@@ -142,8 +162,20 @@ impl Circuit {
                 if ok {
                     s.phase = Phase::Closed;
                     s.reset(now);
-                    tracing::info!("origin circuit closed: the probe succeeded");
+                    let outage = s.outage.take();
+                    tracing::info!(
+                        route = %self.route,
+                        upstream = %self.upstream,
+                        open_s = outage.map_or(0, |o| now.saturating_duration_since(o.since).as_secs()),
+                        failed_probes = outage.map_or(0, |o| o.failed_probes),
+                        "origin circuit closed: the probe succeeded"
+                    );
                 } else {
+                    // Still open: counted for the line that closes it, not
+                    // a line per probe.
+                    if let Some(o) = &mut s.outage {
+                        o.failed_probes += 1;
+                    }
                     s.phase = Phase::Open {
                         until: now + self.settings.open_for,
                     };
@@ -174,6 +206,8 @@ impl Circuit {
                     && u64::from(s.failures) * 100 >= rate * u64::from(s.fetches)
                 {
                     tracing::warn!(
+                        route = %self.route,
+                        upstream = %self.upstream,
                         failures = s.failures,
                         fetches = s.fetches,
                         callers = s.failed_callers.len(),
@@ -183,6 +217,10 @@ impl Circuit {
                     s.phase = Phase::Open {
                         until: now + self.settings.open_for,
                     };
+                    s.outage = Some(Outage {
+                        since: now,
+                        failed_probes: 0,
+                    });
                 }
             }
         }

@@ -86,6 +86,37 @@ pub struct RequestHead {
     /// The request came over TLS: `X-Forwarded-Proto: https`, and a key
     /// of its own (an origin may answer differently per scheme).
     pub tls: bool,
+    /// Where the origin was asked on this request's behalf and how long
+    /// it took, for its access line: `None` when no access line is
+    /// written.
+    pub visit: Option<std::sync::Arc<OriginVisit>>,
+}
+
+/// The field a request's id travels in, to the origin and back.
+pub static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// The origin exchange made for one request (the last, when there were
+/// several): written by the exchange, read by the access line.
+#[derive(Debug, Default)]
+pub struct OriginVisit(std::sync::Mutex<Option<(String, std::time::Duration)>>);
+
+impl OriginVisit {
+    /// The origin at `upstream` was asked, and answered (or failed) after
+    /// `took`.
+    pub fn record(&self, upstream: &str, took: std::time::Duration) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((upstream.to_owned(), took));
+    }
+
+    /// The upstream asked and how long it took, if one was.
+    pub fn get(&self) -> Option<(String, std::time::Duration)> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// The names [`proxy_control`] matches, as a list the unit tests hold it to.
@@ -145,6 +176,7 @@ impl RequestHead {
             client: peer,
             body,
             tls: false,
+            visit: None,
         })
     }
 

@@ -1,14 +1,21 @@
 // corral's live page: reads /stats?fleet=1 every second and shows rates
-// (from two readings), totals, flights, instances and bounds. Everything
-// from the data path is set as text (textContent), never as markup.
+// (from two readings), totals, flights, instances and bounds; on opening
+// it reads /history, so its chart starts 15 minutes back. Everything from
+// the data path is set as text (textContent), never as markup.
 "use strict";
 
 const OUTCOMES = ["hit", "stale", "miss", "collapsed", "pass", "error"];
 const COLOURS = {
   hit: "#2f6f4f", stale: "#8a9a3b", miss: "#c76b00", collapsed: "#3d6fb6",
-  pass: "#7a7a7a", error: "#b33a3a", origin: "#1d2327",
+  pass: "#7a7a7a", error: "#b33a3a", origin: "#1d2327", errors: "#e0452b",
 };
-const HISTORY = 120;
+// What the chart draws: the outcomes, the origin's requests and its errors.
+const SERIES = OUTCOMES.concat(["origin", "errors"]);
+const WINDOW_MS = 15 * 60 * 1000;
+// The chart spans what it has, at least two minutes and at most 15.
+const LEAST_MS = 2 * 60 * 1000;
+// Time-axis steps: about five ticks over the span.
+const STEPS_MS = [15, 30, 60, 120, 180, 300].map((s) => s * 1000);
 
 // Each instance's last reading and the rates it gave: an instance's
 // figures change only when it reports (the others' through their
@@ -16,7 +23,9 @@ const HISTORY = 120;
 // readings, and the fleet's are their sum.
 const seen = new Map(); // instance -> { at, summary, rates }
 let readings = 0;
-const history = []; // { rates: {outcome: rate}, origin: rate }
+// Oldest first: { at (ms), v: {series: rate}, trouble: a circuit or the
+// Redis breaker was open }.
+const history = [];
 
 function byId(id) { return document.getElementById(id); }
 
@@ -58,7 +67,10 @@ function rate(now, before, dt) {
 
 // The rates of one traffic record between two readings.
 function trafficRates(t, b, dt) {
-  const r = { origin: rate(t.origin_requests, b.origin_requests, dt) };
+  const r = {
+    origin: rate(t.origin_requests, b.origin_requests, dt),
+    errors: rate(t.origin_errors || 0, b.origin_errors || 0, dt),
+  };
   OUTCOMES.forEach((o) => { r[o] = rate(t.requests[o] || 0, b.requests[o], dt); });
   return r;
 }
@@ -83,7 +95,7 @@ function instanceRates(summary) {
 }
 
 function sumRates(list) {
-  const out = { origin: 0 };
+  const out = { origin: 0, errors: 0 };
   OUTCOMES.forEach((o) => { out[o] = 0; });
   list.forEach((r) => { if (r) Object.keys(out).forEach((k) => { out[k] += r[k] || 0; }); });
   return out;
@@ -134,6 +146,8 @@ function render(fleet) {
   text("rate-clients", have ? fmt(clientRate) : "–");
   text("rate-origin", have ? fmt(originRate) : "–");
   text("rate-saved", have ? fmt(Math.max(0, clientRate - originRate)) : "–");
+  text("rate-origin-errors", have ? fmt(rates.errors) : "–");
+  text("total-origin-errors", fmt(t.origin_errors || 0));
   // Fresh answers only: a stale one (an origin outage served from the
   // store) is shown beside the ratio, never inside it.
   text("hit-ratio", clientRate > 0 ? (rates.hit / clientRate * 100).toFixed(1) + " %" : "–");
@@ -206,7 +220,7 @@ function render(fleet) {
       i.instance, i.listen, duration(i.uptime_s * 1000),
       ir ? fmt(ic) : "–", ir ? fmt(ir.totals.origin) : "–",
       redis, fmt(l2.hit || 0) + " / " + fmt(l2.miss || 0) + " / " + fmt(l2.corrupt || 0),
-    ]);
+    ], [null, null, null, null, null, breakerOpen(i) ? "alarm" : null]);
     tr.dataset.instance = i.instance;
     return tr;
   }));
@@ -219,45 +233,133 @@ function render(fleet) {
   }));
   fill("bounds", bounds);
 
+  const circuits = [...routes.entries()].filter(([, r]) => r.open).map(([name]) => name);
+  const breakers = fleet.instances.filter(breakerOpen).map((i) => i.instance);
+  alarms(circuits, breakers, backoff);
+
   // Instances gone from the fleet are forgotten.
   [...seen.keys()].forEach((k) => { if (!perInstance.has(k)) seen.delete(k); });
-  if (have) {
-    history.push({ rates, origin: originRate });
-    while (history.length > HISTORY) history.shift();
+  const at = Math.max(...fleet.instances.map((i) => i.at_ms));
+  if (have && (history.length === 0 || at > history[history.length - 1].at)) {
+    history.push({ at, v: rates, trouble: circuits.length > 0 || breakers.length > 0 });
     chart();
   }
 }
 
+// An instance's Redis breaker (or a Cluster primary's) is open.
+function breakerOpen(i) {
+  return i.redis.breaker_open || (i.redis.primaries || []).some((p) => p.breaker_open);
+}
+
+// The banner over the page: what an operator must see first.
+function alarms(circuits, breakers, backoff) {
+  const el = byId("alarms");
+  const parts = [];
+  if (breakers.length) parts.push("Redis breaker open: " + breakers.join(", "));
+  if (circuits.length) parts.push("circuit open: " + circuits.join(", "));
+  if (backoff > 0) parts.push("keys in back-off: " + fmt(backoff));
+  el.textContent = parts.join(" · ");
+  el.hidden = parts.length === 0;
+  el.dataset.breaker = breakers.length ? "open" : "closed";
+  el.dataset.circuit = circuits.length ? "open" : "closed";
+}
+
+// The least of 1, 2 and 5 times a power of ten that is at least v (1 at
+// least): the top of the rate axis.
+function niceCeil(v) {
+  if (v <= 1) return 1;
+  const p = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 5, 10].map((m) => m * p).find((n) => n >= v);
+}
+
+// The past this instance kept (/history), as the chart's first points:
+// a page opened during an incident shows what led to it.
+async function loadHistory() {
+  try {
+    const res = await fetch("history", { cache: "no-store", credentials: "same-origin" });
+    if (!res.ok) return;
+    const points = (await res.json()).points || [];
+    for (let i = 1; i < points.length; i++) {
+      const [b, p] = [points[i - 1], points[i]];
+      history.push({
+        at: p.at_ms,
+        v: trafficRates(p, b, (p.at_ms - b.at_ms) / 1000),
+        trouble: p.redis_breaker_open || p.circuits_open.length > 0,
+      });
+    }
+    const svg = byId("chart");
+    svg.dataset.historyPoints = String(points.length);
+    if (points.length) svg.dataset.since = String(points[0].at_ms);
+    if (history.length) chart();
+  } catch (e) {
+    // The live readings go on without the past.
+  }
+}
+
+// Rates over the last 15 minutes (or what there is of them): a time axis
+// (clock time), a rate axis (requests / s), and the times a circuit or the
+// Redis breaker was open shaded.
 function chart() {
   const svg = byId("chart");
   const ns = "http://www.w3.org/2000/svg";
-  const w = 600;
-  const h = 160;
-  let max = 1;
-  history.forEach((p) => OUTCOMES.concat(["origin"]).forEach((o) => {
-    max = Math.max(max, o === "origin" ? p.origin : p.rates[o]);
-  }));
-  const lines = OUTCOMES.concat(["origin"]).map((o) => {
-    const points = history.map((p, i) => {
-      const x = (w * (HISTORY - history.length + i)) / (HISTORY - 1);
-      const v = o === "origin" ? p.origin : p.rates[o];
-      return x.toFixed(1) + "," + (h - 4 - ((h - 8) * v) / max).toFixed(1);
-    }).join(" ");
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", points);
-    line.setAttribute("fill", "none");
-    line.setAttribute("stroke", COLOURS[o]);
-    line.setAttribute("stroke-width", o === "origin" ? "2.5" : "1.5");
-    if (o === "origin") line.setAttribute("stroke-dasharray", "4 3");
-    return line;
+  const [w, h, left, right, top, bottom] = [720, 220, 56, 12, 10, 24];
+  const pw = w - left - right;
+  const ph = h - top - bottom;
+  const end = history[history.length - 1].at;
+  while (history.length > 1 && history[0].at < end - WINDOW_MS) history.shift();
+  const start = Math.min(history[0].at, end - LEAST_MS);
+  const span = end - start;
+  const step = STEPS_MS.find((s) => s * 5 >= span) || STEPS_MS[STEPS_MS.length - 1];
+  let max = 0;
+  history.forEach((p) => SERIES.forEach((o) => { max = Math.max(max, p.v[o] || 0); }));
+  const ceiling = niceCeil(max);
+  const x = (at) => left + (pw * (at - start)) / span;
+  const y = (v) => top + ph - (ph * v) / ceiling;
+  const el = (name, attrs, content) => {
+    const e = document.createElementNS(ns, name);
+    Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+    if (content !== undefined) e.textContent = content;
+    return e;
+  };
+  const out = [];
+  history.forEach((p, i) => {
+    if (!p.trouble) return;
+    const from = i > 0 ? history[i - 1].at : p.at - 1000;
+    out.push(el("rect", {
+      class: "trouble", x: x(from).toFixed(1), y: top,
+      width: Math.max(1, x(p.at) - x(from)).toFixed(1), height: ph,
+    }));
   });
-  svg.replaceChildren(...lines);
+  [0, 0.5, 1].forEach((f) => {
+    const at = y(ceiling * f).toFixed(1);
+    out.push(el("line", { class: "grid", x1: left, x2: w - right, y1: at, y2: at }));
+    out.push(el("text", { class: "axis-y", x: left - 6, y: Number(at) + 4, "text-anchor": "end" },
+      fmt(ceiling * f) + " /s"));
+  });
+  const clock = step < 60000
+    ? { hour: "2-digit", minute: "2-digit", second: "2-digit" }
+    : { hour: "2-digit", minute: "2-digit" };
+  for (let t = Math.ceil(start / step) * step; t <= end; t += step) {
+    const at = x(t).toFixed(1);
+    out.push(el("line", { class: "grid", x1: at, x2: at, y1: top, y2: top + ph }));
+    out.push(el("text", { class: "axis-x", x: at, y: h - 6, "text-anchor": "middle" },
+      new Date(t).toLocaleTimeString([], clock)));
+  }
+  SERIES.forEach((o) => {
+    const points = history.map((p) => x(p.at).toFixed(1) + "," + y(p.v[o] || 0).toFixed(1)).join(" ");
+    const line = el("polyline", { points, fill: "none", stroke: COLOURS[o],
+      "stroke-width": o === "origin" || o === "errors" ? "2.5" : "1.5", "data-series": o });
+    if (o === "origin") line.setAttribute("stroke-dasharray", "4 3");
+    out.push(line);
+  });
+  svg.replaceChildren(...out);
+  svg.dataset.points = String(history.length);
 }
 
 function legend() {
-  const items = OUTCOMES.concat(["origin"]).map((o) => {
+  const items = SERIES.map((o) => {
     const li = document.createElement("li");
-    li.textContent = o === "origin" ? "origin requests" : o;
+    li.textContent = { origin: "origin requests", errors: "origin errors" }[o] || o;
     li.setAttribute("data-colour", COLOURS[o]);
     li.style.color = COLOURS[o];
     return li;
@@ -284,8 +386,9 @@ async function tick() {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => {
+document.addEventListener("DOMContentLoaded", async () => {
   legend();
+  await loadHistory();
   tick();
   setInterval(tick, 1000);
 });

@@ -111,7 +111,8 @@ enum Command {
         /// With --once: print the reading as JSON (the /stats?fleet=1 form).
         #[arg(long, requires = "once")]
         json: bool,
-        /// Seconds between readings.
+        /// Seconds between readings (with --once, between the two that
+        /// make its rates).
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
         /// The admin token, where the live view is guarded; defaults to
@@ -435,7 +436,9 @@ fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFo
         admin: admin_token,
     };
     let served = runtime.block_on(serve(config, source, tokens, max_connections));
-    // The last lines ("corral stopped") are still queued for stdout.
+    // Warnings counted since their last summary, then the last lines
+    // ("corral stopped"), still queued for stdout.
+    telemetry::repeats::flush();
     if !log_sink::flush_installed(Duration::from_secs(2)) {
         eprintln!("corral: stdout did not take the last log lines within 2s");
     }
@@ -719,7 +722,14 @@ async fn serve(
             .and_then(|(l, _)| l.local_addr().ok())
             .map_or_else(|| config.listen.to_string(), |a| a.to_string()),
         started: std::time::Instant::now(),
+        history: crate::ops::history::History::default(),
     });
+    {
+        let state = Arc::clone(&admin_state);
+        tokio::spawn(async move {
+            crate::ops::history::record(&state.history, || admin::summary(&state)).await;
+        });
+    }
     if app.l2.is_some() {
         tokio::spawn(heartbeat(Arc::clone(&admin_state)));
     }

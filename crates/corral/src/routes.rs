@@ -159,13 +159,17 @@ impl Route {
             post_read_timeout: rc.coalesce.post_read_timeout,
             fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
             backoff: rc.backoff,
-            circuit: corral_core::Circuit::new(corral_core::CircuitSettings {
-                enabled: rc.circuit.enabled,
-                error_rate: rc.circuit.error_rate,
-                min_fetches: rc.circuit.min_fetches,
-                window: rc.circuit.window,
-                open_for: rc.circuit.open_for,
-            }),
+            circuit: corral_core::Circuit::named(
+                corral_core::CircuitSettings {
+                    enabled: rc.circuit.enabled,
+                    error_rate: rc.circuit.error_rate,
+                    min_fetches: rc.circuit.min_fetches,
+                    window: rc.circuit.window,
+                    open_for: rc.circuit.open_for,
+                },
+                &rc.name,
+                authority.as_str(),
+            ),
             upstream: Upstream::new(
                 &rc.name,
                 (scheme, authority),

@@ -16,6 +16,8 @@ pub struct AccessLine {
     pub route: String,
     /// Request method.
     pub method: String,
+    /// The host asked for, without port.
+    pub host: String,
     /// Request path, without the query.
     pub path: String,
     /// Status answered to the client.
@@ -30,6 +32,14 @@ pub struct AccessLine {
     pub peer: String,
     /// The real client address (the peer unless trusted proxies say).
     pub client: String,
+    /// The answer's body length, where known when its head went.
+    pub bytes: Option<u64>,
+    /// The origin asked for this request (host:port), if one was.
+    pub upstream: Option<String>,
+    /// How long it took, in milliseconds.
+    pub upstream_ms: Option<f64>,
+    /// The request's id, as the origin got it and the answer echoed it.
+    pub request_id: String,
     /// The line as logged.
     pub raw: String,
 }
@@ -62,6 +72,7 @@ impl AccessLine {
         Ok(Some(Self {
             route: text("route")?,
             method: text("method")?,
+            host: text("host")?,
             path: text("path")?,
             status: u16::try_from(status as i64)
                 .map_err(|_| format!("access line with status {status}: {line}"))?,
@@ -70,6 +81,13 @@ impl AccessLine {
             ms: number("ms")?,
             peer: text("peer")?,
             client: text("client")?,
+            bytes: fields.get("bytes").and_then(Json::as_f64).map(|b| b as u64),
+            upstream: fields
+                .get("upstream")
+                .and_then(Json::as_str)
+                .map(str::to_owned),
+            upstream_ms: fields.get("upstream_ms").and_then(Json::as_f64),
+            request_id: text("request_id")?,
             raw: line.to_owned(),
         }))
     }
@@ -81,6 +99,30 @@ pub fn access_lines(log: &str) -> Vec<AccessLine> {
     log.lines()
         .filter_map(|line| AccessLine::parse(line).unwrap_or_else(|e| panic!("{e}")))
         .collect()
+}
+
+/// The JSON log lines whose `message` is `message`, as their fields.
+pub fn lines_with_message(log: &str, message: &str) -> Vec<BTreeMap<String, Json>> {
+    log.lines()
+        .filter_map(|line| match Json::parse(line) {
+            Some(Json::Object(fields)) => Some(fields.into_iter().collect::<BTreeMap<_, _>>()),
+            _ => None,
+        })
+        .filter(|f| f.get("message").and_then(Json::as_str) == Some(message))
+        .collect()
+}
+
+/// How many occurrences `lines` (of one message) stand for: one for a
+/// line of its own, `repeated` for a summary line.
+pub fn occurrences(lines: &[BTreeMap<String, Json>]) -> u64 {
+    lines
+        .iter()
+        .map(|f| {
+            f.get("repeated")
+                .and_then(Json::as_f64)
+                .map_or(1, |n| n as u64)
+        })
+        .sum()
 }
 
 /// A JSON value, as much of it as log lines need.

@@ -47,7 +47,14 @@ pub(crate) async fn run(
     };
     let Some(_slots) = slots else {
         crate::telemetry::metrics::fill_refused(&fill.route.name);
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        if crate::telemetry::repeats::first_for_route(
+            "fill limit reached: not fetching",
+            &fill.route.name,
+            fill.route.upstream.authority.as_str(),
+            "fill-limit",
+        ) {
+            tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        }
         finish(&fill, permit, leader, made::fill_limit(&fill));
         return;
     };
@@ -187,7 +194,16 @@ fn settle(
         detail: Some(d), ..
     } = &outcome
     {
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
+        // Once per route and detail, then a count: in an outage every
+        // request of the route fails alike (13,628 lines in 35 s before).
+        if crate::telemetry::repeats::first_for_route(
+            "fill failed",
+            &fill.route.name,
+            fill.route.upstream.authority.as_str(),
+            d.as_str(),
+        ) {
+            tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
+        }
     }
     let refresh_from = match &outcome {
         FillOutcome::FromL2 { entry, .. }

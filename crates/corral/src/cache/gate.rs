@@ -121,7 +121,13 @@ fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
     let Some(backoff) = backoff else {
         return false;
     };
-    tracing::debug!(key = %fill.primary.loggable(), failures = backoff.failures, "origin failed: backing off");
+    tracing::debug!(
+        route = %fill.route.name,
+        upstream = %fill.route.upstream.authority,
+        key = %fill.primary.loggable(),
+        failures = backoff.failures,
+        "origin failed: backing off"
+    );
     l1.set_backoff(scope, backoff, policy.memory(), fill.primary.shown());
     true
 }

@@ -222,6 +222,7 @@ impl Head {
                 client,
                 body,
                 tls,
+                visit,
             }) => Arc::new(RequestHead {
                 method: method.clone(),
                 version: *version,
@@ -234,6 +235,7 @@ impl Head {
                 client: *client,
                 body: *body,
                 tls: *tls,
+                visit: visit.take(),
             }),
         };
         *self = Head::Shared(Arc::clone(&shared));

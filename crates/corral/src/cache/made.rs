@@ -137,7 +137,14 @@ fn failed_after(fill: &FillRequest, e: &UpstreamError, head: Option<u16>) -> Fil
         }
         return stale;
     }
-    tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
+    if crate::telemetry::repeats::first_for_route(
+        "upstream failed",
+        &fill.route.name,
+        fill.route.upstream.authority.as_str(),
+        e.detail().as_str(),
+    ) {
+        tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
+    }
     let mut response = SharedResponse::corral_error(e.status(), e.detail(), e.received_status());
     response.upstream_status = head;
     FillOutcome::Shared {

@@ -45,9 +45,26 @@ pub struct Wire {
     entry: Arc<StoredResponse>,
     age: u64,
     cache_status: HeaderValue,
+    /// The request's `X-Request-Id`, echoed.
+    request_id: Option<HeaderValue>,
 }
 
 impl Wire {
+    /// Echoes the request's id on this answer.
+    pub fn set_request_id(&mut self, id: HeaderValue) {
+        self.request_id = Some(id);
+    }
+    /// The id echoed, or "".
+    pub fn request_id(&self) -> &str {
+        self.request_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+    /// The id echoed, as a field value.
+    pub fn request_id_value(&self) -> Option<&HeaderValue> {
+        self.request_id.as_ref()
+    }
     /// The status line and the entry's fields, each line ended.
     pub fn head(&self) -> &[u8] {
         self.entry.wire_head().map_or(&[], |w| &w.bytes)
@@ -75,6 +92,9 @@ impl Wire {
         let mut headers = self.entry.answer_head().clone();
         headers.insert(AGE, age_value(self.age));
         headers.insert(CACHE_STATUS.clone(), self.cache_status);
+        if let Some(id) = self.request_id {
+            headers.insert(corral_core::head::X_REQUEST_ID.clone(), id);
+        }
         let mut res = Response::new(Body::from(self.entry.body().clone()));
         *res.status_mut() = self.entry.status();
         *res.headers_mut() = headers;
@@ -174,6 +194,7 @@ pub fn hit(
             age: entry.age_secs(now),
             cache_status: status.to_header_value(),
             entry,
+            request_id: None,
         })),
         response,
     }

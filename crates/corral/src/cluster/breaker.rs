@@ -70,6 +70,7 @@ enum Change {
 impl Breaker {
     /// Opens after `failures` consecutive failures (at least 1 is used) and
     /// stays open for `open_for` (at most a year) before letting a probe through.
+    #[cfg(test)]
     pub fn new(failures: u32, open_for: Duration) -> Self {
         Self::named(failures, open_for, "redis")
     }
@@ -188,6 +189,15 @@ impl Breaker {
         }
     }
 
+    /// What it guards, as its log lines name it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn subject(&self) -> crate::telemetry::repeats::Subject {
+        crate::telemetry::repeats::Subject::Redis(self.name.clone())
+    }
+
     /// Total times it opened (for metrics/logs).
     pub fn opened_count(&self) -> u64 {
         self.lock().opened
@@ -207,23 +217,28 @@ impl Breaker {
             }) => tracing::warn!(
                 failures,
                 open_for_ms,
-                guards = %self.name,
+                redis = %self.name,
                 "redis circuit breaker opened after consecutive failures"
             ),
+            // A Redis that stays down fails a probe every `open_for`: the
+            // first is logged, the rest counted (`telemetry::repeats`).
             Some(Change::Opened {
                 after_failures: None,
-            }) => tracing::warn!(
-                open_for_ms,
-                guards = %self.name,
-                "redis circuit breaker re-opened: the probe failed"
-            ),
-            Some(Change::Closed) => {
-                tracing::info!(guards = %self.name, "redis circuit breaker closed: the probe succeeded");
+            }) if crate::telemetry::repeats::first(REOPENED, self.subject(), "") => {
+                tracing::warn!(open_for_ms, redis = %self.name, "{REOPENED}");
             }
-            None => {}
+
+            Some(Change::Closed) => {
+                crate::telemetry::repeats::ended(REOPENED, &self.subject());
+                tracing::info!(redis = %self.name, "redis circuit breaker closed: the probe succeeded");
+            }
+            // A probe failed again, already counted; or nothing changed.
+            Some(Change::Opened { .. }) | None => {}
         }
     }
 }
+
+const REOPENED: &str = "redis circuit breaker re-opened: the probe failed";
 
 #[cfg(test)]
 mod tests {

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, watch};
 use crate::cluster::breaker::{Breaker, BreakerState};
 use crate::cluster::shards::{self, ShardBreakers};
 use crate::config::{RedisConfig, RedisServers, RedisTls, SentinelConfig};
-use crate::telemetry::metrics;
+use crate::telemetry::{metrics, repeats};
 
 /// How often the sentinels are asked which node is the master.
 pub const SENTINEL_CHECK: Duration = Duration::from_millis(500);
@@ -219,9 +219,10 @@ impl RedisLink {
             sharded: AtomicBool::new(false),
             op_timeout: config.op_timeout,
             connect_timeout: config.connect_timeout,
-            breaker: Arc::new(Breaker::new(
+            breaker: Arc::new(Breaker::named(
                 config.breaker_failures,
                 config.breaker_open_for,
+                &shown_servers(&config.servers),
             )),
             shards,
             full: Mutex::new(None),
@@ -386,12 +387,26 @@ impl RedisLink {
         tokio::spawn(async move {
             let mut retry = Reconnect::new();
             loop {
+                // Retried every half second while Redis is away: the first
+                // failure is logged, the rest counted (`telemetry::repeats`).
+                let redis = link.breaker.name();
+                let subject = || repeats::Subject::Redis(redis.to_owned());
                 match tokio::time::timeout(link.connect_timeout * 2, link.connect()).await {
-                    Ok(Ok(())) => break,
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "cannot connect to Redis yet; serving without it")
+                    Ok(Ok(())) => {
+                        repeats::ended(CANNOT_CONNECT, &subject());
+                        repeats::ended(CONNECT_TIMED_OUT, &subject());
+                        break;
                     }
-                    Err(_) => tracing::warn!("connecting to Redis timed out; serving without it"),
+                    Ok(Err(e)) => {
+                        if repeats::first(CANNOT_CONNECT, subject(), "") {
+                            tracing::warn!(redis, error = %e, "{CANNOT_CONNECT}");
+                        }
+                    }
+                    Err(_) => {
+                        if repeats::first(CONNECT_TIMED_OUT, subject(), "") {
+                            tracing::warn!(redis, "{CONNECT_TIMED_OUT}");
+                        }
+                    }
                 }
                 retry.wait().await;
             }
@@ -670,6 +685,29 @@ impl Reconnect {
 
     pub fn reset(&mut self) {
         self.next = Self::FIRST;
+    }
+}
+
+const CANNOT_CONNECT: &str = "cannot connect to Redis yet; serving without it";
+const CONNECT_TIMED_OUT: &str = "connecting to Redis timed out; serving without it";
+
+/// The Redis servers as log lines name them: `host:port` (several for a
+/// cluster's seeds, the master's name for Sentinel), never the URL's
+/// credentials or database.
+pub fn shown_servers(servers: &RedisServers) -> String {
+    fn host_port(url: &str) -> &str {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+        rest.split(['/', '?']).next().unwrap_or(rest)
+    }
+    match servers {
+        RedisServers::Node(url) => host_port(url).to_owned(),
+        RedisServers::Cluster(seeds) => seeds
+            .iter()
+            .map(|s| host_port(s))
+            .collect::<Vec<_>>()
+            .join(","),
+        RedisServers::Sentinel(s) => format!("sentinel master {}", s.master),
     }
 }
 

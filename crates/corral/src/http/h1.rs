@@ -454,6 +454,10 @@ fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
     out.extend_from_slice(b"\r\ncontent-length: ");
     out.extend_from_slice(decimal(wire.body().len() as u64, &mut digits));
     out.extend_from_slice(b"\r\n");
+    if let Some(id) = wire.request_id_value() {
+        field(out, "x-request-id: ", id);
+        out.extend_from_slice(b"\r\n");
+    }
     if !wire.dated() {
         out.extend_from_slice(b"date: ");
         date(out);

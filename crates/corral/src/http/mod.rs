@@ -2,7 +2,7 @@
 //! (`server`, `connection`, `client_stream`, `peer_cap`; HTTP/1.1's GET and HEAD
 //! without a body served by `h1`, everything else by hyper; the origin's
 //! 1xx answers are written under either by `origin::interim`) and the one request handler
-//! (`proxy`), with the rate limits that spare hits handed to the cache
+//! (`proxy`), which names each request (`request_id`), with the rate limits that spare hits handed to the cache
 //! path (`gate`) and the answers to their refusals (`refusal`). Uses `cache` for GET/HEAD and `origin` to pass everything
 //! else through.
 
@@ -13,5 +13,6 @@ pub mod h1;
 pub mod peer_cap;
 pub mod proxy;
 pub mod refusal;
+pub mod request_id;
 pub mod server;
 pub mod tls;

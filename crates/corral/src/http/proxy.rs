@@ -27,13 +27,14 @@ use crate::cache::lookup;
 use crate::cache::respond::{self, Answer};
 use crate::http::connection::Reply;
 use crate::http::gate::Gate;
+use crate::http::request_id;
 use crate::limits::{Phase, Who};
 use crate::origin::exchange::{Answered, Asked, Held, exchange};
 use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
 use crate::telemetry::metrics;
-use corral_core::head::{RequestBody, RequestHead};
+use corral_core::head::{OriginVisit, RequestBody, RequestHead};
 
 /// The client listener's handler: every request to [`handle`], called
 /// directly by the connection.
@@ -65,8 +66,14 @@ pub enum Handled {
 /// The client listener's answer to `req`. What can be answered without
 /// waiting (a request refused, or answered from L1 on a route without
 /// limits) is answered at once; the rest becomes a future.
-pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<Body>) -> Handled {
+pub fn handle(
+    app: Arc<App>,
+    peer: crate::http::connection::Peer,
+    mut req: Request<Body>,
+) -> Handled {
     let started = Instant::now();
+    // Set on the request before anything reads it, so the origin gets it.
+    let request_id = request_id::take(req.headers_mut());
     let conn = peer;
     let peer = conn.addr;
     let method = req.method().clone();
@@ -79,12 +86,22 @@ pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<B
         client
     };
     // Copied only for the access line, and only when one is written.
-    let path = access_log::enabled().then(|| req.uri().path().to_owned());
+    let logged = access_log::enabled().then(|| {
+        let visit = Arc::new(OriginVisit::default());
+        // The fetch made for this request finds it on the head.
+        req.extensions_mut().insert(Arc::clone(&visit));
+        Logged {
+            path: req.uri().path().to_owned(),
+            host: host_of(&req),
+            visit,
+        }
+    });
     let done = Done {
         started,
         method,
-        path,
+        logged,
         peer,
+        request_id,
     };
     match route_now(&app, conn, &client, req) {
         Step::Answered(route, answer) => Handled::Now(done.finish(route, answer, &client)),
@@ -104,9 +121,35 @@ pub fn handle(app: Arc<App>, peer: crate::http::connection::Peer, req: Request<B
 struct Done {
     started: Instant,
     method: Method,
-    /// The path for the access line, when one is written.
-    path: Option<String>,
+    /// What only the access line needs, when one is written.
+    logged: Option<Logged>,
     peer: SocketAddr,
+    /// Echoed on the answer.
+    request_id: http::HeaderValue,
+}
+
+/// What the access line needs of a request beyond its answer.
+struct Logged {
+    /// The path, never the query.
+    path: String,
+    /// The host asked for, without port or user information.
+    host: String,
+    /// Where the origin was asked for it, if it was.
+    visit: Arc<OriginVisit>,
+}
+
+/// The host a request names (its target's, else its `Host` field's),
+/// without port or user information.
+fn host_of(req: &Request<Body>) -> String {
+    let host = req.uri().host().or_else(|| {
+        let field = req.headers().get(http::header::HOST)?.to_str().ok()?;
+        Some(match field.rsplit_once(':') {
+            // Not the colons of a bracketed IPv6 address.
+            Some((h, port)) if !port.contains(']') => h,
+            _ => field,
+        })
+    });
+    host.unwrap_or("").to_ascii_lowercase()
 }
 
 impl Done {
@@ -119,9 +162,16 @@ impl Done {
         let Answer {
             response: mut res,
             label,
-            wire,
+            mut wire,
             ..
         } = answer;
+        match &mut wire {
+            Some(w) => w.set_request_id(self.request_id),
+            None => {
+                res.headers_mut()
+                    .insert(request_id::X_REQUEST_ID.clone(), self.request_id);
+            }
+        }
         // A wire answer was made only where the route strips nothing.
         if let Some(r) = &route
             && wire.is_none()
@@ -136,16 +186,22 @@ impl Done {
         }
         // The access line: never the query (it may carry tokens), never a
         // credential header.
-        let Some(path) = self.path else {
+        let Some(logged) = self.logged else {
             return match wire {
                 Some(w) => Reply::Wire(w),
                 None => Reply::Response(res),
             };
         };
+        let bytes = match &wire {
+            Some(w) => Some(w.body().len() as u64),
+            None => http_body::Body::size_hint(res.body()).exact(),
+        };
+        let visit = logged.visit.get();
         access_log::log(&AccessLine {
             route: route_name,
             method: self.method.as_str(),
-            path: &path,
+            host: &logged.host,
+            path: &logged.path,
             status: res.status().as_u16(),
             cache,
             cache_status: wire
@@ -163,6 +219,18 @@ impl Done {
                 .extensions()
                 .get::<crate::http::refusal::LimitedBy>()
                 .map(|l| l.0.as_str()),
+            bytes,
+            upstream: visit.as_ref().map(|(u, _)| u.as_str()),
+            upstream_ms: visit.as_ref().map(|(_, took)| took.as_secs_f64() * 1000.0),
+            request_id: wire.as_ref().map_or_else(
+                || {
+                    res.headers()
+                        .get(&request_id::X_REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                },
+                |w| w.request_id(),
+            ),
         });
         match wire {
             Some(w) => Reply::Wire(w),
@@ -273,6 +341,7 @@ fn validated(
     match RequestHead::parse(parts, peer.ip(), crate::origin::request::body_of(body)) {
         Ok(h) => Ok(RequestHead {
             tls,
+            visit: parts.extensions.remove::<Arc<OriginVisit>>(),
             ..h.trusting(client)
         }),
         Err(bad) => {

@@ -43,6 +43,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/live.js", get(script))
         .route("/live.css", get(style))
         .route("/stats", get(stats))
+        .route("/history", get(history))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             named_host,
@@ -273,6 +274,31 @@ async fn stats(
             (header::CACHE_CONTROL, "no-store"),
         ],
         body,
+    )
+        .into_response()
+}
+
+/// `GET /history`: this instance's readings of the last 15 minutes,
+/// under the same access rule as `/stats`.
+async fn history(
+    State(s): State<Arc<AdminState>>,
+    headers: header::HeaderMap,
+) -> axum::response::Response {
+    if let Some(r) = refused(&s, &headers) {
+        return r;
+    }
+    let recent = crate::ops::history::Recent {
+        instance: s.instance.clone(),
+        every_s: crate::ops::history::EVERY.as_secs(),
+        points: s.history.points(),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        json_line(&recent),
     )
         .into_response()
 }

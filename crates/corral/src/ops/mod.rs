@@ -1,5 +1,5 @@
 //! The operator's surface: the admin listener (`admin`: health,
-//! readiness, metrics, status), purges (`purge`) and configuration reload
+//! readiness, metrics, status, and the recent past, `history`), purges (`purge`) and configuration reload
 //! (`reload`). Drives `cache` and `cluster`.
 
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::app::App;
 
 pub mod admin;
+pub mod history;
 pub mod purge;
 pub mod reload;
 pub mod stats;
@@ -39,6 +40,8 @@ pub struct AdminState {
     /// The client listener's address.
     pub listen: String,
     pub started: std::time::Instant,
+    /// The last 15 minutes of readings (`GET /history`).
+    pub history: history::History,
 }
 
 /// One JSON object and a newline: the admin endpoints' bodies.

@@ -51,6 +51,10 @@ pub struct Traffic {
     /// Requests sent to the origin (`corral_origin_fetches_total`),
     /// background refreshes and revalidations included.
     pub origin_requests: u64,
+    /// Those that failed: no answer (`status="error"`) or a 5xx (absent in
+    /// a heartbeat from an older corral: 0).
+    #[serde(default)]
+    pub origin_errors: u64,
     /// Client requests that did not reach the origin, by why: `hit`,
     /// `collapsed` (answered by another caller's fetch), `stale`.
     pub saved: BTreeMap<String, u64>,
@@ -71,6 +75,7 @@ impl Traffic {
             *self.saved.entry(k.clone()).or_default() += v;
         }
         self.origin_requests += other.origin_requests;
+        self.origin_errors += other.origin_errors;
     }
 }
 
@@ -316,10 +321,14 @@ fn traffic(all: &[Sample], route: Option<&str>) -> Traffic {
             *n += s.value as u64;
         }
     }
-    let origin_requests = all
-        .iter()
-        .filter(|s| s.name == "corral_origin_fetches_total")
-        .filter(of_route)
+    let fetches = || {
+        all.iter()
+            .filter(|s| s.name == "corral_origin_fetches_total")
+            .filter(of_route)
+    };
+    let origin_requests = fetches().map(|s| s.value as u64).sum();
+    let origin_errors = fetches()
+        .filter(|s| s.label("status").is_some_and(failed_status))
         .map(|s| s.value as u64)
         .sum();
     let saved = ["hit", "collapsed", "stale"]
@@ -329,8 +338,15 @@ fn traffic(all: &[Sample], route: Option<&str>) -> Traffic {
     Traffic {
         requests,
         origin_requests,
+        origin_errors,
         saved,
     }
+}
+
+/// An origin fetch's `status` label that counts as an origin error: no
+/// answer, or a 5xx.
+fn failed_status(status: &str) -> bool {
+    status == "error" || status.starts_with('5')
 }
 
 fn redis(all: &[Sample], app: &App) -> RedisView {
@@ -490,7 +506,8 @@ mod tests {
             corral_requests_total{route=\"api\",method=\"GET\",cache=\"miss\"} 1\n\
             corral_requests_total{route=\"other\",method=\"GET\",cache=\"miss\"} 7\n\
             corral_origin_fetches_total{route=\"api\",status=\"200\"} 1\n\
-            corral_origin_fetches_total{route=\"other\",status=\"503\"} 7\n";
+            corral_origin_fetches_total{route=\"other\",status=\"503\"} 7\n\
+            corral_origin_fetches_total{route=\"other\",status=\"error\"} 2\n";
         let all = samples(text);
         let api = traffic(&all, Some("api"));
         assert_eq!(api.requests["hit"], 95);
@@ -500,6 +517,8 @@ mod tests {
         assert_eq!(api.saved["collapsed"], 900);
         let every = traffic(&all, None);
         assert_eq!(every.clients(), 1003);
-        assert_eq!(every.origin_requests, 8);
+        assert_eq!(every.origin_requests, 10);
+        assert_eq!(every.origin_errors, 9);
+        assert_eq!(api.origin_errors, 0);
     }
 }

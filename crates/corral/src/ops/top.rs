@@ -4,7 +4,9 @@
 //! Redis), redraws in place every interval, and exits on `q` or Ctrl-C,
 //! leaving the terminal as it found it. `--once --json` prints one reading
 //! as JSON (the `/stats?fleet=1` form) for scripts; `--once` alone prints
-//! the view once.
+//! the view once, with rates made of two readings `--interval` apart. What
+//! an operator must see first (an open Redis breaker, an open circuit,
+//! keys in back-off) heads the view, in reverse red on a terminal.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -56,17 +58,29 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn once(client: &reqwest::Client, args: &Args) -> ExitCode {
+    let first = match read(client, args).await {
+        Ok(fleet) if args.json => {
+            print!("{}", crate::ops::json_line(&fleet));
+            return ExitCode::SUCCESS;
+        }
+        Ok(fleet) => fleet,
+        Err(e) => {
+            eprintln!("corral top: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Rates need two readings: the second, an interval later.
+    tokio::time::sleep(args.interval).await;
     match read(client, args).await {
         Err(e) => {
             eprintln!("corral top: {e}");
             ExitCode::FAILURE
         }
-        Ok(fleet) if args.json => {
-            print!("{}", crate::ops::json_line(&fleet));
-            ExitCode::SUCCESS
-        }
         Ok(fleet) => {
-            print!("{}", view(&fleet, None, 0.0));
+            use std::io::IsTerminal;
+            let dt = seconds_between(&first, &fleet);
+            let emphasis = std::io::stdout().is_terminal();
+            print!("{}", view(&fleet, Some(&first), dt, emphasis));
             ExitCode::SUCCESS
         }
     }
@@ -135,7 +149,7 @@ async fn interactive(client: &reqwest::Client, args: &Args) -> ExitCode {
                 let screen = match read(client, args).await {
                     Ok(fleet) => {
                         let dt = before.as_ref().map_or(0.0, |b| seconds_between(b, &fleet));
-                        let s = view(&fleet, before.as_ref(), dt);
+                        let s = view(&fleet, before.as_ref(), dt, true);
                         before = Some(fleet);
                         s
                     }
@@ -179,9 +193,50 @@ fn rate_text(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}"))
 }
 
+/// What must be seen first, one line (empty when all is well): instances
+/// whose Redis breaker is open, routes whose circuit is open, keys in
+/// back-off. `emphasis`: in reverse red, for a terminal.
+fn alarms(fleet: &Fleet, emphasis: bool) -> String {
+    let mut parts = Vec::new();
+    let breakers: Vec<String> = fleet
+        .instances
+        .iter()
+        .filter(|i| i.redis.breaker_open || i.redis.primaries.iter().any(|p| p.breaker_open))
+        .map(|i| printable(&i.instance, 28))
+        .collect();
+    if !breakers.is_empty() {
+        parts.push(format!("REDIS BREAKER OPEN: {}", breakers.join(", ")));
+    }
+    let mut circuits: Vec<String> = fleet
+        .instances
+        .iter()
+        .flat_map(|i| i.routes.iter())
+        .filter(|r| r.circuit == "open")
+        .map(|r| printable(&r.name, 24))
+        .collect();
+    circuits.sort();
+    circuits.dedup();
+    if !circuits.is_empty() {
+        parts.push(format!("CIRCUIT OPEN: {}", circuits.join(", ")));
+    }
+    let backoff: usize = fleet.instances.iter().map(|i| i.flights.backoff_keys).sum();
+    if backoff > 0 {
+        parts.push(format!("BACK-OFF: {backoff} keys"));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    let text = format!("!! {} !!", parts.join("  "));
+    if emphasis {
+        format!("\x1b[1;37;41m{text}\x1b[0m\n\n")
+    } else {
+        format!("{text}\n\n")
+    }
+}
+
 /// The text view of one reading (`before`, `dt` seconds earlier, makes
-/// the rates).
-pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
+/// the rates); `emphasis`: the alarms in colour, for a terminal.
+pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> String {
     let t = &fleet.totals;
     let b = before.map(|b| &b.totals);
     let mut s = String::new();
@@ -204,8 +259,9 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
             String::new()
         }
     );
+    s += &alarms(fleet, emphasis);
     s += &format!(
-        "client requests {total:>12}  {:>10}/s\norigin requests {:>12}  {:>10}/s\nsaved           {saved:>12}  (hit {}, collapsed {}, stale {})\n\n",
+        "client requests {total:>12}  {:>10}/s\norigin requests {:>12}  {:>10}/s\norigin errors   {:>12}  {:>10}/s\nsaved           {saved:>12}  (hit {}, collapsed {}, stale {})\n\n",
         rate_text(per_second(total, b.map(Traffic::clients), dt)),
         t.origin_requests,
         rate_text(per_second(
@@ -213,6 +269,8 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64) -> String {
             b.map(|b| b.origin_requests),
             dt
         )),
+        t.origin_errors,
+        rate_text(per_second(t.origin_errors, b.map(|b| b.origin_errors), dt)),
         t.saved.get("hit").copied().unwrap_or(0),
         t.saved.get("collapsed").copied().unwrap_or(0),
         t.saved.get("stale").copied().unwrap_or(0),
@@ -352,6 +410,53 @@ fn printable(text: &str, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fleet(breaker: bool, circuit: &str, backoff: usize) -> Fleet {
+        let summary = Summary {
+            instance: "a\x1b[2J".to_owned(),
+            listen: "127.0.0.1:8080".to_owned(),
+            version: "0".to_owned(),
+            uptime_s: 1,
+            guarded: false,
+            at_ms: 1000,
+            totals: Traffic::default(),
+            routes: vec![crate::ops::stats::RouteTraffic {
+                name: "api".to_owned(),
+                traffic: Traffic::default(),
+                circuit: circuit.to_owned(),
+            }],
+            flights: crate::ops::stats::FlightsView {
+                backoff_keys: backoff,
+                ..Default::default()
+            },
+            redis: crate::ops::stats::RedisView {
+                breaker_open: breaker,
+                ..Default::default()
+            },
+            bounds: Vec::new(),
+        };
+        Fleet::of("local", vec![summary])
+    }
+
+    #[test]
+    fn an_open_breaker_circuit_and_back_off_head_the_view() {
+        assert_eq!(alarms(&fleet(false, "closed", 0), true), "");
+        let calm = view(&fleet(false, "closed", 0), None, 0.0, true);
+        assert!(!calm.contains("!!"), "{calm}");
+        let plain = alarms(&fleet(true, "open", 3), false);
+        assert_eq!(
+            plain,
+            "!! REDIS BREAKER OPEN: a?[2J  CIRCUIT OPEN: api  BACK-OFF: 3 keys !!\n\n"
+        );
+        let loud = alarms(&fleet(true, "closed", 0), true);
+        assert!(
+            loud.starts_with("\x1b[1;37;41m!! REDIS BREAKER OPEN"),
+            "{loud:?}"
+        );
+        let v = view(&fleet(false, "open", 0), None, 0.0, false);
+        assert!(v.starts_with("corral top"), "{v}");
+        assert!(v.contains("\n!! CIRCUIT OPEN: api !!\n"), "{v}");
+    }
 
     #[test]
     fn control_characters_never_reach_the_terminal() {

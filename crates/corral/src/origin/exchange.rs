@@ -115,9 +115,17 @@ pub async fn exchange(
     let uri = req.uri().clone();
     let res = transport
         .send(upstream, req, asked.retry, deadline, asked.held)
-        .await?;
+        .await;
+    if let Some(visit) = &head.visit {
+        visit.record(upstream.authority.as_str(), started.elapsed());
+    }
+    let res = res?;
     let (mut parts, body) = res.into_parts();
     let framing = sanitize_response(&mut parts)?;
+    // The answer's id is the request's, which corral sets on every answer;
+    // an origin's echo would be stored and served to the next caller
+    // beside that caller's own.
+    parts.headers.remove(&corral_core::head::X_REQUEST_ID);
     Ok(Answered {
         parts,
         body,

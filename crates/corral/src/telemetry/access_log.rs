@@ -29,6 +29,8 @@ pub fn write_json_to(sink: LogSink) {
 pub struct AccessLine<'a> {
     pub route: &'a str,
     pub method: &'a str,
+    /// The host asked for, without port or user information.
+    pub host: &'a str,
     /// The path, never the query.
     pub path: &'a str,
     pub status: u16,
@@ -41,6 +43,15 @@ pub struct AccessLine<'a> {
     pub client: IpAddr,
     /// The rate limit that refused the request, if one did.
     pub limit: Option<&'a str>,
+    /// The answer's body length, where it was known when the head went.
+    pub bytes: Option<u64>,
+    /// The origin asked for this request (host and port), if one was.
+    pub upstream: Option<&'a str>,
+    /// How long the origin took to answer (its head), in milliseconds.
+    pub upstream_ms: Option<f64>,
+    /// The request's id (`X-Request-Id`), as the origin got it and the
+    /// answer echoed it.
+    pub request_id: &'a str,
 }
 
 /// Whether access lines are logged (`corral::access` enabled at info):
@@ -67,6 +78,7 @@ pub fn log(line: &AccessLine<'_>) {
             target: "corral::access",
             route = line.route,
             method = line.method,
+            host = line.host,
             path = line.path,
             status = line.status,
             cache = line.cache,
@@ -75,6 +87,10 @@ pub fn log(line: &AccessLine<'_>) {
             peer = %line.peer,
             client = %line.client,
             limit = line.limit,
+            bytes = line.bytes,
+            upstream = line.upstream,
+            upstream_ms = line.upstream_ms,
+            request_id = line.request_id,
         ),
     }
 }
@@ -87,6 +103,8 @@ fn format_json(out: &mut String, now: SystemTime, line: &AccessLine<'_>) {
     string(out, line.route);
     out.push_str(",\"method\":");
     string(out, line.method);
+    out.push_str(",\"host\":");
+    string(out, line.host);
     out.push_str(",\"path\":");
     string(out, line.path);
     let _ = write!(out, ",\"status\":{},\"cache\":", line.status);
@@ -103,6 +121,18 @@ fn format_json(out: &mut String, now: SystemTime, line: &AccessLine<'_>) {
         out.push_str(",\"limit\":");
         string(out, limit);
     }
+    if let Some(bytes) = line.bytes {
+        let _ = write!(out, ",\"bytes\":{bytes}");
+    }
+    if let Some(upstream) = line.upstream {
+        out.push_str(",\"upstream\":");
+        string(out, upstream);
+    }
+    if let Some(ms) = line.upstream_ms.filter(|ms| ms.is_finite()) {
+        let _ = write!(out, ",\"upstream_ms\":{ms:.3}");
+    }
+    out.push_str(",\"request_id\":");
+    string(out, line.request_id);
     out.push_str(",\"target\":\"corral::access\"}\n");
 }
 
@@ -211,6 +241,7 @@ mod tests {
         let line = AccessLine {
             route: "r\"1\\",
             method: "GET",
+            host: "api.example",
             path: "/a\"b\n\u{1}",
             status: 200,
             cache: "hit",
@@ -219,14 +250,19 @@ mod tests {
             peer: "127.0.0.1".parse().expect("ip"),
             client: "2001:db8::1".parse().expect("ip"),
             limit: None,
+            bytes: Some(12),
+            upstream: Some("10.0.0.1:8080"),
+            upstream_ms: Some(3.5),
+            request_id: "f00d-1",
         };
         let mut s = String::new();
         format_json(&mut s, at(1_795_951_586, 904_097), &line);
         assert_eq!(
             s,
             "{\"timestamp\":\"2026-11-29T11:26:26.904097Z\",\"level\":\"INFO\",\"route\":\"r\\\"1\\\\\",\
-             \"method\":\"GET\",\"path\":\"/a\\\"b\\n\\u0001\",\"status\":200,\"cache\":\"hit\",\
+             \"method\":\"GET\",\"host\":\"api.example\",\"path\":\"/a\\\"b\\n\\u0001\",\"status\":200,\"cache\":\"hit\",\
              \"cache_status\":\"corral; hit; ttl=59\",\"ms\":0.250,\"peer\":\"127.0.0.1\",\"client\":\"2001:db8::1\",\
+             \"bytes\":12,\"upstream\":\"10.0.0.1:8080\",\"upstream_ms\":3.500,\"request_id\":\"f00d-1\",\
              \"target\":\"corral::access\"}\n"
         );
     }

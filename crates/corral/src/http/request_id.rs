@@ -1,0 +1,118 @@
+//! A request's id: the `X-Request-Id` it came with when that is a short
+//! token, else one corral makes. It is forwarded to the origin (the
+//! request's field is set to it), echoed on the answer and written on the
+//! access line, so one request can be followed through corral's log and
+//! the origin's. It must never carry what a client wrote unchecked into a
+//! log line or a header: anything but a bounded run of token characters
+//! is replaced.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use corral_core::head::X_REQUEST_ID;
+use http::{HeaderMap, HeaderValue};
+
+/// The longest id taken from a client.
+pub const MAX_LEN: usize = 128;
+
+/// The id `headers` carry when it is fit to keep, else a new one; either
+/// way set in `headers` (one value), to be forwarded.
+pub fn take(headers: &mut HeaderMap) -> HeaderValue {
+    let mut given = headers.get_all(&X_REQUEST_ID).iter();
+    let kept = match (given.next(), given.next()) {
+        (Some(v), None) if acceptable(v.as_bytes()) => Some(v.clone()),
+        _ => None,
+    };
+    let id = kept.unwrap_or_else(generate);
+    headers.insert(X_REQUEST_ID.clone(), id.clone());
+    id
+}
+
+/// 1 to [`MAX_LEN`] token characters (RFC 9110 §5.6.2), less the few
+/// that mean something to a log reader's shell or a CSV (`'`, `` ` ``,
+/// `|`).
+fn acceptable(id: &[u8]) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_LEN
+        && id.iter().all(|&b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'~'
+                )
+        })
+}
+
+/// A new id: 8 hex digits drawn once per process, then a counter, so ids
+/// are unique within a process and very likely across a fleet.
+fn generate() -> HeaderValue {
+    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = *PREFIX.get_or_init(rand::random);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let id = format!("{prefix:08x}{n:012x}");
+    HeaderValue::from_str(&id).expect("hex digits are a valid field value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                X_REQUEST_ID.clone(),
+                HeaderValue::from_bytes(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn a_token_is_kept_and_anything_else_replaced() {
+        let long = vec![b'a'; MAX_LEN];
+        let too_long = vec![b'a'; MAX_LEN + 1];
+        let kept: [&[u8]; 3] = [b"abc-123", b"5f0c6e2a.req_7~", &long];
+        for id in kept {
+            let mut h = with(&[id]);
+            assert_eq!(take(&mut h).as_bytes(), id);
+            assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+        }
+        let replaced: [&[&[u8]]; 7] = [
+            &[],
+            &[b""],
+            &[b"a b"],
+            &[b"a\"b"],
+            &[b"a'b"],
+            &[&too_long],
+            &[b"one", b"two"],
+        ];
+        for ids in replaced {
+            let mut h = with(ids);
+            let id = take(&mut h);
+            assert_eq!(id.len(), 20, "{ids:?}");
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+            let sent: Vec<_> = h.get_all(&X_REQUEST_ID).iter().collect();
+            assert_eq!(sent, [&id]);
+        }
+    }
+
+    #[test]
+    fn made_ids_differ() {
+        let a = take(&mut HeaderMap::new());
+        let b = take(&mut HeaderMap::new());
+        assert_ne!(a, b);
+        assert_eq!(a.as_bytes()[..8], b.as_bytes()[..8]);
+    }
+}
