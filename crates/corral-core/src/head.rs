@@ -290,7 +290,9 @@ fn proxy_control(n: &str) -> bool {
 
 /// True when some field name holds `_` (see [`strip_underscored`]).
 pub fn has_underscored(headers: &HeaderMap) -> bool {
-    headers.keys().any(|n| n.as_str().as_bytes().contains(&b'_'))
+    headers
+        .keys()
+        .any(|n| n.as_str().as_bytes().contains(&b'_'))
 }
 
 /// Removes request fields whose names hold `_`, as nginx does by default

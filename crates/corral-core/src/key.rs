@@ -134,6 +134,8 @@ impl QueryFilter {
     fn in_order(&self, query: &str, rule: Option<&NoVarySearch>) -> bool {
         let sort = self.sorts(rule);
         let bytes = query.as_bytes();
+        // Names compare as they decode only where one could decode.
+        let encoded = bytes.iter().any(|&b| b == b'+' || b == b'%');
         let mut prev: &[u8] = &[];
         let mut start = 0;
         while start <= bytes.len() {
@@ -147,9 +149,12 @@ impl QueryFilter {
             }
             let name = &pair[..pair.iter().position(|&b| b == b'=').unwrap_or(pair.len())];
             // `&` and `=` are ASCII, so `name` is whole characters.
-            if (sort && by_name(name, prev).is_lt())
-                || self.leaves(&query[start..start + name.len()], rule)
-            {
+            let before = if encoded {
+                by_name(name, prev).is_lt()
+            } else {
+                name < prev
+            };
+            if (sort && before) || self.leaves(&query[start..start + name.len()], rule) {
                 return false;
             }
             prev = name;
