@@ -113,9 +113,9 @@ impl IdentityRules {
         // Most requests (every hit of an anonymous caller) carry none of
         // the fields: answered before a keyed hasher is set up.
         let cookies = !self.cookies.is_empty() || self.every_cookie || whole_cookie;
-        if !self.headers.iter().any(|n| headers.contains_key(n))
-            && !(cookies && headers.contains_key(COOKIE))
-        {
+        let carried = self.headers.iter().any(|n| headers.contains_key(n))
+            || (cookies && headers.contains_key(COOKIE));
+        if !carried {
             return None;
         }
         let mut h = blake3::Hasher::new_keyed(&self.key);
