@@ -320,7 +320,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
 
-    const ACCESS: &str = r#"{"timestamp":"2026-01-01T00:00:00Z","level":"INFO","route":"api","method":"GET","path":"/a","status":200,"cache":"hit","cache_status":"corral; hit; ttl=59","ms":0.25,"peer":"127.0.0.1","client":"198.51.100.7","target":"corral::access"}"#;
+    const ACCESS: &str = r#"{"timestamp":"2026-01-01T00:00:00Z","level":"INFO","route":"api","method":"GET","path":"/a","status":200,"cache":"hit","cache_status":"corral; hit; ttl=59","ms":0.25,"peer":"127.0.0.1","client":"198.51.100.7","host":"example.test","bytes":2,"request_id":"0123456789abcdef0000","target":"corral::access"}"#;
 
     #[test]
     fn an_access_line_is_read_field_by_field() {
