@@ -147,6 +147,13 @@ async fn a_successful_post_invalidates_the_stored_get_for_its_uri() {
         .await;
     assert_eq!(post.status, 201);
     assert_eq!(post.text(), "created");
+    // RFC 9211 §2.2: forwarded because of its method.
+    assert_eq!(
+        post.cache_status().fwd(),
+        Some("method"),
+        "{}",
+        post.cache_status()
+    );
     assert_eq!(origin.hits("/item"), 2, "the POST reached the origin");
 
     let after = client.get(&url).await;

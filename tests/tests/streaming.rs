@@ -635,7 +635,10 @@ async fn a_body_that_has_its_digest_is_stored_and_one_read_whole_that_fails_it_i
     );
     assert_eq!(
         bad.header("proxy-status"),
-        Some("corral; error=http_response_incomplete; details=\"upstream-digest-mismatch\"")
+        Some(
+            "corral; error=http_response_incomplete; details=\"upstream-digest-mismatch\"; received-status=200"
+        ),
+        "RFC 9209 §2.1.3: the status the origin sent"
     );
     let metrics = corral_tests::lifecycle::scrape(&proxy).await;
     assert_eq!(

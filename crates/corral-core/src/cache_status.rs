@@ -114,6 +114,9 @@ pub enum Forward {
     Stale,
     /// The request's own semantics prevented using the cache.
     Request,
+    /// The request's method is one the cache does not store answers for
+    /// (RFC 9211 §2.2: `method`): a POST, PUT, DELETE... passed through.
+    Method,
     /// The cache was configured not to handle this request.
     Bypass,
 }
@@ -126,6 +129,7 @@ impl Forward {
             Forward::VaryMiss => "vary-miss",
             Forward::Stale => "stale",
             Forward::Request => "request",
+            Forward::Method => "method",
             Forward::Bypass => "bypass",
         }
     }
@@ -420,7 +424,11 @@ impl CacheStatus {
             )
         {
             CacheLabel::Stale
-        } else if matches!(self.fwd, Some(Forward::Bypass | Forward::Request)) || !self.stored {
+        } else if matches!(
+            self.fwd,
+            Some(Forward::Bypass | Forward::Request | Forward::Method)
+        ) || !self.stored
+        {
             CacheLabel::Pass
         } else {
             CacheLabel::Miss

@@ -145,7 +145,10 @@ fn failed_after(fill: &FillRequest, e: &UpstreamError, head: Option<u16>) -> Fil
     ) {
         tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
     }
-    let mut response = SharedResponse::corral_error(e.status(), e.detail(), e.received_status());
+    // RFC 9209 §2.1.3: the status the origin sent, wherever it sent one
+    // (a body that broke off or failed its digest came with a head).
+    let received = e.received_status().or(head);
+    let mut response = SharedResponse::corral_error(e.status(), e.detail(), received);
     response.upstream_status = head;
     FillOutcome::Shared {
         response: Arc::new(response),

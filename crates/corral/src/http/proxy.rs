@@ -658,7 +658,7 @@ async fn route_through(
     // A GET or HEAD with a body is passed through, body and all, and
     // never cached: its answer may depend on the body, which no key holds.
     let fwd = if route.cache_enabled && !head.is_cacheable_method() {
-        Forward::Request
+        Forward::Method
     } else {
         Forward::Bypass
     };
