@@ -640,15 +640,21 @@ async fn heartbeat(state: Arc<crate::ops::AdminState>) {
     }
 }
 
-async fn serve(
-    config: config::Config,
-    source: Option<(PathBuf, u64)>,
-    tokens: Tokens,
-    max_connections: usize,
-) -> anyhow::Result<()> {
-    // per_core: one listening socket per worker thread on the same
-    // address (SO_REUSEPORT: the kernel spreads connections over them),
-    // bound here so that a taken port fails the start.
+/// The client sockets, bound here so that a taken port fails the start,
+/// and the addresses they were given (a configured port 0 becomes the
+/// kernel's). per_core: one listening socket per worker thread on the
+/// same address (SO_REUSEPORT: the kernel spreads connections over them).
+#[expect(
+    clippy::type_complexity,
+    reason = "each worker's plain and TLS socket, then the two addresses"
+)]
+fn bind_clients(
+    config: &config::Config,
+) -> anyhow::Result<(
+    Vec<(std::net::TcpListener, Option<std::net::TcpListener>)>,
+    std::net::SocketAddr,
+    Option<std::net::SocketAddr>,
+)> {
     let sockets = match config.server.runtime {
         RuntimeMode::Shared => 1,
         RuntimeMode::PerCore => config
@@ -657,8 +663,7 @@ async fn serve(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     let reuseport = config.server.runtime == RuntimeMode::PerCore;
-    let mut listeners: Vec<(std::net::TcpListener, Option<std::net::TcpListener>)> =
-        Vec::with_capacity(sockets);
+    let mut listeners = Vec::with_capacity(sockets);
     // After the first socket, the others take its address (a configured
     // port 0 becomes the one the first was given).
     let (mut plain_addr, mut tls_addr) =
@@ -678,6 +683,16 @@ async fn serve(
         };
         listeners.push((plain, secure));
     }
+    Ok((listeners, plain_addr, tls_addr))
+}
+
+async fn serve(
+    config: config::Config,
+    source: Option<(PathBuf, u64)>,
+    tokens: Tokens,
+    max_connections: usize,
+) -> anyhow::Result<()> {
+    let (mut listeners, plain_addr, tls_addr) = bind_clients(&config)?;
     let listener_tls = match &config.listen_tls {
         None => None,
         Some(t) => Some(http::tls::ListenerTls::load(t)?),
@@ -717,10 +732,7 @@ async fn serve(
             AdminToken::Purge(t) => t,
         },
         instance: instance_name(),
-        listen: listeners
-            .first()
-            .and_then(|(l, _)| l.local_addr().ok())
-            .map_or_else(|| config.listen.to_string(), |a| a.to_string()),
+        listen: plain_addr.to_string(),
         started: std::time::Instant::now(),
         history: crate::ops::history::History::default(),
     });

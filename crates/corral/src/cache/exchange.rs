@@ -39,7 +39,16 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         return ended;
     }
     let post = fill.body.is_some();
-    match verdict(fill, &answered, response_time) {
+    let verdict = verdict(fill, &answered, response_time);
+    // Only a passed answer needs the caller's codings checked here; a
+    // stored one is checked where its body is read (`store::store`).
+    let unaccepted = match &verdict {
+        Decision::Pass(_) => {
+            crate::cache::compress::unaccepted_coding(&fill.head.headers, &answered.parts.headers)
+        }
+        Decision::Store { .. } => None,
+    };
+    match verdict {
         Decision::Store { freshness } => {
             events.send(FillEvent::Committed);
             let keep = Keep::new(fill, &answered, freshness, response_time, stamp);
@@ -64,14 +73,8 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
         {
             share(fill, answered, reason).await
         }
-        Decision::Pass(reason)
-            if crate::cache::compress::unaccepted_coding(
-                &fill.head.headers,
-                &answered.parts.headers,
-            )
-            .is_some() =>
-        {
-            pass_decoded(fill, answered, reason).await
+        Decision::Pass(reason) if let Some(coding) = &unaccepted => {
+            pass_decoded(fill, answered, reason, coding).await
         }
         Decision::Pass(reason) => pass(fill, answered, reason),
     }
@@ -82,7 +85,12 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
 /// with a 502 (`upstream-content-coding`) when it does not decode within
 /// that size (a bomb), or is in a coding corral does not know. Never
 /// passed on encoded.
-async fn pass_decoded(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
+async fn pass_decoded(
+    fill: &FillRequest,
+    answered: Answered,
+    reason: PassReason,
+    coding: &str,
+) -> Ended {
     let Answered {
         mut parts,
         body,
@@ -95,8 +103,6 @@ async fn pass_decoded(fill: &FillRequest, answered: Answered, reason: PassReason
             "{what}, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
         ))
     };
-    let coding = crate::cache::compress::unaccepted_coding(&fill.head.headers, &parts.headers)
-        .unwrap_or_default();
     let declared = declared_length(&parts.headers);
     let bytes = match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => bytes,

@@ -488,18 +488,8 @@ pub async fn serve(
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let limits = limits(server, ADMIN_CONNECTIONS);
-    let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
-    crate::http::connection::serve(
-        "admin",
-        listener,
-        router(state),
-        builder,
-        limits,
-        shutdown,
-        server.shutdown_grace,
-    )
-    .await;
+    let admin = ("admin", router(state), ADMIN_CONNECTIONS);
+    serve_as(admin, listener, server, shutdown).await;
 }
 
 /// Serves the probes alone on `health_listen`, with the admin listener's
@@ -511,12 +501,24 @@ pub async fn serve_health(
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let limits = limits(server, HEALTH_CONNECTIONS);
+    let health = ("health", health_router(state), HEALTH_CONNECTIONS);
+    serve_as(health, listener, server, shutdown).await;
+}
+
+/// One admin-side listener (`name`, what it routes, how many connections
+/// it serves at once) under the admin listener's rules.
+async fn serve_as(
+    (name, routes, connections): (&'static str, Router, usize),
+    listener: TcpListener,
+    server: &crate::config::ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let limits = limits(server, connections);
     let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(
-        "health",
+        name,
         listener,
-        health_router(state),
+        routes,
         builder,
         limits,
         shutdown,
