@@ -255,8 +255,8 @@ fn main() -> ExitCode {
             stale_if_error,
             no_cache,
             log_format,
-        } => {
-            let flags = ProxyFlags {
+        } => proxy_command(
+            ProxyFlags {
                 to: &to,
                 listen: &listen,
                 admin: &admin,
@@ -264,43 +264,49 @@ fn main() -> ExitCode {
                 memory: &memory,
                 ttl: (!no_cache).then_some(ttl.as_str()),
                 stale: (stale_while_revalidate.as_deref(), stale_if_error.as_deref()),
-            };
-            let text = proxy_config(&flags);
-            let config = match config::parse("corral proxy", &text) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("corral proxy: {}: {}", proxy_flag(&e.field), e.message);
-                    return ExitCode::from(2);
-                }
-            };
-            println!(
-                "corral proxy: http://{} in front of {to}; live view on http://{}/ (and health, metrics, purge)",
-                config.listen, config.admin
-            );
-            run(config, None, log_format)
-        }
-        Command::Serve { config, log_format } => {
-            let path = config;
-            // One read: what runs and what the reload watcher compares
-            // against are the same bytes.
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("corral: cannot read {}: {e}", path.display());
-                    return ExitCode::from(2);
-                }
-            };
-            let config = match config::parse(&path.display().to_string(), &text) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("corral: invalid configuration: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let loaded = config::fingerprint(text.as_bytes());
-            run(config, Some((path, loaded)), log_format)
-        }
+            },
+            log_format,
+        ),
+        Command::Serve { config, log_format } => serve_command(config, log_format),
     }
+}
+
+/// `corral proxy`: a config made from its flags, then served.
+fn proxy_command(flags: ProxyFlags<'_>, log_format: LogFormat) -> ExitCode {
+    let text = proxy_config(&flags);
+    let config = match config::parse("corral proxy", &text) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corral proxy: {}: {}", proxy_flag(&e.field), e.message);
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "corral proxy: http://{} in front of {}; live view on http://{}/ (and health, metrics, purge)",
+        config.listen, flags.to, config.admin
+    );
+    run(config, None, log_format)
+}
+
+/// `corral serve`: the config file read once (what runs and what the
+/// reload watcher compares against are the same bytes), then served.
+fn serve_command(path: PathBuf, log_format: LogFormat) -> ExitCode {
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("corral: cannot read {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let config = match config::parse(&path.display().to_string(), &text) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corral: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let loaded = config::fingerprint(text.as_bytes());
+    run(config, Some((path, loaded)), log_format)
 }
 
 /// `corral proxy`'s default for `--ttl`: long enough that a burst on a
@@ -692,23 +698,13 @@ async fn serve(
     tokens: Tokens,
     max_connections: usize,
 ) -> anyhow::Result<()> {
-    let (mut listeners, plain_addr, tls_addr) = bind_clients(&config)?;
+    let (listeners, plain_addr, tls_addr) = bind_clients(&config)?;
     let listener_tls = match &config.listen_tls {
         None => None,
         Some(t) => Some(http::tls::ListenerTls::load(t)?),
     };
-    let admin_listener = TcpListener::bind(config.admin)
-        .await
-        .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let (admin_listener, health_listener) = bind_admin(&config).await?;
     let admin_addr = admin_listener.local_addr()?;
-    let health_listener = match config.health_listen {
-        None => None,
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (health_listen)"))?,
-        ),
-    };
     let health_addr = match &health_listener {
         Some(l) => Some(l.local_addr()?),
         None => None,
@@ -716,58 +712,15 @@ async fn serve(
     let metrics = metrics::install();
     metrics::spawn_upkeep(metrics.clone());
     let app = Arc::new(app::App::new(&config).context("invalid redis section")?);
-    let admin_state = Arc::new(crate::ops::AdminState {
-        app: Arc::clone(&app),
-        metrics,
-        draining: std::sync::atomic::AtomicBool::new(false),
-        purge_token: tokens.purge,
-        guarded: matches!(tokens.admin, AdminToken::Own(_)) || !config.admin.ip().is_loopback(),
-        metrics_token: match &tokens.admin {
-            AdminToken::Own(t) => Some(t.clone()),
-            AdminToken::Purge(_) => None,
-        },
-        admin_hosts: config.server.admin_hosts.clone(),
-        admin_token: match tokens.admin {
-            AdminToken::Own(t) => Some(t),
-            AdminToken::Purge(t) => t,
-        },
-        instance: instance_name(),
-        listen: plain_addr.to_string(),
-        started: std::time::Instant::now(),
-        history: crate::ops::history::History::default(),
-    });
-    {
-        let state = Arc::clone(&admin_state);
-        tokio::spawn(async move {
-            crate::ops::history::record(&state.history, || admin::summary(&state)).await;
-        });
-    }
-    if app.l2.is_some() {
-        tokio::spawn(heartbeat(Arc::clone(&admin_state)));
-    }
+    let admin_state = admin_state(&app, metrics, tokens, &config, plain_addr);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let admin_server = config.server.clone();
-    let admin_state_for_listener = Arc::clone(&admin_state);
-    let admin_shutdown = shutdown_rx.clone();
-    if let Some(listener) = health_listener {
-        let (state, server, shutdown) = (
-            Arc::clone(&admin_state),
-            config.server.clone(),
-            shutdown_rx.clone(),
-        );
-        tokio::spawn(async move {
-            admin::serve_health(listener, state, &server, shutdown).await;
-        });
-    }
-    let admin = tokio::spawn(async move {
-        admin::serve(
-            admin_listener,
-            admin_state_for_listener,
-            &admin_server,
-            admin_shutdown,
-        )
-        .await;
-    });
+    let admin = spawn_admin(
+        &admin_state,
+        admin_listener,
+        health_listener,
+        &config,
+        &shutdown_rx,
+    );
     if let Some((path, loaded)) = source {
         reload::spawn(Arc::clone(&app), path, config.clone(), loaded);
     }
@@ -785,12 +738,119 @@ async fn serve(
         })?;
     }
     tracing::info!(listen = %bound.listen, admin = %bound.admin, health_listen = ?bound.health_listen, live = %format_args!("http://{}/", bound.admin), routes = config.routes.len(), redis = config.redis.is_some(), "corral serving");
-    let drain_period = config.server.drain_period;
+    spawn_drain(admin_state, config.server.drain_period, shutdown_tx);
+    crate::overload::spawn(config.server.overload.map(|p| f64::from(p) / 100.0));
+    serve_clients(
+        &config,
+        listeners,
+        listener_tls,
+        app,
+        max_connections,
+        shutdown_rx,
+    )
+    .await?;
+    let _ = admin.await;
+    tracing::info!("corral stopped");
+    Ok(())
+}
+
+/// The admin listener, and the health listener where one is configured.
+async fn bind_admin(config: &config::Config) -> anyhow::Result<(TcpListener, Option<TcpListener>)> {
+    let admin = TcpListener::bind(config.admin)
+        .await
+        .with_context(|| format!("cannot listen on {} (admin)", config.admin))?;
+    let health = match config.health_listen {
+        None => None,
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (health_listen)"))?,
+        ),
+    };
+    Ok((admin, health))
+}
+
+/// What the admin and health listeners serve from, with its history
+/// sampler and (with Redis) its heartbeat running.
+fn admin_state(
+    app: &Arc<app::App>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    tokens: Tokens,
+    config: &config::Config,
+    listen: std::net::SocketAddr,
+) -> Arc<crate::ops::AdminState> {
+    let admin_state = Arc::new(crate::ops::AdminState {
+        app: Arc::clone(app),
+        metrics,
+        draining: std::sync::atomic::AtomicBool::new(false),
+        purge_token: tokens.purge,
+        guarded: matches!(tokens.admin, AdminToken::Own(_)) || !config.admin.ip().is_loopback(),
+        metrics_token: match &tokens.admin {
+            AdminToken::Own(t) => Some(t.clone()),
+            AdminToken::Purge(_) => None,
+        },
+        admin_hosts: config.server.admin_hosts.clone(),
+        admin_token: match tokens.admin {
+            AdminToken::Own(t) => Some(t),
+            AdminToken::Purge(t) => t,
+        },
+        instance: instance_name(),
+        listen: listen.to_string(),
+        started: std::time::Instant::now(),
+        history: crate::ops::history::History::default(),
+    });
+    {
+        let state = Arc::clone(&admin_state);
+        tokio::spawn(async move {
+            crate::ops::history::record(&state.history, || admin::summary(&state)).await;
+        });
+    }
+    if app.l2.is_some() {
+        tokio::spawn(heartbeat(Arc::clone(&admin_state)));
+    }
+    admin_state
+}
+
+/// The admin listener's task (returned, to be awaited at shutdown), and
+/// the health listener's.
+fn spawn_admin(
+    admin_state: &Arc<crate::ops::AdminState>,
+    admin_listener: TcpListener,
+    health_listener: Option<TcpListener>,
+    config: &config::Config,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    if let Some(listener) = health_listener {
+        let (state, server, shutdown) = (
+            Arc::clone(admin_state),
+            config.server.clone(),
+            shutdown_rx.clone(),
+        );
+        tokio::spawn(async move {
+            admin::serve_health(listener, state, &server, shutdown).await;
+        });
+    }
+    let (state, server, shutdown) = (
+        Arc::clone(admin_state),
+        config.server.clone(),
+        shutdown_rx.clone(),
+    );
+    tokio::spawn(async move {
+        admin::serve(admin_listener, state, &server, shutdown).await;
+    })
+}
+
+/// On SIGTERM or SIGINT: load balancers and Kubernetes see the instance
+/// leave first (/lb-health and /readyz turn 503) while it still serves;
+/// after the drain period it stops accepting and lets in-flight requests
+/// finish.
+fn spawn_drain(
+    admin_state: Arc<crate::ops::AdminState>,
+    drain_period: Duration,
+    shutdown_tx: watch::Sender<bool>,
+) {
     tokio::spawn(async move {
         let graceful = wait_for_signal().await;
-        // Load balancers and Kubernetes see the instance leave first
-        // (/lb-health and /readyz turn 503) while it still serves; only then
-        // does it stop accepting and let in-flight requests finish.
         admin_state
             .draining
             .store(true, std::sync::atomic::Ordering::Release);
@@ -801,7 +861,18 @@ async fn serve(
         tracing::info!("no longer accepting connections; finishing in-flight requests");
         let _ = shutdown_tx.send(true);
     });
-    crate::overload::spawn(config.server.overload.map(|p| f64::from(p) / 100.0));
+}
+
+/// Serves the clients on this runtime (`shared`) or on a runtime per
+/// core (`per_core`) until shutdown.
+async fn serve_clients(
+    config: &config::Config,
+    mut listeners: Vec<(std::net::TcpListener, Option<std::net::TcpListener>)>,
+    listener_tls: Option<Arc<http::tls::ListenerTls>>,
+    app: Arc<app::App>,
+    max_connections: usize,
+    shutdown_rx: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     match config.server.runtime {
         RuntimeMode::Shared => {
             // This runtime serves clients (per_core: each worker's does).
@@ -837,8 +908,6 @@ async fn serve(
             .await;
         }
     }
-    let _ = admin.await;
-    tracing::info!("corral stopped");
     Ok(())
 }
 

@@ -106,26 +106,7 @@ impl Route {
         shared: &RouteShared<'_>,
     ) -> Self {
         let c = &rc.cache;
-        let policy = RoutePolicy {
-            default_ttl: c.default_ttl,
-            heuristic_freshness: c.heuristic_freshness,
-            swr_default: c.stale_while_revalidate.default,
-            swr_max: c.stale_while_revalidate.max,
-            sie_default: c.stale_if_error.default,
-            sie_max: c.stale_if_error.max,
-            stale_max_ratio: c.stale_max_ratio,
-            ttl_jitter_percent: c.ttl_jitter,
-            early_refresh_beta: c.early_refresh_beta,
-            store_set_cookie: c.store_set_cookie,
-            max_object_size,
-            hit_for_pass: c.hit_for_pass,
-            targeted: c
-                .targeted_fields
-                .iter()
-                .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
-                .collect(),
-            store_post: c.post,
-        };
+        let policy = policy_of(c, max_object_size);
         let identity_headers = c
             .identity_headers
             .iter()
@@ -273,5 +254,29 @@ impl RouteTable {
             .iter()
             .filter(|r| r.matches(host, path))
             .max_by_key(|r| (r.prefix.len(), r.host.is_some()))
+    }
+}
+
+/// The caching policy a route's `cache:` section gives corral-core.
+fn policy_of(c: &crate::config::RouteCacheConfig, max_object_size: u64) -> RoutePolicy {
+    RoutePolicy {
+        default_ttl: c.default_ttl,
+        heuristic_freshness: c.heuristic_freshness,
+        swr_default: c.stale_while_revalidate.default,
+        swr_max: c.stale_while_revalidate.max,
+        sie_default: c.stale_if_error.default,
+        sie_max: c.stale_if_error.max,
+        stale_max_ratio: c.stale_max_ratio,
+        ttl_jitter_percent: c.ttl_jitter,
+        early_refresh_beta: c.early_refresh_beta,
+        store_set_cookie: c.store_set_cookie,
+        max_object_size,
+        hit_for_pass: c.hit_for_pass,
+        targeted: c
+            .targeted_fields
+            .iter()
+            .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+            .collect(),
+        store_post: c.post,
     }
 }

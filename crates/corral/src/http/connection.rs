@@ -581,33 +581,12 @@ pub async fn serve_on<H: Handler>(
     register(name, &slots, limits.max_connections);
     let peers = (limits.per_peer > 0).then(|| PeerCap::new(limits.per_peer));
     loop {
-        // Queueing listeners take their slot before accept, so past the
-        // limit the kernel holds new connections; refusing ones take it
-        // after, and close what finds none (see `admit`).
-        let queued = if limits.refuse_when_full {
-            None
-        } else {
-            tokio::select! {
-                p = Arc::clone(&slots).acquire_owned() => match p {
-                    Ok(p) => Some(p),
-                    Err(_) => break,
-                },
-                _ = shutdown.changed() => break,
-            }
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of descriptors and the like: back off a little
-                    // instead of spinning.
-                    tracing::warn!(listener = name, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => break,
-        };
+        let (stream, peer, queued) =
+            match accept(name, &listener, &slots, &limits, &mut shutdown).await {
+                Accepted::Connection(stream, peer, queued) => (stream, peer, queued),
+                Accepted::Failed => continue,
+                Accepted::Shutdown => break,
+            };
         let _ = stream.set_nodelay(true);
         crate::telemetry::metrics::connection_accepted();
         let Some((permit, peer_slot)) = admit(name, queued, &slots, peers.as_ref(), peer) else {
@@ -625,25 +604,9 @@ pub async fn serve_on<H: Handler>(
         let tls = tls.clone();
         tokio::spawn(async move {
             let mut stream = stream;
-            let (peer, prefix) = if limits.proxy_protocol {
-                let header = tokio::time::timeout(
-                    limits.header_read_timeout,
-                    read_proxy_header(&mut stream),
-                )
-                .await
-                .unwrap_or(Err("no complete header within header_read_timeout"));
-                match header {
-                    Ok((Header::Proxied(client), rest)) => (client, rest),
-                    Ok((Header::Local, rest)) => (peer, rest),
-                    Err(why) => {
-                        crate::telemetry::metrics::connection_closed("proxy-protocol");
-                        tracing::debug!(listener = name, %peer, why, "closing a connection without a valid PROXY protocol header");
-                        drop(permit);
-                        return;
-                    }
-                }
-            } else {
-                (peer, Bytes::new())
+            let Some((peer, prefix)) = client_of(name, &mut stream, peer, &limits).await else {
+                drop(permit);
+                return;
             };
             let interim = crate::origin::interim::Shared::new();
             let service = Tracked {
@@ -699,6 +662,82 @@ pub async fn serve_on<H: Handler>(
         _ = slots.acquire_many(all) => tracing::info!("all {name} connections drained"),
         _ = tokio::time::sleep(grace) => {
             tracing::warn!(listener = name, grace = ?grace, "shutdown grace elapsed with connections still open");
+        }
+    }
+}
+
+/// What [`accept`] got.
+enum Accepted {
+    /// A connection, and the slot taken for it before accept (queueing
+    /// listeners).
+    Connection(
+        tokio::net::TcpStream,
+        SocketAddr,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+    /// Accept failed (out of descriptors and the like), after a short
+    /// pause rather than a spin.
+    Failed,
+    Shutdown,
+}
+
+/// The next connection. Queueing listeners take their slot before accept,
+/// so past the limit the kernel holds new connections; refusing ones take
+/// it after, and close what finds none (see `admit`).
+async fn accept(
+    name: &'static str,
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    limits: &Limits,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Accepted {
+    let queued = if limits.refuse_when_full {
+        None
+    } else {
+        tokio::select! {
+            p = Arc::clone(slots).acquire_owned() => match p {
+                Ok(p) => Some(p),
+                Err(_) => return Accepted::Shutdown,
+            },
+            _ = shutdown.changed() => return Accepted::Shutdown,
+        }
+    };
+    tokio::select! {
+        accepted = listener.accept() => match accepted {
+            Ok((stream, peer)) => Accepted::Connection(stream, peer, queued),
+            Err(e) => {
+                tracing::warn!(listener = name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Accepted::Failed
+            }
+        },
+        _ = shutdown.changed() => Accepted::Shutdown,
+    }
+}
+
+/// The client a connection from `peer` speaks for, and the bytes read
+/// past its PROXY protocol header: the header's source on a listener
+/// with `proxy_protocol` (read within `header_read_timeout`), else the
+/// peer itself. `None`: no valid header; the connection is to be closed.
+async fn client_of(
+    name: &'static str,
+    stream: &mut tokio::net::TcpStream,
+    peer: SocketAddr,
+    limits: &Limits,
+) -> Option<(SocketAddr, Bytes)> {
+    if !limits.proxy_protocol {
+        return Some((peer, Bytes::new()));
+    }
+    let header = tokio::time::timeout(limits.header_read_timeout, read_proxy_header(stream))
+        .await
+        .unwrap_or(Err("no complete header within header_read_timeout"));
+    match header {
+        Ok((Header::Proxied(client), rest)) => Some((client, rest)),
+        Ok((Header::Local, rest)) => Some((peer, rest)),
+        Err(why) => {
+            crate::telemetry::metrics::connection_closed("proxy-protocol");
+            tracing::debug!(listener = name, %peer, why, "closing a connection without a valid PROXY protocol header");
+            None
         }
     }
 }

@@ -271,149 +271,240 @@ fn encode_head(
         return None;
     }
     if !keep_alive {
-        match parts.headers.entry(header::CONNECTION) {
-            header::Entry::Occupied(mut e) => {
-                if !e.iter().any(|v| has_token(v.as_bytes(), b"close")) {
-                    e.append(HeaderValue::from_static("close"));
-                }
-            }
-            header::Entry::Vacant(e) => {
-                e.insert(HeaderValue::from_static("close"));
-            }
-        }
+        add_connection_close(&mut parts.headers);
     }
     let http10 = parts.version == Version::HTTP_10;
-    // The origin's own reason phrase, passed on as hyper's client read it.
-    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+    status_line(out, status, http10, parts.extensions.get());
+    let can_length = !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+    let mut fields = HeadFields {
+        is_head,
+        body,
+        can_length,
+        can_body: can_length && !is_head,
+        can_chunk: can_length && !is_head && !http10,
+        framing: None,
+        last: !keep_alive,
+        wrote_date: false,
+        open: None,
+        chunked_last: true,
+    };
+    for (name, value) in &parts.headers {
+        fields.write(out, name, value)?;
+    }
+    fields.finish(out)
+}
+
+/// Adds `close` to the answer's Connection field, unless it is there.
+fn add_connection_close(headers: &mut http::HeaderMap) {
+    match headers.entry(header::CONNECTION) {
+        header::Entry::Occupied(mut e) => {
+            if !e.iter().any(|v| has_token(v.as_bytes(), b"close")) {
+                e.append(HeaderValue::from_static("close"));
+            }
+        }
+        header::Entry::Vacant(e) => {
+            e.insert(HeaderValue::from_static("close"));
+        }
+    }
+}
+
+/// The status line, with the origin's own reason phrase as hyper's client
+/// read it, else the canonical one.
+fn status_line(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    http10: bool,
+    reason: Option<&hyper::ext::ReasonPhrase>,
+) {
     if !http10 && status == StatusCode::OK && reason.is_none() {
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        out.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        match reason {
-            Some(r) => out.extend_from_slice(r.as_bytes()),
-            None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
-        }
-        out.extend_from_slice(b"\r\n");
+        return;
     }
-    let can_length = !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
-    let can_body = can_length && !is_head;
-    let can_chunk = can_body && !http10;
-    let mut framing: Option<Framing> = None;
-    let mut last = !keep_alive;
-    let mut wrote_date = false;
-    // A framing or Connection field's line is open: its next values join it.
-    let mut open: Option<HeaderName> = None;
-    let mut chunked_last = true;
-    for (name, value) in &parts.headers {
-        if open.as_ref().is_some_and(|o| o != name) {
-            close_line(out, &mut open, chunked_last);
+    out.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    match reason {
+        Some(r) => out.extend_from_slice(r.as_bytes()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The fields of a head as [`encode_head`] writes them, one at a time:
+/// what the status and the request allow, and what was written so far.
+struct HeadFields {
+    is_head: bool,
+    body: Length,
+    /// The status may carry a Content-Length (not 204 or 304).
+    can_length: bool,
+    /// A body follows the head (and the request was not a HEAD).
+    can_body: bool,
+    /// That body may be chunked (not HTTP/1.0).
+    can_chunk: bool,
+    framing: Option<Framing>,
+    /// The connection closes after this answer.
+    last: bool,
+    wrote_date: bool,
+    /// A framing or Connection field's line is open: its next values join it.
+    open: Option<HeaderName>,
+    chunked_last: bool,
+}
+
+impl HeadFields {
+    /// Writes one field; `None` where hyper would refuse the head.
+    fn write(&mut self, out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) -> Option<()> {
+        if self.open.as_ref().is_some_and(|o| o != name) {
+            close_line(out, &mut self.open, self.chunked_last);
         }
-        let joins = open.as_ref() == Some(name);
+        let joins = self.open.as_ref() == Some(name);
         match *name {
             header::CONTENT_LENGTH => {
-                match body {
-                    Length::Known(n) => {
-                        if !joins {
-                            if framing.is_some() {
-                                return None;
-                            }
-                            framing = Some(Framing::Length(n));
-                            field(out, "content-length: ", value);
-                            open = Some(name.clone());
-                        }
-                        continue;
-                    }
-                    Length::Unknown => {
-                        let n = parse_length(value)?;
-                        if joins {
-                            // Every value the same length, as hyper checks.
-                            if framing != Some(Framing::Length(n)) {
-                                return None;
-                            }
-                            continue;
-                        }
-                        if framing.is_some() {
-                            return None;
-                        }
-                        framing = Some(Framing::Length(n));
-                        field(out, "content-length: ", value);
-                        open = Some(name.clone());
-                        continue;
-                    }
-                    Length::Empty => {
-                        if !is_head {
-                            // hyper drops it: the body is empty.
-                            continue;
-                        }
-                        framing = Some(Framing::Length(0));
-                    }
+                if self.content_length(out, name, value, joins)? {
+                    return Some(());
                 }
             }
-            header::TRANSFER_ENCODING => {
-                if framing.is_some() && !joins {
-                    return None;
-                }
-                if !can_chunk {
-                    continue;
-                }
-                framing = Some(Framing::Chunked);
-                chunked_last = has_last_token(value.as_bytes(), b"chunked");
-                if joins {
-                    out.extend_from_slice(b", ");
-                    out.extend_from_slice(value.as_bytes());
-                } else {
-                    field(out, "transfer-encoding: ", value);
-                    open = Some(name.clone());
-                }
-                continue;
-            }
+            header::TRANSFER_ENCODING => return self.transfer_encoding(out, name, value, joins),
             header::CONNECTION | header::TRAILER => {
-                if *name == header::TRAILER && !can_chunk {
-                    continue;
-                }
-                if *name == header::CONNECTION && has_token(value.as_bytes(), b"close") {
-                    last = true;
-                }
-                if joins {
-                    out.extend_from_slice(b", ");
-                    out.extend_from_slice(value.as_bytes());
-                } else {
-                    out.extend_from_slice(name.as_str().as_bytes());
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(value.as_bytes());
-                    open = Some(name.clone());
-                }
-                continue;
+                self.listed(out, name, value, joins);
+                return Some(());
             }
-            header::DATE => wrote_date = true,
+            header::DATE => self.wrote_date = true,
             _ => {}
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+        Some(())
     }
-    if open.is_some() {
-        close_line(out, &mut open, chunked_last);
+
+    /// A Content-Length field: whether it was dealt with (written, joined
+    /// or dropped), or is to be written as it is; `None` where hyper
+    /// refuses two framings or lengths that differ.
+    fn content_length(
+        &mut self,
+        out: &mut Vec<u8>,
+        name: &HeaderName,
+        value: &HeaderValue,
+        joins: bool,
+    ) -> Option<bool> {
+        let n = match self.body {
+            Length::Known(n) => {
+                if joins {
+                    return Some(true);
+                }
+                n
+            }
+            Length::Unknown => {
+                let n = parse_length(value)?;
+                if joins {
+                    // Every value the same length, as hyper checks.
+                    return (self.framing == Some(Framing::Length(n))).then_some(true);
+                }
+                n
+            }
+            Length::Empty => {
+                if !self.is_head {
+                    // hyper drops it: the body is empty.
+                    return Some(true);
+                }
+                self.framing = Some(Framing::Length(0));
+                return Some(false);
+            }
+        };
+        if self.framing.is_some() {
+            return None;
+        }
+        self.framing = Some(Framing::Length(n));
+        field(out, "content-length: ", value);
+        self.open = Some(name.clone());
+        Some(true)
     }
-    let mut framing = match framing {
-        Some(f) => f,
-        None => match body {
-            Length::Unknown if !can_chunk => Framing::Close,
+
+    fn transfer_encoding(
+        &mut self,
+        out: &mut Vec<u8>,
+        name: &HeaderName,
+        value: &HeaderValue,
+        joins: bool,
+    ) -> Option<()> {
+        if self.framing.is_some() && !joins {
+            return None;
+        }
+        if !self.can_chunk {
+            return Some(());
+        }
+        self.framing = Some(Framing::Chunked);
+        self.chunked_last = has_last_token(value.as_bytes(), b"chunked");
+        if joins {
+            out.extend_from_slice(b", ");
+            out.extend_from_slice(value.as_bytes());
+        } else {
+            field(out, "transfer-encoding: ", value);
+            self.open = Some(name.clone());
+        }
+        Some(())
+    }
+
+    /// Connection and Trailer: their values joined on one line.
+    fn listed(&mut self, out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue, joins: bool) {
+        if *name == header::TRAILER && !self.can_chunk {
+            return;
+        }
+        if *name == header::CONNECTION && has_token(value.as_bytes(), b"close") {
+            self.last = true;
+        }
+        if joins {
+            out.extend_from_slice(b", ");
+            out.extend_from_slice(value.as_bytes());
+        } else {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            self.open = Some(name.clone());
+        }
+    }
+
+    /// Closes the open line, writes the framing hyper would add and a
+    /// Date where the answer had none, and ends the head.
+    fn finish(mut self, out: &mut Vec<u8>) -> Option<(Framing, bool)> {
+        if self.open.is_some() {
+            close_line(out, &mut self.open, self.chunked_last);
+        }
+        let framing = match self.framing {
+            Some(f) => f,
+            None => self.default_framing(out),
+        };
+        let framing = if self.can_body {
+            framing
+        } else {
+            Framing::Length(0)
+        };
+        if !self.wrote_date {
+            out.extend_from_slice(b"date: ");
+            date(out);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        Some((framing, self.last))
+    }
+
+    /// The framing of an answer that named none, and its field.
+    fn default_framing(&self, out: &mut Vec<u8>) -> Framing {
+        match self.body {
+            Length::Unknown if !self.can_chunk => Framing::Close,
             Length::Unknown => {
                 out.extend_from_slice(b"transfer-encoding: chunked\r\n");
                 Framing::Chunked
             }
             Length::Empty | Length::Known(0) => {
-                if can_body {
+                if self.can_body {
                     out.extend_from_slice(b"content-length: 0\r\n");
                 }
                 Framing::Length(0)
             }
             Length::Known(n) => {
-                if can_length {
+                if self.can_length {
                     out.extend_from_slice(b"content-length: ");
                     out.extend_from_slice(decimal(n, &mut [0; 20]));
                     out.extend_from_slice(b"\r\n");
@@ -422,18 +513,8 @@ fn encode_head(
                     Framing::Length(0)
                 }
             }
-        },
-    };
-    if !can_body {
-        framing = Framing::Length(0);
+        }
     }
-    if !wrote_date {
-        out.extend_from_slice(b"date: ");
-        date(out);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    Some((framing, last))
 }
 
 /// Writes a [`Wire`] hit's head into `out`: its entry's head bytes, then

@@ -182,17 +182,21 @@ pub fn samples(text: &str) -> Vec<Sample> {
         .collect()
 }
 
+/// The braces around a sample's labels.
+const LABELS_OPEN: char = '{';
+const LABELS_CLOSE: char = '}';
+
 fn sample(line: &str) -> Option<Sample> {
-    let (name, rest) = match line.find(['{', ' ']) {
+    let (name, rest) = match line.find([LABELS_OPEN, ' ']) {
         Some(i) => line.split_at(i),
         None => return None,
     };
     let mut labels = Vec::new();
     let mut rest = rest;
-    if let Some(mut inner) = rest.strip_prefix('{') {
+    if let Some(mut inner) = rest.strip_prefix(LABELS_OPEN) {
         loop {
             inner = inner.trim_start_matches(',');
-            if let Some(after) = inner.strip_prefix('}') {
+            if let Some(after) = inner.strip_prefix(LABELS_CLOSE) {
                 rest = after;
                 break;
             }

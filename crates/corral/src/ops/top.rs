@@ -237,12 +237,19 @@ fn alarms(fleet: &Fleet, emphasis: bool) -> String {
 /// The text view of one reading (`before`, `dt` seconds earlier, makes
 /// the rates); `emphasis`: the alarms in colour, for a terminal.
 pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> String {
-    let t = &fleet.totals;
-    let b = before.map(|b| &b.totals);
-    let mut s = String::new();
-    let total = t.clients();
-    let saved = total.saturating_sub(t.origin_requests);
-    s += &format!(
+    let mut s = title(fleet);
+    s += &alarms(fleet, emphasis);
+    totals(&mut s, &fleet.totals, before.map(|b| &b.totals), dt);
+    routes(&mut s, fleet);
+    flights(&mut s, fleet);
+    instances(&mut s, fleet);
+    bounds(&mut s, fleet);
+    s
+}
+
+/// The first line: how many instances, and where the list came from.
+fn title(fleet: &Fleet) -> String {
+    format!(
         "corral top - {} instance(s) ({}){}   q quits\n\n",
         fleet.instances.len(),
         if fleet.source == "redis" {
@@ -258,9 +265,14 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
         } else {
             String::new()
         }
-    );
-    s += &alarms(fleet, emphasis);
-    s += &format!(
+    )
+}
+
+/// The fleet's totals and outcomes, with their rates since `b`.
+fn totals(s: &mut String, t: &Traffic, b: Option<&Traffic>, dt: f64) {
+    let total = t.clients();
+    let saved = total.saturating_sub(t.origin_requests);
+    *s += &format!(
         "client requests {total:>12}  {:>10}/s\norigin requests {:>12}  {:>10}/s\norigin errors   {:>12}  {:>10}/s\nsaved           {saved:>12}  (hit {}, collapsed {}, stale {})\n\n",
         rate_text(per_second(total, b.map(Traffic::clients), dt)),
         t.origin_requests,
@@ -275,13 +287,18 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
         t.saved.get("collapsed").copied().unwrap_or(0),
         t.saved.get("stale").copied().unwrap_or(0),
     );
-    s += &format!("{:<10} {:>12} {:>10}\n", "outcome", "total", "per s");
+    *s += &format!("{:<10} {:>12} {:>10}\n", "outcome", "total", "per s");
     for o in OUTCOMES {
         let n = t.requests.get(o).copied().unwrap_or(0);
         let r = per_second(n, b.map(|b| b.requests.get(o).copied().unwrap_or(0)), dt);
-        s += &format!("{o:<10} {n:>12} {:>10}\n", rate_text(r));
+        *s += &format!("{o:<10} {n:>12} {:>10}\n", rate_text(r));
     }
-    s += &format!(
+}
+
+/// Each route's requests, origin requests, saved and circuit, summed over
+/// the instances.
+fn routes(s: &mut String, fleet: &Fleet) {
+    *s += &format!(
         "\n{:<24} {:>10} {:>10} {:>10} {:>8}\n",
         "route", "requests", "origin", "saved", "circuit"
     );
@@ -305,13 +322,17 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
         }
     }
     for (name, c, o, open) in &routes {
-        s += &format!(
+        *s += &format!(
             "{:<24} {c:>10} {o:>10} {:>10} {:>8}\n",
             printable(name, 24),
             c.saturating_sub(*o),
             if *open { "OPEN" } else { "closed" }
         );
     }
+}
+
+/// The busiest flights and the keys in back-off.
+fn flights(s: &mut String, fleet: &Fleet) {
     let mut flights: Vec<(&str, usize, u64)> = fleet
         .instances
         .iter()
@@ -325,28 +346,32 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
     flights.sort_by_key(|f| std::cmp::Reverse(f.1));
     let in_progress: usize = fleet.instances.iter().map(|i| i.flights.in_progress).sum();
     let backoff: usize = fleet.instances.iter().map(|i| i.flights.backoff_keys).sum();
-    s += &format!("\nflights in progress {in_progress}, keys in back-off {backoff}\n");
+    *s += &format!("\nflights in progress {in_progress}, keys in back-off {backoff}\n");
     for (key, waiting, age) in flights.iter().take(5) {
-        s += &format!(
+        *s += &format!(
             "  {waiting:>6} waiting {age:>7} ms  {}\n",
             printable(key, 60)
         );
     }
     for i in &fleet.instances {
         for b in i.flights.backoff.iter().take(5) {
-            s += &format!(
+            *s += &format!(
                 "  back-off {:>7} ms left  {}\n",
                 b.remaining_ms,
                 printable(&b.key, 60)
             );
         }
     }
-    s += &format!(
+}
+
+/// A line per instance: its traffic and its Redis link.
+fn instances(s: &mut String, fleet: &Fleet) {
+    *s += &format!(
         "\n{:<28} {:<22} {:>10} {:>10}  redis\n",
         "instance", "listen", "requests", "origin"
     );
     for i in &fleet.instances {
-        s += &format!(
+        *s += &format!(
             "{:<28} {:<22} {:>10} {:>10}  {} {}{}{}\n",
             printable(&i.instance, 28),
             printable(&i.listen, 22),
@@ -362,7 +387,11 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
             open_primaries(i)
         );
     }
-    s += "\nbounds\n";
+}
+
+/// Each instance's bounds: used, limit, share.
+fn bounds(s: &mut String, fleet: &Fleet) {
+    *s += "\nbounds\n";
     for i in &fleet.instances {
         for b in &i.bounds {
             let share = if b.limit > 0 {
@@ -370,7 +399,7 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
             } else {
                 0.0
             };
-            s += &format!(
+            *s += &format!(
                 "  {:<28} {:<24} {:>14} of {:>14} {share:>5.1}%\n",
                 printable(&i.instance, 28),
                 printable(&b.name, 24),
@@ -379,7 +408,6 @@ pub fn view(fleet: &Fleet, before: Option<&Fleet>, dt: f64, emphasis: bool) -> S
             );
         }
     }
-    s
 }
 
 /// `(breaker open: a, b)` for a Cluster's primaries whose breaker is open.
