@@ -251,7 +251,8 @@ async fn a_failing_origin_is_asked_once_per_back_off_while_stale_answers_flow() 
     // opens the first back-off (one second, then doubling); 200 stale
     // answers in `elapsed` may span at most this many.
     let allowed = 2 + elapsed.as_secs() as usize;
-    assert!(asked >= 1, "the failing origin was never tried");
+    // The request that found the origin failing, and the next one's retry.
+    assert!(asked >= 2, "{asked}: the first failure was not retried");
     assert!(
         asked <= allowed,
         "{asked} requests reached the failing origin in {elapsed:?} (at most {allowed})"

@@ -1351,10 +1351,11 @@ async fn a_follower_serves_what_the_other_instance_announces() {
     assert_eq!(h.origin.hits(), 0);
     // Woken by the notice, not by the poll's next tick.
     assert_eq!(started.elapsed(), Duration::from_millis(700));
-    // One follower per instance reads Redis, polling with back-off: 25,
-    // 50, 100, 200 ms… not a read per caller per tick.
+    // One follower per instance reads Redis, polling with back-off, not a
+    // read per caller per tick: the lookup's and the flight's reads, polls
+    // at 25, 75, 175, 375 and 625 ms, and the read the notice wakes.
     let probes = t.0.probes.load(Ordering::SeqCst);
-    assert!(probes <= 8, "{probes} probes");
+    assert_eq!(probes, 8, "probes");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1472,9 +1473,11 @@ async fn a_follower_times_out_on_a_lease_nobody_ends() {
     );
     assert_eq!(started.elapsed(), Duration::from_secs(3));
     assert_eq!(h.origin.hits(), 0);
-    // Polling backs off to 250 ms: about 16 reads in 3 s, not 120.
+    // Polling backs off to 250 ms: in 3 s, the lookup's and the flight's
+    // reads, polls at 25, 75, 175, 375 ms and every 250 ms from 625 ms to
+    // 2,875 ms, and the last look at the deadline: 17 reads, not 120.
     let probes = tier(&h).0.probes.load(Ordering::SeqCst);
-    assert!((10..=20).contains(&probes), "{probes} probes");
+    assert_eq!(probes, 17, "probes");
 }
 
 #[tokio::test(start_paused = true)]
