@@ -141,6 +141,12 @@ impl Proxy {
         self
     }
 
+    /// Starts it on a clock the test moves forward
+    /// ([`RunningProxy::advance_clock`]) instead of sleeping out a TTL.
+    pub fn with_test_clock(self) -> Self {
+        self.env("CORRAL_TEST_CLOCK", "1")
+    }
+
     /// Sets an environment variable for the process (e.g. `RUST_LOG`).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
@@ -299,6 +305,24 @@ impl RunningProxy {
     /// `http://{admin}{path}`.
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin_addr)
+    }
+
+    /// Moves the cache's clock `by` forward (started
+    /// [`Proxy::with_test_clock`]): entries age, TTLs and stale windows run
+    /// out, as if that much time had passed.
+    pub async fn advance_clock(&self, by: Duration) {
+        let url = self.admin_url(&format!("/test/clock?advance_ms={}", by.as_millis()));
+        let answer = reqwest::Client::new()
+            .post(&url)
+            .timeout(crate::DEADLINE)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        assert_eq!(
+            answer.status(),
+            200,
+            "POST {url}: is the proxy started with_test_clock()?"
+        );
     }
 
     /// The process id.

@@ -57,7 +57,10 @@ fn asctime(imf: &str) -> String {
 const PAST_ONE_SECOND: Duration = Duration::from_millis(1200);
 
 async fn proxy_for(origin: &RawOrigin) -> corral_tests::RunningProxy {
-    Proxy::new(Config::single(origin.url())).start().await
+    Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await
 }
 
 /// How many requests for `target` reached the origin.
@@ -305,7 +308,7 @@ async fn a_304_updates_every_stored_field_but_the_framing() {
     let proxy = proxy_for(&origin).await;
     let client = Client::new();
     client.get(&proxy.url("/u304")).await;
-    tokio::time::sleep(PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let a = client.get(&proxy.url("/u304")).await;
     assert_eq!(
         (a.status.as_u16(), a.text()),
@@ -407,7 +410,7 @@ async fn a_conditional_request_revalidated_with_a_304_gets_a_304() {
     let proxy = proxy_for(&origin).await;
     let client = Client::new();
     client.get(&proxy.url("/reval")).await;
-    tokio::time::sleep(PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let a = client
         .get_with(&proxy.url("/reval"), &[("if-modified-since", &modified)])
         .await;
@@ -438,7 +441,7 @@ async fn an_origin_that_closes_without_an_answer_is_an_error_stale_if_error_cove
     let proxy = proxy_for(&origin).await;
     let client = Client::new();
     client.get(&proxy.url("/close")).await;
-    tokio::time::sleep(PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let a = client.get(&proxy.url("/close")).await;
     assert_eq!(
         (a.status.as_u16(), a.text()),
@@ -517,7 +520,7 @@ async fn an_origin_that_closes_mid_body_is_an_error_stale_if_error_covers() {
     let proxy = proxy_for(&origin).await;
     let client = Client::new();
     client.get(&proxy.url("/cut")).await;
-    tokio::time::sleep(PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let a = client.get(&proxy.url("/cut")).await;
     assert_eq!(
         (a.status.as_u16(), a.text()),

@@ -42,13 +42,16 @@ async fn a_failing_refresh_inside_stale_while_revalidate_backs_off() {
         )
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/swr");
     assert_eq!(client.get(&url).await.text(), "kept");
     origin.set_mode(OriginMode::InternalError);
     // Into the stale-while-revalidate window.
-    tokio::time::sleep(ms(1100)).await;
+    proxy.advance_clock(ms(1100)).await;
 
     let before = origin.hits("/swr");
     let answers = paced(&client, &url, 200, Duration::from_secs(2)).await;
@@ -148,12 +151,15 @@ async fn an_instance_without_a_copy_serves_the_redis_copy_when_the_origin_fails(
         .await;
     let proxies = Proxy::new(shared(&origin.url(), &redis))
         .instances(2)
+        .with_test_clock()
         .start_all()
         .await;
     let client = Client::new();
     assert_eq!(client.get(&proxies[0].url("/e")).await.text(), "from redis");
     origin.set_mode(OriginMode::InternalError);
-    tokio::time::sleep(ms(1100)).await;
+    for proxy in &proxies {
+        proxy.advance_clock(ms(1100)).await;
+    }
 
     // Instance B never held it; the origin fails; Redis has the copy.
     let b = client.get(&proxies[1].url("/e")).await;
@@ -181,12 +187,15 @@ async fn a_stale_copy_from_redis_is_labelled_stale_and_refreshed_once() {
         .await;
     let proxies = Proxy::new(shared(&origin.url(), &redis))
         .instances(2)
+        .with_test_clock()
         .start_all()
         .await;
     let client = Client::new();
     assert_eq!(client.get(&proxies[0].url("/r")).await.text(), "v1");
     origin.set_route("/r", Reply::ok("v2").header("cache-control", "max-age=60"));
-    tokio::time::sleep(ms(1100)).await;
+    for proxy in &proxies {
+        proxy.advance_clock(ms(1100)).await;
+    }
 
     let b = client.get(&proxies[1].url("/r")).await;
     assert_eq!(b.text(), "v1");

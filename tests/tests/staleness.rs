@@ -1,13 +1,14 @@
 //! Expiry: stale-while-revalidate, stale-if-error and conditional
-//! revalidation. Sleeps here only let a one-second TTL run out.
+//! revalidation. A TTL runs out when the test moves corral's clock
+//! (`with_test_clock`), not in a sleep.
 
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use corral_tests::{Client, Config, DEADLINE, Origin, OriginMode, Proxy, Reply, Route, eventually};
 
-/// Just past a `max-age=1`.
+/// Just past a `max-age=1`: how far the tests move the clock.
 const PAST_ONE_SECOND: Duration = Duration::from_millis(1200);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,14 +18,16 @@ async fn stale_while_revalidate_serves_stale_at_once_and_refreshes_once_in_backg
         .route("/swr", Reply::ok("v1").header("cache-control", headers))
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/swr");
 
     assert_eq!(client.get(&url).await.text(), "v1");
-    let filled = Instant::now();
     origin.set_route("/swr", Reply::ok("v2").header("cache-control", headers));
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
 
     let stale = client.get(&url).await;
     assert_eq!(stale.status, 200);
@@ -59,15 +62,17 @@ async fn stale_if_error_covers_an_origin_500_within_the_window_only() {
         )
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/sie");
 
     assert_eq!(client.get(&url).await.text(), "v1");
-    let filled = Instant::now();
     origin.set_mode(OriginMode::InternalError);
 
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let stale = client.get(&url).await;
     assert_eq!(stale.status, 200);
     assert_eq!(stale.text(), "v1");
@@ -76,7 +81,9 @@ async fn stale_if_error_covers_an_origin_500_within_the_window_only() {
     assert_eq!(status.detail(), Some("stale-if-error"), "{status}");
     assert_eq!(origin.hits("/sie"), 2, "the origin was asked and failed");
 
-    sleep_until(filled + PAST_STALE_IF_ERROR).await;
+    proxy
+        .advance_clock(PAST_STALE_IF_ERROR - PAST_ONE_SECOND)
+        .await;
     let failed = client.get(&url).await;
     assert_eq!(
         failed.status,
@@ -103,15 +110,17 @@ async fn stale_max_ratio_ends_a_large_default_stale_window_with_the_freshness_li
     let route = Route::new("api", origin.url())
         .cache("stale_if_error", "{ default: 1h }")
         .cache("stale_max_ratio", "1");
-    let proxy = Proxy::new(Config::new().route(route)).start().await;
+    let proxy = Proxy::new(Config::new().route(route))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/ratio");
 
     assert_eq!(client.get(&url).await.text(), "v1");
-    let filled = Instant::now();
     origin.set_mode(OriginMode::InternalError);
 
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let stale = client.get(&url).await;
     assert_eq!(stale.status, 200, "{}", stale.cache_status());
     assert_eq!(stale.text(), "v1");
@@ -119,7 +128,9 @@ async fn stale_max_ratio_ends_a_large_default_stale_window_with_the_freshness_li
 
     // Past the relative bound (one second stale) with a second of margin,
     // still 57 minutes inside the configured default.
-    sleep_until(filled + Duration::from_millis(3100)).await;
+    proxy
+        .advance_clock(Duration::from_millis(3100) - PAST_ONE_SECOND)
+        .await;
     let failed = client.get(&url).await;
     assert_eq!(
         failed.status,
@@ -140,15 +151,17 @@ async fn stale_if_error_covers_a_refused_origin_within_the_window_only() {
         )
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/sie");
 
     assert_eq!(client.get(&url).await.text(), "v1");
-    let filled = Instant::now();
     origin.stop().await;
 
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
     let stale = client.get(&url).await;
     assert_eq!(stale.status, 200);
     assert_eq!(stale.text(), "v1");
@@ -156,7 +169,9 @@ async fn stale_if_error_covers_a_refused_origin_within_the_window_only() {
     assert_eq!(status.fwd(), Some("stale"), "{status}");
     assert_eq!(status.detail(), Some("stale-if-error"), "{status}");
 
-    sleep_until(filled + PAST_STALE_IF_ERROR).await;
+    proxy
+        .advance_clock(PAST_STALE_IF_ERROR - PAST_ONE_SECOND)
+        .await;
     let failed = client.get(&url).await;
     assert_eq!(failed.status, 502, "{}", failed.cache_status());
     assert!(
@@ -178,12 +193,14 @@ async fn a_304_to_if_none_match_refreshes_the_entry_and_the_client_gets_the_stor
         .conditional()
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/etag");
 
     assert_eq!(client.get(&url).await.text(), "original");
-    let filled = Instant::now();
     // Same validator, new body: only an unconditional request can see it.
     origin.set_route(
         "/etag",
@@ -191,7 +208,7 @@ async fn a_304_to_if_none_match_refreshes_the_entry_and_the_client_gets_the_stor
             .header("cache-control", "max-age=1")
             .header("etag", "\"v1\""),
     );
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
 
     let revalidated = client.get(&url).await;
     assert_eq!(revalidated.status, 200);
@@ -220,13 +237,15 @@ async fn a_failing_origin_is_asked_once_per_back_off_while_stale_answers_flow() 
         )
         .start()
         .await;
-    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let proxy = Proxy::new(Config::single(origin.url()))
+        .with_test_clock()
+        .start()
+        .await;
     let client = Client::new();
     let url = proxy.url("/down");
     assert_eq!(client.get(&url).await.text(), "kept");
-    let filled = Instant::now();
     origin.set_mode(OriginMode::InternalError);
-    sleep_until(filled + PAST_ONE_SECOND).await;
+    proxy.advance_clock(PAST_ONE_SECOND).await;
 
     let before = origin.hits("/down");
     let started = Instant::now();

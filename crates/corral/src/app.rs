@@ -28,6 +28,9 @@ pub struct App {
     pub post_memory: Arc<Budget>,
     /// `server.max_header_size`: a larger request head is answered 431.
     pub max_header_size: u64,
+    /// The clock an end-to-end test moves (`CORRAL_TEST_CLOCK=1`); `None`
+    /// in service.
+    pub test_clock: Option<Arc<corral_core::ShiftedClock>>,
     /// `server.trusted_proxies` of the running configuration: swapped on
     /// reload, so that an entry removed from the file (its proxy gone)
     /// stops being trusted at once.
@@ -67,7 +70,18 @@ impl Trust {
 impl App {
     /// Builds the state; with Redis configured, starts connecting to it in
     /// the background (so it must run inside the runtime).
+    /// With `CORRAL_TEST_CLOCK=1` in its environment, its clock is one an
+    /// end-to-end test moves forward through the admin listener.
     pub fn new(config: &Config) -> Result<Self, redis::RedisError> {
+        if std::env::var_os("CORRAL_TEST_CLOCK").is_some_and(|v| v == "1") {
+            tracing::warn!(
+                "CORRAL_TEST_CLOCK=1: the cache's clock moves forward on POST /test/clock; for tests only"
+            );
+            let clock = Arc::new(corral_core::ShiftedClock::default());
+            let mut app = App::on_clock(config, Arc::clone(&clock) as Arc<dyn corral_core::Clock>)?;
+            app.test_clock = Some(clock);
+            return Ok(app);
+        }
         App::on_clock(config, Arc::new(SystemClock))
     }
 
@@ -139,6 +153,7 @@ impl App {
             l2,
             post_memory: Budget::new(config.cache.post_memory),
             max_header_size: config.server.max_header_size,
+            test_clock: None,
             trust: ArcSwap::from_pointee(Trust::new(config)),
         })
     }

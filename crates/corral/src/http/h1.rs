@@ -358,10 +358,8 @@ impl HeadFields {
         }
         let joins = self.open.as_ref() == Some(name);
         match *name {
-            header::CONTENT_LENGTH => {
-                if self.content_length(out, name, value, joins)? {
-                    return Some(());
-                }
+            header::CONTENT_LENGTH if self.content_length(out, name, value, joins)? => {
+                return Some(());
             }
             header::TRANSFER_ENCODING => return self.transfer_encoding(out, name, value, joins),
             header::CONNECTION | header::TRAILER => {

@@ -36,19 +36,51 @@ use crate::app::App;
 use crate::ops::{AdminState, json_line};
 
 pub fn router(state: Arc<AdminState>) -> Router {
-    let views = Router::new()
+    let mut views = Router::new()
         .route("/metrics", get(metrics))
         .route("/purge", axum::routing::post(crate::ops::purge::handle))
         .route("/", get(page))
         .route("/live.js", get(script))
         .route("/live.css", get(style))
         .route("/stats", get(stats))
-        .route("/history", get(history))
-        .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            named_host,
-        ));
+        .route("/history", get(history));
+    if state.app.test_clock.is_some() {
+        views = views.route("/test/clock", axum::routing::post(move_clock));
+    }
+    let views = views.route_layer(axum::middleware::from_fn_with_state(
+        Arc::clone(&state),
+        named_host,
+    ));
     probes().merge(views).with_state(state)
+}
+
+/// `POST /test/clock?advance_ms=N`, served only with `CORRAL_TEST_CLOCK=1`:
+/// moves the cache's clock N ms forward, so that an end-to-end test lets
+/// a TTL run out without sleeping. Answers how far ahead it now is.
+async fn move_clock(
+    State(s): State<Arc<AdminState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> impl IntoResponse {
+    let Some(clock) = &s.app.test_clock else {
+        return (StatusCode::NOT_FOUND, String::new());
+    };
+    let advance = query
+        .as_deref()
+        .and_then(|q| q.strip_prefix("advance_ms="))
+        .and_then(|ms| ms.parse::<u64>().ok());
+    match advance {
+        Some(ms) => {
+            clock.advance(std::time::Duration::from_millis(ms));
+            (
+                StatusCode::OK,
+                format!("ahead_ms {}\n", clock.ahead().as_millis()),
+            )
+        }
+        None => (
+            StatusCode::BAD_REQUEST,
+            "give ?advance_ms=N (milliseconds)\n".to_owned(),
+        ),
+    }
 }
 
 /// The health listener's endpoints: the probes and nothing else.
