@@ -15,8 +15,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use corral_core::envelope;
-use corral_core::rfc9111::sanitize_age;
+use corral_core::wire::envelope;
+use corral_core::semantics::rfc9111::sanitize_age;
 use corral_core::{CacheControl, Decision, RoutePolicy, Sharing, StoredResponse, Vary};
 use http::header::{
     AGE, CACHE_CONTROL, CONTENT_LENGTH, DATE, EXPIRES, HeaderName, LAST_MODIFIED, SET_COOKIE, VARY,

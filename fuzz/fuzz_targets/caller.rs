@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use corral_core::caller::{AccountSources, Caller, JwtKeys, JwtSource, OnInvalid};
+use corral_core::callers::caller::{AccountSources, Caller, JwtKeys, JwtSource, OnInvalid};
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let trusted = trusted & 1 == 1;
     let text = String::from_utf8_lossy(rest);
-    let _ = corral_core::rate_limit::Rate::parse(text.lines().next().unwrap_or(""));
+    let _ = corral_core::callers::rate_limit::Rate::parse(text.lines().next().unwrap_or(""));
     let mut headers = HeaderMap::new();
     for line in text.lines() {
         let Some((name, value)) = line.split_once(':') else {

@@ -11,7 +11,7 @@
 
 use std::net::IpAddr;
 
-use corral_core::client_addr::{Cidr, TrustedProxies, resolve};
+use corral_core::callers::client_addr::{Cidr, TrustedProxies, resolve};
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 

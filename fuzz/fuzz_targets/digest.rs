@@ -9,7 +9,7 @@
 //! appended to any parsable field, and never against those of another body.
 #![no_main]
 
-use corral_core::digest::{self, Algorithm};
+use corral_core::wire::digest::{self, Algorithm};
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 

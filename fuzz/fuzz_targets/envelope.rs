@@ -6,7 +6,7 @@
 #![no_main]
 
 use corral_core::StoredResponse;
-use corral_core::envelope;
+use corral_core::wire::envelope;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

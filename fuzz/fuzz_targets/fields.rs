@@ -14,8 +14,8 @@
 //! is written back by httpdate and reads again as the same instant.
 #![no_main]
 
-use corral_core::range::{self, Selected, Validators};
-use corral_core::rfc9111::parse_http_date;
+use corral_core::semantics::range::{self, Selected, Validators};
+use corral_core::semantics::rfc9111::parse_http_date;
 use http::header::{DATE, ETAG, HeaderName, IF_RANGE, LAST_MODIFIED, RANGE};
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;

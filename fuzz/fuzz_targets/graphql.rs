@@ -6,7 +6,7 @@
 //! `mutation` operation at the top of the document is never a read.
 #![no_main]
 
-use corral_core::graphql::{PostBody, classify};
+use corral_core::wire::graphql::{PostBody, classify};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,5 @@
 //! Arbitrary bytes as the unread start of a client's HTTP/1.1 connection,
-//! read by `corral_core::h1::parse`: which requests corral's own loop
+//! read by `corral_core::semantics::h1::parse`: which requests corral's own loop
 //! serves, and where each ends.
 //!
 //! Invariants: nothing panics; a head taken is GET or HEAD over HTTP/1.1,
@@ -11,7 +11,7 @@
 #![no_main]
 
 use bytes::Bytes;
-use corral_core::h1::{Parsed, parse};
+use corral_core::semantics::h1::{Parsed, parse};
 use http::{Method, Version};
 use libfuzzer_sys::fuzz_target;
 
@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-fn parse_fast(data: &[u8]) -> corral_core::h1::FastHead {
+fn parse_fast(data: &[u8]) -> corral_core::semantics::h1::FastHead {
     match parse(data, &mut Vec::new()) {
         Parsed::Fast(h) => h,
         _ => unreachable!("parsed as a head above"),

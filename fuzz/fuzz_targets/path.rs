@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a request path, through `corral_core::path::normalize`
+//! Arbitrary bytes as a request path, through `corral_core::semantics::path::normalize`
 //! (the form routing, the key and the upstream target all use).
 //!
 //! Invariants: nothing panics; a path that is refused stays refused with a
@@ -9,7 +9,7 @@
 //! are upper-case hex of reserved or non-ASCII bytes only.
 #![no_main]
 
-use corral_core::path::normalize;
+use corral_core::semantics::path::normalize;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,7 +8,7 @@
 //! never refused.
 #![no_main]
 
-use corral_core::proxy_protocol::{Parsed, V1_MAX, V2_MAX, parse};
+use corral_core::wire::proxy_protocol::{Parsed, V1_MAX, V2_MAX, parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,7 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use corral_core::head::{BadHead, RequestBody, RequestHead, parse_authority};
+use corral_core::semantics::head::{BadHead, RequestBody, RequestHead, parse_authority};
 use corral_core::{IdentityRules, PrimaryKey, QueryFilter, UriKey, Vary};
 use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HeaderName, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};

@@ -53,7 +53,7 @@ pub const REDIS_AUTH_KEY: &str = "corral-tests-fleet-key-0123456789abcdef";
 /// heartbeat under `instance`: what a test plants to play a (compromised
 /// or buggy) member of the fleet rather than an outsider.
 pub fn sealed_heartbeat(instance: &str, summary: &str) -> String {
-    use corral_core::peer_auth::{PeerAuth, PeerKey, Record};
+    use corral_core::callers::peer_auth::{PeerAuth, PeerKey, Record};
     let key = PeerKey::new(REDIS_AUTH_KEY.as_bytes()).expect("the test key is long enough");
     PeerAuth::Key(key).seal_text(Record::Heartbeat, instance, summary)
 }

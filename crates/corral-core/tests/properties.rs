@@ -13,10 +13,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use corral_core::envelope;
-use corral_core::head::{RequestBody, RequestHead};
 use corral_core::normalized_value;
-use corral_core::rfc9111::sanitize_age;
+use corral_core::semantics::head::{RequestBody, RequestHead};
+use corral_core::semantics::rfc9111::sanitize_age;
+use corral_core::wire::envelope;
 use corral_core::{
     Freshness, Identity, IdentityRules, PrimaryKey, QueryFilter, Sharing, StoredResponse, UriKey,
     Vary,
@@ -1186,7 +1186,7 @@ proptest! {
     fn http_dates_round_trip_in_all_three_formats(
         (secs, year, month, day, h, m, s) in civil_second()
     ) {
-        use corral_core::rfc9111::parse_http_date;
+        use corral_core::semantics::rfc9111::parse_http_date;
         let t = UNIX_EPOCH + Duration::from_secs(secs);
         let wd = usize::try_from((secs / 86400) % 7).expect("weekday");
         let mon = MONTH_NAMES[usize::try_from(month - 1).expect("month")];
@@ -1225,7 +1225,7 @@ proptest! {
             .zip(flips)
             .map(|(c, up)| if up { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() })
             .collect();
-        prop_assert_eq!(corral_core::rfc9111::parse_http_date(&cased), Some(t), "{}", cased);
+        prop_assert_eq!(corral_core::semantics::rfc9111::parse_http_date(&cased), Some(t), "{}", cased);
     }
 
     /// Whitespace the grammar does not have makes a date invalid.
@@ -1238,16 +1238,16 @@ proptest! {
         let imf = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
         let mut spaced = imf.clone();
         spaced.insert_str(at.min(imf.len()), ws);
-        prop_assert_eq!(corral_core::rfc9111::parse_http_date(&spaced), None, "{}", spaced);
+        prop_assert_eq!(corral_core::semantics::rfc9111::parse_http_date(&spaced), None, "{}", spaced);
     }
 
     /// No input makes the date parser panic, and what it accepts it reads
     /// again from corral's own rendering.
     #[test]
     fn http_date_parser_never_panics(text in "\\PC{0,40}") {
-        if let Some(t) = corral_core::rfc9111::parse_http_date(&text) {
+        if let Some(t) = corral_core::semantics::rfc9111::parse_http_date(&text) {
             prop_assert_eq!(
-                corral_core::rfc9111::parse_http_date(&httpdate::fmt_http_date(t)),
+                corral_core::semantics::rfc9111::parse_http_date(&httpdate::fmt_http_date(t)),
                 Some(t)
             );
         }
@@ -1261,7 +1261,7 @@ proptest! {
         ows in select(&["", " ", "\t", "  "][..]),
         junk in header_bytes(12),
     ) {
-        use corral_core::rfc9111::first_age;
+        use corral_core::semantics::rfc9111::first_age;
         let mut text = format!("{ows}{first}{ows}");
         for r in &rest {
             text.push_str(&format!(",{ows}{r}"));
@@ -1297,7 +1297,7 @@ proptest! {
         let cc = corral_core::CacheControl::parse(&h);
         prop_assert_eq!(cc.max_age, Some(max_age));
         prop_assert!(cc.public && cc.no_cache);
-        let lowered = corral_core::rfc9111::lowercase_names(&text);
+        let lowered = corral_core::semantics::rfc9111::lowercase_names(&text);
         prop_assert_eq!(
             lowered,
             format!("max-age={max_age}, public, no-cache=\"Set-Cookie\"")
@@ -1322,7 +1322,7 @@ proptest! {
         span in 0u64..6000,
         suffix in 0u64..6000,
     ) {
-        use corral_core::range::{Selected, Validators, select};
+        use corral_core::semantics::range::{Selected, Validators, select};
         let sel = |text: &[u8]| select(Some(&value(text)), None, len, Validators::default());
         if let Selected::Part { first, last } = sel(&raw) {
             prop_assert!(first <= last && last < len);
@@ -1478,12 +1478,12 @@ proptest! {
     /// name one resource to corral and another to the origin.
     #[test]
     fn routing_the_key_and_the_upstream_target_read_one_path(raw in raw_path()) {
-        let Ok(normal) = corral_core::path::normalize(&raw) else {
+        let Ok(normal) = corral_core::semantics::path::normalize(&raw) else {
             prop_assert!(head_for(&raw).is_none() || http::Uri::try_from(raw.as_str()).is_err());
             return Ok(());
         };
         // Idempotent: the form forwarded is the form routed on.
-        let again = corral_core::path::normalize(&normal).map(|p| p.into_owned());
+        let again = corral_core::semantics::path::normalize(&normal).map(|p| p.into_owned());
         prop_assert_eq!(again.as_deref(), Ok(&*normal));
         // Nothing left an origin could resolve differently.
         prop_assert!(!normal.contains("//") && !normal.contains("/./") && !normal.contains("/../"));

@@ -49,10 +49,10 @@ pub struct App {
 
 /// The trust list, and per entry the count of requests it vouched for.
 pub struct Trust {
-    pub proxies: corral_core::client_addr::TrustedProxies,
+    pub proxies: corral_core::callers::client_addr::TrustedProxies,
     pub vouched: Vec<metrics::Counter>,
     /// `callers.account`: where accounts come from (key files included).
-    pub accounts: Arc<corral_core::caller::AccountSources>,
+    pub accounts: Arc<corral_core::callers::caller::AccountSources>,
 }
 
 impl Trust {

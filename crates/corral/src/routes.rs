@@ -194,7 +194,7 @@ impl Route {
 
     /// True when `path` starts with the route's prefix: in ASCII case-
     /// folded form unless the route is case-sensitive. The normal form of
-    /// a path ([`corral_core::path::normalize`]) leaves only ASCII, with
+    /// a path ([`corral_core::semantics::path::normalize`]) leaves only ASCII, with
     /// unreserved characters decoded, so folding its bytes folds letters.
     fn prefix_of(&self, path: &str) -> bool {
         if self.case_sensitive {

@@ -145,8 +145,8 @@ pub fn decode_passed(headers: &mut HeaderMap, body: &[u8], limit: u64) -> Option
     let coding = Coding::from_name(only.to_str().ok()?.trim())?;
     let body = decompress(coding, body, limit)?;
     headers.remove(CONTENT_ENCODING);
-    headers.remove(corral_core::digest::CONTENT_DIGEST.clone());
-    headers.remove(corral_core::digest::REPR_DIGEST.clone());
+    headers.remove(corral_core::wire::digest::CONTENT_DIGEST.clone());
+    headers.remove(corral_core::wire::digest::REPR_DIGEST.clone());
     headers.remove(http::header::CONTENT_LENGTH);
     if let Some(weak) = headers
         .get(ETAG)
@@ -187,8 +187,8 @@ fn decoded(
     add_vary(&mut as_sent);
     let mut plain = as_sent.clone();
     plain.remove(CONTENT_ENCODING);
-    plain.remove(corral_core::digest::CONTENT_DIGEST.clone());
-    plain.remove(corral_core::digest::REPR_DIGEST.clone());
+    plain.remove(corral_core::wire::digest::CONTENT_DIGEST.clone());
+    plain.remove(corral_core::wire::digest::REPR_DIGEST.clone());
     // The origin's validator names its encoded bytes; the decoded ones
     // are the same content, not the same bytes: a weak validator.
     if let Some(weak) = plain
@@ -317,8 +317,8 @@ pub fn encoded_headers(identity: &HeaderMap, coding: Coding) -> HeaderMap {
     let mut headers = identity.clone();
     headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.as_str()));
     // Digests of the unencoded content say nothing of these bytes.
-    headers.remove(corral_core::digest::CONTENT_DIGEST.clone());
-    headers.remove(corral_core::digest::REPR_DIGEST.clone());
+    headers.remove(corral_core::wire::digest::CONTENT_DIGEST.clone());
+    headers.remove(corral_core::wire::digest::REPR_DIGEST.clone());
     if let Some(etag) = headers.get(ETAG).and_then(|v| v.to_str().ok())
         && let Some(tagged) = etag_for(etag, coding)
         && let Ok(v) = HeaderValue::from_str(&tagged)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::Body;
-use corral_core::head::RequestBody;
+use corral_core::semantics::head::RequestBody;
 use corral_core::{Decision, Detail, Forward, PassReason, StoredResponse, merge_not_modified};
 use http::header::{CONTENT_LENGTH, ETAG, LAST_MODIFIED};
 use http::header::{

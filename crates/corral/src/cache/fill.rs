@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use corral_core::head::RequestHead;
+use corral_core::semantics::head::RequestHead;
 use corral_core::{Budget, Clock, Flights, L1};
 use corral_core::{
     Detail, Digest, Forward, Identity, PassReason, PrimaryKey, StoredResponse, VariantKey, Vary,
@@ -380,7 +380,7 @@ impl FillRequest {
     }
 
     /// The class of caller its hit-for-pass marker and back-off are kept
-    /// for ([`corral_core::identity::pass_class`]).
+    /// for ([`corral_core::model::identity::pass_class`]).
     pub fn pass_class(&self) -> Option<Identity> {
         corral_core::pass_class(self.identity.as_ref(), &self.head.headers)
     }

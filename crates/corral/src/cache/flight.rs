@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use corral_core::miss::{Miss, Next, WaitEnd};
+use corral_core::model::miss::{Miss, Next, WaitEnd};
 use corral_core::{Detail, Forward, Join, PassReason, Permit, Role, WaitResult};
 use http::StatusCode;
 use tokio::sync::oneshot;

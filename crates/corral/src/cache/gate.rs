@@ -90,7 +90,7 @@ async fn share_backoff(fill: &FillRequest) {
 /// is not one client's to make (see `Verdict`). True when the key's
 /// shared record moved.
 fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
-    let caller = corral_core::client_addr::caller_group(fill.head.client);
+    let caller = corral_core::callers::client_addr::caller_group(fill.head.client);
     fill.route.circuit.record(match verdict {
         Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
         Verdict::OriginFault => Evidence::Unreachable,

@@ -2,7 +2,7 @@
 //! groups RFC 9875's Cache-Group-Invalidation names) and a purge retire,
 //! here and, through the shared tier, on every instance.
 
-use corral_core::head::RequestHead;
+use corral_core::semantics::head::RequestHead;
 use corral_core::{Ban, BanTarget, PrimaryKey, UriKey};
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Uri};
@@ -84,7 +84,7 @@ pub async fn after_write(
         // Only the same origin: a response must not evict another site's
         // entries (RFC 9111 §4.4).
         let same_origin = uri.authority().is_none_or(|a| {
-            corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
+            corral_core::semantics::head::parse_authority(a.as_str().as_bytes()).as_deref()
                 == Some(ctx.host.as_str())
         });
         if !same_origin || !uri.path().starts_with('/') {
@@ -92,7 +92,7 @@ pub async fn after_write(
         }
         // Keys hold the normal form of a path; one no request could have
         // is in no key.
-        let Ok(path) = corral_core::path::normalize(uri.path()) else {
+        let Ok(path) = corral_core::semantics::path::normalize(uri.path()) else {
             continue;
         };
         let target = routes.find(&ctx.host, &path).map_or(route, |r| r.as_ref());

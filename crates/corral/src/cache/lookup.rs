@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use corral_core::head::RequestHead;
-use corral_core::miss::{Found, Lookup, Miss};
+use corral_core::model::miss::{Found, Lookup, Miss};
+use corral_core::semantics::head::RequestHead;
 use corral_core::{
     CacheStatus, Detail, Digest, EntryState, Forward, Identity, PathRule, PathScope, PrimaryKey,
-    UriKey, Vary, xfetch,
+    UriKey, Vary, model::xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -343,7 +343,7 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
     // The key's back-off, or this caller's own (see `gate::judge`): either
     // leaves this caller to the stale copy. Its own never stops a fetch,
     // which would fail the callers who joined its flight with it.
-    let caller = || corral_core::client_addr::caller_group(ctx.client);
+    let caller = || corral_core::callers::client_addr::caller_group(ctx.client);
     let backoff = cache.l1.active_backoff(scope, now).or_else(|| {
         cache
             .l1

@@ -1,7 +1,7 @@
 //! The miss path, as layers that each hold the one below and never call
 //! back up:
 //!
-//! 1. `lookup`: keys, L1, `corral_core::miss` decisions, answers from a
+//! 1. `lookup`: keys, L1, `corral_core::model::miss` decisions, answers from a
 //!    stored copy;
 //! 2. `flight`: the key's flight in this process (join, lead, follow, the
 //!    waiter cap, `on_timeout`, lock age), answering each waiter through

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use axum::body::Body;
 use bytes::Bytes;
-use corral_core::range;
+use corral_core::semantics::range;
 use corral_core::{CacheLabel, CacheStatus, Coding, Detail, Forward, StoredResponse};
 use http::header::{
     AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, DATE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
@@ -37,7 +37,7 @@ pub struct Answer {
 }
 
 /// A whole answer from a stored entry, as an HTTP/1.1 connection writes
-/// it: the entry's [`WireHead`](corral_core::entry::WireHead), then `Age`,
+/// it: the entry's [`WireHead`](corral_core::model::entry::WireHead), then `Age`,
 /// `Cache-Status` and `Content-Length`, `Date` where the head has none, and
 /// the body. Made only where nothing is added to the answer after the
 /// cache (see [`hit`]).
@@ -93,7 +93,7 @@ impl Wire {
         headers.insert(AGE, age_value(self.age));
         headers.insert(CACHE_STATUS.clone(), self.cache_status);
         if let Some(id) = self.request_id {
-            headers.insert(corral_core::head::X_REQUEST_ID.clone(), id);
+            headers.insert(corral_core::semantics::head::X_REQUEST_ID.clone(), id);
         }
         let mut res = Response::new(Body::from(self.entry.body().clone()));
         *res.status_mut() = self.entry.status();
@@ -290,7 +290,7 @@ fn answer(
 
 /// `Age: secs`, made without an allocation below 10,000 seconds.
 fn age_value(secs: u64) -> HeaderValue {
-    corral_core::h1::small_decimal(secs)
+    corral_core::semantics::h1::small_decimal(secs)
         .and_then(|d| HeaderValue::from_maybe_shared(Bytes::from_static(d)).ok())
         .unwrap_or_else(|| HeaderValue::from(secs))
 }
@@ -378,7 +378,7 @@ fn not_modified(entry: &StoredResponse, request: &HeaderMap, asked: &Asked<'_>) 
     let Some(since) = asked
         .if_modified_since
         .and_then(|v| v.to_str().ok())
-        .and_then(corral_core::rfc9111::parse_http_date)
+        .and_then(corral_core::semantics::rfc9111::parse_http_date)
     else {
         return false;
     };
@@ -389,7 +389,7 @@ fn not_modified(entry: &StoredResponse, request: &HeaderMap, asked: &Asked<'_>) 
                 .headers()
                 .get(h)
                 .and_then(|v| v.to_str().ok())
-                .and_then(corral_core::rfc9111::parse_http_date)
+                .and_then(corral_core::semantics::rfc9111::parse_http_date)
         })
         .unwrap_or_else(|| entry.response_time());
     modified <= since

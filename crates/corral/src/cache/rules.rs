@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use corral_core::head::RequestHead;
+use corral_core::semantics::head::RequestHead;
 use corral_core::{NoVarySearch, PathRule, PathScope, UriKey};
 use http::{HeaderMap, Method};
 

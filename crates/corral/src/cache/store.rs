@@ -50,10 +50,11 @@ pub(crate) fn aliases(fill: &FillRequest, entry: &StoredResponse) -> Vec<(Primar
         return Vec::new();
     };
     let same_host = named.authority().is_none_or(|a| {
-        corral_core::head::parse_authority(a.as_str().as_bytes()).as_deref()
+        corral_core::semantics::head::parse_authority(a.as_str().as_bytes()).as_deref()
             == Some(head.host.as_str())
     });
-    let same_path = corral_core::path::normalize(named.path()).is_ok_and(|p| p == head.path);
+    let same_path =
+        corral_core::semantics::path::normalize(named.path()).is_ok_and(|p| p == head.path);
     if !same_host
         || !same_path
         || named
@@ -392,8 +393,8 @@ pub(crate) fn checked(
     body: &Bytes,
 ) -> Result<(), UpstreamError> {
     let whole = parts.status != http::StatusCode::PARTIAL_CONTENT;
-    let expected = corral_core::digest::expected(&parts.headers, whole);
-    corral_core::digest::verify(&expected, body).map_err(|m| {
+    let expected = corral_core::wire::digest::expected(&parts.headers, whole);
+    corral_core::wire::digest::verify(&expected, body).map_err(|m| {
         crate::telemetry::metrics::digest_mismatch(&fill.route.name, m.field);
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "{m}");
         UpstreamError::Digest(m)

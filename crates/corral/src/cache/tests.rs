@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use corral_core::head::{RequestBody, RequestHead};
+use corral_core::semantics::head::{RequestBody, RequestHead};
 use corral_core::{
     Backoff, Clock, Decision, Detail, Digest, Identity, PausedClock, PrimaryKey, StoredResponse,
     UriKey, Vary,
@@ -1147,7 +1147,7 @@ async fn failures_of_callers_on_two_instances_back_the_key_off() {
     );
     let keys = h.keys("/a");
     let policy = h.route("/a").backoff;
-    let other = corral_core::client_addr::caller_group([198, 51, 100, 7].into());
+    let other = corral_core::callers::client_addr::caller_group([198, 51, 100, 7].into());
     let theirs = policy
         .after_failure_of(None, other, h.clock.now())
         .expect("counted");

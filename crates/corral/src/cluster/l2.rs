@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use corral_core::peer_auth::Record;
-use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary, envelope};
+use corral_core::callers::peer_auth::Record;
+use corral_core::wire::envelope;
+use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
 use futures_util::future::BoxFuture;
 use http::header::HeaderName;
 

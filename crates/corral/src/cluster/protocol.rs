@@ -198,7 +198,7 @@ return #vs
     )
 });
 
-/// One GCRA decision (`corral_core::rate_limit::Gcra::decide`, the same
+/// One GCRA decision (`corral_core::callers::rate_limit::Gcra::decide`, the same
 /// arithmetic) on Redis's clock, so instances with skewed clocks count
 /// alike. ARGV: emission and tolerance in µs. Returns
 /// `{allowed, remaining, retry_after_us, reset_us}`. The TAT is written

@@ -26,7 +26,7 @@ use crate::cluster::protocol::{
 };
 use crate::cluster::redis_link::{Reconnect, RedisLink};
 use crate::cluster::trust::Trust;
-use corral_core::peer_auth::Record;
+use corral_core::callers::peer_auth::Record;
 
 struct Channel {
     tx: broadcast::Sender<FillNotice>,

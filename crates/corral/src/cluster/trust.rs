@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use corral_core::peer_auth::{PeerAuth, PeerAuthError, Record};
+use corral_core::callers::peer_auth::{PeerAuth, PeerAuthError, Record};
 use tokio::time::Instant;
 
 /// The most often a refusal is logged: a flood of forged records costs one

@@ -99,7 +99,7 @@ pub struct ListenTls {
 pub struct CallersConfig {
     /// How a request's account is found; the key files are read when the
     /// configuration is loaded (and reloaded).
-    pub account: std::sync::Arc<corral_core::caller::AccountSources>,
+    pub account: std::sync::Arc<corral_core::callers::caller::AccountSources>,
     /// Callers counted in this process at once (the local limiter, and the
     /// fallback when Redis is out of reach); the least used are forgotten.
     pub local_buckets: u64,
@@ -144,7 +144,7 @@ pub struct LimitConfig {
     /// Unique in the route, `[A-Za-z0-9_-]+`: in headers, metrics and logs.
     pub name: String,
     pub key: LimitKey,
-    pub rate: corral_core::rate_limit::Rate,
+    pub rate: corral_core::callers::rate_limit::Rate,
     /// Requests let through at once; default: the rate's count.
     pub burst: u32,
     /// Whether answers from the cache count (default false: a hit costs
@@ -215,7 +215,7 @@ pub struct ServerConfig {
     pub admin_hosts: Vec<String>,
     /// Proxies whose `X-Forwarded-For` / `Forwarded` is believed (empty:
     /// nobody's; the peer is the client).
-    pub trusted_proxies: corral_core::client_addr::TrustedProxies,
+    pub trusted_proxies: corral_core::callers::client_addr::TrustedProxies,
     /// Every client connection opens with a PROXY protocol header (v1 or
     /// v2) from a TCP load balancer; its address is the peer.
     pub listen_proxy_protocol: bool,
@@ -344,7 +344,7 @@ pub struct RedisConfig {
     /// with neither is refused unless it says `auth: none`, which trusts
     /// whoever can write to Redis. A record that does not verify is a miss
     /// (`corral_redis_unauthenticated_records_total`), never served.
-    pub auth: corral_core::peer_auth::PeerAuth,
+    pub auth: corral_core::callers::peer_auth::PeerAuth,
 }
 
 /// How corral finds Redis: exactly one of `redis.url`, `redis.cluster`

@@ -733,7 +733,7 @@ fn redis_auth_needs_a_key_or_an_explicit_none() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         off.redis.map(|r| r.auth),
-        Some(corral_core::peer_auth::PeerAuth::Off)
+        Some(corral_core::callers::peer_auth::PeerAuth::Off)
     ));
     let bad = refused(&redis_with(&format!("{base}  auth: maybe\n")));
     assert_eq!(bad.field, "redis.auth", "{bad}");
@@ -755,7 +755,7 @@ fn redis_auth_key_file_is_read_and_must_be_long_enough() {
     let keyed = parse(FILE, &with(&long)).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         keyed.redis.map(|r| r.auth),
-        Some(corral_core::peer_auth::PeerAuth::Key(_))
+        Some(corral_core::callers::peer_auth::PeerAuth::Key(_))
     ));
     // The trailing newline is not part of the key: 31 bytes are refused.
     let error = refused(&with(&short));

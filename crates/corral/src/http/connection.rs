@@ -29,7 +29,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
-use corral_core::proxy_protocol::{self, Header, Parsed};
+use corral_core::wire::proxy_protocol::{self, Header, Parsed};
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;

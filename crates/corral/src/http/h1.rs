@@ -6,7 +6,7 @@
 //! give it, in one vectored write when the body is whole.
 //!
 //! It is narrow on purpose. The first request it does not take (see
-//! `corral_core::h1`: another method or version, a body or the fields that
+//! `corral_core::semantics::h1`: another method or version, a body or the fields that
 //! frame one, `Expect`, `Upgrade`, `TE`, a target that is not origin-form,
 //! too many fields, an HTTP/2 preface, anything `httparse` refuses; or a
 //! head past the buffer) is handed, with every byte read so far, to hyper
@@ -33,7 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use corral_core::h1::{Parsed, decimal, has_token, parse};
+use corral_core::semantics::h1::{Parsed, decimal, has_token, parse};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
@@ -525,7 +525,7 @@ fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
     out.extend_from_slice(wire.head());
     out.extend_from_slice(b"age: ");
     out.extend_from_slice(
-        corral_core::h1::small_decimal(wire.age())
+        corral_core::semantics::h1::small_decimal(wire.age())
             .unwrap_or_else(|| decimal(wire.age(), &mut digits)),
     );
     out.extend_from_slice(b"\r\ncache-status: ");

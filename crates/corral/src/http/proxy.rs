@@ -34,7 +34,7 @@ use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
 use crate::telemetry::metrics;
-use corral_core::head::{OriginVisit, RequestBody, RequestHead};
+use corral_core::semantics::head::{OriginVisit, RequestBody, RequestHead};
 
 /// The client listener's handler: every request to [`handle`], called
 /// directly by the connection.
@@ -81,7 +81,8 @@ pub fn handle(
     // stripped: the peer, unless a trusted proxy vouches for another.
     let client = {
         let trust = app.trust();
-        let client = corral_core::client_addr::resolve(peer.ip(), req.headers(), &trust.proxies);
+        let client =
+            corral_core::callers::client_addr::resolve(peer.ip(), req.headers(), &trust.proxies);
         count_vouchers(&trust, &client);
         client
     };
@@ -157,7 +158,7 @@ impl Done {
         self,
         route: Option<Arc<Route>>,
         answer: Answer,
-        client: &corral_core::client_addr::ClientAddr,
+        client: &corral_core::callers::client_addr::ClientAddr,
     ) -> Reply {
         let Answer {
             response: mut res,
@@ -260,7 +261,7 @@ enum Step {
 fn route_now(
     app: &App,
     peer: crate::http::connection::Peer,
-    client: &corral_core::client_addr::ClientAddr,
+    client: &corral_core::callers::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> Step {
     let crate::http::connection::Peer {
@@ -294,7 +295,10 @@ fn route_now(
 }
 
 /// One count per trust entry that vouched for a hop of this request.
-fn count_vouchers(trust: &crate::app::Trust, client: &corral_core::client_addr::ClientAddr) {
+fn count_vouchers(
+    trust: &crate::app::Trust,
+    client: &corral_core::callers::client_addr::ClientAddr,
+) {
     for (n, i) in client.vouchers.iter().enumerate() {
         // Each entry once per request, however many hops it vouched for.
         if client.vouchers[..n].contains(i) {
@@ -336,7 +340,7 @@ fn validated(
     peer: SocketAddr,
     body: &Body,
     tls: bool,
-    client: &corral_core::client_addr::ClientAddr,
+    client: &corral_core::callers::client_addr::ClientAddr,
 ) -> Result<RequestHead, Box<Answer>> {
     match RequestHead::parse(parts, peer.ip(), crate::origin::request::body_of(body)) {
         Ok(h) => Ok(RequestHead {
@@ -368,8 +372,8 @@ fn accounts_of(
     app: &App,
     route: &Route,
     head: &mut RequestHead,
-    client: &corral_core::client_addr::ClientAddr,
-) -> Option<Arc<corral_core::caller::AccountSources>> {
+    client: &corral_core::callers::client_addr::ClientAddr,
+) -> Option<Arc<corral_core::callers::caller::AccountSources>> {
     let trust = app.trust();
     if client.vouchers.is_empty()
         && let Some(name) = &trust.accounts.header
@@ -386,7 +390,7 @@ struct Routed {
     route: Arc<Route>,
     head: RequestHead,
     body: Body,
-    accounts: Option<Arc<corral_core::caller::AccountSources>>,
+    accounts: Option<Arc<corral_core::callers::caller::AccountSources>>,
     /// GET or HEAD through the cache.
     cached: bool,
     /// A coalesced POST or a QUERY: its content is read and keyed.
@@ -398,7 +402,7 @@ fn routed(
     app: &App,
     peer: SocketAddr,
     tls: bool,
-    client: &corral_core::client_addr::ClientAddr,
+    client: &corral_core::callers::client_addr::ClientAddr,
     req: Request<Body>,
 ) -> Result<Routed, Box<Answer>> {
     let (mut parts, body) = req.into_parts();
@@ -418,8 +422,8 @@ fn routed(
     };
     // Before anything reads the fields (limits, identity, the key): a
     // field spelled with `_` is another's at a CGI-style origin.
-    if corral_core::head::has_underscored(&head.headers) {
-        corral_core::head::strip_underscored(
+    if corral_core::semantics::head::has_underscored(&head.headers) {
+        corral_core::semantics::head::strip_underscored(
             &mut head.headers,
             route.underscores_in_headers,
             app.trust().accounts.header.as_ref(),
@@ -472,7 +476,7 @@ async fn route_request(
     app: Arc<App>,
     interim: Option<Interim>,
     upstream: crate::origin::descriptors::Own,
-    client: &corral_core::client_addr::ClientAddr,
+    client: &corral_core::callers::client_addr::ClientAddr,
     routed: Routed,
 ) -> (Option<Arc<Route>>, Answer) {
     let Routed {
@@ -553,8 +557,8 @@ async fn counted(
     app: &Arc<App>,
     route: &Arc<Route>,
     head: &RequestHead,
-    client: &corral_core::client_addr::ClientAddr,
-    accounts: &corral_core::caller::AccountSources,
+    client: &corral_core::callers::client_addr::ClientAddr,
+    accounts: &corral_core::callers::caller::AccountSources,
     spared: bool,
 ) -> Result<(Vec<crate::limits::Tally>, Option<Arc<Gate>>), Box<Answer>> {
     let refused = |r| Box::new(crate::http::refusal::answer(r));
@@ -575,10 +579,10 @@ async fn counted(
 }
 
 /// True when identical copies of this POST body may share one origin
-/// request: see [`corral_core::graphql::classify`].
+/// request: see [`corral_core::wire::graphql::classify`].
 fn post_coalescible(head: &RequestHead, body: &[u8]) -> bool {
     let field = |name| head.headers.get(name).map(http::HeaderValue::as_bytes);
-    corral_core::graphql::classify(
+    corral_core::wire::graphql::classify(
         field(http::header::CONTENT_TYPE),
         field(http::header::CONTENT_ENCODING),
         body,
@@ -818,7 +822,7 @@ async fn forward_uncached(
             return respond::error(e.status(), fwd, e.detail(), e.received_status());
         }
     };
-    if !corral_core::head::is_safe(&head.method)
+    if !corral_core::semantics::head::is_safe(&head.method)
         && (parts.status.is_success() || parts.status.is_redirection())
     {
         crate::cache::invalidate::after_write(

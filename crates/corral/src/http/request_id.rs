@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use corral_core::head::X_REQUEST_ID;
+pub use corral_core::semantics::head::X_REQUEST_ID;
 use http::{HeaderMap, HeaderValue};
 
 /// The longest id taken from a client.

@@ -2,7 +2,7 @@
 //! of the origin, `upstream_concurrency`, is `origin/slots.rs`.) A
 //! refusal is a [`Refusal`], which `http` answers.
 //!
-//! A request's caller is resolved once: its account (`corral_core::caller`)
+//! A request's caller is resolved once: its account (`corral_core::callers::caller`)
 //! and its real address (`server.trusted_proxies`). Each limit names what
 //! it counts; the count is one GCRA state per (route, limit, caller), kept
 //! in Redis when there is Redis, so every instance adds to the same total,
@@ -18,8 +18,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use corral_core::caller::{AccountSources, Caller};
-use corral_core::rate_limit::{Decision, Gcra};
+use corral_core::callers::caller::{AccountSources, Caller};
+use corral_core::callers::rate_limit::{Decision, Gcra};
 
 use http::HeaderValue;
 
@@ -106,7 +106,7 @@ impl Who {
         limits: &RouteLimits,
         sources: &AccountSources,
         headers: &http::HeaderMap,
-        client: &corral_core::client_addr::ClientAddr,
+        client: &corral_core::callers::client_addr::ClientAddr,
     ) -> Result<Who, Refusal> {
         let account = if limits.counts_accounts {
             let now = std::time::SystemTime::now()

@@ -161,8 +161,8 @@ fn uri_prefix(s: &str) -> Option<String> {
         Some(i) => rest.split_at(i),
         None => (rest, "/"),
     };
-    let host =
-        corral_core::head::parse_authority(authority.as_bytes()).filter(|h| !h.is_empty())?;
+    let host = corral_core::semantics::head::parse_authority(authority.as_bytes())
+        .filter(|h| !h.is_empty())?;
     Some(format!("{host}{path}"))
 }
 
@@ -172,11 +172,11 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
         .authority()
         .map(|a| a.as_str())
         .ok_or("url must be absolute: http://host/path")?;
-    let host = corral_core::head::parse_authority(authority.as_bytes())
+    let host = corral_core::semantics::head::parse_authority(authority.as_bytes())
         .filter(|h| !h.is_empty())
         .ok_or("url must name a valid host")?;
     // The path in the form requests are routed and keyed on.
-    let path = corral_core::path::normalize(uri.path())
+    let path = corral_core::semantics::path::normalize(uri.path())
         .map_err(|_| "url's path is refused as a request's would be (encoded '/', '..' above the root, bad escapes)")?;
     let routes = app.routes();
     let route = routes

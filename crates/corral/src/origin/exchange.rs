@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use corral_core::head::{RequestBody, RequestHead};
+use corral_core::semantics::head::{RequestBody, RequestHead};
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Method, Request, Response, Uri, response};
 use tokio::time::Instant;
@@ -125,7 +125,9 @@ pub async fn exchange(
     // The answer's id is the request's, which corral sets on every answer;
     // an origin's echo would be stored and served to the next caller
     // beside that caller's own.
-    parts.headers.remove(&corral_core::head::X_REQUEST_ID);
+    parts
+        .headers
+        .remove(&corral_core::semantics::head::X_REQUEST_ID);
     Ok(Answered {
         parts,
         body,

@@ -203,7 +203,7 @@ pub fn forward_to<B>(sender: Option<Sender>, req: &mut http::Request<B>) {
 /// less the hop-by-hop ones.
 fn encode(status: StatusCode, headers: &HeaderMap) -> Bytes {
     let mut fields = headers.clone();
-    corral_core::hop_by_hop::strip(&mut fields);
+    corral_core::semantics::hop_by_hop::strip(&mut fields);
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());

@@ -4,7 +4,7 @@
 //! sends; `X-Forwarded-*` and `Via` are corral's own.
 
 use axum::body::Body;
-use corral_core::head::{RequestBody, RequestHead};
+use corral_core::semantics::head::{RequestBody, RequestHead};
 use http::header::{
     CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HOST, HeaderName, TRANSFER_ENCODING,
     VIA,

@@ -49,7 +49,7 @@ pub enum UpstreamError {
     /// The body arrived whole but not as its `Content-Digest` or
     /// `Repr-Digest` says (RFC 9530).
     #[error("the upstream's body failed its integrity check: {0}")]
-    Digest(corral_core::digest::Mismatch),
+    Digest(corral_core::wire::digest::Mismatch),
     /// The body is in a coding its caller does not accept, and corral
     /// could not decode it for that caller.
     #[error("the upstream's body is {0}")]
@@ -123,8 +123,8 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
     } else {
         Framing::Plain
     };
-    corral_core::hop_by_hop::strip(&mut parts.headers);
-    corral_core::rfc9111::sanitize_age(&mut parts.headers);
+    corral_core::semantics::hop_by_hop::strip(&mut parts.headers);
+    corral_core::semantics::rfc9111::sanitize_age(&mut parts.headers);
     // An origin's member in corral's name would pass for corral's own.
     corral_core::strip_claimed_proxy_status(&mut parts.headers);
     Ok(framing)
@@ -422,7 +422,7 @@ fn clone_bodyless(req: &Request<Body>) -> Option<Request<Body>> {
     }
     // `DELETE` with `X-HTTP-Method-Override: POST` is a POST to many
     // frameworks: never sent twice.
-    if corral_core::head::METHOD_OVERRIDE
+    if corral_core::semantics::head::METHOD_OVERRIDE
         .iter()
         .any(|h| req.headers().contains_key(*h))
     {

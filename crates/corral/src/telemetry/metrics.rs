@@ -403,7 +403,7 @@ pub fn register_redis() {
     for o in ["replayed", "lost"] {
         counter!("corral_invalidation_log_total", "outcome" => o).increment(0);
     }
-    for kind in corral_core::peer_auth::Record::ALL {
+    for kind in corral_core::callers::peer_auth::Record::ALL {
         counter!("corral_redis_unauthenticated_records_total", "kind" => kind.as_str())
             .increment(0);
     }
@@ -499,7 +499,7 @@ impl RequestCounters {
 /// an entry that vouches for nobody shows 0 (its proxy may be gone: the
 /// entry is a promise that can be removed).
 pub fn trusted_proxy_counters(
-    trusted: &corral_core::client_addr::TrustedProxies,
+    trusted: &corral_core::callers::client_addr::TrustedProxies,
 ) -> Vec<metrics::Counter> {
     trusted
         .entries()
@@ -651,7 +651,7 @@ pub fn resync_refresh() {
 
 /// A record read from Redis that was refused unread: its authentication
 /// tag did not verify, or (a heartbeat) it was over its size bound.
-pub fn redis_unauthenticated(kind: corral_core::peer_auth::Record) {
+pub fn redis_unauthenticated(kind: corral_core::callers::peer_auth::Record) {
     counter!("corral_redis_unauthenticated_records_total", "kind" => kind.as_str()).increment(1);
 }
 

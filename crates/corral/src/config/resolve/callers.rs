@@ -2,7 +2,7 @@
 //! a trusted proxy sets, an API key) and how many callers are counted locally.
 //! Reads the key files `callers.account.jwt` names, anew on every load and reload.
 
-use corral_core::caller::{AccountSources, JwtKeys, JwtSource, OnInvalid};
+use corral_core::callers::caller::{AccountSources, JwtKeys, JwtSource, OnInvalid};
 use http::header::HeaderName;
 use serde_saphyr::{Location, Spanned};
 

@@ -2,7 +2,7 @@
 //! at a time, and the rules that span sections (a limit that counts accounts needs
 //! `callers.account`; a route's limit may not take a global one's name).
 
-use corral_core::rate_limit::Rate;
+use corral_core::callers::rate_limit::Rate;
 use serde_saphyr::{Location, Spanned};
 
 use super::route::route_name;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use corral_core::peer_auth::{PeerAuth, PeerKey};
+use corral_core::callers::peer_auth::{PeerAuth, PeerKey};
 use serde_saphyr::{Location, Spanned};
 
 use super::{Resolver, whole_u32};

@@ -1,7 +1,7 @@
 //! Resolves `server:`: the front end's deadlines and limits, whom to believe about
 //! client addresses, and the threads that serve clients. Reads no file.
 
-use corral_core::client_addr::{Cidr, TrustedHeader, TrustedProxies};
+use corral_core::callers::client_addr::{Cidr, TrustedHeader, TrustedProxies};
 
 use super::{Resolver, percentage, whole_number, whole_u32};
 use crate::config::raw::RawServer;

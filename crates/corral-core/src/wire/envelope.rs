@@ -17,9 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::entry::StoredResponse;
-use crate::policy::Sharing;
-use crate::vary::Vary;
+use crate::model::entry::StoredResponse;
+use crate::model::policy::Sharing;
+use crate::semantics::vary::Vary;
 
 /// The format version written by [`encode`] and the only one [`decode`] reads.
 pub const VERSION: u8 = 1;
@@ -185,7 +185,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
     }
 
     let mut headers = r.headers()?;
-    crate::rfc9111::sanitize_age(&mut headers);
+    crate::semantics::rfc9111::sanitize_age(&mut headers);
     let body_len = r.u32_len("body")?;
     let body = r.take(body_len, "body")?;
     let body = Bytes::copy_from_slice(body);
@@ -200,7 +200,7 @@ pub fn decode(bytes: &[u8], generation: u64) -> Result<StoredResponse, EnvelopeE
     } else {
         Sharing::Anonymous
     };
-    let freshness = crate::policy::Freshness {
+    let freshness = crate::model::policy::Freshness {
         ttl: Duration::ZERO,
         swr,
         sie,
@@ -372,7 +372,7 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xe9").expect("obs-text is a valid header value"),
         );
         let status = StatusCode::from_u16(203).expect("status");
-        let freshness = crate::policy::Freshness {
+        let freshness = crate::model::policy::Freshness {
             ttl: Duration::from_secs(60),
             swr: Duration::from_secs(5),
             sie: Duration::from_millis(86_400_250),

@@ -15,9 +15,9 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::coding::{Accepted, Coding};
-use crate::policy::{Freshness, Sharing};
-use crate::vary::Vary;
+use crate::model::policy::{Freshness, Sharing};
+use crate::semantics::coding::{Accepted, Coding};
+use crate::semantics::vary::Vary;
 
 /// Entries with a validator are kept this much past their stale windows so
 /// they can still be revalidated with a cheap 304.
@@ -453,7 +453,7 @@ pub fn answer_head(headers: &HeaderMap) -> HeaderMap {
     head.append(VIA, HeaderValue::from_static(VIA_1_1));
     head.insert(
         crate::CACHE_STATUS.clone(),
-        HeaderValue::from_static(crate::cache_status::CACHE_NAME),
+        HeaderValue::from_static(crate::semantics::cache_status::CACHE_NAME),
     );
     head
 }
@@ -534,7 +534,7 @@ pub fn compact(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
 fn initial_age(headers: &HeaderMap) -> Duration {
     headers
         .get(AGE)
-        .and_then(crate::rfc9111::first_age)
+        .and_then(crate::semantics::rfc9111::first_age)
         .map_or(Duration::ZERO, Duration::from_secs)
 }
 
@@ -722,7 +722,7 @@ mod tests {
                 let want = if *name == AGE {
                     vec!["0".to_owned()]
                 } else if *name == crate::CACHE_STATUS {
-                    vec![crate::cache_status::CACHE_NAME.to_owned()]
+                    vec![crate::semantics::cache_status::CACHE_NAME.to_owned()]
                 } else if *name == VIA {
                     let mut v = values(&stored, name);
                     v.push(VIA_1_1.to_owned());

@@ -52,7 +52,7 @@ pub enum Evidence {
     /// (refused, timed out, TLS failed).
     Unreachable,
     /// A failure the request itself may have provoked (a timeout, a
-    /// 502/503/504 answer), for this caller ([`crate::client_addr::caller_group`]).
+    /// 502/503/504 answer), for this caller ([`crate::callers::client_addr::caller_group`]).
     Failed { caller: u64 },
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::rfc9111::parse_http_date;
+use crate::semantics::rfc9111::parse_http_date;
 
 /// What a request's Range selects of a `len`-byte representation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

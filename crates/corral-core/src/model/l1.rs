@@ -10,18 +10,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::clock::{Clock, SystemClock};
+use crate::model::clock::{Clock, SystemClock};
 
 use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
 
-use crate::backoff::Backoff;
-use crate::ban::{BanList, Verdict};
-use crate::entry::{MAX_RESIDENCY, StoredResponse};
-use crate::key::{Digest, LocalKey, PathScope, PrimaryKey, UriKey, VariantKey};
-use crate::no_vary_search::NoVarySearch;
-use crate::vary::Vary;
+use crate::model::backoff::Backoff;
+use crate::model::ban::{BanList, Verdict};
+use crate::model::entry::{MAX_RESIDENCY, StoredResponse};
+use crate::model::key::{Digest, LocalKey, PathScope, PrimaryKey, UriKey, VariantKey};
+use crate::semantics::no_vary_search::NoVarySearch;
+use crate::semantics::vary::Vary;
 
 /// Sizing for L1.
 #[derive(Debug, Clone)]
@@ -40,13 +40,13 @@ const SIDE_TABLE_SHARE: u64 = 32;
 /// What one side-table record costs: the 32-byte key, the value and the
 /// store's own per-entry records (see `STORE_OVERHEAD`).
 fn side_record_weight(value_bytes: usize) -> u32 {
-    u32::try_from(32 + value_bytes + crate::entry::STORE_OVERHEAD).unwrap_or(u32::MAX)
+    u32::try_from(32 + value_bytes + crate::model::entry::STORE_OVERHEAD).unwrap_or(u32::MAX)
 }
 
 /// What an entry's key costs beside the entry: its bytes and the `Arc`'s
 /// counts (the store's own share is in `STORE_OVERHEAD`).
 fn key_weight(k: &LocalKey) -> u32 {
-    u32::try_from(crate::entry::heap_bytes(16 + k.as_bytes().len())).unwrap_or(u32::MAX)
+    u32::try_from(crate::model::entry::heap_bytes(16 + k.as_bytes().len())).unwrap_or(u32::MAX)
 }
 
 /// An entry lives until its last window closes, read on L1's clock.
@@ -580,7 +580,7 @@ impl L1 {
 #[cfg(test)]
 mod backoff_view {
     use super::*;
-    use crate::clock::PausedClock;
+    use crate::model::clock::PausedClock;
 
     #[tokio::test(start_paused = true)]
     async fn keys_in_back_off_are_named_longest_first_and_leave_when_it_ends() {
@@ -634,8 +634,8 @@ mod backoff_view {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::QueryFilter;
-    use crate::policy::{Freshness, Sharing};
+    use crate::model::key::QueryFilter;
+    use crate::model::policy::{Freshness, Sharing};
     use bytes::Bytes;
     use http::{HeaderMap, StatusCode};
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::key::Digest;
+use crate::model::key::Digest;
 
 /// How a flight ended.
 #[derive(Debug, Clone)]

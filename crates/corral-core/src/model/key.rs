@@ -9,8 +9,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::identity::Identity;
-use crate::no_vary_search::NoVarySearch;
+use crate::model::identity::Identity;
+use crate::semantics::no_vary_search::NoVarySearch;
 
 /// A fixed-size, process-independent digest of a key.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,7 +32,7 @@ impl std::hash::Hash for Digest {
 impl Digest {
     /// The scope of one caller's own back-off for this (pass) scope: its
     /// own failures leave only its own requests to the stale copy, never
-    /// another caller's (`caller` as [`crate::client_addr::caller_group`]).
+    /// another caller's (`caller` as [`crate::callers::client_addr::caller_group`]).
     pub fn for_caller(&self, caller: u64) -> Digest {
         let mut h = blake3::Hasher::new();
         h.update(&self.0);
@@ -222,7 +222,7 @@ impl QueryFilter {
 /// `?a+b=1&a%20b=2` and `?a%20b=2&a+b=1` share a key although an origin
 /// reads `a b` first as 1 in one and 2 in the other.
 fn by_name(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
-    use crate::no_vary_search::form_decoded;
+    use crate::semantics::no_vary_search::form_decoded;
     if !a.iter().chain(b).any(|&c| c == b'+' || c == b'%') {
         return a.cmp(b);
     }

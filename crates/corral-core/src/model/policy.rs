@@ -11,10 +11,10 @@ use http::{request, response};
 use http_cache_semantics::{CacheOptions, CachePolicy};
 use rand::Rng;
 
-use crate::cache_control::CacheControl;
-use crate::identity::Identity;
-use crate::rfc9111;
-use crate::vary::Vary;
+use crate::model::identity::Identity;
+use crate::semantics::cache_control::CacheControl;
+use crate::semantics::rfc9111;
+use crate::semantics::vary::Vary;
 
 /// A route's cache policy, as configured.
 #[derive(Debug, Clone)]
@@ -215,19 +215,20 @@ impl RoutePolicy {
     ) -> Decision {
         // RFC 9213: a targeted field replaces Cache-Control and Expires.
         let targeted;
-        let res = match crate::cache_control::targeted_value(&res.headers, &self.targeted) {
-            None => res,
-            Some(value) => {
-                let mut parts = res.clone();
-                parts.headers.remove(http::header::CACHE_CONTROL);
-                parts.headers.remove(EXPIRES);
-                if let Ok(v) = http::HeaderValue::from_str(&value) {
-                    parts.headers.insert(http::header::CACHE_CONTROL, v);
+        let res =
+            match crate::semantics::cache_control::targeted_value(&res.headers, &self.targeted) {
+                None => res,
+                Some(value) => {
+                    let mut parts = res.clone();
+                    parts.headers.remove(http::header::CACHE_CONTROL);
+                    parts.headers.remove(EXPIRES);
+                    if let Ok(v) = http::HeaderValue::from_str(&value) {
+                        parts.headers.insert(http::header::CACHE_CONTROL, v);
+                    }
+                    targeted = parts;
+                    &targeted
                 }
-                targeted = parts;
-                &targeted
-            }
-        };
+            };
         // RFC 9842: an answer compressed with the caller's dictionary is the
         // caller's alone unless it varies on the dictionary. Decided first:
         // whatever else its fields say, it is never stored or shared.
@@ -282,7 +283,7 @@ impl RoutePolicy {
         let mut req_for_policy = http::Request::new(());
         // RFC 10008 §2.8: a QUERY's answer is cached as a GET's is (its
         // content is in the key); the crate knows GET's rules.
-        *req_for_policy.method_mut() = if crate::head::is_query(method) {
+        *req_for_policy.method_mut() = if crate::semantics::head::is_query(method) {
             http::Method::GET
         } else {
             method.clone()
@@ -413,7 +414,7 @@ const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86400);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::IdentityRules;
+    use crate::model::identity::IdentityRules;
     use http::header::AUTHORIZATION;
 
     fn res(headers: &[(&str, &str)]) -> response::Parts {
@@ -537,8 +538,8 @@ mod tests {
         let imf = httpdate::fmt_http_date(later);
         let date = httpdate::fmt_http_date(now);
         // The same instant as RFC 850 and asctime.
-        let t = crate::rfc9111::parse_http_date(&imf).expect("imf");
-        assert_eq!(Some(t), crate::rfc9111::parse_http_date(&imf));
+        let t = crate::semantics::rfc9111::parse_http_date(&imf).expect("imf");
+        assert_eq!(Some(t), crate::semantics::rfc9111::parse_http_date(&imf));
         let long_day = |d: &str| match d {
             "Mon" => "Monday",
             "Tue" => "Tuesday",
@@ -693,7 +694,7 @@ mod tests {
         let years = httpdate::fmt_http_date(now - Duration::from_secs(3 * 365 * 86400));
         assert_eq!(
             ttl(decide(&p, &[("date", &date), ("last-modified", &years)])),
-            Some(crate::rfc9111::HEURISTIC_MAX)
+            Some(crate::semantics::rfc9111::HEURISTIC_MAX)
         );
         // Only for the statuses RFC 9110 names heuristically cacheable.
         assert!(
@@ -929,7 +930,7 @@ mod tests {
         assert_eq!(freshness.ttl, MAX_TTL);
         let mut h = http::HeaderMap::new();
         h.insert(http::header::AGE, http::HeaderValue::from_static("abc"));
-        crate::rfc9111::sanitize_age(&mut h);
+        crate::semantics::rfc9111::sanitize_age(&mut h);
         assert!(h.get(http::header::AGE).is_none());
     }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderName;
 
-use crate::entry::{MAX_RESIDENCY, StoredResponse};
+use crate::model::entry::{MAX_RESIDENCY, StoredResponse};
 
 static SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 static CACHE_TAG: HeaderName = HeaderName::from_static("cache-tag");
@@ -238,7 +238,7 @@ impl BanList {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Freshness;
+    use crate::model::policy::Freshness;
     use bytes::Bytes;
     use http::{HeaderMap, HeaderValue, StatusCode};
 

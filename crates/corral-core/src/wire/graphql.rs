@@ -175,7 +175,7 @@ fn form(body: &[u8]) -> PostBody {
 }
 
 fn form_decoded(raw: &[u8]) -> Cow<'_, [u8]> {
-    crate::no_vary_search::form_decoded(raw)
+    crate::semantics::no_vary_search::form_decoded(raw)
 }
 
 /// A GraphQL document: a write when it defines a `mutation` or

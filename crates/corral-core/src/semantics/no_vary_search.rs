@@ -36,8 +36,8 @@ use std::borrow::Cow;
 use http::HeaderMap;
 use http::header::HeaderName;
 
-use crate::path::hex;
-use crate::sf;
+use crate::semantics::path::hex;
+use crate::semantics::sf;
 
 pub static NO_VARY_SEARCH: HeaderName = HeaderName::from_static("no-vary-search");
 

@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use http::header::{CONTENT_LENGTH, EXPECT, HOST, HeaderName};
 use http::{HeaderMap, Method, Uri, Version};
 
-use crate::hop_by_hop;
-use crate::path::BadPath;
+use crate::semantics::hop_by_hop;
+use crate::semantics::path::BadPath;
 
 /// Why a request head was refused (each is a 400 with this Cache-Status detail).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum BadHead {
     /// A request target corral cannot key (not origin-, absolute- or asterisk-form).
     InvalidTarget,
     /// A path that could name one resource to corral and another to the
-    /// origin (see [`crate::path`]).
+    /// origin (see [`crate::semantics::path`]).
     Path(BadPath),
 }
 
@@ -66,7 +66,7 @@ pub struct RequestHead {
     /// (RFC 9112 §3.2 allows it when the target has no authority).
     pub host: String,
     /// Starts with `/` (or is `*` for `OPTIONS *`), in its one normal form
-    /// ([`crate::path::normalize`]): what the route is chosen on, what the
+    /// ([`crate::semantics::path::normalize`]): what the route is chosen on, what the
     /// key holds and what the origin is asked for.
     pub path: String,
     pub query: Option<String>,
@@ -182,8 +182,8 @@ impl RequestHead {
 
     /// Takes the client address trusted proxies vouched for (resolved
     /// from the request's original headers by
-    /// [`crate::client_addr::resolve`]).
-    pub fn trusting(mut self, addr: &crate::client_addr::ClientAddr) -> Self {
+    /// [`crate::callers::client_addr::resolve`]).
+    pub fn trusting(mut self, addr: &crate::callers::client_addr::ClientAddr) -> Self {
         self.client = addr.client;
         self.forwarded_for = (!addr.hops.is_empty() || addr.client != self.peer)
             .then(|| addr.forwarded_for(self.peer));
@@ -431,7 +431,7 @@ fn target(uri: &Uri) -> Result<(String, Option<String>), BadHead> {
     if !path.starts_with('/') && path != "*" {
         return Err(BadHead::InvalidTarget);
     }
-    let path = crate::path::normalize(path).map_err(BadHead::Path)?;
+    let path = crate::semantics::path::normalize(path).map_err(BadHead::Path)?;
     Ok((path.into_owned(), uri.query().map(str::to_owned)))
 }
 

@@ -18,7 +18,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use sha2::Digest as _;
 
-use crate::sf;
+use crate::semantics::sf;
 
 pub static CONTENT_DIGEST: HeaderName = HeaderName::from_static("content-digest");
 pub static REPR_DIGEST: HeaderName = HeaderName::from_static("repr-digest");

@@ -5,8 +5,8 @@
 
 use http::{HeaderValue, StatusCode};
 
-use crate::head::BadHead;
-use crate::policy::PassReason;
+use crate::model::policy::PassReason;
+use crate::semantics::head::BadHead;
 
 /// The cache's name in `Cache-Status`.
 pub const CACHE_NAME: &str = "corral";
@@ -528,7 +528,11 @@ thread_local! {
 
 /// `n` in decimal, without the formatting machinery.
 fn put_int(put: &mut impl FnMut(&[u8]) -> bool, n: i64) -> bool {
-    (n >= 0 || put(b"-")) && put(crate::h1::decimal(n.unsigned_abs(), &mut [0; 20]))
+    (n >= 0 || put(b"-"))
+        && put(crate::semantics::h1::decimal(
+            n.unsigned_abs(),
+            &mut [0; 20],
+        ))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! state, back-off, the XFetch roll, the flight's end) and acts; every
 //! transition is unit-tested here without sockets or clocks.
 
-use crate::entry::EntryState;
+use crate::model::entry::EntryState;
 
 /// How many times a follower whose Vary values did not match the leader's
 /// answer (or whose leader vanished) looks again before fetching alone.

@@ -113,7 +113,7 @@ impl BackoffPolicy {
 pub struct Backoff {
     pub until: SystemTime,
     pub failures: u32,
-    /// The caller ([`crate::client_addr::caller_group`]) whose failure was
+    /// The caller ([`crate::callers::client_addr::caller_group`]) whose failure was
     /// counted last; `None` when it was the origin's whoever asked.
     pub caller: Option<u64>,
 }
