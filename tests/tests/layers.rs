@@ -36,14 +36,14 @@ const CACHE: &[&str] = &[
     "gate",
     "exchange",
     "store",
-    "outlets",
+    "fanout",
     "invalidate",
     "rules",
     "compress",
-    "made",
+    "synthetic",
     "fill",
     "respond",
-    "growing",
+    "shared_body",
     "resync",
 ];
 

@@ -39,7 +39,7 @@ pub fn encode(
 }
 
 /// [`encode`], with the codings in `ready` compressed already (while the
-/// body streamed: see `cache::outlets`), so only the others are made now.
+/// body streamed: see `cache::fanout`), so only the others are made now.
 pub fn encode_with(
     config: Option<&CompressionConfig>,
     route: &str,
@@ -370,7 +370,7 @@ pub fn compress(coding: Coding, body: &[u8]) -> Option<Vec<u8>> {
 /// Input fed since the last flush below which a pause of the origin does
 /// not flush: each flush costs a few bytes of framing, so an origin that
 /// trickles a byte at a time cannot make the coded copy outgrow the body
-/// by more than about a twentieth (see `cache::outlets::worst`).
+/// by more than about a twentieth (see `cache::fanout::worst`).
 const FLUSH_AFTER: usize = 128;
 
 /// One coding of a body compressed as it arrives: what each chunk fed

@@ -13,7 +13,7 @@ use corral_core::{EntryState, Join, PassReason, Permit, Role};
 use tokio::sync::oneshot;
 
 use crate::cache::fill::{Cache, Ended, Events, FillEvent, FillOutcome, FillRequest};
-use crate::cache::{gate, made, shared};
+use crate::cache::{gate, shared, synthetic};
 
 /// Starts a refresh unless one is already under way for this key; true
 /// when it started.
@@ -55,7 +55,7 @@ pub(crate) async fn run(
         ) {
             tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
         }
-        finish(&fill, permit, leader, made::fill_limit(&fill));
+        finish(&fill, permit, leader, synthetic::fill_limit(&fill));
         return;
     };
     let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {

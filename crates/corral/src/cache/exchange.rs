@@ -19,9 +19,9 @@ use http::header::{
 use http::{HeaderMap, Method, StatusCode, response};
 
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest, SharedResponse};
-use crate::cache::made;
 use crate::cache::store::{self, Buffered, Keep, declared_length, pass_response};
-use crate::origin::exchange::{Answered, Asked, Held, exchange};
+use crate::cache::synthetic;
+use crate::origin::exchange::{Answered, Held, OriginRequest, exchange};
 use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError};
 
 /// The fill's exchange with the origin, and what is kept of it.
@@ -30,7 +30,7 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let stamp = fill.cache.l1.generation_stamp();
     let answered = match ask(fill, stale.as_deref()).await {
         Ok(a) => a,
-        Err(e) => return Ended::Outcome(made::failed(fill, &e)),
+        Err(e) => return Ended::Outcome(synthetic::failed(fill, &e)),
     };
     let response_time = fill.cache.clock.now();
     if let Some(stale) = &stale
@@ -108,12 +108,12 @@ async fn pass_decoded(
         Buffered::Full(bytes) => bytes,
         Buffered::Over(..) => {
             let e = refused(&format!("{coding}-encoded and over max_object_size"));
-            return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+            return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
         }
-        Buffered::Failed(e) => return Ended::Outcome(made::broke_off(fill, &e, parts.status)),
+        Buffered::Failed(e) => return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
     };
     if let Err(e) = store::checked(fill, &parts, &bytes) {
-        return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+        return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
     }
     match crate::cache::compress::decode_passed(&mut parts.headers, &bytes, limit) {
         Some(decoded) => {
@@ -130,7 +130,7 @@ async fn pass_decoded(
         }
         None => {
             let e = refused(&format!("{coding}-encoded"));
-            Ended::Outcome(made::broke_off(fill, &e, parts.status))
+            Ended::Outcome(synthetic::broke_off(fill, &e, parts.status))
         }
     }
 }
@@ -168,7 +168,7 @@ async fn ask(
             http::HeaderValue::from_static("identity"),
         );
     }
-    let asked = Asked {
+    let asked = OriginRequest {
         method,
         // What is stored is exactly what was asked for.
         target: fill.primary.uri().target(),
@@ -281,7 +281,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
     match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => {
             if let Err(e) = store::checked(fill, &parts, &bytes) {
-                return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+                return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
             }
             let own = parts.clone();
             match SharedResponse::from_origin(parts, bytes.clone(), &fill.head.headers) {
@@ -299,7 +299,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
         Buffered::Over(over, rest) => {
             Ended::Stream(over, pass_response(parts, rest, fill.fwd, over))
         }
-        Buffered::Failed(e) => Ended::Outcome(made::broke_off(fill, &e, parts.status)),
+        Buffered::Failed(e) => Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
     }
 }
 

@@ -3,7 +3,7 @@
 //! refreshed), what it produces ([`FillOutcome`], which every waiter of a
 //! flight receives, and [`Ended`], which adds what only the leader can
 //! take), and the events a fill's layers send up ([`FillEvent`]). The
-//! outcomes corral makes itself are `made`.
+//! outcomes corral makes itself are `synthetic`.
 
 use std::sync::Arc;
 
@@ -165,10 +165,13 @@ pub enum FillOutcome {
     /// body.
     Streaming {
         head: Arc<StoredResponse>,
-        body: Arc<crate::cache::growing::Growing>,
+        body: Arc<crate::cache::shared_body::SharedBody>,
         /// The body in each coding `head` has a representation for,
-        /// compressed as it arrives (see `cache::outlets`).
-        coded: Vec<(corral_core::Coding, Arc<crate::cache::growing::Growing>)>,
+        /// compressed as it arrives (see `cache::fanout`).
+        coded: Vec<(
+            corral_core::Coding,
+            Arc<crate::cache::shared_body::SharedBody>,
+        )>,
         fwd: Forward,
         fwd_status: Option<u16>,
     },

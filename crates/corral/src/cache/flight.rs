@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest};
 use crate::cache::respond::{self, Answer};
-use crate::cache::{driver, made, outcome};
+use crate::cache::{driver, outcome, synthetic};
 use crate::config::OnTimeout;
 
 /// A request that missed, on its way into the key's flight.
@@ -60,7 +60,7 @@ pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
         }
         Role::Follower(waiter) => follow(fill, waiter, miss, head).await,
         Role::Full => {
-            let outcome = made::wait_list_full(&fill);
+            let outcome = synthetic::wait_list_full(&fill);
             Flown::Answer(answer(&fill, &outcome, true, head))
         }
     }
@@ -95,7 +95,7 @@ async fn follow(
         Next::Answer(outcome) => Flown::Answer(answer(&fill, &outcome, true, head)),
         Next::LookAgain => Flown::LookAgain,
         Next::OnLockTimeout if retire_on_timeout => {
-            let outcome = made::gave_up(&fill);
+            let outcome = synthetic::gave_up(&fill);
             Flown::Answer(answer(&fill, &outcome, true, head))
         }
         Next::OnLockTimeout => Flown::Answer(on_lock_timeout(fill, head).await),
@@ -174,7 +174,7 @@ async fn lead(fill: FillRequest, permit: Option<Permit<FillOutcome>>, head: bool
 
 /// The route's `on_timeout` for a follower that waited its lock timeout.
 async fn on_lock_timeout(fill: FillRequest, head: bool) -> Answer {
-    match made::on_lock_timeout(&fill) {
+    match synthetic::on_lock_timeout(&fill) {
         Some(outcome) => answer(&fill, &outcome, false, head),
         None => lead(fill, None, head).await,
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use corral_core::{Admission, Detail, Evidence, UpstreamFailure};
 
 use crate::cache::fill::{Ended, Events, FillOutcome, FillRequest};
-use crate::cache::{exchange, made};
+use crate::cache::{exchange, synthetic};
 
 /// A slot of the route's and of the instance's fill limits, waited for at
 /// most the route's lock timeout (the flight is registered meanwhile, so
@@ -81,7 +81,7 @@ async fn share_backoff(fill: &FillRequest) {
     );
     let now = fill.cache.clock.now();
     let _ = tier
-        .set_backoff(&keys, &backoff, fill.route.backoff.memory(), now)
+        .write_backoff(&keys, &backoff, fill.route.backoff.memory(), now)
         .await;
 }
 
@@ -149,7 +149,8 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
         Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
     crate::telemetry::metrics::origin_skipped(&fill.route.name, detail);
-    made::stale_on_error(fill, detail).unwrap_or_else(|| made::unavailable(fill, detail, retry))
+    synthetic::stale_on_error(fill, detail)
+        .unwrap_or_else(|| synthetic::unavailable(fill, detail, retry))
 }
 
 /// What a fetch says about the origin, for the penalties every caller

@@ -71,7 +71,7 @@ pub fn answer_now(
     interim: Option<interim::Sender>,
     wire: bool,
 ) -> Result<Answer, Box<Missed>> {
-    let mut asked = Asked {
+    let mut asked = MissRequest {
         keys: Keys::of(&cache, &route, &ctx, body.as_ref()),
         ctx: Head::Own(ctx),
         cache,
@@ -93,7 +93,7 @@ pub fn answer_now(
 
 /// A request the cache could not answer from L1 at its first look.
 pub struct Missed {
-    asked: Asked,
+    asked: MissRequest,
     miss: Miss,
     joining: Joining,
 }
@@ -144,7 +144,7 @@ impl Missed {
 }
 
 /// One request through the miss path: what a fill for it is made of.
-struct Asked {
+struct MissRequest {
     cache: Arc<Cache>,
     route: Arc<Route>,
     ctx: Head,
@@ -155,7 +155,7 @@ struct Asked {
     wire: bool,
 }
 
-impl Asked {
+impl MissRequest {
     /// Reads the path's No-Vary-Search rule from Redis when this
     /// instance knows none, and makes the keys again with it; true when
     /// they changed.
@@ -173,7 +173,7 @@ impl Asked {
     }
 }
 
-impl Asked {
+impl MissRequest {
     /// Makes the keys again where the path's No-Vary-Search rule, as L1
     /// knows it, is not the one they were made with.
     fn rekey(&mut self) {
@@ -322,9 +322,9 @@ enum Looked {
 
 /// Looks the request up in L1 and answers from the copy found, or says
 /// how to join the key's flight.
-fn look(asked: &mut Asked, miss: &Miss) -> Looked {
+fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
     // Only the head is changed (shared by a fill); the rest is read.
-    let Asked {
+    let MissRequest {
         ref cache,
         ref route,
         ctx: ref mut head,

@@ -14,14 +14,14 @@
 //! 5. `exchange`: the request for a fill and the verdict on the origin's
 //!    answer, over `origin::exchange`;
 //! 6. `store`: the answer's body, streamed or read whole, and the entry
-//!    stored in L1, over `outlets`: where a streamed body's chunks go (the
+//!    stored in L1, over `fanout`: where a streamed body's chunks go (the
 //!    unencoded body and each coding made as it arrives).
 //!
-//! Beneath them all: `made` (the outcomes corral makes itself when the
+//! Beneath them all: `synthetic` (the outcomes corral makes itself when the
 //! origin is not asked or fails), `fill` (the vocabulary every layer
 //! shares: the [`Cache`] state, what a fill is given and what it
 //! produces),
-//! `respond` (answers from an entry, corral's errors) and `growing` (a
+//! `respond` (answers from an entry, corral's errors) and `shared_body` (a
 //! body readers share as it arrives). `rules` is the No-Vary-Search rule
 //! learned per path that keys are made with. `invalidate` is what a write or a
 //! purge retires. The order is checked by `tests/tests/layers.rs`.
@@ -31,21 +31,21 @@ pub use fill::Cache;
 pub mod compress;
 pub mod driver;
 pub mod exchange;
+pub mod fanout;
 pub mod fill;
 pub mod flight;
 pub mod gate;
-pub mod growing;
 pub mod invalidate;
 pub mod lookup;
-pub mod made;
 pub mod outcome;
-pub mod outlets;
 pub mod records;
 pub mod respond;
 pub mod resync;
 pub mod rules;
 pub mod shared;
+pub mod shared_body;
 pub mod store;
+pub mod synthetic;
 
 #[cfg(test)]
 mod tests;

@@ -221,7 +221,7 @@ pub(crate) async fn publish_result(
     had_backoff: bool,
 ) -> FillNotice {
     if had_backoff && !matches!(fetched, Fetched::Failed) {
-        let _ = tier.clear_backoff(keys).await;
+        let _ = tier.delete_backoff(keys).await;
     }
     match fetched {
         Fetched::Stored(entry) => {
@@ -233,7 +233,7 @@ pub(crate) async fn publish_result(
             for (primary, key) in crate::cache::store::aliases(fill, &entry) {
                 let alias = tier.keys(&primary, key.digest, None);
                 let now = fill.cache.clock.now();
-                let _ = tier.store(&alias, &entry, 0, now).await;
+                let _ = tier.write_entry(&alias, &entry, 0, now).await;
             }
             if store(tier, fill, keys, &entry, generation).await {
                 FillNotice::Stored
@@ -243,7 +243,7 @@ pub(crate) async fn publish_result(
         }
         Fetched::InL2 => FillNotice::Stored,
         Fetched::Pass => {
-            let _ = tier.mark_pass(keys, fill.route.policy.hit_for_pass).await;
+            let _ = tier.write_pass(keys, fill.route.policy.hit_for_pass).await;
             FillNotice::Pass
         }
         Fetched::Shared => FillNotice::Pass,
@@ -268,7 +268,7 @@ pub(crate) async fn store(
         Some(tier.keys(&fill.primary, stored_key.digest, fill.pass_class().as_ref()))
     };
     match tier
-        .store(
+        .write_entry(
             target.as_ref().unwrap_or(keys),
             entry,
             generation,

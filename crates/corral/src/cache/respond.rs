@@ -16,7 +16,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 
-use crate::cache::growing::Growing;
+use crate::cache::shared_body::SharedBody;
 use crate::origin::request::via_value;
 
 pub use corral_core::CACHE_STATUS;
@@ -181,7 +181,7 @@ pub fn hit(
     if !wire || head || entry.wire_head().is_none() {
         return answer(&entry, None, status, now, head, request);
     }
-    let asked = Asked::of(request);
+    let asked = Preconditions::of(request);
     if asked.range.is_some() || (asked.if_none_match || asked.if_modified_since.is_some()) {
         return answer(&entry, None, status, now, head, request);
     }
@@ -207,8 +207,8 @@ pub fn hit(
 /// still there to read.
 pub(crate) fn from_streaming(
     entry: &StoredResponse,
-    body: &Arc<Growing>,
-    coded: &[(Coding, Arc<Growing>)],
+    body: &Arc<SharedBody>,
+    coded: &[(Coding, Arc<SharedBody>)],
     status: &CacheStatus,
     now: SystemTime,
     head: bool,
@@ -234,10 +234,10 @@ pub(crate) fn from_streaming(
 }
 
 /// `entry`'s answer to `request`, its body the stored one or, while it
-/// still arrives, `growing`.
+/// still arrives, `shared_body`.
 fn answer(
     entry: &StoredResponse,
-    growing: Option<&Arc<Growing>>,
+    growing: Option<&Arc<SharedBody>>,
     status: &CacheStatus,
     now: SystemTime,
     head: bool,
@@ -255,7 +255,7 @@ fn answer(
     headers.insert(AGE, age_value(entry.age_secs(now)));
     // One pass over the request's headers for what may change the answer
     // (a hit pays for no lookup it does not need).
-    let asked = Asked::of(request);
+    let asked = Preconditions::of(request);
     let not_modified = entry.status() == StatusCode::OK && not_modified(entry, request, &asked);
     let (code, body) = if not_modified {
         headers.remove(CONTENT_LENGTH);
@@ -298,16 +298,16 @@ fn age_value(secs: u64) -> HeaderValue {
 /// The request headers that make an answer from an entry conditional or
 /// partial.
 #[derive(Default)]
-struct Asked<'a> {
+struct Preconditions<'a> {
     if_none_match: bool,
     if_modified_since: Option<&'a HeaderValue>,
     range: Option<&'a HeaderValue>,
     if_range: Option<&'a HeaderValue>,
 }
 
-impl<'a> Asked<'a> {
+impl<'a> Preconditions<'a> {
     fn of(request: &'a HeaderMap) -> Self {
-        let mut asked = Asked::default();
+        let mut asked = Preconditions::default();
         for (name, value) in request {
             if name == IF_NONE_MATCH {
                 asked.if_none_match = true;
@@ -371,7 +371,7 @@ fn ranged(
 /// RFC 9110 §13.2.2 for a stored 200: If-None-Match when the request has
 /// it, else If-Modified-Since against the entry's Last-Modified (or, per
 /// RFC 9111 §4.3.2, its Date, or when it was received).
-fn not_modified(entry: &StoredResponse, request: &HeaderMap, asked: &Asked<'_>) -> bool {
+fn not_modified(entry: &StoredResponse, request: &HeaderMap, asked: &Preconditions<'_>) -> bool {
     if asked.if_none_match {
         return etag_matches(request, entry.headers().get(ETAG));
     }

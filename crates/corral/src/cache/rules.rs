@@ -53,7 +53,7 @@ pub async fn read(cache: &Cache, scope: &PathScope) -> PathRule {
     let Some(tier) = &cache.tier else {
         return PathRule::Unknown;
     };
-    let Ok(record) = tier.path_rule(scope.digest()).await else {
+    let Ok(record) = tier.read_path_rule(scope.digest()).await else {
         return PathRule::Unknown;
     };
     let (rule, keep) = match record {
@@ -98,7 +98,7 @@ pub fn changed(fill: &FillRequest, headers: &HeaderMap) -> bool {
     if let Some(tier) = fill.cache.tier.clone() {
         let route = fill.route.name.clone();
         tokio::spawn(async move {
-            if let Err(e) = tier.set_path_rule(scope.digest(), record).await {
+            if let Err(e) = tier.write_path_rule(scope.digest(), record).await {
                 tracing::debug!(%route, error = %e, "No-Vary-Search rule not recorded in Redis");
             }
         });
@@ -113,7 +113,7 @@ pub async fn publish(fill: &FillRequest, headers: &HeaderMap) {
     };
     let record =
         NoVarySearch::of(headers).map_or_else(|| "-".to_owned(), |r| r.record().to_owned());
-    if let Err(e) = tier.set_path_rule(scope.digest(), record).await {
+    if let Err(e) = tier.write_path_rule(scope.digest(), record).await {
         tracing::debug!(route = %fill.route.name, error = %e, "No-Vary-Search rule not recorded in Redis");
     }
 }

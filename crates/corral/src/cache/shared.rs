@@ -420,7 +420,7 @@ async fn local_then_share(
 
 async fn lock_timeout(fill: &FillRequest, events: &Events) -> Ended {
     metrics::lease(Lease::TimedOut);
-    match crate::cache::made::on_lock_timeout(fill) {
+    match crate::cache::synthetic::on_lock_timeout(fill) {
         Some(outcome) => Ended::Outcome(outcome),
         None => gate::fetch(fill, events).await,
     }

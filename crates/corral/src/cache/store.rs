@@ -18,11 +18,11 @@ use http::{HeaderMap, Response, StatusCode, Uri, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
+use crate::cache::fanout::{self, Fanout};
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
-use crate::cache::growing::{Growing, Writer};
-use crate::cache::outlets::{self, Outlets};
 use crate::cache::respond::Answer;
-use crate::cache::{compress, made};
+use crate::cache::shared_body::{SharedBody, Writer};
+use crate::cache::{compress, synthetic};
 use crate::origin::exchange::Answered;
 use crate::origin::upstream::{BodyError, DeadlineBody, OriginBody, UpstreamError};
 
@@ -178,13 +178,13 @@ pub(crate) async fn store(
         .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
     let (bytes, writer, coded) = match streamed {
         Some(n) => {
-            let growing = Growing::new(n);
+            let growing = SharedBody::new(n);
             let writer = Writer::new(&growing);
             let route = fill.route.name.as_str();
-            let mut outlets = Outlets::new(
+            let mut outlets = Fanout::new(
                 &growing,
                 &stream_codings(fill, &parts, n, &mut hold),
-                n.map(outlets::worst),
+                n.map(fanout::worst),
                 route,
             );
             events.send(FillEvent::Streaming(streaming(
@@ -208,7 +208,7 @@ pub(crate) async fn store(
             };
             match streamed {
                 // The writers, dropped, abort every reader.
-                Err(e) => return Ended::Outcome(made::broke_off(fill, &e, parts.status)),
+                Err(e) => return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
                 Ok(Some(bytes)) => (bytes, Some(writer), outlets.close()),
                 // Passed through to its readers whole; nothing to store,
                 // and the next caller fetches alone.
@@ -233,7 +233,7 @@ pub(crate) async fn store(
                     return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
                 }
                 Buffered::Failed(e) => {
-                    return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+                    return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
                 }
             }
         }
@@ -241,7 +241,7 @@ pub(crate) async fn store(
     // A body that is not what its digest says is never stored, and the
     // writer, dropped, aborts every reader (the last chunk was held back).
     if let Err(e) = checked(fill, &parts, &bytes) {
-        return Ended::Outcome(made::broke_off(fill, &e, parts.status));
+        return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
     }
     let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
     let ready = coded.iter().map(|c| (c.coding, c.whole.clone())).collect();
@@ -307,7 +307,9 @@ fn representations(
             let e = UpstreamError::Coding(format!(
                 "{coding}-encoded, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
             ));
-            Err(Box::new(Ended::Outcome(made::broke_off(fill, &e, status))))
+            Err(Box::new(Ended::Outcome(synthetic::broke_off(
+                fill, &e, status,
+            ))))
         }
         // Encoded by the origin past what corral can undo: only its
         // caller gets it.
@@ -328,7 +330,7 @@ fn representations(
 }
 
 /// The codings a streamed answer is compressed in as it arrives (see
-/// `cache::outlets`): none unless the route compresses it, and, for a
+/// `cache::fanout`): none unless the route compresses it, and, for a
 /// body of declared length, none unless the fill memory can hold the
 /// worst each may take (then its callers read it unencoded, as when the
 /// route does not compress).
@@ -344,7 +346,7 @@ fn stream_codings(
         return codings;
     };
     // Its coded chunks and the whole copy stored, per coding.
-    let worst = outlets::worst(n).saturating_mul(2);
+    let worst = fanout::worst(n).saturating_mul(2);
     if codings.is_empty() || !hold.grow(worst.saturating_mul(codings.len() as u64)) {
         return Vec::new();
     }
@@ -357,8 +359,8 @@ fn streaming(
     fill: &FillRequest,
     keep: &Keep,
     parts: &response::Parts,
-    outlets: &Outlets<'_>,
-    growing: &Arc<Growing>,
+    outlets: &Fanout<'_>,
+    growing: &Arc<SharedBody>,
 ) -> FillOutcome {
     let bodies = outlets.bodies();
     let mut head = keep.entry(fill, parts.headers.clone(), Bytes::new());
@@ -453,17 +455,17 @@ struct Room<'a> {
 }
 
 /// Reads a body without a declared length, handing each chunk to the
-/// readers of `growing` as it arrives and building the entry's copy
+/// readers of `shared_body` as it arrives and building the entry's copy
 /// alongside. No reader can take it for complete before the fill says so
 /// (`Writer::finish`, once the entry is stored): with no length to reach,
 /// its end is that word alone. `Ok(None)`
 /// when it outgrew the route's object size or the fill memory: then the
 /// copy is dropped, the body is passed through to the readers already
 /// reading (at most the object size of it held for them: see
-/// `Growing::pass_through`), and everyone else is told to fetch alone.
+/// `SharedBody::pass_through`), and everyone else is told to fetch alone.
 async fn stream_unknown(
     mut body: OriginBody,
-    outlets: &mut Outlets<'_>,
+    outlets: &mut Fanout<'_>,
     room: Room<'_>,
     deadline: Instant,
     total: std::time::Duration,
@@ -557,10 +559,10 @@ pub(crate) async fn read_body(
 }
 
 /// Reads a body of exactly `n` bytes, handing each chunk to the readers
-/// of `growing` as it arrives and building the entry's copy alongside.
+/// of `shared_body` as it arrives and building the entry's copy alongside.
 async fn stream_into(
     mut body: OriginBody,
-    outlets: &mut Outlets<'_>,
+    outlets: &mut Fanout<'_>,
     n: u64,
     deadline: Instant,
     total: std::time::Duration,
@@ -601,7 +603,7 @@ async fn stream_into(
 /// origin paused), the codings being made push out what they hold first.
 async fn next_frame(
     body: &mut OriginBody,
-    outlets: &mut Outlets<'_>,
+    outlets: &mut Fanout<'_>,
     deadline: Instant,
 ) -> Result<Option<Result<http_body::Frame<Bytes>, BodyError>>, tokio::time::error::Elapsed> {
     let next = body.frame();

@@ -445,7 +445,7 @@ impl SharedTier for FakeTier {
             async move { Box::new(FakeNotices(self.0.notices.subscribe())) as Box<dyn Notices> },
         )
     }
-    fn store<'a>(
+    fn write_entry<'a>(
         &'a self,
         keys: &'a Keys,
         entry: &'a StoredResponse,
@@ -466,7 +466,7 @@ impl SharedTier for FakeTier {
             Ok(true)
         })
     }
-    fn mark_pass<'a>(
+    fn write_pass<'a>(
         &'a self,
         keys: &'a Keys,
         _duration: Duration,
@@ -477,7 +477,7 @@ impl SharedTier for FakeTier {
             Ok(())
         })
     }
-    fn set_backoff<'a>(
+    fn write_backoff<'a>(
         &'a self,
         keys: &'a Keys,
         backoff: &'a Backoff,
@@ -506,7 +506,7 @@ impl SharedTier for FakeTier {
     fn publish_ban<'a>(&'a self, _ban: &'a corral_core::Ban) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(async move { self.failing() })
     }
-    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
+    fn delete_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(async move {
             self.failing()?;
             self.records().backoffs.remove(&keys.backoff());

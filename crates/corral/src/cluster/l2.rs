@@ -374,7 +374,7 @@ impl SharedTier for L2 {
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>> {
         Box::pin(async move { Box::new(L2::watch(self, keys).await) as Box<dyn Notices> })
     }
-    fn store<'a>(
+    fn write_entry<'a>(
         &'a self,
         keys: &'a Keys,
         entry: &'a StoredResponse,
@@ -383,14 +383,14 @@ impl SharedTier for L2 {
     ) -> BoxFuture<'a, Result<bool, L2Error>> {
         Box::pin(L2::store(self, keys, entry, generation, now))
     }
-    fn mark_pass<'a>(
+    fn write_pass<'a>(
         &'a self,
         keys: &'a Keys,
         duration: Duration,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::mark_pass(self, keys, duration))
     }
-    fn set_backoff<'a>(
+    fn write_backoff<'a>(
         &'a self,
         keys: &'a Keys,
         backoff: &'a Backoff,
@@ -399,7 +399,7 @@ impl SharedTier for L2 {
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::set_backoff(self, keys, backoff, keep, now))
     }
-    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
+    fn delete_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::clear_backoff(self, keys))
     }
     fn invalidate<'a>(
@@ -420,7 +420,7 @@ impl SharedTier for L2 {
         Box::pin(L2::publish(self, keys, notice))
     }
 
-    fn path_rule(&self, scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
+    fn read_path_rule(&self, scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
         Box::pin(async move {
             let key = self.layout.rule_key(scope);
             let mut cmd = redis::cmd("GET");
@@ -434,7 +434,7 @@ impl SharedTier for L2 {
         })
     }
 
-    fn set_path_rule(&self, scope: Digest, record: String) -> BoxFuture<'_, Result<(), L2Error>> {
+    fn write_path_rule(&self, scope: Digest, record: String) -> BoxFuture<'_, Result<(), L2Error>> {
         Box::pin(async move {
             // Paused while Redis refuses writes for want of memory.
             if self.link.writes_paused() {

@@ -91,7 +91,7 @@ pub trait SharedTier: Send + Sync {
     fn max_object_size(&self) -> u64;
     /// Writes an entry under the generation it was fetched in; `Ok(false)`
     /// when it was not written (too large, expired, or invalidated since).
-    fn store<'a>(
+    fn write_entry<'a>(
         &'a self,
         keys: &'a Keys,
         entry: &'a StoredResponse,
@@ -99,21 +99,21 @@ pub trait SharedTier: Send + Sync {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<bool, L2Error>>;
     /// Marks the key hit-for-pass for `duration`.
-    fn mark_pass<'a>(
+    fn write_pass<'a>(
         &'a self,
         keys: &'a Keys,
         duration: Duration,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
     /// Records the origin's back-off for every instance, kept `keep` past
     /// its end.
-    fn set_backoff<'a>(
+    fn write_backoff<'a>(
         &'a self,
         keys: &'a Keys,
         backoff: &'a Backoff,
         keep: Duration,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<(), L2Error>>;
-    fn clear_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>>;
+    fn delete_backoff<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Result<(), L2Error>>;
     /// Retires every variant of a URI on every instance: the generation of
     /// each of its `primaries` (one per scheme) moves on (so no fill under
     /// way stores the old answer) and the instances are told, once.
@@ -128,11 +128,11 @@ pub trait SharedTier: Send + Sync {
     /// The No-Vary-Search rule an instance recorded for the path `scope`
     /// (`PathScope::digest`), as `NoVarySearch::record` wrote it, or `-`
     /// for none; `Ok(None)` when nothing is recorded.
-    fn path_rule(&self, _scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
+    fn read_path_rule(&self, _scope: Digest) -> BoxFuture<'_, Result<Option<String>, L2Error>> {
         Box::pin(async { Ok(None) })
     }
     /// Records the rule the origin gave `scope` for every instance.
-    fn set_path_rule(&self, _scope: Digest, _record: String) -> BoxFuture<'_, Result<(), L2Error>> {
+    fn write_path_rule(&self, _scope: Digest, _record: String) -> BoxFuture<'_, Result<(), L2Error>> {
         Box::pin(async { Ok(()) })
     }
     /// Announces how a fill ended to the variant's waiters.

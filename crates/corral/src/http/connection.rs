@@ -825,8 +825,8 @@ async fn serve_http<I, H: Handler>(
             stopping: Arc::clone(&service.activity),
         };
         match watch_over(fast, activity, limits, shutdown.clone(), shed).await {
-            Some(Ok(crate::http::h1::Ended::Handoff(io))) => io,
-            Some(Ok(crate::http::h1::Ended::Closed)) | None => return,
+            Some(Ok(crate::http::h1::LoopEnd::Handoff(io))) => io,
+            Some(Ok(crate::http::h1::LoopEnd::Closed)) | None => return,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "connection ended with an error");
                 return;

@@ -10,7 +10,7 @@
 //! frame one, `Expect`, `Upgrade`, `TE`, a target that is not origin-form,
 //! too many fields, an HTTP/2 preface, anything `httparse` refuses; or a
 //! head past the buffer) is handed, with every byte read so far, to hyper
-//! for the rest of the connection ([`Ended::Handoff`]): hyper then parses
+//! for the rest of the connection ([`LoopEnd::Handoff`]): hyper then parses
 //! those same bytes as if it had read them itself, and answers or refuses
 //! them as it always did. So a request is framed by the same parser
 //! whichever of the two serves it, and nothing with a body (the ground of
@@ -49,7 +49,7 @@ const READ_CHUNK: usize = 8 * 1024;
 const OUT_FIRST: usize = 512;
 
 /// How a connection's time on this loop ended.
-pub enum Ended<I> {
+pub enum LoopEnd<I> {
     /// The connection is done: the client closed it, an answer said
     /// `Connection: close`, or a graceful shutdown came between requests.
     Closed,
@@ -77,7 +77,7 @@ pub trait Answers: Send + Sync + 'static {
 
 /// Serves `io`'s requests while they are the kind this loop takes; up to
 /// `max_buf` bytes of one head are read before hyper is handed it.
-pub async fn serve<I, A>(mut io: I, service: A, max_buf: usize) -> io::Result<Ended<I>>
+pub async fn serve<I, A>(mut io: I, service: A, max_buf: usize) -> io::Result<LoopEnd<I>>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
     A: Answers,
@@ -91,18 +91,18 @@ where
             // loop (hyper's graceful shutdown closes an idle HTTP/1.1
             // connection too, pipelined requests unread).
             if service.stopping().load(Ordering::Relaxed) {
-                return Ok(Ended::Closed);
+                return Ok(LoopEnd::Closed);
             }
             if !buf.is_empty() {
                 match parse(&buf, &mut fields) {
                     Parsed::Fast(fast) => break fast,
                     Parsed::Partial => {}
-                    Parsed::Other => return Ok(Ended::Handoff(Rewind::new(buf.freeze(), io))),
+                    Parsed::Other => return Ok(LoopEnd::Handoff(Rewind::new(buf.freeze(), io))),
                 }
             }
             if buf.len() >= max_buf {
                 // hyper answers a head past its buffer (431).
-                return Ok(Ended::Handoff(Rewind::new(buf.freeze(), io)));
+                return Ok(LoopEnd::Handoff(Rewind::new(buf.freeze(), io)));
             }
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                 buf.reserve(READ_CHUNK);
@@ -118,7 +118,7 @@ where
                 .await
             };
             match read {
-                None | Some(Ok(0)) => return Ok(Ended::Closed),
+                None | Some(Ok(0)) => return Ok(LoopEnd::Closed),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(e),
             }
@@ -133,14 +133,14 @@ where
             let mut all = BytesMut::with_capacity(head.len() + buf.len());
             all.extend_from_slice(&head);
             all.extend_from_slice(&buf);
-            return Ok(Ended::Handoff(Rewind::new(all.freeze(), io)));
+            return Ok(LoopEnd::Handoff(Rewind::new(all.freeze(), io)));
         };
         drop(head);
         let is_head = fast.method() == Method::HEAD;
         let req = req.map(|()| Body::empty());
         let Some(res) = answered(&mut io, &mut buf, service.answer(req)).await? else {
             // The client left before its answer.
-            return Ok(Ended::Closed);
+            return Ok(LoopEnd::Closed);
         };
         out.clear();
         let (mut parts, body) = res.into_parts();
@@ -155,7 +155,7 @@ where
                 encode_head(&mut out, is_head, keep_alive, &mut parts, length_of(&body))
             else {
                 // An answer hyper would refuse to frame: nothing is written.
-                return Ok(Ended::Closed);
+                return Ok(LoopEnd::Closed);
             };
             write_body(&mut io, &out, framing, body).await?;
             last || framing == Framing::Close
@@ -163,7 +163,7 @@ where
         poll_fn(|cx| Pin::new(&mut io).poll_flush(cx)).await?;
         if closes {
             let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
-            return Ok(Ended::Closed);
+            return Ok(LoopEnd::Closed);
         }
         if grown && buf.is_empty() {
             // A kept-alive connection does not keep one large head's
@@ -839,8 +839,8 @@ mod tests {
         });
         let got = exchange(request, half_close, move |io| async move {
             match serve(io, answerer, 64 * 1024).await {
-                Ok(Ended::Closed) | Err(_) => {}
-                Ok(Ended::Handoff(_)) => panic!("handed off"),
+                Ok(LoopEnd::Closed) | Err(_) => {}
+                Ok(LoopEnd::Handoff(_)) => panic!("handed off"),
             }
         })
         .await;
@@ -977,7 +977,7 @@ mod tests {
         let ended = serve(server, Arc::clone(&answerer), 64 * 1024)
             .await
             .expect("served");
-        let Ended::Handoff(mut rest) = ended else {
+        let LoopEnd::Handoff(mut rest) = ended else {
             panic!("the POST is hyper's");
         };
         assert_eq!(answerer.asked.load(Ordering::Relaxed), 2);
@@ -1022,7 +1022,7 @@ mod tests {
         let asked = Arc::clone(&answerer.asked);
         assert!(matches!(
             serve(server, answerer, 1024).await,
-            Ok(Ended::Closed)
+            Ok(LoopEnd::Closed)
         ));
         assert_eq!(asked.load(Ordering::Relaxed), 0);
     }
@@ -1034,7 +1034,7 @@ mod tests {
         let mut sent = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
         sent.extend(std::iter::repeat_n(b'v', 4000));
         client.write_all(&sent).await.expect("write");
-        let Ok(Ended::Handoff(mut rest)) = serve(server, answerer, 2048).await else {
+        let Ok(LoopEnd::Handoff(mut rest)) = serve(server, answerer, 2048).await else {
             panic!("handed to hyper");
         };
         let mut handed = vec![0; sent.len()];

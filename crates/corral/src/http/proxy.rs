@@ -29,7 +29,7 @@ use crate::http::connection::Reply;
 use crate::http::gate::Gate;
 use crate::http::request_id;
 use crate::limits::{Phase, Who};
-use crate::origin::exchange::{Answered, Asked, Held, exchange};
+use crate::origin::exchange::{Answered, Held, OriginRequest, exchange};
 use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
@@ -793,7 +793,7 @@ async fn forward_uncached(
         ))
     };
     let target = head.path_and_query();
-    let asked = Asked {
+    let asked = OriginRequest {
         method: head.method.clone(),
         target: &target,
         headers: head.headers.clone(),

@@ -65,7 +65,7 @@ impl Transport for Network {
 }
 
 /// What is asked of the origin.
-pub struct Asked<'a> {
+pub struct OriginRequest<'a> {
     pub method: Method,
     /// Path and query.
     pub target: &'a str,
@@ -98,7 +98,7 @@ pub async fn exchange(
     transport: &dyn Transport,
     upstream: &Upstream,
     head: &RequestHead,
-    asked: Asked<'_>,
+    asked: OriginRequest<'_>,
 ) -> Result<Answered, UpstreamError> {
     let started = Instant::now();
     let deadline = started + upstream.total;

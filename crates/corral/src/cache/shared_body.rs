@@ -12,10 +12,10 @@
 //! looks complete.
 //!
 //! A body without a declared length may outgrow what can be stored. It is
-//! then passed through ([`Growing::pass_through`]): the readers already
+//! then passed through ([`SharedBody::pass_through`]): the readers already
 //! reading get every byte, the chunks every one of them has passed are
 //! released, the fill reads on only while what is held is within the
-//! bound ([`Growing::room`]), a reader that holds the others back past
+//! bound ([`SharedBody::room`]), a reader that holds the others back past
 //! its patience is cut off (its answer fails, the others go on), and no
 //! reader can start any more once a chunk was released.
 
@@ -37,7 +37,7 @@ enum End {
 }
 
 /// The shared body.
-pub struct Growing {
+pub struct SharedBody {
     /// The declared length, if there was one.
     len: Option<u64>,
     state: Mutex<State>,
@@ -54,7 +54,7 @@ struct State {
     base: usize,
     /// Bytes in `chunks`.
     held: u64,
-    /// Set by [`Growing::pass_through`]: the most bytes held for the
+    /// Set by [`SharedBody::pass_through`]: the most bytes held for the
     /// readers while the body passes through.
     passing: Option<u64>,
     /// Each reader's next chunk, by reader.
@@ -89,20 +89,20 @@ impl State {
     }
 }
 
-impl std::fmt::Debug for Growing {
+impl std::fmt::Debug for SharedBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Growing")
+        f.debug_struct("SharedBody")
             .field("len", &self.len)
             .field("progress", &*self.progress.borrow())
             .finish()
     }
 }
 
-impl Growing {
+impl SharedBody {
     /// A body that will hold exactly `len` bytes, or, with `None`, as
     /// many as arrive before the fill finishes it.
     pub fn new(len: Option<u64>) -> Arc<Self> {
-        Arc::new(Growing {
+        Arc::new(SharedBody {
             len,
             state: Mutex::new(State {
                 chunks: VecDeque::new(),
@@ -257,10 +257,10 @@ impl Growing {
 
 /// The fill's end of a growing body: aborts it if the fill goes away
 /// without finishing (an origin error, a panic, a cancelled task).
-pub struct Writer(Arc<Growing>);
+pub struct Writer(Arc<SharedBody>);
 
 impl Writer {
-    pub fn new(body: &Arc<Growing>) -> Self {
+    pub fn new(body: &Arc<SharedBody>) -> Self {
         Writer(Arc::clone(body))
     }
 
@@ -318,7 +318,7 @@ impl Drop for Writer {
 /// One caller's read of a growing body, as an HTTP body of the declared
 /// length (or, without one, of what arrives).
 pub struct Reader {
-    body: Arc<Growing>,
+    body: Arc<SharedBody>,
     id: u64,
     next: usize,
     sent: u64,
@@ -441,7 +441,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_reader_gets_every_byte_at_its_own_pace() {
-        let g = Growing::new(Some(6));
+        let g = SharedBody::new(Some(6));
         let early = g.reader();
         g.push(Bytes::from_static(b"abc"));
         let late = g.reader();
@@ -467,7 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_last_bytes_come_with_the_finish() {
-        let g = Growing::new(Some(6));
+        let g = SharedBody::new(Some(6));
         let r = g.reader();
         g.push(Bytes::from_static(b"abc"));
         let w = Writer::new(&g);
@@ -484,13 +484,13 @@ mod tests {
 
     #[tokio::test]
     async fn an_abort_is_an_error_for_every_reader_never_a_clean_end() {
-        let g = Growing::new(Some(6));
+        let g = SharedBody::new(Some(6));
         let r = g.reader();
         g.push(Bytes::from_static(b"abc"));
         drop(Writer::new(&g));
         assert!(r.collect().await.is_err());
         // Finished with fewer bytes than declared is no clean end either.
-        let g = Growing::new(Some(6));
+        let g = SharedBody::new(Some(6));
         let r = g.reader();
         g.push(Bytes::from_static(b"abc"));
         Writer::new(&g).finish(&Bytes::from_static(b"abc"));
@@ -505,7 +505,7 @@ mod without_a_length {
 
     #[tokio::test]
     async fn a_body_without_a_length_ends_at_its_finish() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let r = g.reader();
         assert_eq!(http_body::Body::size_hint(&r).exact(), None);
         g.push(Bytes::from_static(b"ab"));
@@ -513,7 +513,7 @@ mod without_a_length {
         let got = r.collect().await.expect("whole").to_bytes();
         assert_eq!(&got[..], b"abcd");
         // Dropped before its finish: an error, never a clean end.
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let r = g.reader();
         g.push(Bytes::from_static(b"ab"));
         drop(Writer::new(&g));
@@ -524,7 +524,7 @@ mod without_a_length {
     /// passed is released, and no reader can start once something was.
     #[tokio::test]
     async fn passing_through_releases_what_every_reader_passed() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let w = Writer::new(&g);
         let mut a = g.reader();
         let mut b = g.reader();
@@ -561,7 +561,7 @@ mod without_a_length {
     /// answer fails), and the others read on.
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_holds_the_others_back_is_cut_off() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let w = Writer::new(&g);
         let slow = g.reader();
         let mut fast = g.reader();
@@ -584,7 +584,7 @@ mod without_a_length {
     /// A reader that keeps up is never cut off: the fill waits for it.
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_moves_on_is_waited_for() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let w = Writer::new(&g);
         let reader = g.reader();
         g.pass_through(4);
@@ -617,7 +617,7 @@ mod before_the_first_reader {
     /// through before them is kept for them, not released as unread.
     #[tokio::test(start_paused = true)]
     async fn nothing_is_released_before_a_reader_came() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         let w = Writer::new(&g);
         g.pass_through(0);
         g.push(Bytes::from_static(b"early"));
@@ -634,7 +634,7 @@ mod before_the_first_reader {
     /// When nobody comes within the patience, what is held goes.
     #[tokio::test(start_paused = true)]
     async fn what_nobody_comes_for_is_let_go() {
-        let g = Growing::new(None);
+        let g = SharedBody::new(None);
         g.pass_through(0);
         g.push(Bytes::from_static(b"unread"));
         assert_eq!(g.room(std::time::Duration::from_secs(2)).await, 0);

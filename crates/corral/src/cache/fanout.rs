@@ -6,7 +6,7 @@
 //! waiting for its end and without a compression per caller; the codings
 //! made this way are the ones stored (`compress::encode_with`).
 //!
-//! Each coded body is a [`Growing`] like the unencoded one, and shares its
+//! Each coded body is a [`SharedBody`] like the unencoded one, and shares its
 //! fate: it ends cleanly only when the entry is stored (the coding's last
 //! bytes come then, so no reader holds a whole coded body before the
 //! entry is stored), fails for its readers when the fill fails, and
@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use corral_core::Coding;
 
 use crate::cache::compress::StreamEncoder;
-use crate::cache::growing::{Growing, Writer};
+use crate::cache::shared_body::{SharedBody, Writer};
 
 /// The most bytes a coding of `n` bytes fed in chunks, each flushed when
 /// the origin pauses, can take: deflate's stored blocks, brotli's and
@@ -35,7 +35,7 @@ pub fn worst(n: u64) -> u64 {
 /// One coding's body.
 struct Coded {
     encoder: StreamEncoder,
-    body: Arc<Growing>,
+    body: Arc<SharedBody>,
     writer: Writer,
     /// The chunks kept to store, while the answer may be stored.
     kept: Option<Vec<Bytes>>,
@@ -44,13 +44,13 @@ struct Coded {
 }
 
 /// The bodies a streamed answer feeds.
-pub struct Outlets<'a> {
-    identity: &'a Growing,
+pub struct Fanout<'a> {
+    identity: &'a SharedBody,
     coded: Vec<Coded>,
     /// For a body of declared length, what each coding may take (its
     /// hold was reserved up front).
     cap: Option<u64>,
-    /// Bytes the codings produced, not yet taken ([`Outlets::take_produced`]).
+    /// Bytes the codings produced, not yet taken ([`Fanout::take_produced`]).
     produced: u64,
     route: &'a str,
 }
@@ -70,11 +70,11 @@ impl Finished {
     }
 }
 
-impl<'a> Outlets<'a> {
+impl<'a> Fanout<'a> {
     /// The unencoded body `identity` and a body per coding of `codings`;
-    /// `cap` as [`Outlets::cap`].
+    /// `cap` as [`Fanout::cap`].
     pub fn new(
-        identity: &'a Growing,
+        identity: &'a SharedBody,
         codings: &[Coding],
         cap: Option<u64>,
         route: &'a str,
@@ -83,7 +83,7 @@ impl<'a> Outlets<'a> {
             .iter()
             .filter_map(|&c| StreamEncoder::new(c))
             .map(|encoder| {
-                let body = Growing::new(None);
+                let body = SharedBody::new(None);
                 Coded {
                     writer: Writer::new(&body),
                     encoder,
@@ -93,7 +93,7 @@ impl<'a> Outlets<'a> {
                 }
             })
             .collect();
-        Outlets {
+        Fanout {
             identity,
             coded,
             cap,
@@ -103,7 +103,7 @@ impl<'a> Outlets<'a> {
     }
 
     /// The coded bodies, for the callers that accept one.
-    pub fn bodies(&self) -> Vec<(Coding, Arc<Growing>)> {
+    pub fn bodies(&self) -> Vec<(Coding, Arc<SharedBody>)> {
         self.coded
             .iter()
             .map(|c| (c.encoder.coding(), Arc::clone(&c.body)))
