@@ -3,6 +3,10 @@
 //! unit tests: between the folders of `crates/corral/src`, and between the
 //! files of the miss path (`cache/`). A new module must be given its
 //! place here, and in ARCHITECTURE.md's table.
+//!
+//! The miss path's state has owners too ([`OWNERS`]): a layer that reaches
+//! state it does not own (the circuit from the lookup, Redis from the
+//! store, L1's back-off records outside the gate) fails here.
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +50,103 @@ const CACHE: &[&str] = &[
     "shared_body",
     "resync",
 ];
+
+/// Who owns each piece of the miss path's state: what the code names to
+/// reach it, the `cache/` files that may, and what it is. Anyone else
+/// asks an owner (`gate::caller_backoff`, `fill::is_pass`,
+/// `shared::unavailable`).
+const OWNERS: &[(&str, &[&str], &str)] = &[
+    (".transport", &["exchange"], "the origin transport"),
+    (".flights", &["flight", "driver"], "the flights registry"),
+    (
+        ".tier",
+        &["driver", "shared", "invalidate", "rules", "gate"],
+        "Redis (records reads and writes it for shared, through the tier it is handed)",
+    ),
+    (".circuit", &["gate"], "the route's circuit"),
+    (
+        ".fills",
+        &["gate"],
+        "the route's and the instance's fill slots",
+    ),
+    (
+        ".resync",
+        &["lookup"],
+        "the pace of unverified entries' refreshes",
+    ),
+    ("active_backoff(", &["gate"], "L1's back-off records"),
+    ("last_backoff(", &["gate"], "L1's back-off records"),
+    ("set_backoff(", &["gate"], "L1's back-off records"),
+    ("set_own_backoff(", &["gate"], "L1's back-off records"),
+    ("clear_backoff(", &["gate"], "L1's back-off records"),
+    ("write_backoff(", &["gate"], "Redis's back-off records"),
+    ("delete_backoff(", &["records"], "Redis's back-off records"),
+    (".is_pass(", &["fill"], "L1's hit-for-pass markers"),
+    (".mark_pass(", &["fill"], "L1's hit-for-pass markers"),
+    (".clear_pass(", &["fill"], "L1's hit-for-pass markers"),
+    ("write_pass(", &["records"], "Redis's hit-for-pass markers"),
+    (
+        "fill_memory",
+        &["fill", "store", "fanout"],
+        "the fill memory budget",
+    ),
+    (
+        "ahead_memory",
+        &["fill", "store", "exchange"],
+        "the read-ahead budget",
+    ),
+];
+
+/// The state `file` (a `cache/` file's name) reaches without owning it,
+/// in `code` (comments and unit tests already left out).
+fn reached(file: &str, code: &str) -> Vec<String> {
+    OWNERS
+        .iter()
+        .filter(|(name, owners, _)| !owners.contains(&file) && code.contains(name))
+        .map(|(name, owners, what)| {
+            format!("cache/{file}.rs reaches {what} (`{name}`), which {owners:?} own")
+        })
+        .collect()
+}
+
+#[test]
+fn each_layer_reaches_only_the_state_it_owns() {
+    let dir = src().join("cache");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let rel = relative(&dir, &path);
+        let file = rel.trim_end_matches(".rs");
+        if ["mod", "tests"].contains(&file) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable source file");
+        found.extend(reached(file, &code(&text)));
+    }
+    assert!(
+        found.is_empty(),
+        "state reached by a layer that does not own it:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_ownership_check_sees_a_layer_reaching_state_it_does_not_own() {
+    // The lookup reading the circuit and L1's back-off, as it once did;
+    // the gate, their owner, may; a comment or a unit test may name them.
+    let lookup = code(
+        "let open = fill.route.circuit.is_open();\n\
+         let b = cache.l1.active_backoff(scope, now);\n\
+         // fill.cache.tier in a comment\n\
+         #[cfg(test)]\nmod tests { cache.tier.clone(); }\n",
+    );
+    let found = reached("lookup", &lookup);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(found[0].contains("the route's circuit"), "{found:#?}");
+    assert!(found[1].contains("L1's back-off records"), "{found:#?}");
+    assert!(reached("gate", &lookup).is_empty());
+}
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/corral/src")

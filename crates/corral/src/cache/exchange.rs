@@ -121,7 +121,7 @@ async fn pass_decoded(
                 reason,
                 PassReason::ConflictingFraming | PassReason::RuleChanged
             ) {
-                fill.mark_pass();
+                fill.set_hit_for_pass();
             }
             Ended::Stream(
                 reason,
@@ -162,7 +162,7 @@ async fn ask(
     // whoever asked: one fill for every caller, whatever they accept. A
     // key known to be uncacheable passes with the caller's own field (its
     // answer reaches that caller alone, as the origin encodes it).
-    if fill.route.compression.is_some() && !fill.cache.l1.is_pass(&fill.pass_scope()) {
+    if fill.route.compression.is_some() && !fill.is_hit_for_pass() {
         headers.insert(
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
@@ -311,7 +311,7 @@ fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
         reason,
         PassReason::ConflictingFraming | PassReason::RuleChanged
     ) {
-        fill.mark_pass();
+        fill.set_hit_for_pass();
     }
     let total = fill.route.upstream.total;
     let body = Body::new(crate::origin::ahead::read_ahead(
@@ -389,7 +389,7 @@ fn revalidated(
             // longer lets it be stored or shared.
             let key = fill.entry_key(stale);
             fill.cache.l1.remove(&key);
-            fill.mark_pass();
+            fill.set_hit_for_pass();
             let mut parts = merged_parts;
             parts.headers.remove(CONTENT_LENGTH);
             let body = Body::from(stale.body().clone());

@@ -389,11 +389,28 @@ impl FillRequest {
     }
 
     /// Marks this caller's view of the URI uncacheable for a while.
-    pub(crate) fn mark_pass(&self) {
+    pub(crate) fn set_hit_for_pass(&self) {
         self.cache
             .l1
             .mark_pass(self.pass_scope(), self.route.policy.hit_for_pass);
     }
+
+    /// True while this caller's view of the URI is marked uncacheable.
+    pub(crate) fn is_hit_for_pass(&self) -> bool {
+        is_pass(&self.cache, &self.pass_scope())
+    }
+
+    /// The URI is cacheable again for this caller: its answer was stored.
+    pub(crate) fn clear_hit_for_pass(&self) {
+        self.cache.l1.clear_pass(&self.pass_scope());
+    }
+}
+
+/// True while the callers of `scope` are hit-for-pass on their URI. The
+/// marker in L1 is read and written here alone (its copy in Redis, by
+/// `records`).
+pub(crate) fn is_pass(cache: &Cache, scope: &Digest) -> bool {
+    cache.l1.is_pass(scope)
 }
 
 /// What a fill produced: the outcome every waiter shares, or (an answer

@@ -60,6 +60,64 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     ended
 }
 
+/// Adopts another instance's record of the key's failures: the longer
+/// period and the longer run of failures in a row count (a failure that
+/// has not started a period yet still counts toward `backoff.after`).
+pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
+    let scope = fill.pass_scope();
+    let l1 = &fill.cache.l1;
+    let merged = match l1.last_backoff(&scope) {
+        None => Some(theirs),
+        Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
+            Some(corral_core::Backoff {
+                until: theirs.until.max(ours.until),
+                failures: theirs.failures.max(ours.failures),
+                // The caller counted last in the longer run.
+                caller: if theirs.failures >= ours.failures {
+                    theirs.caller
+                } else {
+                    ours.caller
+                },
+            })
+        }
+        Some(_) => None,
+    };
+    if let Some(merged) = merged {
+        l1.set_backoff(
+            scope,
+            merged,
+            fill.route.backoff.memory(),
+            fill.primary.shown(),
+        );
+    }
+}
+
+/// Whether the key is in back-off now: the fill's gate will answer
+/// without a request.
+pub(crate) fn backing_off(fill: &FillRequest) -> bool {
+    let now = fill.cache.clock.now();
+    fill.cache
+        .l1
+        .active_backoff(|| fill.pass_scope(), now)
+        .is_some()
+}
+
+/// The key's back-off, or this caller's own (see [`judge`]), active at
+/// `now`: either leaves a caller to the stale copy. Its own never stops a
+/// fetch, which would fail the callers who joined its flight with it.
+/// `scope`: where the key's back-off of this class of caller is kept.
+pub(crate) fn caller_backoff(
+    l1: &corral_core::L1,
+    scope: impl Fn() -> corral_core::Digest,
+    client: std::net::IpAddr,
+    now: std::time::SystemTime,
+) -> Option<corral_core::Backoff> {
+    l1.active_backoff(&scope, now).or_else(|| {
+        let caller = corral_core::callers::client_addr::caller_group(client);
+        l1.active_backoff(|| scope().for_caller(caller), now)
+    })
+}
+
 /// Writes the key's back-off record this fetch moved to L2, for the other
 /// instances, whatever path the fetch took (a leader's, a follower's after
 /// its leader failed, one alone), and before any notice of its end: the

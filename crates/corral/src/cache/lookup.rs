@@ -17,12 +17,11 @@ use corral_core::{
 use futures_util::future::BoxFuture;
 use http::Method;
 
-use crate::cache::driver;
-use crate::cache::fill::FillRequest;
-use crate::cache::fill::{Cache, copy_for};
+use crate::cache::fill::{self, Cache, FillRequest, copy_for};
 use crate::cache::flight::{self, Flown, Joining};
 use crate::cache::respond::{self, Answer};
 use crate::cache::rules;
+use crate::cache::{driver, gate, shared};
 use crate::origin::interim;
 use crate::routes::Route;
 
@@ -36,9 +35,7 @@ pub trait Admit: Send + Sync {
 /// True when this caller's view of the URI is hit-for-pass: the last
 /// answer could not be stored.
 pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
-    cache
-        .l1
-        .is_pass(&Keys::of(cache, route, ctx, None).pass_scope(ctx))
+    fill::is_pass(cache, &Keys::of(cache, route, ctx, None).pass_scope(ctx))
 }
 
 /// GET and HEAD through the cache; with `body`, a POST the route
@@ -340,15 +337,7 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
     // is shared with a fill below.
     let class = corral_core::pass_class(keys.identity.as_ref(), &ctx.headers);
     let scope = || keys.primary.pass_scope(class.as_ref());
-    // The key's back-off, or this caller's own (see `gate::judge`): either
-    // leaves this caller to the stale copy. Its own never stops a fetch,
-    // which would fail the callers who joined its flight with it.
-    let caller = || corral_core::callers::client_addr::caller_group(ctx.client);
-    let backoff = cache.l1.active_backoff(scope, now).or_else(|| {
-        cache
-            .l1
-            .active_backoff(|| scope().for_caller(caller()), now)
-    });
+    let backoff = gate::caller_backoff(&cache.l1, scope, ctx.client, now);
     let vary = cache.l1.learned_vary(&keys.primary);
     let values = vary.values(&ctx.headers);
     // Looked up by their local keys, made on the stack; the variant's
@@ -399,15 +388,10 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
             entry,
         )
     });
-    let is_pass = || cache.l1.is_pass(&scope());
+    let is_pass = || fill::is_pass(cache, &scope());
     // Redis cannot be used for this key now: a background refresh would
     // be this instance's alone (asked only where a refresh would start).
-    let redis_unavailable = || {
-        cache
-            .tier
-            .as_ref()
-            .is_some_and(|t| t.unavailable(&keys.primary))
-    };
+    let redis_unavailable = || shared::unavailable(cache, &keys.primary);
     let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce, is_pass) {
         Lookup::Fetch { coalesce, stale } => {
             let fill = fill(stale);

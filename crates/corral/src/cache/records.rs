@@ -10,7 +10,7 @@ use std::sync::Arc;
 use corral_core::{EntryState, PassReason, StoredResponse, VariantKey};
 
 use crate::cache::fill::{Ended, FillOutcome, FillRequest};
-use crate::cache::rules;
+use crate::cache::{gate, rules};
 use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{Probe, SharedTier};
@@ -50,38 +50,6 @@ pub(crate) async fn first_read(
     Ok((keys, probe))
 }
 
-/// Adopts another instance's record of the key's failures: the longer
-/// period and the longer run of failures in a row count (a failure that
-/// has not started a period yet still counts toward `backoff.after`).
-pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
-    let scope = fill.pass_scope();
-    let l1 = &fill.cache.l1;
-    let merged = match l1.last_backoff(&scope) {
-        None => Some(theirs),
-        Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
-            Some(corral_core::Backoff {
-                until: theirs.until.max(ours.until),
-                failures: theirs.failures.max(ours.failures),
-                // The caller counted last in the longer run.
-                caller: if theirs.failures >= ours.failures {
-                    theirs.caller
-                } else {
-                    ours.caller
-                },
-            })
-        }
-        Some(_) => None,
-    };
-    if let Some(merged) = merged {
-        l1.set_backoff(
-            scope,
-            merged,
-            fill.route.backoff.memory(),
-            fill.primary.shown(),
-        );
-    }
-}
-
 /// Reads the variant's keys; the entry comes back labelled with its URI and
 /// screened by the purges (bans) in force. A back-off another instance
 /// recorded is adopted here, and an entry too old to serve fresh but still
@@ -100,7 +68,7 @@ pub(crate) async fn read(
     });
     let now = cache.clock.now();
     if let Some(theirs) = probe.backoff {
-        adopt_backoff(fill, theirs);
+        gate::adopt_backoff(fill, theirs);
     }
     if let Some(e) = &probe.entry
         && !can_serve(fill, &probe)

@@ -184,13 +184,7 @@ fn judge(fill: &FillRequest, probe: &mut Probe, waited: Option<SystemTime>) -> J
     }
     // The origin is failing for this key (this instance or another saw
     // it): the gate answers without a request.
-    let now = fill.cache.clock.now();
-    if fill
-        .cache
-        .l1
-        .active_backoff(|| fill.pass_scope(), now)
-        .is_some()
-    {
+    if gate::backing_off(fill) {
         return Judged::Backoff;
     }
     Judged::Fetch
@@ -387,7 +381,7 @@ pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &
 /// driver hears it), so that they fetch alongside this fill instead of
 /// after it; its own fetch answers its leader when it is done.
 async fn pass_known(fill: &FillRequest, events: &Events) -> Ended {
-    fill.mark_pass();
+    fill.set_hit_for_pass();
     events.send(FillEvent::PassKnown);
     gate::fetch(fill, &events.without_streaming()).await
 }
@@ -424,4 +418,13 @@ async fn lock_timeout(fill: &FillRequest, events: &Events) -> Ended {
         Some(outcome) => Ended::Outcome(outcome),
         None => gate::fetch(fill, events).await,
     }
+}
+
+/// True when Redis cannot be used for `primary` now (its link or its
+/// shard's breaker is down): what a fill would do there, it does alone.
+pub(crate) fn unavailable(
+    cache: &crate::cache::fill::Cache,
+    primary: &corral_core::PrimaryKey,
+) -> bool {
+    cache.tier.as_ref().is_some_and(|t| t.unavailable(primary))
 }

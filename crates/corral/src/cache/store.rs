@@ -214,7 +214,7 @@ pub(crate) async fn store(
                 // and the next caller fetches alone.
                 Ok(None) => {
                     outlets.passed(writer);
-                    fill.mark_pass();
+                    fill.set_hit_for_pass();
                     return Ended::Outcome(FillOutcome::Pass {
                         reason: PassReason::TooLarge,
                     });
@@ -228,7 +228,7 @@ pub(crate) async fn store(
                 Buffered::Full(bytes) => (bytes, None, Vec::new()),
                 Buffered::Over(reason, rest) => {
                     if reason == PassReason::TooLarge {
-                        fill.mark_pass();
+                        fill.set_hit_for_pass();
                     }
                     return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
                 }
@@ -252,7 +252,7 @@ pub(crate) async fn store(
     let l1 = &fill.cache.l1;
     l1.learn_vary(&fill.primary, &keep.vary);
     crate::cache::rules::learn(fill, entry.headers());
-    l1.clear_pass(&fill.pass_scope());
+    fill.clear_hit_for_pass();
     l1.insert(
         &fill.entry_key(&entry),
         fill.primary.uri(),
@@ -314,7 +314,7 @@ fn representations(
         // Encoded by the origin past what corral can undo: only its
         // caller gets it.
         Err(entry) => {
-            fill.mark_pass();
+            fill.set_hit_for_pass();
             let reason = PassReason::Undecodable;
             let mut head = Response::new(());
             *head.status_mut() = entry.status();

@@ -132,7 +132,11 @@ pub trait SharedTier: Send + Sync {
         Box::pin(async { Ok(None) })
     }
     /// Records the rule the origin gave `scope` for every instance.
-    fn write_path_rule(&self, _scope: Digest, _record: String) -> BoxFuture<'_, Result<(), L2Error>> {
+    fn write_path_rule(
+        &self,
+        _scope: Digest,
+        _record: String,
+    ) -> BoxFuture<'_, Result<(), L2Error>> {
         Box::pin(async { Ok(()) })
     }
     /// Announces how a fill ended to the variant's waiters.
