@@ -382,6 +382,56 @@ async fn a_full_redis_refuses_writes_and_reads_go_on() {
     );
 }
 
+/// A full Redis still coalesces: the lease scripts run under `allow-oom`
+/// and the leader hands its entry off for `lease_ttl`, so a stampede of
+/// 20 requests on each of three instances, on a cold key, costs the origin
+/// one request, not one per instance, and every caller gets its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stampede_on_a_full_redis_reaches_the_origin_once() {
+    let redis = Redis::start_args(
+        ["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    let origin = Origin::new()
+        .route("/cold", cacheable("one answer").delay(Duration::from_millis(500)))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(3).start_all().await;
+    let client = Client::new();
+    let _held = fill_up(&redis).await;
+
+    let per_proxy = spawn_bursts(&client, &proxies, 20, "/cold")
+        .await
+        .expect("burst task");
+    for answer in per_proxy.iter().flatten() {
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "one answer".to_owned()),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert_eq!(
+        origin.hits("/cold"),
+        1,
+        "a full Redis took no lease: one origin request per instance"
+    );
+    // No lease is left behind, and the full Redis was no failing one.
+    corral_tests::shared::wait_no_lease(&redis, DEADLINE).await;
+    for proxy in &proxies {
+        assert_eq!(
+            counter(proxy, "corral_redis_errors_total", &[("kind", "error")]).await,
+            0.0
+        );
+    }
+}
+
 /// Three instances behind one noisy link to Redis, one profile at a time
 /// (latency with jitter, a bandwidth cap, 3% of chunks reset, 5% of new
 /// connections silent): a stampede of 20 requests per instance on each of

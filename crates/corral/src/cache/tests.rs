@@ -1358,6 +1358,34 @@ async fn a_follower_serves_what_the_other_instance_announces() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_live_lease_is_waited_on_past_lock_timeout_not_fetched_beside() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 1s }}\n"),
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    // Another instance's slow fetch: its lease stands (renewed) for 3 s,
+    // three times this route's lock_timeout.
+    t.other_leads(&keys, Duration::from_secs(3600), Duration::ZERO);
+    let entry = h.entry("max-age=60", "there", Duration::ZERO);
+    let other = {
+        let (t, keys) = (t.clone(), keys.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            t.other_ends(&keys, Some(entry), Some(FillNotice::Stored));
+        })
+    };
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    other.await.expect("unit-test setup");
+    assert!(answers.iter().all(|a| a.body == "there"));
+    assert_eq!(h.origin.hits(), 0, "a waiter fetched beside a live leader");
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_lost_notice_is_covered_by_polling() {
     let h = harness(
         ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),

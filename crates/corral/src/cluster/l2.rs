@@ -17,7 +17,7 @@ use http::header::HeaderName;
 use crate::cluster::lease;
 use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
-    RULE_TTL, STORE, epoch_millis, millis,
+    RULE_TTL, STORE, STORE_HANDOFF, epoch_millis, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
@@ -181,11 +181,6 @@ impl L2 {
         if entry.body().len() as u64 > self.max_object_size {
             return Ok(false);
         }
-        // Redis refused a write moments ago because it is full: the entry
-        // stays in L1 (the waiters elsewhere are told to fetch their own).
-        if self.link.writes_paused() {
-            return Ok(false);
-        }
         let ttl = entry.residency(now);
         if ttl.is_zero() {
             return Ok(false);
@@ -200,25 +195,39 @@ impl L2 {
         let vary = self
             .trust
             .seal_text(Record::Vary, &keys.vary(), &vary_record(entry.vary()));
+        let record_keys = [
+            entry_key.as_str(),
+            &keys.generation(),
+            &keys.vary(),
+            &keys.variants(),
+        ];
+        let args = |px: Duration| {
+            vec![
+                sealed.clone(),
+                arg(generation),
+                arg(millis(px)),
+                arg(&vary),
+                arg(keys.variant()),
+                arg(millis(RECORD_TTL)),
+            ]
+        };
+        // Redis refused a write moments ago because it is full: the entry
+        // is not sent to be refused again, only handed off.
+        if !self.link.writes_paused() {
+            match self.link.script::<i64>(&STORE, &record_keys, &args(ttl)).await {
+                Ok(stored) => return Ok(stored == 1),
+                Err(e) if e.is_full() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Full: the entry is handed off to the instances waiting on this
+        // fill for `lease_ttl` (written under `allow-oom`), so a full Redis
+        // still costs the origin one request per key; it then lapses, and
+        // this instance's L1 keeps it for its whole life.
+        let handoff = ttl.min(self.lease_ttl);
         let stored: i64 = self
             .link
-            .script(
-                &STORE,
-                &[
-                    &entry_key,
-                    &keys.generation(),
-                    &keys.vary(),
-                    &keys.variants(),
-                ],
-                &[
-                    sealed,
-                    arg(generation),
-                    arg(millis(ttl)),
-                    arg(&vary),
-                    arg(keys.variant()),
-                    arg(millis(RECORD_TTL)),
-                ],
-            )
+            .script(&STORE_HANDOFF, &record_keys, &args(handoff))
             .await?;
         Ok(stored == 1)
     }
