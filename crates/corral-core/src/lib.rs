@@ -53,7 +53,7 @@ pub use cache_status::{
     proxy_status, strip_claimed_proxy_status,
 };
 pub use circuit::{Admission, Circuit, CircuitSettings, Evidence};
-pub use clock::{Clock, PausedClock, SystemClock};
+pub use clock::{Clock, ClockShift, PausedClock, SystemClock};
 pub use coding::{
     Accepted, Coding, accepts as accepts_coding, choose as choose_coding, normalize_accept_encoding,
 };
