@@ -179,7 +179,11 @@ async fn a_skewed_instance_changes_nothing_another_serves() {
     let writers = [("/by-a", "a", &a), ("/by-b", "b", &b), ("/by-c", "c", &c)];
     for (path, body, writer) in writers {
         let first = client.get(&writer.url(path)).await;
-        assert!(first.cache_status().stored(), "{path}: {}", first.cache_status());
+        assert!(
+            first.cache_status().stored(),
+            "{path}: {}",
+            first.cache_status()
+        );
         for (name, reader) in all {
             let got = client.get(&reader.url(path)).await;
             assert_eq!((got.status.as_u16(), got.text()), (200, body.to_owned()));
@@ -197,7 +201,11 @@ async fn a_skewed_instance_changes_nothing_another_serves() {
     for (path, body, _) in writers {
         for (name, reader) in all {
             let got = client.get(&reader.url(path)).await;
-            assert!(got.cache_status().is_hit(), "{path} on {name}: {}", got.cache_status());
+            assert!(
+                got.cache_status().is_hit(),
+                "{path} on {name}: {}",
+                got.cache_status()
+            );
             let age: u64 = got
                 .header("age")
                 .and_then(|a| a.parse().ok())
@@ -538,7 +546,10 @@ async fn a_stampede_on_a_full_redis_reaches_the_origin_once() {
     )
     .await;
     let origin = Origin::new()
-        .route("/cold", cacheable("one answer").delay(Duration::from_millis(500)))
+        .route(
+            "/cold",
+            cacheable("one answer").delay(Duration::from_millis(500)),
+        )
         .start()
         .await;
     let config = Config::new()

@@ -915,6 +915,37 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_slow_fill_answers_from_its_stale_copy_after_stale_after_and_stores_on() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=600", "v1")],
+            Reply::Ok("max-age=60", "v2"),
+            Duration::from_secs(10),
+        ),
+        None,
+        &format!("{NO_EARLY_REFRESH}    timeouts: {{ stale_after: 2s }}\n"),
+    );
+    h.get("/a").await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    // Answered from the copy at stale_after, not when the origin answers.
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    for a in &answers {
+        assert_eq!(a.body, "v1");
+        assert!(
+            a.cs.detail == Some(Detail::StaleIfError),
+            "{}",
+            a.cache_status
+        );
+    }
+    // The fetch went on, and its answer is the stored one.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(h.get("/a").await.body, "v2");
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
     let h = harness(
         ScriptedOrigin::scripted(

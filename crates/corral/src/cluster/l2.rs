@@ -225,7 +225,11 @@ impl L2 {
         // Redis refused a write moments ago because it is full: the entry
         // is not sent to be refused again, only handed off.
         if !self.link.writes_paused() {
-            match self.link.script::<i64>(&STORE, &record_keys, &args(ttl)).await {
+            match self
+                .link
+                .script::<i64>(&STORE, &record_keys, &args(ttl))
+                .await
+            {
                 Ok(stored) => return Ok(stored == 1),
                 Err(e) if e.is_full() => {}
                 Err(e) => return Err(e),
@@ -567,8 +571,7 @@ impl L2 {
                 &[arg(instance), arg(sealed), arg(millis(ttl))],
             )
             .await?;
-        self.link
-            .observe_clock(redis_now, sent, SystemTime::now());
+        self.link.observe_clock(redis_now, sent, SystemTime::now());
         Ok(true)
     }
 
@@ -583,11 +586,7 @@ impl L2 {
         }
         let names: Vec<String> = self
             .link
-            .script(
-                &ROLL,
-                &[&roll],
-                &[arg(FLEET_MAX), arg(INSTANCE_NAME_MAX)],
-            )
+            .script(&ROLL, &[&roll], &[arg(FLEET_MAX), arg(INSTANCE_NAME_MAX)])
             .await?;
         if names.is_empty() {
             return Ok(Some(Vec::new()));

@@ -508,6 +508,10 @@ pub struct TimeoutsConfig {
     pub response_headers: Duration,
     /// The whole exchange, body included.
     pub total: Duration,
+    /// How long a fill that has a stale-if-error copy keeps its callers
+    /// waiting on the origin before it answers them from the copy (the
+    /// fetch goes on and replaces the copy when it answers).
+    pub stale_after: Duration,
 }
 
 impl Default for TimeoutsConfig {
@@ -516,6 +520,7 @@ impl Default for TimeoutsConfig {
             connect: Duration::from_secs(2),
             response_headers: Duration::from_secs(15),
             total: Duration::from_secs(60),
+            stale_after: Duration::from_secs(2),
         }
     }
 }
@@ -976,6 +981,21 @@ routes:
         let text = route_with("").replace("routes:", "listen_on: 1\nroutes:");
         let error = refused(&text);
         assert_at(&error, 5, 1, "listen_on");
+    }
+
+    #[test]
+    fn stale_after_defaults_to_two_seconds_and_refuses_zero() {
+        let config = config(&route_with("    timeouts: { stale_after: 500ms }\n"));
+        assert_eq!(
+            config.routes[0].timeouts.stale_after,
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            TimeoutsConfig::default().stale_after,
+            Duration::from_secs(2)
+        );
+        let error = refused(&route_with("    timeouts:\n      stale_after: 0s\n"));
+        assert_at(&error, 9, 20, "routes[0].timeouts.stale_after");
     }
 
     #[test]
