@@ -102,6 +102,157 @@ async fn a_lease_ages_on_redis_clock_whatever_the_instances_clocks_say() {
     }
 }
 
+/// The instance names `proxy`'s fleet view lists.
+async fn fleet_names(client: &Client, proxy: &RunningProxy) -> Vec<String> {
+    let body = client.get(&proxy.admin_url("/stats?fleet=1")).await.text();
+    let fleet: serde_json::Value = serde_json::from_str(&body).expect("the fleet view is JSON");
+    let mut names: Vec<String> = fleet["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| i["instance"].as_str().expect("a name").to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+const PURGE_TOKEN: &str = "skew-purge-token";
+
+/// A's wall clock is true, B's runs 30 s ahead and C's 30 s behind; what
+/// they share is on Redis's clock, so nothing changes what another serves:
+/// - every fleet view lists all three (heartbeats scored on Redis's clock;
+///   B's used to drop A and C from the roll, and C's lapsed on arrival);
+/// - an entry any of them stored is a fresh hit on the other two (A's read
+///   as 30 s old on B, C's as expired on A and B);
+/// - `Age` is the time since the origin answered, on every instance (B's
+///   entries used to read `Age: 0` for 35 s elsewhere);
+/// - a prefix purge from C removes the answers on all three (its ban used
+///   to date from 30 s before what they held).
+///
+/// Real time has to pass for an age to show, and libfaketime's clocks
+/// cannot be paused: the test waits 2.5 s once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_instance_changes_nothing_another_serves() {
+    let Some(lib) = libfaketime() else { return };
+    let redis = Redis::start().await;
+    let short = |body: &str| Reply::ok(body.to_owned()).header("cache-control", "max-age=5");
+    let origin = Origin::new()
+        .route("/by-a", short("a"))
+        .route("/by-b", short("b"))
+        .route("/by-c", short("c"))
+        .route("/p/1", cacheable("before the purge"))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .server("purge_token", &format!("\"{PURGE_TOKEN}\""));
+    let a = Proxy::new(config.clone()).start().await;
+    let b = Proxy::new(config.clone())
+        .wall_clock_offset(&lib, "+30s")
+        .start()
+        .await;
+    let c = Proxy::new(config)
+        .wall_clock_offset(&lib, "-30s")
+        .start()
+        .await;
+    let all = [("A", &a), ("B", &b), ("C", &c)];
+    let client = Client::new();
+
+    // Every instance lists the three (heartbeats come every 2 s).
+    for (name, proxy) in all {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let names = fleet_names(&client, proxy).await;
+            if names.len() == 3 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}'s fleet view never listed the three instances: {names:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // What each stores is a fresh hit on the others, fetched once.
+    let writers = [("/by-a", "a", &a), ("/by-b", "b", &b), ("/by-c", "c", &c)];
+    for (path, body, writer) in writers {
+        let first = client.get(&writer.url(path)).await;
+        assert!(
+            first.cache_status().stored(),
+            "{path}: {}",
+            first.cache_status()
+        );
+        for (name, reader) in all {
+            let got = client.get(&reader.url(path)).await;
+            assert_eq!((got.status.as_u16(), got.text()), (200, body.to_owned()));
+            assert!(
+                got.cache_status().is_hit(),
+                "{path} stored by {body}, read on {name}: {}",
+                got.cache_status()
+            );
+        }
+        assert_eq!(origin.hits(path), 1, "{path}");
+    }
+
+    // Age is the time since the origin answered, wherever it is read.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for (path, body, _) in writers {
+        for (name, reader) in all {
+            let got = client.get(&reader.url(path)).await;
+            assert!(
+                got.cache_status().is_hit(),
+                "{path} on {name}: {}",
+                got.cache_status()
+            );
+            let age: u64 = got
+                .header("age")
+                .and_then(|a| a.parse().ok())
+                .expect("an Age on a hit");
+            assert!(
+                (2..=3).contains(&age),
+                "{path} (stored by {body}) on {name}: Age {age} 2.5 s after the origin answered"
+            );
+        }
+    }
+
+    // A prefix purge from C, 30 s behind, removes the answer everywhere.
+    for (name, proxy) in all {
+        let got = client.get(&proxy.url("/p/1")).await;
+        assert_eq!(got.text(), "before the purge", "{name}");
+    }
+    assert_eq!(origin.hits("/p/1"), 1);
+    origin.set_route("/p/1", cacheable("after the purge"));
+    let prefix = c.url("/p/").replace(':', "%3A").replace('/', "%2F");
+    let auth = format!("Bearer {PURGE_TOKEN}");
+    let purged = client
+        .send(
+            Method::POST,
+            &c.admin_url(&format!("/purge?prefix={prefix}")),
+            &[("authorization", auth.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(purged.status, 200, "{}", purged.text());
+    for (name, proxy) in all {
+        // The ban reaches the others by broadcast, on their own time.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let got = client.get(&proxy.url("/p/1")).await;
+            if got.text() == "after the purge" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} still serves what C purged: {}",
+                got.cache_status()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 fn keys(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("/k{i}")).collect()
 }
@@ -380,6 +531,59 @@ async fn a_full_redis_refuses_writes_and_reads_go_on() {
         "{}",
         a.log()
     );
+}
+
+/// A full Redis still coalesces: the lease scripts run under `allow-oom`
+/// and the leader hands its entry off for `lease_ttl`, so a stampede of
+/// 20 requests on each of three instances, on a cold key, costs the origin
+/// one request, not one per instance, and every caller gets its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stampede_on_a_full_redis_reaches_the_origin_once() {
+    let redis = Redis::start_args(
+        ["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    let origin = Origin::new()
+        .route(
+            "/cold",
+            cacheable("one answer").delay(Duration::from_millis(500)),
+        )
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url())
+        .redis_field("op_timeout", "250ms");
+    let proxies = Proxy::new(config).instances(3).start_all().await;
+    let client = Client::new();
+    let _held = fill_up(&redis).await;
+
+    let per_proxy = spawn_bursts(&client, &proxies, 20, "/cold")
+        .await
+        .expect("burst task");
+    for answer in per_proxy.iter().flatten() {
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "one answer".to_owned()),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert_eq!(
+        origin.hits("/cold"),
+        1,
+        "a full Redis took no lease: one origin request per instance"
+    );
+    // No lease is left behind, and the full Redis was no failing one.
+    corral_tests::shared::wait_no_lease(&redis, DEADLINE).await;
+    for proxy in &proxies {
+        assert_eq!(
+            counter(proxy, "corral_redis_errors_total", &[("kind", "error")]).await,
+            0.0
+        );
+    }
 }
 
 /// Three instances behind one noisy link to Redis, one profile at a time

@@ -161,6 +161,48 @@ async fn when_the_leader_instance_dies_mid_fetch_a_waiter_takes_the_lease_over()
     wait_no_lease(&redis, ms(2000)).await;
 }
 
+/// The leader dies in front of an origin slower than `lock_timeout` minus
+/// `lease_ttl` (times scaled down from 3 s / 5 s / 2 s): the waiters on the
+/// other instances do not give up at `lock_timeout` and fetch one each;
+/// they wait while a live lease stands, one takes the dead leader's over
+/// when it lapses, and every caller gets that one fetch's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_in_front_of_a_slow_origin_costs_one_takeover_not_a_stampede() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route("/slow", cacheable("slow answer").delay(ms(2000)))
+        .start()
+        .await;
+    let config = Config::new()
+        .route(Route::new("api", origin.url()).coalesce("lock_timeout", "1500ms"))
+        .redis(&redis.url())
+        .redis_field("lease_ttl", "1s");
+    let mut proxies = Proxy::new(config).instances(5).start_all().await;
+    let client = Client::new();
+
+    let leader = {
+        let (client, url) = (client.clone(), proxies[0].url("/slow"));
+        tokio::spawn(async move { client.try_send(Method::GET, &url, &[], None).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    wait_for_key(&redis, "*:lease:*", DEADLINE).await;
+    let followers = spawn_bursts(&client, &proxies[1..], 10, "/slow");
+    proxies[0].kill();
+    assert!(leader.await.expect("leader task").is_err());
+
+    let per_proxy = followers.await.expect("burst task");
+    let answers: Vec<&Answer> = per_proxy.iter().flatten().collect();
+    assert_eq!(answers.len(), 40);
+    assert_every_answer(answers.iter().copied(), 200, "slow answer");
+    assert_eq!(
+        origin.hits("/slow"),
+        2,
+        "the dead leader's and one takeover's; answers: {:#?}",
+        tally(answers.iter().copied())
+    );
+    wait_no_lease(&redis, ms(3000)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_lease_was_taken_over_does_not_release_the_new_owners_lease() {
     const OTHER_TOKEN: &[u8] = b"token-of-another-leader";

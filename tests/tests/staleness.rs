@@ -277,3 +277,61 @@ async fn a_failing_origin_is_asked_once_per_back_off_while_stale_answers_flow() 
         "{asked} requests reached the failing origin in {elapsed:?} (at most {allowed})"
     );
 }
+
+/// An origin that takes connections and does not answer (here for 5 s, a
+/// stand-in for one that never does): a fill that has a stale-if-error
+/// copy answers its callers from it after `timeouts.stale_after` (2 s by
+/// default), not after `response_headers` (15 s), and the fetch goes on:
+/// its answer, when it comes, replaces the copy, with no second request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_origin_yields_to_the_stale_copy_and_its_late_answer_replaces_it() {
+    let origin = Origin::new()
+        .route(
+            "/hung",
+            Reply::ok("v1").header("cache-control", "max-age=1"),
+        )
+        .start()
+        .await;
+    let route = Route::new("api", origin.url()).cache("stale_if_error", "{ default: 60s }");
+    let proxy = Proxy::new(Config::new().route(route))
+        .with_test_clock()
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/hung");
+
+    assert_eq!(client.get(&url).await.text(), "v1");
+    origin.set_route(
+        "/hung",
+        Reply::ok("v2")
+            .header("cache-control", "max-age=60")
+            .delay(Duration::from_secs(5)),
+    );
+    proxy.advance_clock(PAST_ONE_SECOND).await;
+
+    // Twenty callers of the expired key: all answered from the copy while
+    // the origin still holds the one request the fill made.
+    let answers = client.burst(20, &url, &[]).await;
+    for answer in &answers {
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "v1".to_owned()),
+            "{}",
+            answer.cache_status()
+        );
+        assert_eq!(answer.cache_status().detail(), Some("stale-if-error"));
+    }
+    assert_eq!(origin.hits("/hung"), 2, "one fill for the twenty");
+
+    // The fetch went on: its answer replaces the copy.
+    eventually(DEADLINE, "the late answer is served", || {
+        let (client, url) = (client.clone(), url.clone());
+        async move { client.get(&url).await.text() == "v2" }
+    })
+    .await;
+    assert_eq!(
+        origin.hits("/hung"),
+        2,
+        "the late answer was stored, not fetched again"
+    );
+}

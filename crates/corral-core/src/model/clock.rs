@@ -83,6 +83,37 @@ impl Clock for ShiftedClock {
     }
 }
 
+/// How far the clock every instance shares (Redis's) reads ahead of this
+/// host's wall clock, in milliseconds (negative: behind). Instants written
+/// where other instances read them (an entry's times, a ban's, a
+/// back-off's end) are moved onto the shared clock before they are
+/// written and back onto this host's when read, so one host's wrong
+/// clock never changes what another serves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockShift(pub i64);
+
+impl ClockShift {
+    /// `local` on the shared clock.
+    pub fn to_shared(self, local: SystemTime) -> SystemTime {
+        moved(local, self.0)
+    }
+
+    /// `shared` on this host's clock.
+    pub fn to_local(self, shared: SystemTime) -> SystemTime {
+        moved(shared, self.0.saturating_neg())
+    }
+}
+
+fn moved(t: SystemTime, ms: i64) -> SystemTime {
+    let by = std::time::Duration::from_millis(ms.unsigned_abs());
+    let moved = if ms >= 0 {
+        t.checked_add(by)
+    } else {
+        t.checked_sub(by)
+    };
+    moved.unwrap_or(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +142,20 @@ mod tests {
             clock.now().duration_since(t0).expect("time moved forward"),
             Duration::from_secs(90)
         );
+    }
+
+    #[test]
+    fn an_instant_moved_onto_the_shared_clock_comes_back_on_another_hosts() {
+        let shared = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        // The writer runs 30 s ahead of Redis, the reader 30 s behind.
+        let writer = ClockShift(-30_000);
+        let reader = ClockShift(30_000);
+        let written = shared + Duration::from_secs(30);
+        assert_eq!(writer.to_shared(written), shared);
+        assert_eq!(
+            reader.to_local(writer.to_shared(written)),
+            shared - Duration::from_secs(30)
+        );
+        assert_eq!(reader.to_shared(reader.to_local(shared)), shared);
     }
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use crate::model::clock::ClockShift;
 use crate::model::entry::StoredResponse;
 use crate::model::policy::Sharing;
 use crate::semantics::vary::Vary;
@@ -58,6 +59,31 @@ pub enum EnvelopeError {
 /// [`decode`] refuses: such an entry belongs in L1 only.
 pub fn encode(entry: &StoredResponse) -> Bytes {
     encode_checked(entry).unwrap_or_default()
+}
+
+/// [`encode`] with the entry's instants moved onto the clock every
+/// instance shares (`shift`), so that a reader on another host moves them
+/// onto its own with [`decode_shifted`], whatever this host's clock says.
+pub fn encode_shifted(entry: &StoredResponse, shift: ClockShift) -> Bytes {
+    if shift == ClockShift::default() {
+        return encode(entry);
+    }
+    let mut moved = entry.clone();
+    moved.response_time = shift.to_shared(entry.response_time);
+    moved.fresh_until = shift.to_shared(entry.fresh_until);
+    encode(&moved)
+}
+
+/// [`decode`], the instants moved from the shared clock onto this host's.
+pub fn decode_shifted(
+    bytes: &[u8],
+    generation: u64,
+    shift: ClockShift,
+) -> Result<StoredResponse, EnvelopeError> {
+    let mut entry = decode(bytes, generation)?;
+    entry.response_time = shift.to_local(entry.response_time);
+    entry.fresh_until = shift.to_local(entry.fresh_until);
+    Ok(entry)
 }
 
 /// `None` when a length or count does not fit its field.

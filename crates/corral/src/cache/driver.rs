@@ -94,15 +94,23 @@ async fn drive(
         ..Heard::default()
     };
     let coalesced = permit.is_some();
+    let mut fallback = Fallback::of(fill);
+    let far = tokio::time::Instant::now() + fill.route.upstream.total;
     let fetching = fetch(fill, &events, coalesced);
     tokio::pin!(fetching);
     let ended = loop {
+        let yield_at = fallback.as_ref().map_or(far, |f| f.at);
         tokio::select! {
             // A fetch that has ended answers with its final outcome (a
             // stored entry serves ranges and conditionals a stream cannot).
             biased;
             ended = &mut fetching => break ended,
             Some(event) = heard.recv() => heard_so_far.hear(event, permit, leader),
+            () = tokio::time::sleep_until(yield_at), if fallback.is_some() && !heard_so_far.streaming => {
+                if let Some(f) = fallback.take() {
+                    f.answer(permit.as_ref(), leader);
+                }
+            }
             () = abandoned(leader, permit.as_ref()), if cancellable && !heard_so_far.committed => {
                 return None;
             }
@@ -124,6 +132,54 @@ async fn drive(
         }
     }
     Some(ended)
+}
+
+/// The stale-if-error copy a fill's callers are answered from once its
+/// origin has kept them `timeouts.stale_after` (an origin that accepts and
+/// never answers would keep them `response_headers`): the fetch goes on
+/// in the background, and the answer it gets replaces the copy.
+struct Fallback {
+    at: tokio::time::Instant,
+    entry: Arc<corral_core::StoredResponse>,
+    clock: Arc<dyn corral_core::Clock>,
+}
+
+impl Fallback {
+    /// The copy this fill may fall back on, if any.
+    fn of(fill: &FillRequest) -> Option<Self> {
+        let clock = Arc::clone(&fill.cache.clock);
+        let entry = fill.stale().filter(|e| e.usable_on_error(clock.now()))?;
+        Some(Fallback {
+            at: tokio::time::Instant::now() + fill.route.upstream.stale_after,
+            entry,
+            clock,
+        })
+    }
+
+    /// Answers the flight's waiters (and whoever joins it while the fetch
+    /// runs on) and the leader's caller from the copy, if it is still
+    /// within its stale-if-error window.
+    fn answer(
+        self,
+        permit: Option<&Permit<FillOutcome>>,
+        leader: &mut Option<oneshot::Sender<Ended>>,
+    ) {
+        if !self.entry.usable_on_error(self.clock.now()) {
+            return;
+        }
+        let outcome = FillOutcome::Stale {
+            entry: self.entry,
+            fwd_status: None,
+            detail: corral_core::Detail::StaleIfError,
+            failure: None,
+        };
+        if let Some(p) = permit {
+            p.publish(outcome.clone());
+        }
+        if let Some(tx) = leader.take() {
+            let _ = tx.send(Ended::Outcome(outcome));
+        }
+    }
 }
 
 /// What the driver has heard of its fill so far.

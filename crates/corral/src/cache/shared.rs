@@ -23,6 +23,7 @@ use crate::cache::records::{Fetched, can_serve, first_read, publish_result, read
 use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
 use crate::cluster::tier::{HeldLease, Probe, SharedTier};
+use crate::config::OnTimeout;
 use crate::telemetry::metrics::{self, Lease};
 
 const POLL_FIRST: Duration = Duration::from_millis(25);
@@ -64,7 +65,8 @@ enum Judged {
 enum Followed {
     /// It ended (an entry, a pass marker, or a free lease): read again.
     Read(Box<Probe>),
-    /// `lock_timeout` passed with nothing to serve.
+    /// The caller's bound passed with a lease still standing and nothing
+    /// to serve.
     LockTimeout,
     /// Its fetch failed; the back-off it recorded was read.
     Failed,
@@ -80,7 +82,7 @@ enum Followed {
 /// A local flight's leader (or a background refresh) fills through the
 /// shared tier: L2, then the lease.
 pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
-    let deadline = Instant::now() + fill.route.lock_timeout;
+    let deadline = Instant::now() + patience(&fill.route);
     let (keys, probe) = match first_read(fill, tier).await {
         Ok(read) => read,
         Err(e) => return local(fill, events, &e).await,
@@ -172,6 +174,25 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
                 }
             }
         };
+    }
+}
+
+/// How long a waiter on another instance's lease waits. Under
+/// `on_timeout: fetch` it waits as long as a live lease stands: its holder
+/// renews it every `lease_ttl / 3` while it fetches, and a dead holder's
+/// lapses within `lease_ttl`, when one waiter takes it. `lock_timeout`
+/// does not end that wait (it would send every waiting instance to the
+/// origin at once, nginx's `proxy_cache_lock_timeout`); the caller's own
+/// bound does: `lock_timeout` plus the exchange's `timeouts.total`, which
+/// no live leader's fetch outlasts, as long as a local waiter waits on a
+/// flight led after a lock timeout. The other choices give up at
+/// `lock_timeout` as asked: `stale` and `error` send nothing to the origin,
+/// and `fetch_each` is the stampede chosen.
+fn patience(route: &crate::routes::Route) -> Duration {
+    if route.on_timeout == OnTimeout::Fetch {
+        route.lock_timeout + route.upstream.total
+    } else {
+        route.lock_timeout
     }
 }
 
@@ -275,7 +296,10 @@ async fn give_up(
 }
 
 /// Waits for the lease holder's notice, polling L2 with backoff and
-/// jitter as a safety net (a notice can be lost; a holder can die).
+/// jitter as a safety net (a notice can be lost; a holder can die). The
+/// lease standing is the holder's proof of life: it renews it while it
+/// fetches, so the wait goes on while it stands (to `deadline`), and ends
+/// when it lapses: this waiter reads again and may take it.
 async fn follow(
     fill: &mut FillRequest,
     tier: &dyn SharedTier,

@@ -915,6 +915,37 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_slow_fill_answers_from_its_stale_copy_after_stale_after_and_stores_on() {
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[Reply::Ok("max-age=1, stale-if-error=600", "v1")],
+            Reply::Ok("max-age=60", "v2"),
+            Duration::from_secs(10),
+        ),
+        None,
+        &format!("{NO_EARLY_REFRESH}    timeouts: {{ stale_after: 2s }}\n"),
+    );
+    h.get("/a").await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    // Answered from the copy at stale_after, not when the origin answers.
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    for a in &answers {
+        assert_eq!(a.body, "v1");
+        assert!(
+            a.cs.detail == Some(Detail::StaleIfError),
+            "{}",
+            a.cache_status
+        );
+    }
+    // The fetch went on, and its answer is the stored one.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(h.get("/a").await.body, "v2");
+    assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failing_origin_is_left_alone_while_the_key_backs_off() {
     let h = harness(
         ScriptedOrigin::scripted(
@@ -1356,6 +1387,34 @@ async fn a_follower_serves_what_the_other_instance_announces() {
     // at 25, 75, 175, 375 and 625 ms, and the read the notice wakes.
     let probes = t.0.probes.load(Ordering::SeqCst);
     assert_eq!(probes, 8, "probes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_lease_is_waited_on_past_lock_timeout_not_fetched_beside() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &format!("{NO_EARLY_REFRESH}    coalesce: {{ lock_timeout: 1s }}\n"),
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    // Another instance's slow fetch: its lease stands (renewed) for 3 s,
+    // three times this route's lock_timeout.
+    t.other_leads(&keys, Duration::from_secs(3600), Duration::ZERO);
+    let entry = h.entry("max-age=60", "there", Duration::ZERO);
+    let other = {
+        let (t, keys) = (t.clone(), keys.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            t.other_ends(&keys, Some(entry), Some(FillNotice::Stored));
+        })
+    };
+    let started = Instant::now();
+    let answers = h.stampede("/a", 20).await;
+    other.await.expect("unit-test setup");
+    assert!(answers.iter().all(|a| a.body == "there"));
+    assert_eq!(h.origin.hits(), 0, "a waiter fetched beside a live leader");
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
 }
 
 #[tokio::test(start_paused = true)]

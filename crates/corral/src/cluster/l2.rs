@@ -18,7 +18,7 @@ use http::header::HeaderName;
 use crate::cluster::lease;
 use crate::cluster::protocol::{
     ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
-    RULE_TTL, STORE, epoch_millis, millis,
+    RULE_TTL, STORE, STORE_HANDOFF, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
@@ -109,7 +109,10 @@ impl L2 {
         });
         let backoff = backoff.and_then(|b| {
             let b = self.trust.open_text(Record::Backoff, &keys.backoff(), &b)?;
-            corral_core::Backoff::decode(b)
+            corral_core::Backoff::decode(b).map(|b| corral_core::Backoff {
+                until: self.link.clock_shift().to_local(b.until),
+                ..b
+            })
         });
         Ok(Probe {
             entry,
@@ -129,7 +132,9 @@ impl L2 {
         bytes: &[u8],
         generation_stamp: u64,
     ) -> Option<StoredResponse> {
-        match envelope::decode(bytes, generation_stamp) {
+        // The writer's instants were moved onto Redis's clock: onto this
+        // host's now.
+        match envelope::decode_shifted(bytes, generation_stamp, self.link.clock_shift()) {
             // A large body is answered with sendfile from a sealed memory
             // file, as when it was filled here.
             Ok(e) => Some(e.map_body(crate::sealed::seal_or_keep)),
@@ -153,9 +158,13 @@ impl L2 {
     ) -> Result<(), L2Error> {
         let ttl = backoff.remaining(now) + keep;
         let mut cmd = redis::cmd("SET");
+        let shared = corral_core::Backoff {
+            until: self.link.clock_shift().to_shared(backoff.until),
+            ..*backoff
+        };
         let sealed = self
             .trust
-            .seal_text(Record::Backoff, &keys.backoff(), &backoff.encode());
+            .seal_text(Record::Backoff, &keys.backoff(), &shared.encode());
         cmd.arg(keys.backoff())
             .arg(sealed)
             .arg("PX")
@@ -182,16 +191,13 @@ impl L2 {
         if entry.body().len() as u64 > self.max_object_size {
             return Ok(false);
         }
-        // Redis refused a write moments ago because it is full: the entry
-        // stays in L1 (the waiters elsewhere are told to fetch their own).
-        if self.link.writes_paused() {
-            return Ok(false);
-        }
         let ttl = entry.residency(now);
         if ttl.is_zero() {
             return Ok(false);
         }
-        let bytes = envelope::encode(entry);
+        // On Redis's clock, for instances whose own clocks disagree with
+        // this one's.
+        let bytes = envelope::encode_shifted(entry, self.link.clock_shift());
         if bytes.is_empty() {
             // Too big for the envelope's fields: L1 only.
             return Ok(false);
@@ -201,25 +207,43 @@ impl L2 {
         let vary = self
             .trust
             .seal_text(Record::Vary, &keys.vary(), &vary_record(entry.vary()));
+        let record_keys = [
+            entry_key.as_str(),
+            &keys.generation(),
+            &keys.vary(),
+            &keys.variants(),
+        ];
+        let args = |px: Duration| {
+            vec![
+                sealed.clone(),
+                arg(generation),
+                arg(millis(px)),
+                arg(&vary),
+                arg(keys.variant()),
+                arg(millis(RECORD_TTL)),
+            ]
+        };
+        // Redis refused a write moments ago because it is full: the entry
+        // is not sent to be refused again, only handed off.
+        if !self.link.writes_paused() {
+            match self
+                .link
+                .script::<i64>(&STORE, &record_keys, &args(ttl))
+                .await
+            {
+                Ok(stored) => return Ok(stored == 1),
+                Err(e) if e.is_full() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Full: the entry is handed off to the instances waiting on this
+        // fill for `lease_ttl` (written under `allow-oom`), so a full Redis
+        // still costs the origin one request per key; it then lapses, and
+        // this instance's L1 keeps it for its whole life.
+        let handoff = ttl.min(self.lease_ttl);
         let stored: i64 = self
             .link
-            .script(
-                &STORE,
-                &[
-                    &entry_key,
-                    &keys.generation(),
-                    &keys.vary(),
-                    &keys.variants(),
-                ],
-                &[
-                    sealed,
-                    arg(generation),
-                    arg(millis(ttl)),
-                    arg(&vary),
-                    arg(keys.variant()),
-                    arg(millis(RECORD_TTL)),
-                ],
-            )
+            .script(&STORE_HANDOFF, &record_keys, &args(handoff))
             .await?;
         Ok(stored == 1)
     }
@@ -259,7 +283,13 @@ impl L2 {
 
     /// Records a ban (for instances that connect later) and broadcasts it.
     pub async fn publish_ban(&self, ban: &corral_core::Ban) -> Result<(), L2Error> {
-        let wire = self.seal_notice(&ClusterNotice::Ban(ban.clone()));
+        // The ban's instant on Redis's clock: entries produced before it on
+        // any instance are banned, whatever the clock of the one purging.
+        let shared = corral_core::Ban {
+            at: self.link.clock_shift().to_shared(ban.at),
+            ..ban.clone()
+        };
+        let wire = self.seal_notice(&ClusterNotice::Ban(shared));
         let mut pipe = redis::cmd("HSET");
         pipe.arg(self.bans_key()).arg(&wire).arg(1);
         self.link.query::<()>(&pipe).await?;
@@ -462,26 +492,33 @@ pub const HEARTBEAT_MAX_BYTES: usize = 8 * 1024;
 pub const INSTANCE_NAME_MAX: usize = 255;
 
 /// Writes a heartbeat and enrols its instance on the roll (scored by when
-/// it lapses), dropping those that lapsed: KEYS[1] the roll, KEYS[2] the
-/// heartbeat; ARGV: instance, summary, lifetime in ms, now in ms.
+/// it lapses, on Redis's clock: an instance whose wall clock is off is
+/// neither dropped early nor kept late), dropping those that lapsed:
+/// KEYS[1] the roll, KEYS[2] the heartbeat; ARGV: instance, summary,
+/// lifetime in ms. Returns Redis's clock, in ms, which the instance
+/// measures its own against.
 static HEARTBEAT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
-        r"redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('ZADD', KEYS[1], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+        r"local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[3])), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1",
+return now",
     )
 });
 
-/// The live names on the roll (KEYS[1]) at `ARGV[1]` ms, at most `ARGV[2]`
-/// of them, each shorter than `ARGV[3]` bytes: a forged name of any size
-/// never leaves Redis.
+/// The live names on the roll (KEYS[1]) now (Redis's clock), at most
+/// `ARGV[1]` of them, each shorter than `ARGV[2]` bytes: a forged name of
+/// any size never leaves Redis.
 static ROLL: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
-        r"local out = {}
-for _, n in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'LIMIT', 0, ARGV[2])) do
-  if #n <= tonumber(ARGV[3]) then out[#out + 1] = n end
+        r"local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local out = {}
+for _, n in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'LIMIT', 0, ARGV[1])) do
+  if #n <= tonumber(ARGV[2]) then out[#out + 1] = n end
 end
 return out",
     )
@@ -526,15 +563,17 @@ impl L2 {
             return Ok(false);
         }
         let beat = self.layout.heartbeat_key(instance);
-        let now = epoch_millis(SystemTime::now());
-        self.link
-            .script::<i64>(
+        let sent = SystemTime::now();
+        let redis_now = self
+            .link
+            .script::<u64>(
                 &HEARTBEAT,
                 &[&roll, &beat],
-                &[arg(instance), arg(sealed), arg(millis(ttl)), arg(now)],
+                &[arg(instance), arg(sealed), arg(millis(ttl))],
             )
-            .await
-            .map(|_| true)
+            .await?;
+        self.link.observe_clock(redis_now, sent, SystemTime::now());
+        Ok(true)
     }
 
     /// The live heartbeats (at most [`FLEET_MAX`], each at most
@@ -548,15 +587,7 @@ impl L2 {
         }
         let names: Vec<String> = self
             .link
-            .script(
-                &ROLL,
-                &[&roll],
-                &[
-                    arg(epoch_millis(SystemTime::now())),
-                    arg(FLEET_MAX),
-                    arg(INSTANCE_NAME_MAX),
-                ],
-            )
+            .script(&ROLL, &[&roll], &[arg(FLEET_MAX), arg(INSTANCE_NAME_MAX)])
             .await?;
         if names.is_empty() {
             return Ok(Some(Vec::new()));

@@ -168,9 +168,18 @@ impl Keys {
 /// Stores an entry only if no invalidation happened since its fetch began.
 /// KEYS: entry, generation, vary record, variant set. ARGV: envelope,
 /// generation read, entry PX, vary record, variant, record PX.
-pub static STORE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+pub static STORE: LazyLock<Script> = LazyLock::new(|| Script::new(STORE_BODY));
+
+/// [`STORE`] for a Redis that refused it as full: the same writes under
+/// `allow-oom`, given a short PX by the caller (`lease_ttl`), so that the
+/// instances waiting on this fill read the answer instead of each asking
+/// the origin. What a full Redis holds past `maxmemory` is bounded by the
+/// fills under way times their bodies (at most `l2_max_object_size`), for
+/// that short while.
+pub static STORE_HANDOFF: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{ALLOW_OOM}{STORE_BODY}")));
+
+const STORE_BODY: &str = r"
 local g = tonumber(redis.call('get', KEYS[2]) or '0')
 if g ~= tonumber(ARGV[2]) then return 0 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
@@ -178,9 +187,7 @@ redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
 redis.call('sadd', KEYS[4], ARGV[5])
 redis.call('pexpire', KEYS[4], ARGV[6])
 return 1
-",
-    )
-});
+";
 
 /// Retires every variant of a URI: bump the generation (so fills under way
 /// cannot store), delete the entries. KEYS: generation, variant set. ARGV:
@@ -259,12 +266,20 @@ return 1",
     )
 });
 
+/// The first line of every lease script: Redis 7's script flag
+/// `allow-oom`, so a Redis at `maxmemory` under `noeviction` (which
+/// refuses every other write) still takes, renews and gives back a lease
+/// of a few dozen bytes, and a stampede on a full Redis still reaches the
+/// origin once per key, not once per instance. Redis and Valkey before 7
+/// read the line as Lua and refuse the script; corral needs 7 or newer.
+pub const ALLOW_OOM: &str = "#!lua flags=allow-oom\n";
+
 /// Compare-and-delete of a lease: never a plain DEL, so a leader whose
 /// lease expired cannot delete its successor's.
 pub static LEASE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-    )
+    Script::new(&format!(
+        "{ALLOW_OOM}if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    ))
 });
 
 /// Takes a free lease: `SET NX PX` of the value `<token>.<ms>`, where
@@ -273,12 +288,12 @@ pub static LEASE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// wall clock against another's. KEYS: lease. ARGV: token, PX. Returns
 /// the value written, or nil when another holds the lease.
 pub static LEASE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"local t = redis.call('TIME')
+    Script::new(&format!(
+        r"{ALLOW_OOM}local t = redis.call('TIME')
 local v = ARGV[1] .. '.' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 if redis.call('SET', KEYS[1], v, 'NX', 'PX', ARGV[2]) then return v end
 return false",
-    )
+    ))
 });
 
 /// Compare-and-set of a lease whose holder has held it past `lock_age`:
@@ -286,13 +301,13 @@ return false",
 /// stamped like [`LEASE_ACQUIRE`]. KEYS: lease. ARGV: the value seen,
 /// the new token, PX. Returns the value written, or nil.
 pub static LEASE_TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+    Script::new(&format!(
+        r"{ALLOW_OOM}if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
 local t = redis.call('TIME')
 local v = ARGV[2] .. '.' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
 return v",
-    )
+    ))
 });
 
 /// A lease's value and Redis's clock now, in ms, read together.
@@ -322,9 +337,9 @@ pub fn lease_held(value: &str, now_ms: u64) -> Option<Duration> {
 
 /// Compare-and-pexpire of a lease, for the watchdog of a slow fetch.
 pub static LEASE_EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-    )
+    Script::new(&format!(
+        "{ALLOW_OOM}if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
+    ))
 });
 
 /// How many notices the log keeps (about: `XADD MAXLEN ~`). An instance

@@ -16,7 +16,7 @@
 //!   moves to it (after `ROLE` confirms it is a master) and the subscriber
 //!   reconnects there.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -141,6 +141,10 @@ pub struct RedisLink {
     /// false after a timeout or a dropped connection. A connection kept
     /// while Redis is gone still looks open: this says whether it works.
     answering: AtomicBool,
+    /// How far Redis's clock reads ahead of this host's, in ms, as the
+    /// last heartbeat measured it (0 until then): the shared clock the
+    /// instants other instances read are written on.
+    clock_shift: AtomicI64,
 }
 
 /// A full Redis is logged again only after this long without a refusal.
@@ -228,7 +232,30 @@ impl RedisLink {
             full: Mutex::new(None),
             full_pause: config.breaker_open_for,
             answering: AtomicBool::new(false),
+            clock_shift: AtomicI64::new(0),
         }))
+    }
+
+    /// How Redis's clock stands to this host's (see [`RedisLink::observe_clock`]).
+    pub fn clock_shift(&self) -> corral_core::ClockShift {
+        corral_core::ClockShift(self.clock_shift.load(Ordering::Relaxed))
+    }
+
+    /// Records Redis's clock, `redis_ms` (ms since the epoch, read by a
+    /// script's `TIME`), as read by a command sent at `sent` and answered
+    /// at `answered` on this host's wall clock: Redis read it halfway, to
+    /// within half the round trip.
+    pub fn observe_clock(
+        &self,
+        redis_ms: u64,
+        sent: std::time::SystemTime,
+        answered: std::time::SystemTime,
+    ) {
+        let halfway = sent + answered.duration_since(sent).unwrap_or_default() / 2;
+        let local = i128::from(crate::cluster::protocol::epoch_millis(halfway));
+        let shift = i128::from(redis_ms) - local;
+        let shift = i64::try_from(shift).unwrap_or(0);
+        self.clock_shift.store(shift, Ordering::Relaxed);
     }
 
     /// True for a while (`breaker.open_for`) after Redis refused a write

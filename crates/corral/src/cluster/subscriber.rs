@@ -163,6 +163,13 @@ impl Subscriber {
             return;
         };
         match ClusterNotice::decode(notice) {
+            // A ban's instant is on Redis's clock: onto this host's.
+            Some(ClusterNotice::Ban(ban)) => {
+                (self.on_notice)(ClusterNotice::Ban(corral_core::Ban {
+                    at: self.link.clock_shift().to_local(ban.at),
+                    ..ban
+                }))
+            }
             Some(notice) => (self.on_notice)(notice),
             None => tracing::warn!(notice, "ignoring a malformed cluster notice"),
         }

@@ -508,6 +508,10 @@ pub struct TimeoutsConfig {
     pub response_headers: Duration,
     /// The whole exchange, body included.
     pub total: Duration,
+    /// How long a fill that has a stale-if-error copy keeps its callers
+    /// waiting on the origin before it answers them from the copy (the
+    /// fetch goes on and replaces the copy when it answers).
+    pub stale_after: Duration,
 }
 
 impl Default for TimeoutsConfig {
@@ -516,6 +520,7 @@ impl Default for TimeoutsConfig {
             connect: Duration::from_secs(2),
             response_headers: Duration::from_secs(15),
             total: Duration::from_secs(60),
+            stale_after: Duration::from_secs(2),
         }
     }
 }

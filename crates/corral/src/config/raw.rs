@@ -217,6 +217,7 @@ pub struct RawTimeouts {
     pub connect: Option<Text>,
     pub response_headers: Option<Text>,
     pub total: Option<Text>,
+    pub stale_after: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]

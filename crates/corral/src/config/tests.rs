@@ -281,6 +281,21 @@ fn unknown_field_in_flow_mapping_and_at_top_level() {
 }
 
 #[test]
+fn stale_after_defaults_to_two_seconds_and_refuses_zero() {
+    let config = config(&route_with("    timeouts: { stale_after: 500ms }\n"));
+    assert_eq!(
+        config.routes[0].timeouts.stale_after,
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        TimeoutsConfig::default().stale_after,
+        Duration::from_secs(2)
+    );
+    let error = refused(&route_with("    timeouts:\n      stale_after: 0s\n"));
+    assert_at(&error, 9, 20, "routes[0].timeouts.stale_after");
+}
+
+#[test]
 fn bad_duration_names_the_field() {
     let error = refused(&route_with("    coalesce:\n      lock_timeout: 5x\n"));
     let message = assert_at(&error, 9, 21, "routes[0].coalesce.lock_timeout");

@@ -144,6 +144,9 @@ pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     pub response_headers: Duration,
     pub total: Duration,
+    /// `timeouts.stale_after`: how long a fill with a stale-if-error copy
+    /// keeps its callers on the origin.
+    pub stale_after: Duration,
     /// `upstream_concurrency`: a slot is held from before the request is
     /// sent until its answer's body ends.
     pub slots: Option<std::sync::Arc<crate::origin::slots::UpstreamSlots>>,
@@ -218,6 +221,7 @@ impl Upstream {
             client,
             response_headers: t.response_headers,
             total: t.total,
+            stale_after: t.stale_after,
             slots,
             queue_timeout,
         }

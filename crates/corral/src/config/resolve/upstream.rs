@@ -133,17 +133,22 @@ impl Resolver<'_> {
         let total = self
             .under(prefix, "total", &raw.total)
             .duration_or(defaults.total)?;
-        // All three are read before any is checked: one that does not parse is
+        let stale_after = self
+            .under(prefix, "stale_after", &raw.stale_after)
+            .duration_or(defaults.stale_after)?;
+        // All four are read before any is checked: one that does not parse is
         // reported before one that is zero.
         let connect = connect.positive()?;
         let response_headers = response_headers.positive()?;
         let total = total.positive()?;
+        let stale_after = stale_after.positive()?;
         connect.at_most(&total, describe_duration)?;
         response_headers.at_most(&total, describe_duration)?;
         Ok(TimeoutsConfig {
             connect: connect.value,
             response_headers: response_headers.value,
             total: total.value,
+            stale_after: stale_after.value,
         })
     }
 }
