@@ -14,7 +14,7 @@ mod backoff;
 mod ban;
 mod budget;
 mod cache_control;
-mod cache_status;
+pub mod cache_status;
 pub mod caller;
 mod circuit;
 pub mod client_addr;
@@ -50,7 +50,7 @@ pub use budget::{Budget, Hold};
 pub use cache_control::{CacheControl, targeted_value};
 pub use cache_status::{
     CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, PROXY_STATUS, UpstreamFailure,
-    proxy_status, strip_claimed_proxy_status,
+    proxy_status, put_own_cache_status, strip_claimed_members,
 };
 pub use circuit::{Admission, Circuit, CircuitSettings, Evidence};
 pub use clock::{Clock, PausedClock, SystemClock};

@@ -228,6 +228,10 @@ pub struct ServerConfig {
     /// may be busy, sustained, before corral sheds passed-through requests
     /// and new connections (`overload`); `None` (`off`): it never sheds.
     pub overload: Option<u8>,
+    /// The name of corral's own `Cache-Status` and `Proxy-Status` members
+    /// (`server.proxy_name`, an RFC 8941 token); members from upstream in
+    /// this name are removed. Default `corral`.
+    pub proxy_name: String,
 }
 
 /// `server.overload` unless configured: shed once the serving threads have
@@ -266,6 +270,7 @@ impl Default for ServerConfig {
             runtime: RuntimeMode::Shared,
             workers: None,
             overload: Some(DEFAULT_OVERLOAD),
+            proxy_name: corral_core::cache_status::DEFAULT_NAME.to_owned(),
         }
     }
 }
@@ -1650,6 +1655,26 @@ routes:
                 message.contains("whole percentage from 1 to 100"),
                 "{value}: {message}"
             );
+        }
+    }
+
+    #[test]
+    fn the_proxy_name_is_corral_unless_set_to_a_token() {
+        assert_eq!(config(&route_with("")).server.proxy_name, "corral");
+        for value in ["edge-7.example", "corral/web-3", "cdn:1"] {
+            let c = config(&format!(
+                "server:\n  proxy_name: {value}\n{}",
+                route_with("")
+            ));
+            assert_eq!(c.server.proxy_name, value);
+        }
+        for value in ["\"two words\"", "a,b", "x;y=1", "7up", "\"\""] {
+            let error = refused(&format!(
+                "server:\n  proxy_name: {value}\n{}",
+                route_with("")
+            ));
+            let message = assert_at(&error, 2, 15, "server.proxy_name");
+            assert!(message.contains("RFC 8941 token"), "{value}: {message}");
         }
     }
 
