@@ -1407,3 +1407,63 @@ async fn a_qualified_no_cache_is_reused_without_the_fields_it_names() {
     assert!(!plain.cache_status().is_hit(), "{}", plain.cache_status());
     assert_eq!(hits(&origin, "/plain"), 2);
 }
+
+// ---------------------------------------------------------------------------
+// Heuristic freshness (§4.2.2), on by default
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_only_last_modified_is_fresh_for_a_tenth_of_its_age_by_default() {
+    // Unchanged for ten days: fresh for a day (a tenth, capped at a day).
+    let modified = date(-10 * 86400);
+    let origin = RawOrigin::start(move |r| {
+        let who = r.header("authorization").unwrap_or("nobody").to_owned();
+        let mut headers = vec![("last-modified", modified.as_str())];
+        if r.target() == "/status-302" {
+            headers.push(("location", "/elsewhere"));
+            return response(302, &headers, "moved");
+        }
+        if r.target() == "/dynamic" {
+            headers.clear();
+        }
+        response(200, &headers, &format!("{} for {who}", r.target()))
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    let first = client.get(&proxy.url("/doc")).await;
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+    let again = client.get(&proxy.url("/doc")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(
+        again
+            .cache_status()
+            .param("ttl")
+            .map(|t| t.parse::<i64>().unwrap_or(0) > 86_000),
+        Some(true)
+    );
+    assert_eq!(hits(&origin, "/doc"), 1);
+    // No Last-Modified (a dynamic answer), or a status that is not
+    // heuristically cacheable: nothing stored.
+    for path in ["/dynamic", "/status-302"] {
+        client.get(&proxy.url(path)).await;
+        client.get(&proxy.url(path)).await;
+        assert_eq!(hits(&origin, path), 2, "{path}");
+    }
+    // Hostile twin: a heuristic never makes a caller's answer another's.
+    // Each caller with its own credentials gets its own answer.
+    let victim = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer victim")])
+        .await;
+    assert_eq!(victim.text(), "/mine for Bearer victim");
+    let attacker = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer attacker")])
+        .await;
+    assert_eq!(attacker.text(), "/mine for Bearer attacker");
+    let anonymous = client.get(&proxy.url("/mine")).await;
+    assert_eq!(anonymous.text(), "/mine for nobody");
+    let victim_again = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer victim")])
+        .await;
+    assert_eq!(victim_again.text(), "/mine for Bearer victim");
+}

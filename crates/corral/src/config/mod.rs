@@ -565,7 +565,7 @@ pub struct RouteCacheConfig {
     pub enabled: bool,
     /// TTL for storable responses that carry no freshness information; `None` = not stored.
     pub default_ttl: Option<Duration>,
-    /// RFC 9111 §4.2.2 heuristic freshness from `Last-Modified`; off by default.
+    /// RFC 9111 §4.2.2 heuristic freshness from `Last-Modified`; on by default.
     pub heuristic_freshness: bool,
     pub stale_while_revalidate: StaleWindow,
     pub stale_if_error: StaleWindow,
@@ -826,7 +826,7 @@ routes:
         let cache = &route.cache;
         assert!(cache.enabled);
         assert_eq!(cache.default_ttl, None);
-        assert!(!cache.heuristic_freshness);
+        assert!(cache.heuristic_freshness);
         assert_eq!(cache.stale_while_revalidate.default, Duration::ZERO);
         assert_eq!(cache.stale_while_revalidate.max, Duration::from_secs(3600));
         assert_eq!(cache.stale_if_error.default, Duration::ZERO);
@@ -862,7 +862,7 @@ routes:
     cache:
       enabled: false
       default_ttl: 30s
-      heuristic_freshness: true
+      heuristic_freshness: false
       stale_while_revalidate: { default: 10s, max: 1h }
       stale_if_error: { default: 1m, max: 1d }
       stale_max_ratio: 0.5
@@ -894,7 +894,7 @@ routes:
         let cache = &api.cache;
         assert!(!cache.enabled);
         assert_eq!(cache.default_ttl, Some(Duration::from_secs(30)));
-        assert!(cache.heuristic_freshness);
+        assert!(!cache.heuristic_freshness);
         assert_eq!(
             cache.stale_while_revalidate.default,
             Duration::from_secs(10)
