@@ -1390,6 +1390,9 @@ async fn a_qualified_no_cache_is_reused_without_the_fields_it_names() {
     let client = Client::new();
     let first = client.get(&proxy.url("/qualified")).await;
     assert!(first.cache_status().stored(), "{}", first.cache_status());
+    // The caller whose fetch it was gets the origin's answer whole.
+    assert_eq!(first.header("x-secret"), Some("s3cret"));
+    assert_eq!(first.header("x-other"), Some("o"));
     let again = client.get(&proxy.url("/qualified")).await;
     assert!(again.cache_status().is_hit(), "{}", again.cache_status());
     assert_eq!(again.text(), "body-of-/qualified");
