@@ -36,9 +36,23 @@ impl Answer {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
-    /// The parsed `Cache-Status` (empty when absent).
+    /// The parsed `Cache-Status` (empty when absent): every line of it, as
+    /// one list (the caches before corral may have written their own).
     pub fn cache_status(&self) -> CacheStatus {
-        CacheStatus::parse(self.header("cache-status").unwrap_or_default())
+        CacheStatus::parse(&self.members("cache-status").join(", "))
+    }
+
+    /// The members of the list field `name`, over all its lines, in order
+    /// (split at every comma: for fields whose members quote none).
+    pub fn members(&self, name: &str) -> Vec<String> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty())
+            .collect()
     }
 }
 

@@ -1213,3 +1213,263 @@ async fn a_query_answer_answers_the_get_its_content_location_names() {
     assert_eq!(anonymous.text(), "get:q=shoes");
     assert_eq!(gets(), 3);
 }
+
+// ---------------------------------------------------------------------------
+// Cache-Status (RFC 9211) and Proxy-Status (RFC 9209): the members of the
+// caches and proxies before corral are kept; one in corral's name is not
+// theirs to write
+// ---------------------------------------------------------------------------
+
+/// The `members` named `name`.
+fn named<'a>(members: &'a [String], name: &str) -> Vec<&'a String> {
+    members
+        .iter()
+        .filter(|m| m.split(';').next().map(str::trim) == Some(name))
+        .collect()
+}
+
+/// An origin behind another cache: `/victim` answers a plain stored 200
+/// through it; `/attacker` writes members in `name` into both fields, on
+/// a 200 that is stored and on a 503; `/gone` closes without an answer.
+async fn claiming_origin(name: &'static str) -> RawOrigin {
+    origin_with(move |r| match r.target() {
+        "/attacker" => (
+            200,
+            vec![
+                ("cache-control".into(), "max-age=60".into()),
+                (
+                    "cache-status".into(),
+                    format!("{name}; hit; ttl=86400, cdn; hit"),
+                ),
+                (
+                    "proxy-status".into(),
+                    format!("{name}; error=http_request_denied"),
+                ),
+            ],
+        ),
+        "/attacker-503" => (
+            503,
+            vec![(
+                "proxy-status".into(),
+                format!("cdn; error=connection_timeout, {name}; error=destination_unavailable"),
+            )],
+        ),
+        "/gone" => (0, Vec::new()),
+        _ => (
+            200,
+            h(&[
+                ("cache-control", "max-age=60"),
+                ("cache-status", "cdn; fwd=uri-miss"),
+            ]),
+        ),
+    })
+    .await
+}
+
+/// Each path twice (a miss, then a hit where stored): the members a client
+/// sees, and which of them carry `name`.
+async fn assert_only_corrals_members(proxy: &corral_tests::RunningProxy, name: &str) {
+    let client = Client::new();
+    // The victim first and alone, then after the attacker: the same.
+    let alone = client
+        .get(&proxy.url("/victim"))
+        .await
+        .members("cache-status");
+    assert_eq!(alone[0], "cdn; fwd=uri-miss", "{alone:?}");
+    assert_eq!(alone.len(), 2, "{alone:?}");
+    assert!(
+        alone[1].starts_with(&format!("{name}; fwd=uri-miss")),
+        "{alone:?}"
+    );
+    for round in ["miss", "hit"] {
+        let a = client.get(&proxy.url("/attacker")).await;
+        assert_eq!(a.text(), "body-of-/attacker");
+        let cache = a.members("cache-status");
+        // The upstream cache's own member is kept, in its place; the one
+        // in corral's name is gone, and corral's is last.
+        assert_eq!(cache[0], "cdn; hit", "{round}: {cache:?}");
+        assert_eq!(named(&cache, name).len(), 1, "{round}: {cache:?}");
+        assert_eq!(cache.len(), 2, "{round}: {cache:?}");
+        let own = &cache[1];
+        assert!(!own.contains("86400"), "{round}: {cache:?}");
+        match round {
+            "miss" => assert!(own.starts_with(&format!("{name}; fwd=uri-miss")), "{own}"),
+            _ => assert!(own.starts_with(&format!("{name}; hit")), "{own}"),
+        }
+        // corral made nothing of this answer: no Proxy-Status in its name.
+        assert_eq!(a.members("proxy-status"), Vec::<String>::new(), "{round}");
+    }
+    let refused = client.get(&proxy.url("/attacker-503")).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(
+        refused.members("proxy-status"),
+        ["cdn; error=connection_timeout"],
+        "the origin's 503 is not corral's"
+    );
+    let victim = client.get(&proxy.url("/victim")).await;
+    assert_eq!(victim.members("cache-status")[0], "cdn; fwd=uri-miss");
+    assert!(
+        victim.members("cache-status")[1].starts_with(&format!("{name}; hit")),
+        "{:?}",
+        victim.members("cache-status")
+    );
+    // corral's own error: one member of each field, corral's.
+    let own = client.get(&proxy.url("/gone")).await;
+    assert_eq!(own.status, 502);
+    let proxy_status = own.members("proxy-status");
+    assert_eq!(proxy_status.len(), 1, "{proxy_status:?}");
+    assert!(
+        proxy_status[0].starts_with(&format!("{name}; error=http_response_incomplete")),
+        "{proxy_status:?}"
+    );
+    let cache = own.members("cache-status");
+    assert_eq!(cache.len(), 1, "{cache:?}");
+    assert!(cache[0].starts_with(&format!("{name}; fwd=")), "{cache:?}");
+    assert!(cache[0].contains("detail=upstream-error"), "{cache:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_members_are_kept_and_one_in_corrals_name_is_dropped() {
+    let origin = claiming_origin("corral").await;
+    let proxy = proxy_for(&origin).await;
+    assert_only_corrals_members(&proxy, "corral").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_name_is_configurable_and_guarded_the_same_way() {
+    let origin = claiming_origin("edge-7.example").await;
+    let proxy = Proxy::new(Config::single(origin.url()).server("proxy_name", "edge-7.example"))
+        .start()
+        .await;
+    assert_only_corrals_members(&proxy, "edge-7.example").await;
+    // "corral" is now just another intermediary's name: kept as written.
+    let client = Client::new();
+    let origin2 = claiming_origin("corral").await;
+    let other = Proxy::new(Config::single(origin2.url()).server("proxy_name", "edge-7.example"))
+        .start()
+        .await;
+    let a = client.get(&other.url("/attacker")).await;
+    let cache = a.members("cache-status");
+    assert_eq!(
+        &cache[..2],
+        ["corral; hit; ttl=86400", "cdn; hit"],
+        "{cache:?}"
+    );
+    assert!(
+        cache[2].starts_with("edge-7.example; fwd=uri-miss"),
+        "{cache:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// no-cache="field" (§5.2.2.4)
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qualified_no_cache_is_reused_without_the_fields_it_names() {
+    let origin = origin_with(|r| match r.target() {
+        "/plain" => (
+            200,
+            h(&[
+                ("cache-control", "max-age=60, no-cache"),
+                ("etag", "\"v1\""),
+            ]),
+        ),
+        _ => (
+            200,
+            h(&[
+                (
+                    "cache-control",
+                    "max-age=60, no-cache=\"X-Secret, x-other\"",
+                ),
+                ("x-secret", "s3cret"),
+                ("x-other", "o"),
+                ("x-kept", "yes"),
+            ]),
+        ),
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    let first = client.get(&proxy.url("/qualified")).await;
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+    // The caller whose fetch it was gets the origin's answer whole.
+    assert_eq!(first.header("x-secret"), Some("s3cret"));
+    assert_eq!(first.header("x-other"), Some("o"));
+    let again = client.get(&proxy.url("/qualified")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(again.text(), "body-of-/qualified");
+    assert_eq!(again.header("x-kept"), Some("yes"));
+    assert_eq!(
+        again.header("x-secret"),
+        None,
+        "a named field is never reused"
+    );
+    assert_eq!(again.header("x-other"), None);
+    assert_eq!(hits(&origin, "/qualified"), 1);
+    // The plain form is still revalidated before every reuse.
+    client.get(&proxy.url("/plain")).await;
+    let plain = client.get(&proxy.url("/plain")).await;
+    assert!(!plain.cache_status().is_hit(), "{}", plain.cache_status());
+    assert_eq!(hits(&origin, "/plain"), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Heuristic freshness (§4.2.2), on by default
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_only_last_modified_is_fresh_for_a_tenth_of_its_age_by_default() {
+    // Unchanged for ten days: fresh for a day (a tenth, capped at a day).
+    let modified = date(-10 * 86400);
+    let origin = RawOrigin::start(move |r| {
+        let who = r.header("authorization").unwrap_or("nobody").to_owned();
+        let mut headers = vec![("last-modified", modified.as_str())];
+        if r.target() == "/status-302" {
+            headers.push(("location", "/elsewhere"));
+            return response(302, &headers, "moved");
+        }
+        if r.target() == "/dynamic" {
+            headers.clear();
+        }
+        response(200, &headers, &format!("{} for {who}", r.target()))
+    })
+    .await;
+    let proxy = proxy_for(&origin).await;
+    let client = Client::new();
+    let first = client.get(&proxy.url("/doc")).await;
+    assert!(first.cache_status().stored(), "{}", first.cache_status());
+    let again = client.get(&proxy.url("/doc")).await;
+    assert!(again.cache_status().is_hit(), "{}", again.cache_status());
+    assert_eq!(
+        again
+            .cache_status()
+            .param("ttl")
+            .map(|t| t.parse::<i64>().unwrap_or(0) > 86_000),
+        Some(true)
+    );
+    assert_eq!(hits(&origin, "/doc"), 1);
+    // No Last-Modified (a dynamic answer), or a status that is not
+    // heuristically cacheable: nothing stored.
+    for path in ["/dynamic", "/status-302"] {
+        client.get(&proxy.url(path)).await;
+        client.get(&proxy.url(path)).await;
+        assert_eq!(hits(&origin, path), 2, "{path}");
+    }
+    // Hostile twin: a heuristic never makes a caller's answer another's.
+    // Each caller with its own credentials gets its own answer.
+    let victim = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer victim")])
+        .await;
+    assert_eq!(victim.text(), "/mine for Bearer victim");
+    let attacker = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer attacker")])
+        .await;
+    assert_eq!(attacker.text(), "/mine for Bearer attacker");
+    let anonymous = client.get(&proxy.url("/mine")).await;
+    assert_eq!(anonymous.text(), "/mine for nobody");
+    let victim_again = client
+        .get_with(&proxy.url("/mine"), &[("authorization", "Bearer victim")])
+        .await;
+    assert_eq!(victim_again.text(), "/mine for Bearer victim");
+}

@@ -39,7 +39,7 @@ pub use model::policy::{Decision, Freshness, PassReason, RoutePolicy, Sharing};
 pub use semantics::cache_control::{CacheControl, targeted_value};
 pub use semantics::cache_status::{
     CACHE_STATUS, CacheLabel, CacheStatus, Detail, Forward, PROXY_STATUS, UpstreamFailure,
-    proxy_status, strip_claimed_proxy_status,
+    proxy_status, put_own_cache_status, strip_claimed_members,
 };
 pub use semantics::coding::{
     Accepted, Coding, accepts as accepts_coding, choose as choose_coding, normalize_accept_encoding,

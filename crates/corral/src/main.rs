@@ -441,6 +441,9 @@ fn run(config: config::Config, source: Option<(PathBuf, u64)>, log_format: LogFo
         purge: purge_token,
         admin: admin_token,
     };
+    // Before any answer is made: every member corral writes carries it
+    // (the config checked it is a token).
+    corral_core::semantics::cache_status::set_name(&config.server.proxy_name);
     let served = runtime.block_on(serve(config, source, tokens, max_connections));
     // Warnings counted since their last summary, then the last lines
     // ("corral stopped"), still queued for stdout.

@@ -315,7 +315,8 @@ impl StoredResponse {
         response_time: SystemTime,
         generation: u64,
     ) -> Self {
-        let headers = compact(headers, &[]);
+        // The 304's `no-cache="..."` names fields it may carry itself.
+        let headers = compact(headers, &no_cache_fields(headers));
         let answer_head = answer_head(&headers);
         StoredResponse {
             initial_age: initial_age(&headers),
@@ -371,8 +372,12 @@ impl StoredResponseBuilder {
     }
 
     pub fn build(self) -> StoredResponse {
-        // A stored copy never hands one caller's cookie to another.
-        let mut headers = compact(&self.headers, &[SET_COOKIE, TRANSFER_ENCODING]);
+        // A stored copy never hands one caller's cookie to another, nor a
+        // field the origin named in `no-cache="..."` (RFC 9111 §5.2.2.4:
+        // reused without revalidation only without them).
+        let mut drop = vec![SET_COOKIE, TRANSFER_ENCODING];
+        drop.extend(no_cache_fields(&self.headers));
+        let mut headers = compact(&self.headers, &drop);
         headers.insert(CONTENT_LENGTH, HeaderValue::from(self.body.len()));
         let answer_head = answer_head(&headers);
         StoredResponse {
@@ -436,8 +441,10 @@ pub const VIA_1_1: &str = "1.1 corral";
 
 /// `headers` as an answer from an entry starts: `Age` (replacing the
 /// origin's, in its place), corral's `Via` after the origin's, and
-/// `Cache-Status` (replacing any the origin sent). `Age` and `Cache-Status`
-/// hold placeholders each answer replaces in place. Built once per entry,
+/// corral's `Cache-Status` member after those of the caches before it
+/// (RFC 9211 §2; none of them in corral's name, which the exchange
+/// removed). `Age` and corral's `Cache-Status` line hold placeholders each
+/// answer replaces in place. Built once per entry,
 /// with the same operations an answer made per hit before, so an answer
 /// is a copy of this map with two values replaced: no name hashed into a
 /// new slot, no table grown.
@@ -451,17 +458,18 @@ pub fn answer_head(headers: &HeaderMap) -> HeaderMap {
     }
     head.insert(AGE, HeaderValue::from_static("0"));
     head.append(VIA, HeaderValue::from_static(VIA_1_1));
-    head.insert(
+    head.append(
         crate::CACHE_STATUS.clone(),
-        HeaderValue::from_static(crate::semantics::cache_status::CACHE_NAME),
+        HeaderValue::from_static(crate::semantics::cache_status::name()),
     );
     head
 }
 
 /// An entry's answer head as an HTTP/1.1 server writes it: the status
 /// line, then every field of [`answer_head`] but the three each answer
-/// writes for itself (`Age` and `Cache-Status`, whose values change, and
-/// `Content-Length`, which is the body's), each `name: value` and CRLF,
+/// writes for itself (`Age` and corral's `Cache-Status` line, whose values
+/// change, and `Content-Length`, which is the body's), each `name: value`
+/// and CRLF,
 /// in the map's order. A plain hit on HTTP/1.1 copies these bytes and adds
 /// those three fields (and `Date` when `dated` is false), instead of
 /// copying the map and encoding it field by field.
@@ -495,11 +503,19 @@ pub fn wire_head(status: StatusCode, head: &HeaderMap) -> Option<WireHead> {
         out.extend_from_slice(b"\r\n");
     }
     let mut dated = false;
+    // The caches' members before corral's, which is the last line.
+    let mut inbound = head
+        .get_all(&crate::CACHE_STATUS)
+        .iter()
+        .count()
+        .saturating_sub(1);
     for (name, value) in head {
         if name == TRANSFER_ENCODING || name == CONNECTION || name == TRAILER {
             return None;
         }
-        if name == AGE || name == crate::CACHE_STATUS || name == CONTENT_LENGTH {
+        if name == crate::CACHE_STATUS && inbound > 0 {
+            inbound -= 1;
+        } else if name == AGE || name == crate::CACHE_STATUS || name == CONTENT_LENGTH {
             continue;
         }
         dated |= name == http::header::DATE;
@@ -513,6 +529,16 @@ pub fn wire_head(status: StatusCode, head: &HeaderMap) -> Option<WireHead> {
         bytes: Bytes::from(out.into_boxed_slice()),
         dated,
     })
+}
+
+/// The fields `headers`' Cache-Control names in `no-cache="..."`: a stored
+/// copy is reused without them (RFC 9111 §5.2.2.4).
+fn no_cache_fields(headers: &HeaderMap) -> Vec<HeaderName> {
+    if headers.contains_key(http::header::CACHE_CONTROL) {
+        crate::CacheControl::parse(headers).no_cache_fields
+    } else {
+        Vec::new()
+    }
 }
 
 /// A copy of `headers` without `drop`, every value in its own allocation
@@ -722,7 +748,9 @@ mod tests {
                 let want = if *name == AGE {
                     vec!["0".to_owned()]
                 } else if *name == crate::CACHE_STATUS {
-                    vec![crate::semantics::cache_status::CACHE_NAME.to_owned()]
+                    let mut v = values(&stored, name);
+                    v.push(crate::semantics::cache_status::name().to_owned());
+                    v
                 } else if *name == VIA {
                     let mut v = values(&stored, name);
                     v.push(VIA_1_1.to_owned());
@@ -736,13 +764,38 @@ mod tests {
             let mut copy = head.clone();
             let capacity = copy.capacity();
             copy.insert(AGE, HeaderValue::from_static("7"));
-            copy.insert(
-                crate::CACHE_STATUS.clone(),
-                HeaderValue::from_static("corral; hit"),
-            );
+            crate::put_own_cache_status(&mut copy, HeaderValue::from_static("corral; hit"), true);
             assert_eq!(copy.capacity(), capacity, "{n} fields: the copy grew");
             assert_eq!(copy.len(), head.len());
         }
+    }
+
+    #[test]
+    fn the_wire_head_keeps_the_inbound_cache_status_lines_but_not_corrals() {
+        let mut stored = HeaderMap::new();
+        stored.append(
+            crate::CACHE_STATUS.clone(),
+            HeaderValue::from_static("cdn; hit"),
+        );
+        stored.append(
+            crate::CACHE_STATUS.clone(),
+            HeaderValue::from_static("edge; fwd=miss"),
+        );
+        let head = answer_head(&stored);
+        let wire = wire_head(StatusCode::OK, &head).expect("a wire head");
+        let text = std::str::from_utf8(&wire.bytes).expect("ascii");
+        assert!(
+            text.contains("cache-status: cdn; hit\r\ncache-status: edge; fwd=miss\r\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("cache-status").count(), 2, "{text}");
+        // Without inbound lines, none: corral's is written per answer.
+        let bare = wire_head(StatusCode::OK, &answer_head(&HeaderMap::new())).expect("a wire head");
+        assert!(
+            !std::str::from_utf8(&bare.bytes)
+                .expect("ascii")
+                .contains("cache-status")
+        );
     }
 
     #[test]

@@ -55,7 +55,10 @@ impl Default for RoutePolicy {
     fn default() -> Self {
         RoutePolicy {
             default_ttl: None,
-            heuristic_freshness: false,
+            // On: only an answer with Last-Modified and no explicit
+            // freshness gets one, a tenth of its age, at most a day (see
+            // the Standards page for why this suits an API cache).
+            heuristic_freshness: true,
             swr_default: Duration::ZERO,
             swr_max: Duration::from_secs(3600),
             sie_default: Duration::ZERO,
@@ -705,14 +708,19 @@ mod tests {
             ))
             .is_none()
         );
-        // Off by default.
-        assert!(
+        // On by default; off when the route turns it off.
+        assert_eq!(
             ttl(decide(
                 &RoutePolicy::default(),
                 &[("date", &date), ("last-modified", &lm)]
-            ))
-            .is_none()
+            )),
+            Some(Duration::from_secs(1000))
         );
+        let off = RoutePolicy {
+            heuristic_freshness: false,
+            ..Default::default()
+        };
+        assert!(ttl(decide(&off, &[("date", &date), ("last-modified", &lm)])).is_none());
     }
 
     #[test]

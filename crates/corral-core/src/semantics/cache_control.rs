@@ -12,7 +12,12 @@ pub struct CacheControl {
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     pub no_store: bool,
+    /// The unqualified `no-cache` (or a qualified one corral cannot read):
+    /// revalidate before every reuse.
     pub no_cache: bool,
+    /// §5.2.2.4's qualified form, `no-cache="field, ..."`: the answer may
+    /// be reused without revalidation, without these fields (lowercase).
+    pub no_cache_fields: Vec<http::HeaderName>,
     pub private: bool,
     pub public: bool,
     pub must_revalidate: bool,
@@ -60,9 +65,16 @@ impl CacheControl {
             "stale-while-revalidate" => set_first(&mut self.stale_while_revalidate, seconds()),
             "stale-if-error" => set_first(&mut self.stale_if_error, seconds()),
             "no-store" => self.no_store = true,
-            // The qualified forms (`no-cache="x"`, `private="x"`) are read
-            // as the unqualified ones: stricter, never wrong.
-            "no-cache" => self.no_cache = true,
+            // §5.2.2.4: the qualified form names the fields a reuse must
+            // not carry; the rest may be reused. One that names nothing,
+            // or a name that is not a field name, is read as the
+            // unqualified form: stricter, never wrong.
+            "no-cache" => match arg.and_then(field_names) {
+                Some(names) => self.no_cache_fields.extend(names),
+                None => self.no_cache = true,
+            },
+            // The qualified `private="x"` is read as the unqualified one
+            // (the answer is not stored at all): stricter, never wrong.
             "private" => self.private = true,
             "public" => self.public = true,
             "must-revalidate" => self.must_revalidate = true,
@@ -88,6 +100,31 @@ impl CacheControl {
     pub fn forbids_stale(&self) -> bool {
         self.must_revalidate || self.proxy_revalidate || self.no_cache
     }
+}
+
+/// Cache-Control text without its qualified `no-cache="field, ..."`
+/// members that [`CacheControl`] reads as such (names already lowercased):
+/// http-cache-semantics reads any `no-cache` as the unqualified form.
+pub(crate) fn without_qualified_no_cache(text: &str) -> String {
+    split_directives(text)
+        .filter(|d| {
+            let qualified = d.split_once('=').and_then(|(name, arg)| {
+                (name.trim() == "no-cache").then(|| field_names(arg.trim().trim_matches('"')))
+            });
+            !matches!(qualified, Some(Some(_)))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The field names of a qualified directive's argument, lowercased;
+/// `None` when it names none or one that is not a field name.
+fn field_names(arg: &str) -> Option<Vec<http::HeaderName>> {
+    let names = arg
+        .split(',')
+        .map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect::<Option<Vec<_>>>()?;
+    (!names.is_empty()).then_some(names)
 }
 
 /// RFC 9213: the value of the first of `fields` (a route's targeted
@@ -253,6 +290,36 @@ mod tests {
         let c = cc("private=\"set-cookie, x-a\", max-age=5");
         assert!(c.private);
         assert_eq!(c.max_age, Some(5));
+    }
+
+    #[test]
+    fn a_qualified_no_cache_names_fields_and_an_unreadable_one_is_plain() {
+        let c = cc("no-cache=\"X-Secret, set-cookie\", max-age=60");
+        assert!(!c.no_cache && !c.forbids_stale());
+        assert_eq!(c.no_cache_fields, ["x-secret", "set-cookie"]);
+        assert_eq!(c.max_age, Some(60));
+        for plain in [
+            "no-cache",
+            "no-cache=\"\"",
+            "no-cache=\"a b\"",
+            "no-cache=\"x,,y\"",
+        ] {
+            let c = cc(plain);
+            assert!(c.no_cache && c.no_cache_fields.is_empty(), "{plain}");
+        }
+        // Plain and qualified together: the plain one rules.
+        let c = cc("no-cache=\"x-a\", no-cache");
+        assert!(c.no_cache);
+        // What http-cache-semantics is shown: the qualified form gone,
+        // an unreadable one kept (it reads it as the plain one).
+        assert_eq!(
+            without_qualified_no_cache("max-age=60, no-cache=\"x-a, x-b\", public"),
+            "max-age=60, public"
+        );
+        assert_eq!(
+            without_qualified_no_cache("no-cache=\"a b\", no-cache"),
+            "no-cache=\"a b\", no-cache"
+        );
     }
 
     #[test]

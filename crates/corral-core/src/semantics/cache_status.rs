@@ -8,8 +8,44 @@ use http::{HeaderValue, StatusCode};
 use crate::model::policy::PassReason;
 use crate::semantics::head::BadHead;
 
-/// The cache's name in `Cache-Status`.
-pub const CACHE_NAME: &str = "corral";
+/// The name corral's members carry in `Cache-Status` and `Proxy-Status`
+/// unless `server.proxy_name` says otherwise.
+pub const DEFAULT_NAME: &str = "corral";
+
+/// The name this process writes, set once at start ([`set_name`]).
+static NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The name corral's own `Cache-Status` and `Proxy-Status` members carry:
+/// `server.proxy_name`, else [`DEFAULT_NAME`].
+pub fn name() -> &'static str {
+    NAME.get().copied().unwrap_or(DEFAULT_NAME)
+}
+
+/// Sets the name of corral's members for the life of the process; false
+/// when it was set already (to another name) or is not an RFC 8941 token.
+pub fn set_name(name: &str) -> bool {
+    if !is_valid_name(name) {
+        return false;
+    }
+    if let Some(set) = NAME.get() {
+        return *set == name;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    NAME.set(leaked).is_ok() || self::name() == name
+}
+
+/// A name written as a bare RFC 8941 token (`ALPHA / "*"`, then `tchar`,
+/// `:` or `/`), at most 64 bytes: a member's name is then compared as
+/// written, with no string form to tell apart.
+pub fn is_valid_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    let first_ok = bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*');
+    first_ok
+        && name.len() <= 64
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b))
+}
 
 /// The field's name.
 pub static CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
@@ -17,29 +53,32 @@ pub static CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache
 /// RFC 9209's field, on every answer corral makes itself.
 pub static PROXY_STATUS: http::HeaderName = http::HeaderName::from_static("proxy-status");
 
-/// The `Proxy-Status` of an answer corral made itself for `detail`: its
-/// name, the RFC 9209 error type ([`Detail::proxy_error`]), the detail
-/// `Cache-Status` gives, and the status the origin answered with when it
-/// did (`received-status`). So a client tells corral's 503 from the
-/// origin's: the origin's own answers never carry corral's member.
-/// Removes the members of an origin's `Proxy-Status` that claim corral's
-/// name, so that a client can trust corral's own member (RFC 9209 §2: a
-/// member names the intermediary that wrote it). Other members are kept
-/// as written; a field left empty goes.
-pub fn strip_claimed_proxy_status(headers: &mut http::HeaderMap) {
-    if !headers.contains_key(&PROXY_STATUS) {
+/// Removes the members of an origin's (or an upstream cache's)
+/// `Proxy-Status` and `Cache-Status` that claim corral's name, so that a
+/// client can trust corral's own member (RFC 9209 §2, RFC 9211 §2: a
+/// member names the intermediary that wrote it). Other members are kept as
+/// written, in order; a field left empty goes.
+pub fn strip_claimed_members(headers: &mut http::HeaderMap) {
+    strip_claimed(headers, &PROXY_STATUS);
+    strip_claimed(headers, &CACHE_STATUS);
+}
+
+/// [`strip_claimed_members`] for one field.
+fn strip_claimed(headers: &mut http::HeaderMap, field: &http::HeaderName) {
+    if !headers.contains_key(field) {
         return;
     }
+    let own = name();
     let mut kept: Vec<String> = Vec::new();
     let mut claimed = false;
-    for line in headers.get_all(&PROXY_STATUS) {
+    for line in headers.get_all(field) {
         let Ok(text) = line.to_str() else {
             // Not text: no member of it can be told apart; none is kept.
             claimed = true;
             continue;
         };
         for member in list_members(text) {
-            if member_name(member) == CACHE_NAME {
+            if member_name(member) == own {
                 claimed = true;
             } else if !member.is_empty() {
                 kept.push(member.to_owned());
@@ -49,11 +88,33 @@ pub fn strip_claimed_proxy_status(headers: &mut http::HeaderMap) {
     if !claimed {
         return;
     }
-    headers.remove(&PROXY_STATUS);
+    headers.remove(field);
     if let Ok(v) = HeaderValue::from_str(&kept.join(", "))
         && !kept.is_empty()
     {
-        headers.insert(PROXY_STATUS.clone(), v);
+        headers.insert(field.clone(), v);
+    }
+}
+
+/// Puts corral's own member `value` after the members already in
+/// `headers` (RFC 9211 §2: a cache appends its member, keeping those of
+/// the caches before it). `placeholder_last`: the field's last line is
+/// corral's placeholder (an entry's answer head), replaced in place.
+pub fn put_own_cache_status(
+    headers: &mut http::HeaderMap,
+    value: HeaderValue,
+    placeholder_last: bool,
+) {
+    match headers.entry(&CACHE_STATUS) {
+        http::header::Entry::Occupied(mut lines) if placeholder_last => {
+            if let Some(last) = lines.iter_mut().last() {
+                *last = value;
+            }
+        }
+        http::header::Entry::Occupied(mut lines) => lines.append(value),
+        http::header::Entry::Vacant(slot) => {
+            slot.insert(value);
+        }
     }
 }
 
@@ -87,9 +148,15 @@ fn member_name(member: &str) -> &str {
         .unwrap_or(name)
 }
 
+/// The `Proxy-Status` of an answer corral made itself for `detail`: its
+/// name, the RFC 9209 error type ([`Detail::proxy_error`]), the detail
+/// `Cache-Status` gives, and the status the origin answered with when it
+/// did (`received-status`). So a client tells corral's 503 from the
+/// origin's: the origin's own answers never carry corral's member.
 pub fn proxy_status(detail: Detail, received: Option<u16>) -> HeaderValue {
     let mut v = format!(
-        "{CACHE_NAME}; error={}; details=\"{}\"",
+        "{}; error={}; details=\"{}\"",
+        name(),
         detail.proxy_error(),
         detail.as_str()
     );
@@ -98,7 +165,7 @@ pub fn proxy_status(detail: Detail, received: Option<u16>) -> HeaderValue {
         v.push_str(&code.to_string());
     }
     // Tokens and digits only (every detail is lowercase ASCII and `-`).
-    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("corral"))
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(DEFAULT_NAME))
 }
 
 /// Why the request was forwarded (RFC 9211 §2.2).
@@ -488,13 +555,13 @@ impl CacheStatus {
             HeaderValue::from_bytes(&heap)
         };
         // Only ASCII tokens and numbers are written.
-        value.unwrap_or_else(|_| HeaderValue::from_static(CACHE_NAME))
+        value.unwrap_or_else(|_| HeaderValue::from_static(name()))
     }
 
     /// Writes the field value's parts to `put` in order, while it takes
     /// them; false when it refused one.
     fn write(&self, put: &mut impl FnMut(&[u8]) -> bool) -> bool {
-        let mut ok = put(CACHE_NAME.as_bytes());
+        let mut ok = put(name().as_bytes());
         if self.hit {
             ok &= put(b"; hit");
         }
@@ -544,7 +611,7 @@ mod tests {
             for l in lines {
                 h.append(PROXY_STATUS.clone(), HeaderValue::from_static(l));
             }
-            strip_claimed_proxy_status(&mut h);
+            strip_claimed_members(&mut h);
             h.get_all(&PROXY_STATUS)
                 .iter()
                 .map(|v| v.to_str().unwrap_or_default().to_owned())
@@ -569,6 +636,44 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_name_is_a_bare_token() {
+        for ok in ["corral", "edge-7.example", "corral/web-3", "cdn:1", "*x"] {
+            assert!(is_valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "7up",
+            "two words",
+            "a,b",
+            "x;y",
+            "\"q\"",
+            "é",
+            &"a".repeat(65),
+        ] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn corrals_member_goes_after_the_inbound_ones_or_in_its_placeholder() {
+        let lines = |h: &http::HeaderMap| -> Vec<String> {
+            h.get_all(&CACHE_STATUS)
+                .iter()
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+                .collect()
+        };
+        let mut h = http::HeaderMap::new();
+        put_own_cache_status(&mut h, HeaderValue::from_static("corral; hit"), false);
+        assert_eq!(lines(&h), ["corral; hit"]);
+        let mut h = http::HeaderMap::new();
+        h.append(CACHE_STATUS.clone(), HeaderValue::from_static("cdn; hit"));
+        put_own_cache_status(&mut h, HeaderValue::from_static("corral; fwd=miss"), false);
+        assert_eq!(lines(&h), ["cdn; hit", "corral; fwd=miss"]);
+        put_own_cache_status(&mut h, HeaderValue::from_static("corral; hit"), true);
+        assert_eq!(lines(&h), ["cdn; hit", "corral; hit"]);
+    }
 
     #[test]
     fn every_own_answer_names_a_registered_proxy_error_type() {

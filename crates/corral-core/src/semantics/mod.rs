@@ -1,7 +1,7 @@
 //! HTTP semantics: the fields and rules of RFC 9110/9111 and the drafts corral implements (Cache-Control, Cache-Status and Proxy-Status, content codings, Vary and No-Vary-Search, ranges, the request head and its HTTP/1.1 parser, structured fields).
 
 pub(crate) mod cache_control;
-pub(crate) mod cache_status;
+pub mod cache_status;
 pub(crate) mod coding;
 pub mod h1;
 pub mod head;

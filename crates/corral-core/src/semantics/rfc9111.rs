@@ -12,6 +12,7 @@
 //! | any final status may be stored when the response says so (§3) | only the statuses it knows | an unknown final status with explicit freshness (or `public`) is evaluated as a 200 |
 //! | heuristic freshness (§4.2.2) | uncapped | capped at [`HEURISTIC_MAX`] |
 //! | `no-cache` responses may be stored and revalidated (§5.2.2.4) | not stored | stored when they carry a validator (see `policy.rs`) |
+//! | `no-cache="field"` lets the rest be reused without revalidation (§5.2.2.4) | read as `no-cache` | not shown to the crate; the fields are left out of the stored copy (`entry.rs`) |
 //! | `must-understand` (§5.2.2.3) | unknown | not stored with a status corral does not understand; `no-store` ignored with one it does |
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -32,7 +33,9 @@ const UNDERSTOOD: [u16; 14] = [
 /// The response headers as the crate should read them.
 pub fn for_the_crate(headers: &HeaderMap) -> HeaderMap {
     let mut h = headers.clone();
-    rewrite_cache_control(&mut h, lowercase_names);
+    rewrite_cache_control(&mut h, |t| {
+        crate::semantics::cache_control::without_qualified_no_cache(&lowercase_names(t))
+    });
     sanitize_age(&mut h);
     if let Some(v) = h.get(EXPIRES) {
         let when = first_date(v).unwrap_or(UNIX_EPOCH);

@@ -382,6 +382,7 @@ fn revalidated(
                 entry,
                 fwd: Forward::Stale,
                 fwd_status: Some(StatusCode::NOT_MODIFIED.as_u16()),
+                own: HeaderMap::new(),
             })
         }
         Decision::Pass(reason) => {

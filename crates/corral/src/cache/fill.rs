@@ -135,6 +135,9 @@ pub enum FillOutcome {
         entry: Arc<StoredResponse>,
         fwd: Forward,
         fwd_status: Option<u16>,
+        /// Fields for the caller whose fetch it was alone: those the
+        /// answer's `no-cache="..."` names, which the entry leaves out.
+        own: HeaderMap,
     },
     /// Another instance's fill, read from L2 (and stored in L1).
     FromL2 {
@@ -174,6 +177,8 @@ pub enum FillOutcome {
         )>,
         fwd: Forward,
         fwd_status: Option<u16>,
+        /// As [`FillOutcome::Stored`]'s.
+        own: HeaderMap,
     },
 }
 

@@ -32,6 +32,17 @@ fn from_shared(shared: &SharedResponse, status: &CacheStatus, head: bool, own: b
     Answer::new(res, status, Version::HTTP_11)
 }
 
+/// `answer` with the fields only the caller whose fetch it was gets
+/// (`collapsed`: another caller, who gets none of them).
+fn with_own(mut answer: Answer, own: &HeaderMap, collapsed: bool) -> Answer {
+    if !collapsed {
+        for (name, value) in own {
+            answer.response.headers_mut().append(name, value.clone());
+        }
+    }
+    answer
+}
+
 /// The answer for a finished fill; `collapsed` for followers.
 pub fn from_outcome(
     outcome: &FillOutcome,
@@ -66,9 +77,10 @@ pub fn from_outcome(
             entry,
             fwd,
             fwd_status,
+            own,
         } => {
             let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
-            from_entry(entry, &st, now, head, request)
+            with_own(from_entry(entry, &st, now, head, request), own, collapsed)
         }
         FillOutcome::Shared {
             response,
@@ -101,9 +113,11 @@ pub fn from_outcome(
             coded,
             fwd,
             fwd_status,
+            own,
         } => {
             let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
-            from_streaming(entry, body, coded, &st, now, head, request)
+            let answer = from_streaming(entry, body, coded, &st, now, head, request);
+            with_own(answer, own, collapsed)
         }
         FillOutcome::Pass { .. } => error(
             StatusCode::BAD_GATEWAY,

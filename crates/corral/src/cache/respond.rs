@@ -91,7 +91,7 @@ impl Wire {
     pub fn into_response(self) -> Response<Body> {
         let mut headers = self.entry.answer_head().clone();
         headers.insert(AGE, age_value(self.age));
-        headers.insert(CACHE_STATUS.clone(), self.cache_status);
+        corral_core::put_own_cache_status(&mut headers, self.cache_status, true);
         if let Some(id) = self.request_id {
             headers.insert(corral_core::semantics::head::X_REQUEST_ID.clone(), id);
         }
@@ -104,11 +104,12 @@ impl Wire {
 
 impl Answer {
     /// `response` with the headers every answer carries: `Via` and
-    /// `status` as its `Cache-Status`.
+    /// `status` as corral's `Cache-Status` member, after those of the
+    /// caches before it (the exchange removed any in corral's name).
     pub fn new(mut response: Response<Body>, status: &CacheStatus, version: Version) -> Answer {
         let headers = response.headers_mut();
         headers.append(VIA, via_value(version));
-        headers.insert(CACHE_STATUS.clone(), status.to_header_value());
+        corral_core::put_own_cache_status(headers, status.to_header_value(), false);
         let label = status.label(response.status());
         Answer {
             response,
@@ -119,11 +120,10 @@ impl Answer {
     }
 
     /// `response`, made from an entry's [`StoredResponse::answer_head`]
-    /// (`Via` in place already), with `status` as its `Cache-Status`.
+    /// (`Via` in place already), with `status` as corral's `Cache-Status`
+    /// member (the head's last line, a placeholder until now).
     fn from_entry_head(mut response: Response<Body>, status: &CacheStatus) -> Answer {
-        response
-            .headers_mut()
-            .insert(CACHE_STATUS.clone(), status.to_header_value());
+        corral_core::put_own_cache_status(response.headers_mut(), status.to_header_value(), true);
         let label = status.label(response.status());
         Answer {
             response,

@@ -87,6 +87,10 @@ pub(crate) struct Keep {
     /// This request's values for `vary`.
     vary_values: Vec<String>,
     private: bool,
+    /// The fields the answer's `no-cache="..."` names: the stored copy
+    /// leaves them out (RFC 9111 §5.2.2.4), the caller whose fetch it was
+    /// gets them.
+    own: HeaderMap,
 }
 
 impl Keep {
@@ -112,7 +116,14 @@ impl Keep {
                 vary = Vary::None;
             }
         }
+        let mut own = HeaderMap::new();
+        for name in corral_core::CacheControl::parse(&answered.parts.headers).no_cache_fields {
+            for value in answered.parts.headers.get_all(&name) {
+                own.append(name.clone(), value.clone());
+            }
+        }
         Keep {
+            own,
             status: answered.parts.status,
             private: freshness.sharing.keeps_private(fill.identity.as_ref()),
             freshness,
@@ -122,6 +133,16 @@ impl Keep {
             vary_values: vary.values(&fill.head.headers),
             vary,
         }
+    }
+
+    /// The outcome of `entry`, stored.
+    fn stored(&self, fill: &FillRequest, entry: Arc<StoredResponse>) -> Ended {
+        Ended::Outcome(FillOutcome::Stored {
+            entry,
+            fwd: fill.fwd,
+            fwd_status: Some(self.status.as_u16()),
+            own: self.own.clone(),
+        })
     }
 
     fn entry(&self, fill: &FillRequest, headers: HeaderMap, body: Bytes) -> StoredResponse {
@@ -269,11 +290,7 @@ pub(crate) async fn store(
     for c in coded {
         c.end();
     }
-    Ended::Outcome(FillOutcome::Stored {
-        entry,
-        fwd: fill.fwd,
-        fwd_status: Some(keep.status.as_u16()),
-    })
+    keep.stored(fill, entry)
 }
 
 /// The stored entry in the representations its callers may read: each
@@ -383,6 +400,7 @@ fn streaming(
         coded: bodies,
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
+        own: keep.own.clone(),
     }
 }
 

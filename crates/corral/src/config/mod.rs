@@ -228,6 +228,10 @@ pub struct ServerConfig {
     /// may be busy, sustained, before corral sheds passed-through requests
     /// and new connections (`overload`); `None` (`off`): it never sheds.
     pub overload: Option<u8>,
+    /// The name of corral's own `Cache-Status` and `Proxy-Status` members
+    /// (`server.proxy_name`, an RFC 8941 token); members from upstream in
+    /// this name are removed. Default `corral`.
+    pub proxy_name: String,
 }
 
 /// `server.overload` unless configured: shed once the serving threads have
@@ -266,6 +270,7 @@ impl Default for ServerConfig {
             runtime: RuntimeMode::Shared,
             workers: None,
             overload: Some(DEFAULT_OVERLOAD),
+            proxy_name: corral_core::semantics::cache_status::DEFAULT_NAME.to_owned(),
         }
     }
 }
@@ -565,7 +570,7 @@ pub struct RouteCacheConfig {
     pub enabled: bool,
     /// TTL for storable responses that carry no freshness information; `None` = not stored.
     pub default_ttl: Option<Duration>,
-    /// RFC 9111 §4.2.2 heuristic freshness from `Last-Modified`; off by default.
+    /// RFC 9111 §4.2.2 heuristic freshness from `Last-Modified`; on by default.
     pub heuristic_freshness: bool,
     pub stale_while_revalidate: StaleWindow,
     pub stale_if_error: StaleWindow,

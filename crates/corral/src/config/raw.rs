@@ -115,6 +115,7 @@ pub struct RawServer {
     pub runtime: Option<Text>,
     pub workers: Option<Text>,
     pub overload: Option<Text>,
+    pub proxy_name: Option<Text>,
 }
 
 #[derive(Debug, Default, Deserialize)]

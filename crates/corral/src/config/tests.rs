@@ -123,7 +123,7 @@ routes:
     let cache = &route.cache;
     assert!(cache.enabled);
     assert_eq!(cache.default_ttl, None);
-    assert!(!cache.heuristic_freshness);
+    assert!(cache.heuristic_freshness);
     assert_eq!(cache.stale_while_revalidate.default, Duration::ZERO);
     assert_eq!(cache.stale_while_revalidate.max, Duration::from_secs(3600));
     assert_eq!(cache.stale_if_error.default, Duration::ZERO);
@@ -159,7 +159,7 @@ routes:
     cache:
       enabled: false
       default_ttl: 30s
-      heuristic_freshness: true
+      heuristic_freshness: false
       stale_while_revalidate: { default: 10s, max: 1h }
       stale_if_error: { default: 1m, max: 1d }
       stale_max_ratio: 0.5
@@ -191,7 +191,7 @@ routes:
     let cache = &api.cache;
     assert!(!cache.enabled);
     assert_eq!(cache.default_ttl, Some(Duration::from_secs(30)));
-    assert!(cache.heuristic_freshness);
+    assert!(!cache.heuristic_freshness);
     assert_eq!(
         cache.stale_while_revalidate.default,
         Duration::from_secs(10)
@@ -963,6 +963,26 @@ fn overload_sheds_at_90_percent_unless_set_or_turned_off() {
             message.contains("whole percentage from 1 to 100"),
             "{value}: {message}"
         );
+    }
+}
+
+#[test]
+fn the_proxy_name_is_corral_unless_set_to_a_token() {
+    assert_eq!(config(&route_with("")).server.proxy_name, "corral");
+    for value in ["edge-7.example", "corral/web-3", "cdn:1"] {
+        let c = config(&format!(
+            "server:\n  proxy_name: {value}\n{}",
+            route_with("")
+        ));
+        assert_eq!(c.server.proxy_name, value);
+    }
+    for value in ["\"two words\"", "a,b", "x;y=1", "7up", "\"\""] {
+        let error = refused(&format!(
+            "server:\n  proxy_name: {value}\n{}",
+            route_with("")
+        ));
+        let message = assert_at(&error, 2, 15, "server.proxy_name");
+        assert!(message.contains("RFC 8941 token"), "{value}: {message}");
     }
 }
 

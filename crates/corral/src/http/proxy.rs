@@ -208,7 +208,13 @@ impl Done {
             cache_status: wire
                 .as_ref()
                 .map_or_else(
-                    || res.headers().get(&respond::CACHE_STATUS),
+                    // corral's member, after any of the caches before it.
+                    || {
+                        res.headers()
+                            .get_all(&respond::CACHE_STATUS)
+                            .iter()
+                            .next_back()
+                    },
                     |w| Some(w.cache_status()),
                 )
                 .and_then(|v| v.to_str().ok())

@@ -108,8 +108,8 @@ pub enum Framing {
 
 /// Makes an upstream response head fit to pass on: hop-by-hop headers
 /// removed, a Content-Length beside Transfer-Encoding removed (what the
-/// client is told must be what it gets), a nonsensical Age dropped, a
-/// `Proxy-Status` member claiming corral's name removed. A 101
+/// client is told must be what it gets), a nonsensical Age dropped, the
+/// `Proxy-Status` and `Cache-Status` members claiming corral's name removed. A 101
 /// (or any 1xx as a final answer) is an error: corral never asks for an
 /// upgrade, so an origin that switches protocols is not speaking HTTP to it.
 pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, UpstreamError> {
@@ -125,8 +125,9 @@ pub fn sanitize_response(parts: &mut http::response::Parts) -> Result<Framing, U
     };
     corral_core::semantics::hop_by_hop::strip(&mut parts.headers);
     corral_core::semantics::rfc9111::sanitize_age(&mut parts.headers);
-    // An origin's member in corral's name would pass for corral's own.
-    corral_core::strip_claimed_proxy_status(&mut parts.headers);
+    // An origin's (or an upstream cache's) member in corral's name would
+    // pass for corral's own.
+    corral_core::strip_claimed_members(&mut parts.headers);
     Ok(framing)
 }
 

@@ -76,7 +76,18 @@ impl Resolver<'_> {
                     "off" => Ok(None),
                     t => percentage(t, 1, 100).map(Some),
                 })?;
+        let proxy_name = self
+            .at("server.proxy_name", &raw.proxy_name)
+            .parse_or(defaults.proxy_name, |t| {
+                let name = t.trim();
+                if corral_core::semantics::cache_status::is_valid_name(name) {
+                    Ok(name.to_owned())
+                } else {
+                    Err("must be an RFC 8941 token of at most 64 characters (a letter first; no spaces, commas, semicolons, quotes or `=`): it names corral's Cache-Status and Proxy-Status members")
+                }
+            })?;
         Ok(ServerConfig {
+            proxy_name,
             overload,
             runtime,
             workers,
