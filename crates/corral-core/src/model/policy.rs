@@ -216,22 +216,77 @@ impl RoutePolicy {
         res: &response::Parts,
         response_time: SystemTime,
     ) -> Decision {
-        // RFC 9213: a targeted field replaces Cache-Control and Expires.
-        let targeted;
-        let res =
-            match crate::semantics::cache_control::targeted_value(&res.headers, &self.targeted) {
-                None => res,
-                Some(value) => {
-                    let mut parts = res.clone();
-                    parts.headers.remove(http::header::CACHE_CONTROL);
-                    parts.headers.remove(EXPIRES);
-                    if let Ok(v) = http::HeaderValue::from_str(&value) {
-                        parts.headers.insert(http::header::CACHE_CONTROL, v);
-                    }
-                    targeted = parts;
-                    &targeted
-                }
-            };
+        let targeted = self.retargeted(res);
+        let res = targeted.as_ref().unwrap_or(res);
+        let cc = CacheControl::parse(&res.headers);
+        match self.evaluate_parsed(method, uri, res, &cc, response_time) {
+            Ok(freshness) => Decision::Store { freshness },
+            Err(reason) => Decision::Pass(reason),
+        }
+    }
+
+    /// RFC 9213: a targeted field replaces Cache-Control and Expires; the
+    /// answer with its fields so replaced, where one is present.
+    fn retargeted(&self, res: &response::Parts) -> Option<response::Parts> {
+        let value = crate::semantics::cache_control::targeted_value(&res.headers, &self.targeted)?;
+        let mut parts = res.clone();
+        parts.headers.remove(http::header::CACHE_CONTROL);
+        parts.headers.remove(EXPIRES);
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            parts.headers.insert(http::header::CACHE_CONTROL, v);
+        }
+        Some(parts)
+    }
+
+    /// [`RoutePolicy::evaluate`] once the answer's Cache-Control is read.
+    fn evaluate_parsed(
+        &self,
+        method: &http::Method,
+        uri: &http::Uri,
+        res: &response::Parts,
+        cc: &CacheControl,
+        response_time: SystemTime,
+    ) -> Result<Freshness, PassReason> {
+        let res_for_policy = self.storable_fields(method, res, cc)?;
+        let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
+        let policy = crate_policy(
+            method,
+            uri,
+            res.status,
+            explicit || cc.public,
+            res_for_policy,
+            (self.heuristic_freshness, response_time),
+        )
+        .ok_or(PassReason::NotStorable)?;
+        let ttl = self.lifetime(&policy, cc, explicit, response_time);
+        let age = policy.age(response_time);
+        let (swr, sie) = self.stale_windows(cc, ttl.saturating_add(age));
+        // §5.2.2.4: a `no-cache` response may be stored, and is then
+        // revalidated before every reuse; worth it only with a validator
+        // to make the revalidation conditional.
+        let revalidate_each_time = cc.no_cache && has_validator(&res.headers);
+        if ttl.is_zero() && swr.is_zero() && sie.is_zero() && !revalidate_each_time {
+            return Err(PassReason::NoFreshness);
+        }
+        Ok(Freshness {
+            ttl: self.jitter(ttl),
+            swr,
+            sie,
+            sharing: Sharing::of(cc),
+        })
+    }
+
+    /// The answer's fields as the policy crate is to read them, or why it
+    /// is never stored: a dictionary-compressed answer, `no-store`
+    /// (unless `must-understand` overrides it), `private`, `Vary: *`,
+    /// Set-Cookie (unless the route stores it), a POST on a route that
+    /// does not store them, or a declared length past `max_object_size`.
+    fn storable_fields(
+        &self,
+        method: &http::Method,
+        res: &response::Parts,
+        cc: &CacheControl,
+    ) -> Result<http::HeaderMap, PassReason> {
         // RFC 9842: an answer compressed with the caller's dictionary is the
         // caller's alone unless it varies on the dictionary. Decided first:
         // whatever else its fields say, it is never stored or shared.
@@ -241,29 +296,28 @@ impl RoutePolicy {
                 .iter()
                 .any(|n| n == "available-dictionary")
         {
-            return Decision::Pass(PassReason::DictionaryCompressed);
+            return Err(PassReason::DictionaryCompressed);
         }
-        let cc = CacheControl::parse(&res.headers);
         // §5.2.2.3: `must-understand` stores only statuses corral
         // understands, and for those overrides `no-store`.
         let understood = rfc9111::understood_status(res.status);
         if cc.must_understand && !understood {
-            return Decision::Pass(PassReason::NotStorable);
+            return Err(PassReason::NotStorable);
         }
         let must_understand_overrides = cc.must_understand && cc.no_store;
         if cc.no_store && !must_understand_overrides {
-            return Decision::Pass(PassReason::NoStore);
+            return Err(PassReason::NoStore);
         }
         if cc.private {
-            return Decision::Pass(PassReason::Private);
+            return Err(PassReason::Private);
         }
         if Vary::parse(&res.headers) == Vary::Star {
-            return Decision::Pass(PassReason::VaryStar);
+            return Err(PassReason::VaryStar);
         }
         let mut res_for_policy = res.headers.clone();
         if res.headers.contains_key(SET_COOKIE) {
             if !self.store_set_cookie {
-                return Decision::Pass(PassReason::SetCookie);
+                return Err(PassReason::SetCookie);
             }
             res_for_policy.remove(SET_COOKIE);
         }
@@ -272,7 +326,7 @@ impl RoutePolicy {
         // `no-store` or Set-Cookie answer is the caller's own), so an
         // unstorable POST must not hide them.
         if *method == http::Method::POST && !self.store_post {
-            return Decision::Pass(PassReason::NotStorable);
+            return Err(PassReason::NotStorable);
         }
         let declared_len = res
             .headers
@@ -280,19 +334,8 @@ impl RoutePolicy {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared_len.is_some_and(|n| n > self.max_object_size) {
-            return Decision::Pass(PassReason::TooLarge);
+            return Err(PassReason::TooLarge);
         }
-
-        let mut req_for_policy = http::Request::new(());
-        // RFC 10008 §2.8: a QUERY's answer is cached as a GET's is (its
-        // content is in the key); the crate knows GET's rules.
-        *req_for_policy.method_mut() = if crate::semantics::head::is_query(method) {
-            http::Method::GET
-        } else {
-            method.clone()
-        };
-        *req_for_policy.uri_mut() = uri.clone();
-        let req_for_policy: request::Parts = req_for_policy.into_parts().0;
         // What the crate reads wrongly is normalised first (directive
         // case, Age lists, the three date formats, unknown statuses): see
         // rfc9111.rs.
@@ -300,31 +343,19 @@ impl RoutePolicy {
         if must_understand_overrides {
             rfc9111::drop_no_store(&mut res_for_policy);
         }
-        let explicit = cc.has_explicit_lifetime() || res.headers.contains_key(EXPIRES);
-        let Some(status) = rfc9111::status_for_the_crate(res.status, explicit || cc.public) else {
-            return Decision::Pass(PassReason::NotStorable);
-        };
-        let res_parts = {
-            let mut b = http::Response::builder().status(status);
-            if let Some(h) = b.headers_mut() {
-                *h = res_for_policy;
-            }
-            match b.body(()) {
-                Ok(r) => r,
-                Err(_) => return Decision::Pass(PassReason::NotStorable),
-            }
-        };
-        let opts = CacheOptions {
-            shared: true,
-            cache_heuristic: if self.heuristic_freshness { 0.1 } else { 0.0 },
-            immutable_min_time_to_live: Duration::ZERO,
-            ignore_cargo_cult: false,
-        };
-        let policy = CachePolicy::new_options(&req_for_policy, &res_parts, response_time, opts);
-        if !policy.is_storable() {
-            return Decision::Pass(PassReason::NotStorable);
-        }
+        Ok(res_for_policy)
+    }
 
+    /// The freshness lifetime left: the crate's (a heuristic's capped), or
+    /// the route's `default_ttl` for an answer that gave none and did not
+    /// ask to be revalidated.
+    fn lifetime(
+        &self,
+        policy: &CachePolicy,
+        cc: &CacheControl,
+        explicit: bool,
+        response_time: SystemTime,
+    ) -> Duration {
         let mut ttl = policy.time_to_live(response_time).min(MAX_TTL);
         if !explicit {
             // Only a heuristic (Last-Modified) gave this lifetime.
@@ -338,51 +369,38 @@ impl RoutePolicy {
         {
             ttl = default.saturating_sub(policy.age(response_time));
         }
-        let (swr, sie) = if cc.forbids_stale() {
-            (Duration::ZERO, Duration::ZERO)
-        } else {
-            // §5.2.2.10: `s-maxage` carries proxy-revalidate's meaning for
-            // a shared cache. The origin's own stale-while-revalidate or
-            // stale-if-error still permits stale (it names the window on
-            // purpose, as `s-maxage=1, stale-while-revalidate=59` does);
-            // the route's defaults never do.
-            let defaults_apply = cc.s_maxage.is_none();
-            let window = |given: Option<u64>, default: Duration, max: Duration| {
-                let default = if defaults_apply {
-                    default
-                } else {
-                    Duration::ZERO
-                };
-                given.map_or(default, Duration::from_secs).min(max)
+        ttl
+    }
+
+    /// The stale-while-revalidate and stale-if-error windows of an answer
+    /// whose whole freshness lifetime is `lifetime`.
+    fn stale_windows(&self, cc: &CacheControl, lifetime: Duration) -> (Duration, Duration) {
+        if cc.forbids_stale() {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        // §5.2.2.10: `s-maxage` carries proxy-revalidate's meaning for a
+        // shared cache. The origin's own stale-while-revalidate or
+        // stale-if-error still permits stale (it names the window on
+        // purpose, as `s-maxage=1, stale-while-revalidate=59` does); the
+        // route's defaults never do.
+        let defaults_apply = cc.s_maxage.is_none();
+        let window = |given: Option<u64>, default: Duration, max: Duration| {
+            let default = if defaults_apply {
+                default
+            } else {
+                Duration::ZERO
             };
-            (
-                window(cc.stale_while_revalidate, self.swr_default, self.swr_max),
-                window(cc.stale_if_error, self.sie_default, self.sie_max),
-            )
+            given.map_or(default, Duration::from_secs).min(max)
         };
+        let swr = window(cc.stale_while_revalidate, self.swr_default, self.swr_max);
+        let sie = window(cc.stale_if_error, self.sie_default, self.sie_max);
         // The smaller of the absolute bound (above) and the relative one.
-        let (swr, sie) = match self.stale_max_ratio {
+        match self.stale_max_ratio {
             Some(ratio) => {
-                let lifetime = ttl.saturating_add(policy.age(response_time));
                 let bound = stale_bound(lifetime, ratio);
                 (swr.min(bound), sie.min(bound))
             }
             None => (swr, sie),
-        };
-        // §5.2.2.4: a `no-cache` response may be stored, and is then
-        // revalidated before every reuse; worth it only with a validator
-        // to make the revalidation conditional.
-        let revalidate_each_time = cc.no_cache && has_validator(&res.headers);
-        if ttl.is_zero() && swr.is_zero() && sie.is_zero() && !revalidate_each_time {
-            return Decision::Pass(PassReason::NoFreshness);
-        }
-        Decision::Store {
-            freshness: Freshness {
-                ttl: self.jitter(ttl),
-                swr,
-                sie,
-                sharing: Sharing::of(&cc),
-            },
         }
     }
 
@@ -413,6 +431,44 @@ fn has_validator(headers: &http::HeaderMap) -> bool {
 
 /// No freshness lifetime is taken beyond this, whatever max-age says.
 const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86400);
+
+/// The policy crate's reading of an answer with `fields` (already made
+/// storable) to a `method` request for `uri`; `None` where it would not
+/// store it. `known_lifetime`: the answer gave a lifetime or is public, so
+/// a status the crate does not know may be stored.
+fn crate_policy(
+    method: &http::Method,
+    uri: &http::Uri,
+    status: http::StatusCode,
+    known_lifetime: bool,
+    fields: http::HeaderMap,
+    (heuristic, response_time): (bool, SystemTime),
+) -> Option<CachePolicy> {
+    let mut req_for_policy = http::Request::new(());
+    // RFC 10008 §2.8: a QUERY's answer is cached as a GET's is (its
+    // content is in the key); the crate knows GET's rules.
+    *req_for_policy.method_mut() = if crate::semantics::head::is_query(method) {
+        http::Method::GET
+    } else {
+        method.clone()
+    };
+    *req_for_policy.uri_mut() = uri.clone();
+    let req_for_policy: request::Parts = req_for_policy.into_parts().0;
+    let status = rfc9111::status_for_the_crate(status, known_lifetime)?;
+    let mut b = http::Response::builder().status(status);
+    if let Some(h) = b.headers_mut() {
+        *h = fields;
+    }
+    let res_parts = b.body(()).ok()?;
+    let opts = CacheOptions {
+        shared: true,
+        cache_heuristic: if heuristic { 0.1 } else { 0.0 },
+        immutable_min_time_to_live: Duration::ZERO,
+        ignore_cargo_cult: false,
+    };
+    let policy = CachePolicy::new_options(&req_for_policy, &res_parts, response_time, opts);
+    policy.is_storable().then_some(policy)
+}
 
 #[cfg(test)]
 mod tests {
