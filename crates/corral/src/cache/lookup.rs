@@ -6,13 +6,14 @@
 //! module measures what the decisions need and answers from a stored copy.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use corral_core::model::miss::{Found, Lookup, Miss};
 use corral_core::semantics::head::RequestHead;
 use corral_core::{
     CacheStatus, Detail, Digest, EntryState, Forward, Identity, PathRule, PathScope, PrimaryKey,
-    UriKey, Vary, model::xfetch,
+    StoredResponse, UriKey, Vary, model::xfetch,
 };
 use futures_util::future::BoxFuture;
 use http::Method;
@@ -368,26 +369,7 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
             interim.clone(),
         )
     };
-    let seen = found.map(|entry| {
-        let state = entry.state(now);
-        // An unverified entry (the invalidation log was lost) is
-        // refreshed like an early refresh, paced below.
-        let early_refresh = state == EntryState::Fresh
-            && (cache.l1.unverified(&entry)
-                || xfetch::roll(
-                    now,
-                    entry.fresh_until(),
-                    entry.fetch_duration(),
-                    route.policy.early_refresh_beta,
-                ));
-        (
-            Found {
-                state,
-                early_refresh,
-            },
-            entry,
-        )
-    });
+    let seen = found.map(|entry| (found_state(cache, route, &entry, now), entry));
     let is_pass = || fill::is_pass(cache, &scope());
     // Redis cannot be used for this key now: a background refresh would
     // be this instance's alone (asked only where a refresh would start).
@@ -399,15 +381,7 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
         }
         Lookup::Hit { refresh, entry } => {
             if refresh {
-                if !cache.l1.unverified(&entry) {
-                    let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
-                } else if !redis_unavailable() && cache.resync.take() {
-                    if driver::refresh(cache, fill(Some(Arc::clone(&entry)))) {
-                        crate::telemetry::metrics::resync_refresh();
-                    } else {
-                        cache.resync.give_back();
-                    }
-                }
+                refresh_early(cache, &entry, &mut fill, redis_unavailable);
             }
             (CacheStatus::hit(entry.ttl_secs(now)), entry)
         }
@@ -421,20 +395,14 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
             } else {
                 let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
             }
-            let st = CacheStatus::forward(Forward::Stale)
-                .with_ttl(entry.ttl_secs(now))
-                .with_detail(Detail::StaleWhileRevalidate);
-            (st, entry)
+            (stale(&entry, now, Detail::StaleWhileRevalidate), entry)
         }
         Lookup::StaleInBackoff(entry) => {
             // The origin failed for this key moments ago: leave it alone
             // until the back-off ends.
             crate::telemetry::metrics::stale(Detail::Backoff);
             crate::telemetry::metrics::origin_skipped(&route.name, Detail::Backoff);
-            let st = CacheStatus::forward(Forward::Stale)
-                .with_ttl(entry.ttl_secs(now))
-                .with_detail(Detail::Backoff);
-            (st, entry)
+            (stale(&entry, now, Detail::Backoff), entry)
         }
     };
     // The route's own targeted fields are taken off each answer by the
@@ -448,4 +416,50 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
         &head.get().headers,
         wire,
     ))
+}
+
+/// What the lookup makes of a stored copy: its state now, and whether a
+/// fresh one is refreshed early (XFetch, or an unverified entry: the
+/// invalidation log was lost, so it is refreshed like an early refresh,
+/// paced by `resync`).
+fn found_state(cache: &Cache, route: &Route, entry: &StoredResponse, now: SystemTime) -> Found {
+    let state = entry.state(now);
+    let early_refresh = state == EntryState::Fresh
+        && (cache.l1.unverified(entry)
+            || xfetch::roll(
+                now,
+                entry.fresh_until(),
+                entry.fetch_duration(),
+                route.policy.early_refresh_beta,
+            ));
+    Found {
+        state,
+        early_refresh,
+    }
+}
+
+/// Starts a hit's early refresh; an unverified entry's only where Redis
+/// can be used and the resync pace allows.
+fn refresh_early(
+    cache: &Arc<Cache>,
+    entry: &Arc<StoredResponse>,
+    fill: &mut impl FnMut(Option<Arc<StoredResponse>>) -> FillRequest,
+    redis_unavailable: impl Fn() -> bool,
+) {
+    if !cache.l1.unverified(entry) {
+        let _ = driver::refresh(cache, fill(Some(Arc::clone(entry))));
+    } else if !redis_unavailable() && cache.resync.take() {
+        if driver::refresh(cache, fill(Some(Arc::clone(entry)))) {
+            crate::telemetry::metrics::resync_refresh();
+        } else {
+            cache.resync.give_back();
+        }
+    }
+}
+
+/// The Cache-Status of a stale copy served for `detail`'s reason.
+fn stale(entry: &StoredResponse, now: SystemTime, detail: Detail) -> CacheStatus {
+    CacheStatus::forward(Forward::Stale)
+        .with_ttl(entry.ttl_secs(now))
+        .with_detail(detail)
 }
