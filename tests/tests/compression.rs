@@ -68,6 +68,24 @@ async fn compressed_in(proxy: &corral_tests::RunningProxy) -> f64 {
         .sum("corral_compression_bytes_in_total", &[])
 }
 
+/// Asks `url` with `fields` until the answer comes in `coding` (made in
+/// the background on a caller's first demand), within ten seconds.
+async fn made_for(client: &Client, url: &str, fields: &[(&str, &str)], coding: &str) -> Answer {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = client.get_with(url, fields).await;
+        assert!(decoded(&a) == document().as_bytes());
+        if a.header("content-encoding") == Some(coding) {
+            return a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{coding} was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The issue's stampede: 1,000 callers with five different
 /// Accept-Encoding fields on a cold key are one origin request, asked
 /// unencoded; each gets a body it accepts that decodes to the origin's.
@@ -96,12 +114,28 @@ async fn a_stampede_in_five_accept_encodings_is_one_fetch_and_every_body_decodes
         .start()
         .await;
     let client = Client::new();
-    let tasks: Vec<_> = (0..1000)
-        .map(|i| {
+    // The leader accepts codings: they are made as the answer arrives
+    // (a flight led by a HEAD, or by a caller that accepts none, makes
+    // none: see the test below).
+    let leader = {
+        let (client, url) = (client.clone(), proxy.url("/catalog"));
+        let accept = ACCEPTS[0];
+        tokio::spawn(async move { (accept, client.get_with(&url, &accepting(accept)).await) })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while origin.hits("/catalog") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let tasks: Vec<_> = std::iter::once(leader)
+        .chain((1..1000).map(|i| {
             let (client, url) = (client.clone(), proxy.url("/catalog"));
             let accept = ACCEPTS[i % ACCEPTS.len()];
             tokio::spawn(async move { (accept, client.get_with(&url, &accepting(accept)).await) })
-        })
+        }))
         .collect();
     let mut answers = Vec::new();
     for t in tasks {
@@ -170,9 +204,15 @@ async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators(
     let url = proxy.url("/doc");
     let first = client.get(&url).await;
     assert_eq!(first.body, doc.as_bytes());
-    let compressed = client
-        .get_with(&url, &[("accept-encoding", "deflate, gzip, br")])
-        .await;
+    // Stored for a caller that accepts no coding: br is made when first
+    // asked for (in the background; that caller gets the unencoded bytes).
+    let compressed = made_for(
+        &client,
+        &url,
+        &[("accept-encoding", "deflate, gzip, br")],
+        "br",
+    )
+    .await;
     assert!(
         compressed.cache_status().is_hit(),
         "{}",
@@ -194,8 +234,7 @@ async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators(
             a.header("vary")
         );
     }
-    let gzip = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
-    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
+    let gzip = made_for(&client, &url, &[("accept-encoding", "gzip")], "gzip").await;
     // Conditionals: each representation by its own ETag.
     let not_modified = client
         .get_with(
@@ -616,4 +655,58 @@ async fn accept_encoding_is_gzip_or_nothing_on_defaults_so_five_spellings_are_on
         [Some("gzip".to_owned()), None],
         "one fetch per class, each asked as its class"
     );
+}
+
+/// A HEAD miss (even one that accepts every coding) stores the answer
+/// without compressing it, and so does a caller that accepts none: no
+/// one pays for codings nobody reads. The coding a caller then asks for
+/// is made once, in the background, however many ask for it at once,
+/// and no other; until it is there they get the unencoded bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_miss_compresses_nothing_and_a_coding_is_made_once_when_first_asked() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\""),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    let all = [("accept-encoding", "gzip, deflate, br, zstd")];
+    let head = client.send(http::Method::HEAD, &url, &all, None).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(compressed_in(&proxy).await, 0.0, "a HEAD miss compressed");
+    let plain = client.get(&url).await;
+    assert!(plain.cache_status().is_hit(), "{}", plain.cache_status());
+    assert_eq!(plain.body, doc.as_bytes());
+    assert_eq!(compressed_in(&proxy).await, 0.0, "a plain hit compressed");
+    // Twenty callers ask for gzip at once: each gets a body it accepts.
+    let gzip = [("accept-encoding", "gzip")];
+    let answers =
+        futures_util::future::join_all((0..20).map(|_| client.get_with(&url, &gzip))).await;
+    for a in &answers {
+        assert_eq!(a.status, 200);
+        assert!(a.cache_status().is_hit(), "{}", a.cache_status());
+        assert!(matches!(a.header("content-encoding"), None | Some("gzip")));
+        assert!(decoded(a) == doc.as_bytes());
+    }
+    // Made in the background: asked again until it is served.
+    made_for(&client, &url, &gzip, "gzip").await;
+    let metrics = scrape(&proxy).await;
+    let made = |coding| metrics.sum("corral_compression_bytes_in_total", &[("coding", coding)]);
+    assert_eq!(made("gzip"), doc.len() as f64, "gzip made once");
+    assert_eq!((made("br"), made("zstd")), (0.0, 0.0), "nobody asked");
+    assert_eq!(
+        metrics.sum("corral_codings_made_on_demand_total", &[("coding", "gzip")]),
+        1.0
+    );
+    assert_eq!(origin.hits("/doc"), 1);
 }

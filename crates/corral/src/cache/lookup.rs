@@ -453,6 +453,11 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
             (st, entry)
         }
     };
+    // An entry whose codings are made on demand: a GET that prefers one
+    // it lacks has it made in the background (one load when none is).
+    if entry.codings_pending() && !method_is_head {
+        demand_coding(cache, route, keys, &entry, &head.get().headers);
+    }
     // The route's own targeted fields are taken off each answer by the
     // proxy: an entry that has one is answered with its header map.
     let wire = wire && !route.strips_own_fields_of(entry.headers());
@@ -464,4 +469,26 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
         &head.get().headers,
         wire,
     ))
+}
+
+/// Has the coding a caller prefers made for `entry` (see `cache::demand`).
+#[cold]
+fn demand_coding(
+    cache: &Arc<Cache>,
+    route: &Route,
+    keys: &Keys,
+    entry: &Arc<corral_core::StoredResponse>,
+    request: &http::HeaderMap,
+) {
+    let identity = if entry.private() {
+        keys.identity.as_ref()
+    } else {
+        None
+    };
+    let at = crate::cache::demand::Stored {
+        key: keys.primary.variant(identity, entry.vary_values()),
+        uri: keys.primary.uri().clone(),
+    };
+    let config = route.compression.as_ref();
+    crate::cache::demand::demand(cache, &route.name, config, at, entry, request);
 }

@@ -95,6 +95,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if (old.server.runtime, old.server.workers) != (new.server.runtime, new.server.workers) {
         fields.push("server.runtime/server.workers");
     }
+    if old.server.cpu_threads != new.server.cpu_threads {
+        fields.push("server.cpu_threads");
+    }
     if old.server.listen_proxy_protocol != new.server.listen_proxy_protocol {
         fields.push("server.listen_proxy_protocol");
     }
