@@ -453,33 +453,29 @@ fn look(asked: &mut Asked, miss: &Miss) -> Looked {
             (st, entry)
         }
     };
-    // An entry whose codings are made on demand: a GET that prefers one
-    // it lacks has it made in the background (one load when none is).
-    if entry.codings_pending() && !method_is_head {
-        demand_coding(cache, route, keys, &entry, &head.get().headers);
-    }
+    let request = &head.get().headers;
+    demand_coding(cache, route, keys, &entry, request, method_is_head);
     // The route's own targeted fields are taken off each answer by the
     // proxy: an entry that has one is answered with its header map.
     let wire = wire && !route.strips_own_fields_of(entry.headers());
-    Looked::Answered(respond::hit(
-        entry,
-        &st,
-        now,
-        method_is_head,
-        &head.get().headers,
-        wire,
-    ))
+    Looked::Answered(respond::hit(entry, &st, now, method_is_head, request, wire))
 }
 
-/// Has the coding a caller prefers made for `entry` (see `cache::demand`).
-#[cold]
+/// An entry whose codings are made on demand: a GET that prefers one it
+/// lacks has it made in the background (`cache::demand`). One load on
+/// the hit path when none is pending.
+#[inline]
 fn demand_coding(
     cache: &Arc<Cache>,
     route: &Route,
     keys: &Keys,
     entry: &Arc<corral_core::StoredResponse>,
     request: &http::HeaderMap,
+    head: bool,
 ) {
+    if !entry.codings_pending() || head {
+        return;
+    }
     let identity = if entry.private() {
         keys.identity.as_ref()
     } else {
