@@ -2123,3 +2123,40 @@ fn decoded(coding: Option<&str>, body: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+// ---------------------------------------------------------------------
+// Fill slots.
+
+/// A fill slot is held only while this instance fetches: a key whose
+/// lease another instance holds waits on that lease without a slot, so
+/// the one slot (`max_fills: 1`) still fetches another key at once.
+#[tokio::test(start_paused = true)]
+async fn a_fill_waiting_on_another_instances_lease_holds_no_fill_slot() {
+    let route = format!("{NO_EARLY_REFRESH}    coalesce: {{ max_fills: 1, lock_timeout: 5s }}\n");
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &route,
+    );
+    let keys = h.keys("/a");
+    tier(&h).other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
+    let waiting = {
+        let h = h.clone_handle();
+        tokio::spawn(async move { h.get("/a").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.origin.hits(), 0, "/a waits on the other instance");
+    let started = Instant::now();
+    let other = h.get("/b").await;
+    assert_eq!(
+        (other.status, &other.body[..]),
+        (StatusCode::OK, &b"here"[..])
+    );
+    assert!(other.cs.detail.is_none(), "{}", other.cache_status);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "fetched at once, not after waiting out the lock timeout for a slot"
+    );
+    assert_eq!(h.origin.hits(), 1);
+    waiting.abort();
+}
