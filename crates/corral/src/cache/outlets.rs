@@ -281,7 +281,7 @@ impl Work {
     /// On a thread of the pool: every command in order, until the body
     /// ends or the fill drops its sender (then the writers, dropped, fail
     /// the codings' readers).
-    fn serve(mut self: Box<Self>, rx: &mpsc::Receiver<Cmd>) {
+    fn serve(mut self, rx: &mpsc::Receiver<Cmd>) {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Cmd::Close(done) => {
