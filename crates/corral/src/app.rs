@@ -141,7 +141,7 @@ impl App {
                         .cpu_threads
                         .unwrap_or_else(crate::cache::cpu::CpuPool::default_threads),
                 ),
-                making: crate::cache::demand::Making::default(),
+                making: crate::cache::cpu::Making::default(),
             }),
             l2,
             post_memory: Budget::new(config.cache.post_memory),

@@ -10,12 +10,20 @@
 //! busy (the answer is stored unencoded, its codings made on a later
 //! demand: see `cache::demand`).
 //!
+//! [`Making`] is the set of codings being made on demand (one job per key
+//! and coding, however many callers ask).
+//!
 //! `server.cpu_threads: 0` runs every job inline on the serving thread,
 //! as corral did before it had a pool; it exists to measure the
 //! difference (`bench/cpu_pool.sh`), not to run with.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+#[cfg(test)]
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
+
+use corral_core::{Coding, Digest};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -220,6 +228,49 @@ impl Queued {
 impl Drop for Queued {
     fn drop(&mut self) {
         crate::telemetry::metrics::cpu_queued(-1.0);
+    }
+}
+
+/// The codings being made now, by key: a second caller that asks for one
+/// meanwhile waits for nothing and starts nothing.
+#[derive(Debug, Default)]
+pub struct Making {
+    keys: Mutex<HashSet<(Digest, Coding)>>,
+    /// Codings made so far (for the unit tests; the metric counts them).
+    #[cfg(test)]
+    pub(crate) made: AtomicUsize,
+}
+
+impl Making {
+    /// Codings made on demand so far.
+    #[cfg(test)]
+    pub fn made(&self) -> usize {
+        self.made.load(Ordering::Relaxed)
+    }
+
+    /// True while a coding is being made.
+    #[cfg(test)]
+    pub fn busy(&self) -> bool {
+        !self
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// True when this call claimed the key's coding.
+    pub(crate) fn claim(&self, key: Digest, coding: Coding) -> bool {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((key, coding))
+    }
+
+    pub(crate) fn release(&self, key: Digest, coding: Coding) {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(key, coding));
     }
 }
 

@@ -8,60 +8,16 @@
 //! the serving thread but a set lookup; a hit on a complete entry never
 //! comes here.
 
-use std::collections::HashSet;
+use std::sync::Arc;
 #[cfg(test)]
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::Ordering;
 
-use corral_core::{Coding, Digest, StoredResponse, UriKey, VariantKey};
+use corral_core::{Coding, StoredResponse, UriKey, VariantKey};
 use http::HeaderMap;
 
 use crate::cache::Cache;
 use crate::cache::cpu::Job;
 use crate::config::CompressionConfig;
-
-/// The codings being made now, by key: a second caller that asks for one
-/// meanwhile waits for nothing and starts nothing.
-#[derive(Debug, Default)]
-pub struct Making {
-    keys: Mutex<HashSet<(Digest, Coding)>>,
-    /// Codings made so far (for the unit tests; the metric counts them).
-    #[cfg(test)]
-    made: AtomicUsize,
-}
-
-impl Making {
-    /// Codings made on demand so far.
-    #[cfg(test)]
-    pub fn made(&self) -> usize {
-        self.made.load(Ordering::Relaxed)
-    }
-
-    /// True while a coding is being made.
-    #[cfg(test)]
-    pub fn busy(&self) -> bool {
-        !self
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-    }
-
-    /// True when this call claimed the key's coding.
-    fn claim(&self, key: Digest, coding: Coding) -> bool {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((key, coding))
-    }
-
-    fn release(&self, key: Digest, coding: Coding) {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(key, coding));
-    }
-}
 
 /// Where an entry is stored in L1.
 pub struct Stored {

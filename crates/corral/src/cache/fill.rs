@@ -46,7 +46,7 @@ pub struct Cache {
     /// (`server.cpu_threads`).
     pub cpu: crate::cache::cpu::CpuPool,
     /// The codings being made on demand now.
-    pub making: crate::cache::demand::Making,
+    pub making: crate::cache::cpu::Making,
 }
 
 /// Response headers that belong to the caller who asked and never to
