@@ -162,9 +162,8 @@ pub(crate) async fn store(
     }
     let total = fill.route.upstream.total;
     let mut hold = fill.cache.fill_memory.hold();
-    // Two copies while it streams: the chunks readers share, and the
-    // entry being built. A body without a declared length takes its hold
-    // as it arrives.
+    // Two copies while it streams: the chunks readers share, and the entry
+    // being built. A body without a declared length takes its hold as it comes.
     let incremental = incremental(&parts.headers);
     // On a route that compresses, an answer the origin encoded anyway
     // reaches only callers that accept its coding: never streamed to all.
