@@ -710,3 +710,49 @@ async fn a_head_miss_compresses_nothing_and_a_coding_is_made_once_when_first_ask
     );
     assert_eq!(origin.hits("/doc"), 1);
 }
+
+/// Hostile twin of codings made on demand: an attacker who leads the
+/// miss with a HEAD and then asks for br again and again (and with a
+/// malformed field) makes br once, and nothing it sends reaches a victim
+/// that accepts only gzip: the victim gets the bytes it would have got
+/// alone, in gzip once that is made, never br.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attackers_accept_encoding_changes_nothing_a_gzip_caller_gets() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    let head = client
+        .send(http::Method::HEAD, &url, &[("accept-encoding", "br")], None)
+        .await;
+    assert_eq!(head.status, 200);
+    for accept in ["br", "br;q=1, gzip;q=0", "br;;;q=x, *;q=0.5", "br"] {
+        let a = client.get_with(&url, &[("accept-encoding", accept)]).await;
+        assert_eq!(a.status, 200, "{accept}");
+        assert!(decoded(&a) == doc.as_bytes(), "{accept}");
+    }
+    let victim = [("accept-encoding", "gzip")];
+    for _ in 0..5 {
+        let a = client.get_with(&url, &victim).await;
+        assert!(matches!(a.header("content-encoding"), None | Some("gzip")));
+        assert!(decoded(&a) == doc.as_bytes());
+    }
+    let gzip = made_for(&client, &url, &victim, "gzip").await;
+    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
+    made_for(&client, &url, &[("accept-encoding", "br")], "br").await;
+    let metrics = scrape(&proxy).await;
+    let made = |coding| metrics.sum("corral_codings_made_on_demand_total", &[("coding", coding)]);
+    assert_eq!((made("br"), made("gzip"), made("zstd")), (1.0, 1.0, 0.0));
+    assert_eq!(origin.hits("/doc"), 1);
+}
