@@ -9,7 +9,9 @@ use std::io::Read;
 use std::time::Duration;
 
 use corral_tests::lifecycle::scrape;
-use corral_tests::{Answer, Client, Config, Origin, Proxy, Reply, Route, RunningOrigin, tally};
+use corral_tests::{
+    Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, RunningOrigin, eventually, tally,
+};
 
 /// A JSON document of about 20 KiB.
 fn document() -> String {
@@ -68,6 +70,24 @@ async fn compressed_in(proxy: &corral_tests::RunningProxy) -> f64 {
         .sum("corral_compression_bytes_in_total", &[])
 }
 
+/// Asks `url` with `fields` until the answer comes in `coding` (made in
+/// the background on a caller's first demand), within ten seconds.
+async fn made_for(client: &Client, url: &str, fields: &[(&str, &str)], coding: &str) -> Answer {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = client.get_with(url, fields).await;
+        assert!(decoded(&a) == document().as_bytes());
+        if a.header("content-encoding") == Some(coding) {
+            return a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{coding} was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The issue's stampede: 1,000 callers with five different
 /// Accept-Encoding fields on a cold key are one origin request, asked
 /// unencoded; each gets a body it accepts that decodes to the origin's.
@@ -96,12 +116,28 @@ async fn a_stampede_in_five_accept_encodings_is_one_fetch_and_every_body_decodes
         .start()
         .await;
     let client = Client::new();
-    let tasks: Vec<_> = (0..1000)
-        .map(|i| {
+    // The leader accepts codings: they are made as the answer arrives
+    // (a flight led by a HEAD, or by a caller that accepts none, makes
+    // none: see the test below).
+    let leader = {
+        let (client, url) = (client.clone(), proxy.url("/catalog"));
+        let accept = ACCEPTS[0];
+        tokio::spawn(async move { (accept, client.get_with(&url, &accepting(accept)).await) })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while origin.hits("/catalog") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let tasks: Vec<_> = std::iter::once(leader)
+        .chain((1..1000).map(|i| {
             let (client, url) = (client.clone(), proxy.url("/catalog"));
             let accept = ACCEPTS[i % ACCEPTS.len()];
             tokio::spawn(async move { (accept, client.get_with(&url, &accepting(accept)).await) })
-        })
+        }))
         .collect();
     let mut answers = Vec::new();
     for t in tasks {
@@ -170,9 +206,15 @@ async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators(
     let url = proxy.url("/doc");
     let first = client.get(&url).await;
     assert_eq!(first.body, doc.as_bytes());
-    let compressed = client
-        .get_with(&url, &[("accept-encoding", "deflate, gzip, br")])
-        .await;
+    // Stored for a caller that accepts no coding: br is made when first
+    // asked for (in the background; that caller gets the unencoded bytes).
+    let compressed = made_for(
+        &client,
+        &url,
+        &[("accept-encoding", "deflate, gzip, br")],
+        "br",
+    )
+    .await;
     assert!(
         compressed.cache_status().is_hit(),
         "{}",
@@ -194,8 +236,7 @@ async fn each_caller_gets_the_representation_it_accepts_with_its_own_validators(
             a.header("vary")
         );
     }
-    let gzip = client.get_with(&url, &[("accept-encoding", "gzip")]).await;
-    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
+    let gzip = made_for(&client, &url, &[("accept-encoding", "gzip")], "gzip").await;
     // Conditionals: each representation by its own ETag.
     let not_modified = client
         .get_with(
@@ -616,4 +657,112 @@ async fn accept_encoding_is_gzip_or_nothing_on_defaults_so_five_spellings_are_on
         [Some("gzip".to_owned()), None],
         "one fetch per class, each asked as its class"
     );
+}
+
+/// A HEAD miss (even one that accepts every coding) stores the answer
+/// without compressing it, and so does a caller that accepts none: no
+/// one pays for codings nobody reads. The coding a caller then asks for
+/// is made once, in the background, however many ask for it at once,
+/// and no other; until it is there they get the unencoded bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_miss_compresses_nothing_and_a_coding_is_made_once_when_first_asked() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\""),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    let all = [("accept-encoding", "gzip, deflate, br, zstd")];
+    let head = client.send(http::Method::HEAD, &url, &all, None).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(compressed_in(&proxy).await, 0.0, "a HEAD miss compressed");
+    // The HEAD's caller had its answer at the head; the fill stores the
+    // body after it. Callers that accept no coding wait for the entry
+    // (none of them makes one).
+    let (c, u) = (&client, &url);
+    eventually(DEADLINE, "the HEAD's fill is stored", move || async move {
+        c.get(u).await.cache_status().is_hit()
+    })
+    .await;
+    let plain = client.get(&url).await;
+    assert!(plain.cache_status().is_hit(), "{}", plain.cache_status());
+    assert_eq!(plain.body, doc.as_bytes());
+    assert_eq!(compressed_in(&proxy).await, 0.0, "a plain hit compressed");
+    // Twenty callers ask for gzip at once: each gets a body it accepts.
+    let gzip = [("accept-encoding", "gzip")];
+    let answers =
+        futures_util::future::join_all((0..20).map(|_| client.get_with(&url, &gzip))).await;
+    for a in &answers {
+        assert_eq!(a.status, 200);
+        assert!(a.cache_status().is_hit(), "{}", a.cache_status());
+        assert!(matches!(a.header("content-encoding"), None | Some("gzip")));
+        assert!(decoded(a) == doc.as_bytes());
+    }
+    // Made in the background: asked again until it is served.
+    made_for(&client, &url, &gzip, "gzip").await;
+    let metrics = scrape(&proxy).await;
+    let made = |coding| metrics.sum("corral_compression_bytes_in_total", &[("coding", coding)]);
+    assert_eq!(made("gzip"), doc.len() as f64, "gzip made once");
+    assert_eq!((made("br"), made("zstd")), (0.0, 0.0), "nobody asked");
+    assert_eq!(
+        metrics.sum("corral_codings_made_on_demand_total", &[("coding", "gzip")]),
+        1.0
+    );
+    assert_eq!(origin.hits("/doc"), 1);
+}
+
+/// Hostile twin of codings made on demand: an attacker who leads the
+/// miss with a HEAD and then asks for br again and again (and with a
+/// malformed field) makes br once, and nothing it sends reaches a victim
+/// that accepts only gzip: the victim gets the bytes it would have got
+/// alone, in gzip once that is made, never br.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attackers_accept_encoding_changes_nothing_a_gzip_caller_gets() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/doc");
+    let head = client
+        .send(http::Method::HEAD, &url, &[("accept-encoding", "br")], None)
+        .await;
+    assert_eq!(head.status, 200);
+    for accept in ["br", "br;q=1, gzip;q=0", "br;;;q=x, *;q=0.5", "br"] {
+        let a = client.get_with(&url, &[("accept-encoding", accept)]).await;
+        assert_eq!(a.status, 200, "{accept}");
+        assert!(decoded(&a) == doc.as_bytes(), "{accept}");
+    }
+    let victim = [("accept-encoding", "gzip")];
+    for _ in 0..5 {
+        let a = client.get_with(&url, &victim).await;
+        assert!(matches!(a.header("content-encoding"), None | Some("gzip")));
+        assert!(decoded(&a) == doc.as_bytes());
+    }
+    let gzip = made_for(&client, &url, &victim, "gzip").await;
+    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
+    made_for(&client, &url, &[("accept-encoding", "br")], "br").await;
+    let metrics = scrape(&proxy).await;
+    let made = |coding| metrics.sum("corral_codings_made_on_demand_total", &[("coding", coding)]);
+    assert_eq!((made("br"), made("gzip"), made("zstd")), (1.0, 1.0, 0.0));
+    assert_eq!(origin.hits("/doc"), 1);
 }

@@ -149,6 +149,13 @@ impl App {
                 resync: crate::cache::resync::Pacer::new(
                     config.redis.as_ref().map_or(1, |rc| rc.resync_rate),
                 ),
+                cpu: crate::cache::cpu::CpuPool::new(
+                    config
+                        .server
+                        .cpu_threads
+                        .unwrap_or_else(crate::cache::cpu::CpuPool::default_threads),
+                ),
+                making: crate::cache::cpu::Making::default(),
             }),
             l2,
             post_memory: Budget::new(config.cache.post_memory),

@@ -9,7 +9,10 @@
 //! clients and in the kernel, so corral's own run queue stays short and
 //! its lag says little. Busy time does see it: a thread that never parks
 //! is busy whether it runs or waits for a core (a noisy neighbour, a
-//! cgroup quota).
+//! cgroup quota). CPU work a fill hands to the CPU pool (`cache::cpu`:
+//! compression, decoding, digest checks, large copies) runs on tokio's
+//! blocking threads, which this signal does not read: a large compressed
+//! fill cannot make corral shed connections.
 //!
 //! **Shedding** starts once that share has stayed at or above the
 //! threshold for [`ENTER_AFTER`] ticks (a second) and stops once it has

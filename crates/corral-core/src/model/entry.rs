@@ -78,6 +78,10 @@ pub struct StoredResponse {
     /// Not part of the L2 envelope: each instance compresses what it
     /// stores.
     pub(crate) encoded: Vec<(Coding, Arc<StoredResponse>)>,
+    /// Codings the route makes for this answer are not all made yet: they
+    /// are made when a caller first asks for one (see
+    /// [`StoredResponse::codings_pending`]).
+    pub(crate) pending: bool,
 }
 
 impl StoredResponse {
@@ -120,6 +124,7 @@ impl StoredResponse {
             headers,
             body,
             encoded: Vec::new(),
+            pending: false,
             ..self.clone()
         }
     }
@@ -129,6 +134,21 @@ impl StoredResponse {
     pub fn with_encoded(mut self, encoded: Vec<(Coding, Arc<StoredResponse>)>) -> Self {
         self.encoded = encoded;
         self
+    }
+
+    /// The same entry, marked as one whose route makes codings not made
+    /// yet (`pending`), or as complete.
+    pub fn with_codings_pending(mut self, pending: bool) -> Self {
+        self.pending = pending;
+        self
+    }
+
+    /// True when a coding the route makes for this answer is not made
+    /// yet: a caller that asks for one has it made (once) for those who
+    /// come after. One load on the hit path.
+    #[inline]
+    pub fn codings_pending(&self) -> bool {
+        self.pending
     }
 
     /// The compressed representations.
@@ -331,6 +351,7 @@ impl StoredResponse {
             generation,
             // Compressed again by whoever stores the refreshed copy.
             encoded: Vec::new(),
+            pending: false,
             ..self.clone()
         }
     }
@@ -399,6 +420,7 @@ impl StoredResponseBuilder {
             sharing: self.freshness.sharing,
             uri: Arc::from(""),
             encoded: Vec::new(),
+            pending: false,
         }
     }
 }

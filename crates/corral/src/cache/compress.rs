@@ -91,6 +91,103 @@ pub fn encode_with(
         .with_encoded(encoded))
 }
 
+/// Whether a fill's caller asks for a coding the route makes: a GET
+/// whose Accept-Encoding accepts one of them. A HEAD, or a caller that
+/// accepts none, has the answer stored unencoded ([`deferred`]), its
+/// codings made when someone first asks for one (`cache::demand`).
+pub fn asked(
+    config: Option<&CompressionConfig>,
+    request: &corral_core::semantics::head::RequestHead,
+) -> bool {
+    let Some(config) = config else {
+        return false;
+    };
+    request.method == http::Method::GET
+        && corral_core::Accepted::of(&request.headers)
+            .is_some_and(|a| a.best(config.encodings.iter().map(|&c| (c, ()))).is_some())
+}
+
+/// `entry` stored unencoded on a route that compresses: when it is
+/// compressible, with `Vary: Accept-Encoding` and marked as having its
+/// codings made on demand; as it was otherwise (and where the origin
+/// encoded it: [`encode`] decodes that).
+pub fn deferred(config: Option<&CompressionConfig>, entry: StoredResponse) -> StoredResponse {
+    match config {
+        Some(c) if !has_coding(entry.headers()) && compressible(c, &entry) => {
+            let body = entry.body().clone();
+            entry
+                .representation(identity_headers(entry.headers()), body)
+                .with_codings_pending(true)
+        }
+        _ => entry,
+    }
+}
+
+/// The coding of `config` a caller (`request`) should have made for a
+/// stored `entry` whose codings are made on demand: the one it accepts
+/// best, when the entry lacks it.
+pub fn demanded(
+    config: &CompressionConfig,
+    entry: &StoredResponse,
+    request: &HeaderMap,
+) -> Option<Coding> {
+    let best =
+        corral_core::Accepted::of(request)?.best(config.encodings.iter().map(|&c| (c, c)))?;
+    (!entry.encoded().iter().any(|(c, _)| *c == best)).then_some(best)
+}
+
+/// `entry` with `coding` (`packed`, already made) among its
+/// representations, still marked pending while a coding of `config` is
+/// missing. `None` when `packed` is not worth keeping (no smaller).
+pub fn with_coding(
+    config: &CompressionConfig,
+    entry: &StoredResponse,
+    coding: Coding,
+    packed: Bytes,
+) -> StoredResponse {
+    let mut encoded: Vec<(Coding, Arc<StoredResponse>)> = entry.encoded().to_vec();
+    if packed.len() < entry.body().len() && !encoded.iter().any(|(c, _)| *c == coding) {
+        let headers = encoded_headers(entry.headers(), coding);
+        encoded.push((coding, Arc::new(entry.representation(headers, packed))));
+    }
+    // In the route's order of preference, as `encode` keeps them.
+    encoded.sort_by_key(|(c, _)| config.encodings.iter().position(|k| k == c));
+    let missing = config
+        .encodings
+        .iter()
+        .any(|c| *c != coding && !encoded.iter().any(|(k, _)| k == c));
+    let body = entry.body().clone();
+    entry
+        .representation(entry.headers().clone(), body)
+        .with_encoded(encoded)
+        .with_codings_pending(missing)
+}
+
+/// The representations of `stale` carried over to its copy `refreshed`
+/// by a 304: the same bodies (a 304 says the content did not change),
+/// under the refreshed fields; nothing is compressed again.
+pub fn carried(stale: &StoredResponse, refreshed: StoredResponse) -> StoredResponse {
+    if stale.encoded().is_empty() || has_coding(refreshed.headers()) {
+        let pending = stale.codings_pending();
+        return refreshed.with_codings_pending(pending);
+    }
+    let encoded = stale
+        .encoded()
+        .iter()
+        .map(|(c, rep)| {
+            let headers = encoded_headers(refreshed.headers(), *c);
+            (
+                *c,
+                Arc::new(refreshed.representation(headers, rep.body().clone())),
+            )
+        })
+        .collect();
+    let pending = stale.codings_pending();
+    refreshed
+        .with_encoded(encoded)
+        .with_codings_pending(pending)
+}
+
 /// True when `headers` name a Content-Encoding other than identity.
 pub fn has_coding(headers: &HeaderMap) -> bool {
     headers

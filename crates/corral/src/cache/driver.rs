@@ -1,6 +1,5 @@
 //! A fill's driver, the layer under the flight: the task that runs one
-//! fill to its end, owning everything it needs. It takes the fill slots,
-//! runs the fetch (through the shared tier when Redis is configured,
+//! fill to its end, owning everything it needs. It runs the fetch (through the shared tier when Redis is configured,
 //! `shared`, else the gate, `gate`) and hears its events as they happen
 //! (a streamed answer handed to the flight and the leader at its head, a
 //! committed fill, a pass marker another instance set), cancels a fill
@@ -13,7 +12,7 @@ use corral_core::{EntryState, Join, PassReason, Permit, Role};
 use tokio::sync::oneshot;
 
 use crate::cache::fill::{Cache, Ended, Events, FillEvent, FillOutcome, FillRequest};
-use crate::cache::{gate, shared, synthetic};
+use crate::cache::{gate, shared};
 
 /// Starts a refresh unless one is already under way for this key; true
 /// when it started.
@@ -38,26 +37,6 @@ pub(crate) async fn run(
     // HTTP/2 client resetting each stream it opens must not make corral
     // fetch for nobody). A background refresh has no client and runs on.
     let cancellable = leader.is_some();
-    let slots = tokio::select! {
-        s = gate::take_slots(&fill) => s,
-        () = abandoned(&mut leader, permit.as_ref()), if cancellable => {
-            crate::telemetry::metrics::fill_cancelled(&fill.route.name);
-            return;
-        }
-    };
-    let Some(_slots) = slots else {
-        crate::telemetry::metrics::fill_refused(&fill.route.name);
-        if crate::telemetry::repeats::first_for_route(
-            "fill limit reached: not fetching",
-            &fill.route.name,
-            fill.route.upstream.authority.as_str(),
-            "fill-limit",
-        ) {
-            tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
-        }
-        finish(&fill, permit, leader, synthetic::fill_limit(&fill));
-        return;
-    };
     let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {
         crate::telemetry::metrics::fill_cancelled(&fill.route.name);
         return;

@@ -112,10 +112,27 @@ async fn pass_decoded(
         }
         Buffered::Failed(e) => return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
     };
-    if let Err(e) = store::checked(fill, &parts, &bytes) {
+    if let Err(e) = store::checked(fill, &parts, &bytes).await {
         return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
     }
-    match crate::cache::compress::decode_passed(&mut parts.headers, &bytes, limit) {
+    // Decoded on the CPU pool, not on the serving thread.
+    let mut headers = std::mem::take(&mut parts.headers);
+    let decoded = fill
+        .cache
+        .cpu
+        .run(crate::cache::cpu::Job::Decompress, move || {
+            let decoded = crate::cache::compress::decode_passed(&mut headers, &bytes, limit);
+            (headers, decoded)
+        })
+        .await;
+    let decoded = match decoded {
+        Some((headers, decoded)) => {
+            parts.headers = headers;
+            decoded
+        }
+        None => None,
+    };
+    match decoded {
         Some(decoded) => {
             if !matches!(
                 reason,
@@ -280,7 +297,7 @@ async fn share(fill: &FillRequest, answered: Answered, reason: PassReason) -> En
     let declared = declared_length(&parts.headers);
     match store::read_body(fill, body, declared, deadline).await {
         Buffered::Full(bytes) => {
-            if let Err(e) = store::checked(fill, &parts, &bytes) {
+            if let Err(e) = store::checked(fill, &parts, &bytes).await {
                 return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
             }
             let own = parts.clone();
@@ -364,16 +381,9 @@ fn revalidated(
         Decision::Store { freshness } => {
             let refreshed =
                 stale.revalidated(&merged_parts.headers, &freshness, response_time, stamp);
-            // What was stored was decoded or unencoded: it encodes again.
-            let entry = Arc::new(
-                crate::cache::compress::encode(
-                    route.compression.as_ref(),
-                    &route.name,
-                    refreshed,
-                    route.policy.max_object_size,
-                )
-                .unwrap_or_else(|refreshed| *refreshed),
-            );
+            // The representations it had, under the refreshed fields:
+            // the content did not change, nothing is compressed again.
+            let entry = Arc::new(crate::cache::compress::carried(stale, refreshed));
             let key = fill.entry_key(&entry);
             fill.cache
                 .l1

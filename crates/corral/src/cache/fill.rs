@@ -42,6 +42,11 @@ pub struct Cache {
     pub fills: Arc<tokio::sync::Semaphore>,
     /// The pace of unverified entries' revalidations (`redis.resync_rate`).
     pub resync: crate::cache::resync::Pacer,
+    /// Where compression, decoding, digest checks and large copies run
+    /// (`server.cpu_threads`).
+    pub cpu: crate::cache::cpu::CpuPool,
+    /// The codings being made on demand now.
+    pub making: crate::cache::cpu::Making,
 }
 
 /// Response headers that belong to the caller who asked and never to

@@ -16,7 +16,7 @@ use crate::cache::{exchange, synthetic};
 /// A slot of the route's and of the instance's fill limits, waited for at
 /// most the route's lock timeout (the flight is registered meanwhile, so
 /// followers queue behind it instead of adding fills).
-pub(crate) async fn take_slots(
+async fn take_slots(
     fill: &FillRequest,
 ) -> Option<(
     tokio::sync::OwnedSemaphorePermit,
@@ -33,6 +33,21 @@ pub(crate) async fn take_slots(
         .flatten()
 }
 
+/// No fill slot within the lock timeout: the stale copy, or a 503,
+/// without asking the origin.
+fn fill_limit(fill: &FillRequest) -> FillOutcome {
+    crate::telemetry::metrics::fill_refused(&fill.route.name);
+    if crate::telemetry::repeats::first_for_route(
+        "fill limit reached: not fetching",
+        &fill.route.name,
+        fill.route.upstream.authority.as_str(),
+        "fill-limit",
+    ) {
+        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+    }
+    synthetic::fill_limit(fill)
+}
+
 /// Fetches from the origin and stores in L1: the whole fill when there is
 /// no Redis, the leader's part when there is. Every origin request of the
 /// cache path goes through here, so here is where a failing origin is
@@ -44,6 +59,12 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     if let Some(backoff) = fill.cache.l1.active_backoff(|| fill.pass_scope(), now) {
         return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
     }
+    // The route's and the instance's fill slots, taken only now that this
+    // instance fetches (after the lease is won, with Redis): a fill that
+    // waits on another instance's lease holds none.
+    let Some(_slots) = take_slots(fill).await else {
+        return Ended::Outcome(fill_limit(fill));
+    };
     let admission = fill.route.circuit.allow();
     if admission == Admission::Refuse {
         return Ended::Outcome(skipped(

@@ -405,17 +405,40 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
             (stale(&entry, now, Detail::Backoff), entry)
         }
     };
+    let request = &head.get().headers;
+    demand_coding(cache, route, keys, &entry, request, method_is_head);
     // The route's own targeted fields are taken off each answer by the
     // proxy: an entry that has one is answered with its header map.
     let wire = wire && !route.strips_own_fields_of(entry.headers());
-    Looked::Answered(respond::hit(
-        entry,
-        &st,
-        now,
-        method_is_head,
-        &head.get().headers,
-        wire,
-    ))
+    Looked::Answered(respond::hit(entry, &st, now, method_is_head, request, wire))
+}
+
+/// An entry whose codings are made on demand: a GET that prefers one it
+/// lacks has it made in the background (`cache::demand`). One load on
+/// the hit path when none is pending.
+#[inline]
+fn demand_coding(
+    cache: &Arc<Cache>,
+    route: &Route,
+    keys: &Keys,
+    entry: &Arc<corral_core::StoredResponse>,
+    request: &http::HeaderMap,
+    head: bool,
+) {
+    if !entry.codings_pending() || head {
+        return;
+    }
+    let identity = if entry.private() {
+        keys.identity.as_ref()
+    } else {
+        None
+    };
+    let at = crate::cache::demand::Stored {
+        key: keys.primary.variant(identity, entry.vary_values()),
+        uri: keys.primary.uri().clone(),
+    };
+    let config = route.compression.as_ref();
+    crate::cache::demand::demand(cache, &route.name, config, at, entry, request);
 }
 
 /// What the lookup makes of a stored copy: its state now, and whether a

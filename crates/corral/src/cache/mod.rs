@@ -24,11 +24,15 @@
 //! `respond` (answers from an entry, corral's errors) and `shared_body` (a
 //! body readers share as it arrives). `rules` is the No-Vary-Search rule
 //! learned per path that keys are made with. `invalidate` is what a write or a
-//! purge retires. The order is checked by `tests/tests/layers.rs`.
+//! purge retires. `cpu` is the bounded pool compression, decoding, digest
+//! checks and large copies run on, off the serving threads; `demand` makes
+//! a stored answer's coding when a caller first asks for it. The order is checked by `tests/tests/layers.rs`.
 
 pub use fill::Cache;
 
 pub mod compress;
+pub mod cpu;
+pub mod demand;
 pub mod driver;
 pub mod exchange;
 pub mod fanout;

@@ -110,17 +110,18 @@ pub(crate) fn usable(
     }
     let route = &fill.route;
     let read = probe.entry.take()?;
-    // Compressed here as when it was fetched here (one no instance could
-    // store is fetched again rather than served).
-    let entry = Arc::new(
-        crate::cache::compress::encode(
-            route.compression.as_ref(),
-            &route.name,
-            read,
-            route.policy.max_object_size,
-        )
-        .ok()?,
-    );
+    // An origin-encoded answer is decoded here as when it was fetched
+    // here (one no instance could store is fetched again rather than
+    // served); an unencoded one is kept so, its codings made when a
+    // caller first asks for one (`cache::demand`), not all at once here.
+    let config = route.compression.as_ref();
+    let entry = if crate::cache::compress::has_coding(read.headers()) {
+        crate::cache::compress::encode(config, &route.name, read, route.policy.max_object_size)
+            .ok()?
+    } else {
+        crate::cache::compress::deferred(config, read)
+    };
+    let entry = Arc::new(entry);
     let key: VariantKey = fill.entry_key(&entry);
     fill.cache.l1.learn_vary(&fill.primary, entry.vary());
     rules::learn(fill, entry.headers());

@@ -18,6 +18,7 @@ use http::{HeaderMap, Response, StatusCode, Uri, response};
 use http_body_util::{BodyDataStream, BodyExt};
 use tokio::time::Instant;
 
+use crate::cache::cpu::Job;
 use crate::cache::fanout::{self, Fanout};
 use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::respond::Answer;
@@ -183,9 +184,8 @@ pub(crate) async fn store(
     }
     let total = fill.route.upstream.total;
     let mut hold = fill.cache.fill_memory.hold();
-    // Two copies while it streams: the chunks readers share, and the
-    // entry being built. A body without a declared length takes its hold
-    // as it arrives.
+    // Two copies while it streams: the chunks readers share, and the entry
+    // being built. A body without a declared length takes its hold as it comes.
     let incremental = incremental(&parts.headers);
     // On a route that compresses, an answer the origin encoded anyway
     // reaches only callers that accept its coding: never streamed to all.
@@ -207,6 +207,7 @@ pub(crate) async fn store(
                 &stream_codings(fill, &parts, n, &mut hold),
                 n.map(fanout::worst),
                 route,
+                &fill.cache.cpu,
             );
             events.send(FillEvent::Streaming(streaming(
                 fill, &keep, &parts, &outlets, &growing,
@@ -230,7 +231,7 @@ pub(crate) async fn store(
             match streamed {
                 // The writers, dropped, abort every reader.
                 Err(e) => return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
-                Ok(Some(bytes)) => (bytes, Some(writer), outlets.close()),
+                Ok(Some(bytes)) => (bytes, Some(writer), outlets.close().await),
                 // Passed through to its readers whole; nothing to store,
                 // and the next caller fetches alone.
                 Ok(None) => {
@@ -261,12 +262,12 @@ pub(crate) async fn store(
     };
     // A body that is not what its digest says is never stored, and the
     // writer, dropped, aborts every reader (the last chunk was held back).
-    if let Err(e) = checked(fill, &parts, &bytes) {
+    if let Err(e) = checked(fill, &parts, &bytes).await {
         return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
     }
-    let entry = keep.entry(fill, parts.headers, crate::sealed::seal_or_keep(bytes));
+    let entry = keep.entry(fill, parts.headers, sealed(fill, bytes).await);
     let ready = coded.iter().map(|c| (c.coding, c.whole.clone())).collect();
-    let entry = match representations(fill, entry, unaccepted, ready) {
+    let entry = match representations(fill, entry, unaccepted, ready).await {
         Ok(entry) => entry,
         Err(ended) => return *ended,
     };
@@ -300,7 +301,7 @@ pub(crate) async fn store(
 /// origin's coding cannot be undone within the object size: a 502 for a
 /// caller that does not accept it (never the encoded bytes), the encoded
 /// answer passed to its caller alone otherwise.
-fn representations(
+async fn representations(
     fill: &FillRequest,
     entry: StoredResponse,
     unaccepted: Option<String>,
@@ -311,8 +312,17 @@ fn representations(
     let config = route.compression.as_ref();
     let status = entry.status();
     let encoded = match (&unaccepted, config) {
-        (Some(_), None) => compress::decode_for_callers(entry, limit),
-        _ => compress::encode_with(config, &route.name, entry, limit, ready),
+        (Some(_), None) => {
+            let backup = entry.clone();
+            fill.cache
+                .cpu
+                .run(Job::Decompress, move || {
+                    compress::decode_for_callers(entry, limit)
+                })
+                .await
+                .unwrap_or_else(|| Err(Box::new(backup)))
+        }
+        _ => encoded(fill, entry, ready).await,
     };
     match encoded {
         Ok(entry) => Ok(Arc::new(entry)),
@@ -346,6 +356,97 @@ fn representations(
     }
 }
 
+/// `entry` in the route's codings, made on the CPU pool: those its caller
+/// asked for (any, when it accepts one; none for a HEAD or a caller that
+/// accepts none), unless the pool is full; the others are made when a
+/// caller first asks (`cache::demand`). An answer the origin encoded is
+/// decoded (waiting for a slot if need be: its callers need it).
+async fn encoded(
+    fill: &FillRequest,
+    entry: StoredResponse,
+    ready: Vec<(corral_core::Coding, Bytes)>,
+) -> Result<StoredResponse, Box<StoredResponse>> {
+    let route = &fill.route;
+    let Some(config) = route.compression.clone() else {
+        return Ok(entry);
+    };
+    let limit = route.policy.max_object_size;
+    let name = route.name.clone();
+    let cpu = &fill.cache.cpu;
+    let all_ready = config
+        .encodings
+        .iter()
+        .all(|c| ready.iter().any(|(r, _)| r == c));
+    if compress::has_coding(entry.headers()) {
+        let backup = entry.clone();
+        let decode = move || compress::encode_with(Some(&config), &name, entry, limit, ready);
+        return cpu
+            .run(Job::Decompress, decode)
+            .await
+            .unwrap_or_else(|| Err(Box::new(backup)));
+    }
+    // Nothing left to compress: no job.
+    if all_ready {
+        return compress::encode_with(Some(&config), &name, entry, limit, ready);
+    }
+    if compress::asked(Some(&config), &fill.head) {
+        let backup = entry.clone();
+        let (c, r) = (config.clone(), ready.clone());
+        let made = cpu
+            .try_run(Job::Compress, move || {
+                compress::encode_with(Some(&c), &name, entry, limit, r)
+            })
+            .await;
+        if let Some(made) = made {
+            return made;
+        }
+        return Ok(deferred(&config, &route.name, backup, ready));
+    }
+    Ok(deferred(&config, &route.name, entry, ready))
+}
+
+/// `entry` stored with the codings made as it streamed (`ready`), the
+/// others made on demand.
+fn deferred(
+    config: &crate::config::CompressionConfig,
+    route: &str,
+    entry: StoredResponse,
+    ready: Vec<(corral_core::Coding, Bytes)>,
+) -> StoredResponse {
+    let mut entry = compress::deferred(Some(config), entry);
+    if entry.codings_pending() {
+        for (coding, packed) in ready {
+            crate::telemetry::metrics::compressed(
+                route,
+                coding.as_str(),
+                entry.body().len(),
+                packed.len(),
+            );
+            entry = compress::with_coding(config, &entry, coding, packed);
+        }
+    }
+    crate::telemetry::metrics::variants_per_key(route, 1 + entry.encoded().len());
+    entry
+}
+
+/// Bodies at least this long are copied into sealed memory on the CPU
+/// pool; a shorter copy costs less than the hand-off.
+const COPY_ON_POOL: usize = 256 * 1024;
+
+/// `bytes` copied into sealed memory when long enough to be kept there
+/// (on the CPU pool when long: see [`COPY_ON_POOL`]).
+async fn sealed(fill: &FillRequest, bytes: Bytes) -> Bytes {
+    if bytes.len() < COPY_ON_POOL {
+        return crate::sealed::seal_or_keep(bytes);
+    }
+    let copy = bytes.clone();
+    fill.cache
+        .cpu
+        .run(Job::Copy, move || crate::sealed::seal_or_keep(copy))
+        .await
+        .unwrap_or(bytes)
+}
+
 /// The codings a streamed answer is compressed in as it arrives (see
 /// `cache::fanout`): none unless the route compresses it, and, for a
 /// body of declared length, none unless the fill memory can hold the
@@ -358,6 +459,10 @@ fn stream_codings(
     hold: &mut corral_core::Hold,
 ) -> Vec<corral_core::Coding> {
     let config = fill.route.compression.as_ref();
+    // A HEAD, or a caller that accepts no coding, has none made for it.
+    if !compress::asked(config, &fill.head) {
+        return Vec::new();
+    }
     let codings = compress::stream_codings(config, parts.status, &parts.headers, declared);
     let Some(n) = declared else {
         return codings;
@@ -407,14 +512,29 @@ fn streaming(
 /// `body` checked against the digests its answer claims (RFC 9530), before
 /// it is stored or shared as complete; a mismatch is counted and is the
 /// origin's error, like a body cut short.
-pub(crate) fn checked(
+/// The digests are computed on the CPU pool.
+pub(crate) async fn checked(
     fill: &FillRequest,
     parts: &http::response::Parts,
     body: &Bytes,
 ) -> Result<(), UpstreamError> {
     let whole = parts.status != http::StatusCode::PARTIAL_CONTENT;
     let expected = corral_core::wire::digest::expected(&parts.headers, whole);
-    corral_core::wire::digest::verify(&expected, body).map_err(|m| {
+    if expected.is_empty() {
+        return Ok(());
+    }
+    let body = body.clone();
+    let verified = fill
+        .cache
+        .cpu
+        .run(Job::Digest, move || {
+            corral_core::wire::digest::verify(&expected, &body)
+        })
+        .await;
+    let Some(verified) = verified else {
+        return Err(UpstreamError::Exchange("the digest check failed".into()));
+    };
+    verified.map_err(|m| {
         crate::telemetry::metrics::digest_mismatch(&fill.route.name, m.field);
         tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "{m}");
         UpstreamError::Digest(m)

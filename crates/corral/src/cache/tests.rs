@@ -148,6 +148,11 @@ impl ScriptedOrigin {
             http::header::CACHE_CONTROL,
             HeaderValue::from_static(cache_control),
         );
+        // Compressible where a route compresses (no other test reads it).
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if status != StatusCode::NOT_MODIFIED {
             headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
             headers.insert(http::header::ETAG, HeaderValue::from_static("\"v\""));
@@ -539,11 +544,21 @@ struct Harness {
 
 /// `route` is YAML added under the one route (indented four spaces).
 fn harness(origin: Arc<ScriptedOrigin>, tier: Option<FakeTier>, route: &str) -> Harness {
+    harness_with(origin, tier, "", route)
+}
+
+/// [`harness`], with `top` (YAML sections, e.g. `server:`) added.
+fn harness_with(
+    origin: Arc<ScriptedOrigin>,
+    tier: Option<FakeTier>,
+    top: &str,
+    route: &str,
+) -> Harness {
     let text = format!(
         "\
 listen: 127.0.0.1:8080
 admin: 127.0.0.1:9080
-cache:
+{top}cache:
   memory: 64MiB
 routes:
   - name: api
@@ -573,6 +588,8 @@ struct Got {
     /// What it was written from.
     cs: corral_core::CacheStatus,
     body: Bytes,
+    /// Its Content-Encoding, if any.
+    encoding: Option<String>,
 }
 
 /// Every answer is the 503 of a key in back-off, made without the origin.
@@ -646,6 +663,10 @@ impl Harness {
         let (parts, body) = answer.response.into_parts();
         Got {
             cs,
+            encoding: parts
+                .headers
+                .get(http::header::CONTENT_ENCODING)
+                .map(|v| v.to_str().expect("unit-test setup").to_owned()),
             status: parts.status,
             cache_status: parts
                 .headers
@@ -2055,4 +2076,149 @@ async fn the_gate_alone_records_a_failure_and_leaves_the_origin_alone_after() {
         (StatusCode::SERVICE_UNAVAILABLE, Some(Detail::Backoff))
     );
     assert_eq!(h.origin.hits(), 1);
+}
+
+// ---------------------------------------------------------------------
+// The CPU pool and codings made on demand.
+
+/// An answer stored while the CPU pool is full is served whole and
+/// unencoded (never refused, never compressed on the serving thread);
+/// the coding a caller then asks for is made once, on the pool, however
+/// many ask meanwhile, and served from then on.
+#[tokio::test(start_paused = true)]
+async fn an_answer_stored_while_the_cpu_pool_is_full_is_served_then_encoded_on_demand() {
+    let doc: &'static str = Box::leak(
+        r#"{"id": 1, "name": "corral", "tags": ["a", "b"]}, "#
+            .repeat(200)
+            .into_boxed_str(),
+    );
+    let h = harness_with(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", doc), SLOW),
+        None,
+        "server:\n  cpu_threads: 1\n",
+        "    compression: { encodings: [gzip, br] }\n",
+    );
+    let cache = Arc::clone(&h.app.cache);
+    let gzip = [("accept-encoding", "gzip")];
+    let full = cache
+        .cpu
+        .try_hold(crate::cache::cpu::Job::CompressStream)
+        .expect("the one slot");
+    let stored = h.get_with("/doc", &gzip).await;
+    assert_eq!(stored.status, StatusCode::OK);
+    assert!(stored.cs.stored, "{}", stored.cache_status);
+    assert_eq!(
+        (stored.encoding.as_deref(), &stored.body[..]),
+        (None, doc.as_bytes())
+    );
+    // Still full: asked for, but not made; served as stored.
+    let hit = h.get_with("/doc", &gzip).await;
+    assert!(hit.cs.hit, "{}", hit.cache_status);
+    assert_eq!(
+        (hit.encoding.as_deref(), &hit.body[..]),
+        (None, doc.as_bytes())
+    );
+    settle(&cache).await;
+    assert_eq!(cache.making.made(), 0);
+    drop(full);
+    // Twenty callers ask for gzip at once: one coding is made.
+    let asked: Vec<_> = (0..20)
+        .map(|_| {
+            let h = h.clone_handle();
+            tokio::spawn(async move { h.get_with("/doc", &[("accept-encoding", "gzip")]).await })
+        })
+        .collect();
+    for a in asked {
+        let a = a.await.expect("task");
+        assert!(a.cs.hit, "{}", a.cache_status);
+        assert!(decoded(a.encoding.as_deref(), &a.body) == doc.as_bytes());
+    }
+    settle(&cache).await;
+    assert_eq!(cache.making.made(), 1);
+    let coded = h.get_with("/doc", &gzip).await;
+    assert_eq!(coded.encoding.as_deref(), Some("gzip"));
+    assert!(coded.body.len() < doc.len() / 4, "{}", coded.body.len());
+    assert!(decoded(Some("gzip"), &coded.body) == doc.as_bytes());
+    // No coding asked, none made; br when first asked.
+    let plain = h.get("/doc").await;
+    assert_eq!(
+        (plain.encoding.as_deref(), &plain.body[..]),
+        (None, doc.as_bytes())
+    );
+    settle(&cache).await;
+    assert_eq!(cache.making.made(), 1);
+    let _ = h.get_with("/doc", &[("accept-encoding", "br")]).await;
+    settle(&cache).await;
+    assert_eq!(cache.making.made(), 2);
+    let br = h.get_with("/doc", &[("accept-encoding", "br")]).await;
+    assert_eq!(br.encoding.as_deref(), Some("br"));
+    assert!(decoded(Some("br"), &br.body) == doc.as_bytes());
+    assert_eq!(h.origin.hits(), 1);
+}
+
+/// Waits (at most ten seconds of real time: the pool's threads run in
+/// it) until no coding is being made.
+async fn settle(cache: &crate::cache::Cache) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cache.making.busy() {
+        assert!(std::time::Instant::now() < deadline, "a coding never ended");
+        tokio::task::yield_now().await;
+    }
+}
+
+fn decoded(coding: Option<&str>, body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match coding {
+        None => out.extend_from_slice(body),
+        Some("gzip") => {
+            flate2::read::GzDecoder::new(body)
+                .read_to_end(&mut out)
+                .expect("gunzip");
+        }
+        Some("br") => {
+            brotli::Decompressor::new(body, 4096)
+                .read_to_end(&mut out)
+                .expect("unbrotli");
+        }
+        Some(other) => panic!("{other}"),
+    }
+    out
+}
+
+// ---------------------------------------------------------------------
+// Fill slots.
+
+/// A fill slot is held only while this instance fetches: a key whose
+/// lease another instance holds waits on that lease without a slot, so
+/// the one slot (`max_fills: 1`) still fetches another key at once.
+#[tokio::test(start_paused = true)]
+async fn a_fill_waiting_on_another_instances_lease_holds_no_fill_slot() {
+    let route = format!("{NO_EARLY_REFRESH}    coalesce: {{ max_fills: 1, lock_timeout: 5s }}\n");
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        &route,
+    );
+    let keys = h.keys("/a");
+    tier(&h).other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
+    let waiting = {
+        let h = h.clone_handle();
+        tokio::spawn(async move { h.get("/a").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.origin.hits(), 0, "/a waits on the other instance");
+    let started = Instant::now();
+    let other = h.get("/b").await;
+    assert_eq!(
+        (other.status, &other.body[..]),
+        (StatusCode::OK, &b"here"[..])
+    );
+    assert!(other.cs.detail.is_none(), "{}", other.cache_status);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "fetched at once, not after waiting out the lock timeout for a slot"
+    );
+    assert_eq!(h.origin.hits(), 1);
+    waiting.abort();
 }

@@ -224,6 +224,10 @@ pub struct ServerConfig {
     /// Threads serving clients (`server.workers`); `None`: one per
     /// available core (or `TOKIO_WORKER_THREADS` with `shared`).
     pub workers: Option<usize>,
+    /// `server.cpu_threads`: CPU jobs (compression, decoding, digest
+    /// checks, large copies) run at once off the serving threads; `None`:
+    /// half the cores, at least one; 0: inline on the serving threads.
+    pub cpu_threads: Option<usize>,
     /// `server.overload`: the share of time (percent) the serving threads
     /// may be busy, sustained, before corral sheds passed-through requests
     /// and new connections (`overload`); `None` (`off`): it never sheds.
@@ -269,6 +273,7 @@ impl Default for ServerConfig {
             listen_proxy_protocol: false,
             runtime: RuntimeMode::Shared,
             workers: None,
+            cpu_threads: None,
             overload: Some(DEFAULT_OVERLOAD),
             proxy_name: corral_core::semantics::cache_status::DEFAULT_NAME.to_owned(),
         }

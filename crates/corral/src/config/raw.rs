@@ -114,6 +114,7 @@ pub struct RawServer {
     pub listen_proxy_protocol: Option<bool>,
     pub runtime: Option<Text>,
     pub workers: Option<Text>,
+    pub cpu_threads: Option<Text>,
     pub overload: Option<Text>,
     pub proxy_name: Option<Text>,
 }

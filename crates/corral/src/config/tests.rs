@@ -928,6 +928,9 @@ fn the_runtime_is_shared_unless_per_core_is_asked_with_bounded_workers() {
         (c.server.runtime, c.server.workers),
         (RuntimeMode::PerCore, Some(8))
     );
+    let c = config(&format!("server:\n  cpu_threads: 0\n{}", route_with("")));
+    assert_eq!(c.server.cpu_threads, Some(0), "0: inline");
+    assert_eq!(config(&route_with("")).server.cpu_threads, None);
     for (fields, column, field, hint) in [
         (
             "  runtime: threads\n",
@@ -941,6 +944,18 @@ fn the_runtime_is_shared_unless_per_core_is_asked_with_bounded_workers() {
             12,
             "server.workers",
             "more than the 1024 allowed",
+        ),
+        (
+            "  cpu_threads: 4096\n",
+            16,
+            "server.cpu_threads",
+            "more than the 1024 allowed",
+        ),
+        (
+            "  cpu_threads: some\n",
+            16,
+            "server.cpu_threads",
+            "whole number",
         ),
     ] {
         let error = refused(&format!("server:\n{fields}{}", route_with("")));

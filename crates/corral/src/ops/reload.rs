@@ -98,6 +98,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.server.proxy_name != new.server.proxy_name {
         fields.push("server.proxy_name");
     }
+    if old.server.cpu_threads != new.server.cpu_threads {
+        fields.push("server.cpu_threads");
+    }
     if old.server.listen_proxy_protocol != new.server.listen_proxy_protocol {
         fields.push("server.listen_proxy_protocol");
     }

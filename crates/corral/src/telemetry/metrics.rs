@@ -305,6 +305,32 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "Representations an entry was stored with, by route.",
     ),
     (
+        "corral_cpu_threads",
+        Kind::Gauge,
+        "Jobs the CPU pool runs at once (server.cpu_threads; 0: inline on the serving threads).",
+    ),
+    ("corral_cpu_busy", Kind::Gauge, "CPU pool slots in use now."),
+    (
+        "corral_cpu_queued",
+        Kind::Gauge,
+        "Jobs waiting for a CPU pool slot now (digest checks, decodes, copies; compression never waits).",
+    ),
+    (
+        "corral_cpu_jobs_total",
+        Kind::Counter,
+        "CPU jobs by job (compress, compress-stream, decompress, digest, copy) and how they ran (pool, saturated: skipped for later, inline).",
+    ),
+    (
+        "corral_cpu_job_duration_seconds",
+        Kind::Histogram,
+        "Time one CPU job ran, by job.",
+    ),
+    (
+        "corral_codings_made_on_demand_total",
+        Kind::Counter,
+        "Codings made for a stored answer when a caller first asked for one, by route and coding.",
+    ),
+    (
         "corral_log_lines_dropped_total",
         Kind::Counter,
         "Log lines dropped because stdout could not keep up.",
@@ -727,6 +753,37 @@ pub fn compressed(route: &str, coding: &'static str, before: usize, after: usize
 pub fn compression_time(route: &str, took: Duration) {
     histogram!("corral_compression_duration_seconds", "route" => route.to_owned())
         .record(took.as_secs_f64());
+}
+
+/// The CPU pool's size (`server.cpu_threads`).
+pub fn cpu_threads(n: usize) {
+    gauge!("corral_cpu_threads").set(n as f64);
+}
+
+/// A CPU pool slot taken (`1.0`) or given back (`-1.0`).
+pub fn cpu_busy(delta: f64) {
+    gauge!("corral_cpu_busy").increment(delta);
+}
+
+/// A job began (`1.0`) or ended (`-1.0`) its wait for a CPU pool slot.
+pub fn cpu_queued(delta: f64) {
+    gauge!("corral_cpu_queued").increment(delta);
+}
+
+/// A CPU job, and how it ran (pool, saturated, inline).
+pub fn cpu_job(job: &'static str, ran: &'static str) {
+    counter!("corral_cpu_jobs_total", "job" => job, "result" => ran).increment(1);
+}
+
+/// Time a CPU job ran.
+pub fn cpu_time(job: &'static str, took: Duration) {
+    histogram!("corral_cpu_job_duration_seconds", "job" => job).record(took.as_secs_f64());
+}
+
+/// A coding made for a stored answer on a caller's first demand.
+pub fn coding_on_demand(route: &str, coding: &'static str) {
+    counter!("corral_codings_made_on_demand_total", "route" => route.to_owned(), "coding" => coding)
+        .increment(1);
 }
 
 /// An entry of `route` was stored with `variants` representations: the

@@ -70,6 +70,16 @@ impl Resolver<'_> {
         };
         let trusted_proxies = self.trusted_proxies(raw)?;
         let (runtime, workers) = self.threads(raw)?;
+        let cpu_threads =
+            self.at("server.cpu_threads", &raw.cpu_threads).parse(|t| {
+                match whole_u32(t, 0, "threads") {
+                    Ok(n) if n <= MAX_WORKERS => Ok(usize::try_from(n).unwrap_or(1)),
+                    Ok(n) => Err(format!(
+                        "{n} threads is more than the {MAX_WORKERS} allowed"
+                    )),
+                    Err(m) => Err(m),
+                }
+            })?;
         let overload =
             self.at("server.overload", &raw.overload)
                 .parse_or(defaults.overload, |t| match t.trim() {
@@ -91,6 +101,7 @@ impl Resolver<'_> {
             overload,
             runtime,
             workers,
+            cpu_threads,
             trusted_proxies,
             listen_proxy_protocol: raw.listen_proxy_protocol.unwrap_or(false),
             purge_token,
