@@ -457,3 +457,134 @@ fn the_check_sees_an_inverted_import() {
         ]
     );
 }
+
+/// The production functions of `text` longer than `max` lines, as
+/// `(lines, name, first line)`: a `fn` item's lines from its signature to
+/// its closing brace, counted with strings, character literals and
+/// comments left out. Unit-test modules are not production code.
+fn long_functions(text: &str, max: usize) -> Vec<(usize, String, usize)> {
+    let text = match text.find("#[cfg(test)]\nmod ") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    let mut j = 0;
+    while j < lines.len() {
+        let Some(name) = fn_name(lines[j]) else {
+            j += 1;
+            continue;
+        };
+        let (mut depth, mut started, mut k) = (0i64, false, j);
+        while k < lines.len() {
+            let code = braces_only(lines[k]);
+            depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+            started |= code.contains('{');
+            if (started && depth <= 0) || (!started && code.trim_end().ends_with(';')) {
+                break;
+            }
+            k += 1;
+        }
+        let n = k.min(lines.len() - 1) - j + 1;
+        if started && n > max {
+            found.push((n, name, j + 1));
+        }
+        j = k + 1;
+    }
+    found
+}
+
+/// The function a line declares, if it begins a `fn` item.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line.trim_start();
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("fn ")?;
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// A line without its string and character literals and its comment.
+fn braces_only(line: &str) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '/' if chars.get(i + 1) == Some(&'/') => break,
+            '"' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    i += if chars[i] == '\\' { 2 } else { 1 };
+                }
+            }
+            // 'x' or '\x': a character; 'a alone is a lifetime.
+            '\'' if chars.get(i + 2) == Some(&'\'') => i += 2,
+            '\'' if chars.get(i + 1) == Some(&'\\') => {
+                i += 2;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
+const LONGEST_FUNCTION: usize = 100;
+
+#[test]
+fn no_production_function_is_over_100_lines() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+    let mut files = Vec::new();
+    rust_files(&crates, &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let rel = relative(&crates, &path);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !rel.contains("/src/") || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable source file");
+        for (n, function, line) in long_functions(&text, LONGEST_FUNCTION) {
+            found.push(format!("crates/{rel}:{line} {function}: {n} lines"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "production functions over {LONGEST_FUNCTION} lines; cut them along their seams:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_length_check_counts_a_function_to_its_own_closing_brace() {
+    // Braces in strings, characters and comments are not the function's;
+    // a lifetime is not a character; a signature without a body is not a
+    // function; a unit test module is left out.
+    let body = "    let x = 1;\n".repeat(99);
+    let text = format!(
+        "pub(crate) fn long<'a>(s: &'a str) -> usize {{\n{body}    s.find(['{{', '\"']).map_or(0, |_| 1) // }}\n}}\n\
+         fn short() {{ let s = \"}}}}\"; let c = '}}'; }}\n\
+         fn declared(&self) -> u8;\n\
+         #[cfg(test)]\nmod tests {{\nfn long_test() {{\n{body}{body}}}\n}}\n"
+    );
+    assert_eq!(
+        long_functions(&text, LONGEST_FUNCTION),
+        [(102, "long".to_owned(), 1)]
+    );
+    assert!(long_functions(&text, 102).is_empty());
+}

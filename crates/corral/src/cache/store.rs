@@ -182,7 +182,6 @@ pub(crate) async fn store(
     if let Some(n) = declared {
         events.send(FillEvent::Declared(n));
     }
-    let total = fill.route.upstream.total;
     let mut hold = fill.cache.fill_memory.hold();
     // Two copies while it streams: the chunks readers share, and the entry
     // being built. A body without a declared length takes its hold as it comes.
@@ -212,22 +211,8 @@ pub(crate) async fn store(
             events.send(FillEvent::Streaming(streaming(
                 fill, &keep, &parts, &outlets, &growing,
             )));
-            let streamed = match n {
-                Some(n) => stream_into(body, &mut outlets, n, deadline, total)
-                    .await
-                    .map(Some),
-                None => {
-                    let limit = fill.route.policy.max_object_size;
-                    let room = Room {
-                        limit,
-                        hold: &mut hold,
-                        lag: &fill.cache.ahead_memory,
-                        events,
-                        route,
-                    };
-                    stream_unknown(body, &mut outlets, room, deadline, total).await
-                }
-            };
+            let streamed =
+                stream_body(fill, events, body, &mut outlets, n, &mut hold, deadline).await;
             match streamed {
                 // The writers, dropped, abort every reader.
                 Err(e) => return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status)),
@@ -246,17 +231,9 @@ pub(crate) async fn store(
         None => {
             // Given back at once: the buffered read takes its own.
             drop(hold);
-            match read_body(fill, body, declared, deadline).await {
-                Buffered::Full(bytes) => (bytes, None, Vec::new()),
-                Buffered::Over(reason, rest) => {
-                    if reason == PassReason::TooLarge {
-                        fill.set_hit_for_pass();
-                    }
-                    return Ended::Stream(reason, pass_response(parts, rest, fill.fwd, reason));
-                }
-                Buffered::Failed(e) => {
-                    return Ended::Outcome(synthetic::broke_off(fill, &e, parts.status));
-                }
+            match read_whole(fill, &parts, body, declared, deadline).await {
+                Ok(bytes) => (bytes, None, Vec::new()),
+                Err(ended) => return *ended,
             }
         }
     };
@@ -271,20 +248,7 @@ pub(crate) async fn store(
         Ok(entry) => entry,
         Err(ended) => return *ended,
     };
-    let l1 = &fill.cache.l1;
-    l1.learn_vary(&fill.primary, &keep.vary);
-    crate::cache::rules::learn(fill, entry.headers());
-    fill.clear_hit_for_pass();
-    l1.insert(
-        &fill.entry_key(&entry),
-        fill.primary.uri(),
-        Arc::clone(&entry),
-    );
-    // A QUERY's answer that names the GET of its result also answers it.
-    for (primary, key) in aliases(fill, &entry) {
-        l1.learn_vary(&primary, entry.vary());
-        l1.insert(&key, primary.uri(), Arc::clone(&entry));
-    }
+    insert(fill, &keep.vary, &entry);
     if let Some(writer) = writer {
         writer.finish(entry.body());
     }
@@ -292,6 +256,84 @@ pub(crate) async fn store(
         c.end();
     }
     keep.stored(fill, entry)
+}
+
+/// A streamed body read into its readers: of declared length `n`, or of
+/// unknown length until it outgrows the store (`Ok(None)`: passed through).
+async fn stream_body(
+    fill: &FillRequest,
+    events: &Events,
+    body: OriginBody,
+    outlets: &mut Fanout<'_>,
+    n: Option<u64>,
+    hold: &mut corral_core::Hold,
+    deadline: Instant,
+) -> Result<Option<Bytes>, UpstreamError> {
+    let total = fill.route.upstream.total;
+    match n {
+        Some(n) => stream_into(body, outlets, n, deadline, total)
+            .await
+            .map(Some),
+        None => {
+            let room = Room {
+                limit: fill.route.policy.max_object_size,
+                hold,
+                lag: &fill.cache.ahead_memory,
+                events,
+                route: fill.route.name.as_str(),
+            };
+            stream_unknown(body, outlets, room, deadline, total).await
+        }
+    }
+}
+
+/// The body read whole; `Err`: what the fill ends with instead (an
+/// answer too large to store passed through to its caller, or a body that
+/// broke off).
+async fn read_whole(
+    fill: &FillRequest,
+    parts: &http::response::Parts,
+    body: OriginBody,
+    declared: Option<u64>,
+    deadline: Instant,
+) -> Result<Bytes, Box<Ended>> {
+    match read_body(fill, body, declared, deadline).await {
+        Buffered::Full(bytes) => Ok(bytes),
+        Buffered::Over(reason, rest) => {
+            if reason == PassReason::TooLarge {
+                fill.set_hit_for_pass();
+            }
+            Err(Box::new(Ended::Stream(
+                reason,
+                pass_response(parts.clone(), rest, fill.fwd, reason),
+            )))
+        }
+        Buffered::Failed(e) => Err(Box::new(Ended::Outcome(synthetic::broke_off(
+            fill,
+            &e,
+            parts.status,
+        )))),
+    }
+}
+
+/// Puts `entry` in L1 under its key, with the Vary set and the
+/// No-Vary-Search rule it taught; the URI is cacheable again for this
+/// caller; a QUERY's answer that names the GET of its result also answers
+/// it.
+fn insert(fill: &FillRequest, vary: &Vary, entry: &Arc<StoredResponse>) {
+    let l1 = &fill.cache.l1;
+    l1.learn_vary(&fill.primary, vary);
+    crate::cache::rules::learn(fill, entry.headers());
+    fill.clear_hit_for_pass();
+    l1.insert(
+        &fill.entry_key(entry),
+        fill.primary.uri(),
+        Arc::clone(entry),
+    );
+    for (primary, key) in aliases(fill, entry) {
+        l1.learn_vary(&primary, entry.vary());
+        l1.insert(&key, primary.uri(), Arc::clone(entry));
+    }
 }
 
 /// The stored entry in the representations its callers may read: each

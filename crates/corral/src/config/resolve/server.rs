@@ -50,52 +50,22 @@ impl Resolver<'_> {
         let drain_period = self
             .at("server.drain_period", &raw.drain_period)
             .duration_or(defaults.drain_period)?;
-        let purge_token = self.at("server.purge_token", &raw.purge_token).parse(|t| {
-            let token = t.trim();
-            if token.len() < 16 {
-                return Err("must be at least 16 characters: it guards cache purges");
-            }
-            Ok(token.to_owned())
-        })?;
-        let admin_token = self.at("server.admin_token", &raw.admin_token).parse(|t| {
-            let token = t.trim();
-            if token.len() < 16 {
-                return Err("must be at least 16 characters: it guards the live view");
-            }
-            Ok(token.to_owned())
-        })?;
+        let purge_token = self.secret("server.purge_token", &raw.purge_token, "cache purges")?;
+        let admin_token = self.secret("server.admin_token", &raw.admin_token, "the live view")?;
         let admin_hosts = match &raw.admin_hosts {
             None => Vec::new(),
             Some(entries) => self.list(entries, "server.admin_hosts", admin_host)?,
         };
         let trusted_proxies = self.trusted_proxies(raw)?;
         let (runtime, workers) = self.threads(raw)?;
-        let cpu_threads =
-            self.at("server.cpu_threads", &raw.cpu_threads).parse(|t| {
-                match whole_u32(t, 0, "threads") {
-                    Ok(n) if n <= MAX_WORKERS => Ok(usize::try_from(n).unwrap_or(1)),
-                    Ok(n) => Err(format!(
-                        "{n} threads is more than the {MAX_WORKERS} allowed"
-                    )),
-                    Err(m) => Err(m),
-                }
-            })?;
+        let cpu_threads = self.cpu_threads(raw)?;
         let overload =
             self.at("server.overload", &raw.overload)
                 .parse_or(defaults.overload, |t| match t.trim() {
                     "off" => Ok(None),
                     t => percentage(t, 1, 100).map(Some),
                 })?;
-        let proxy_name = self
-            .at("server.proxy_name", &raw.proxy_name)
-            .parse_or(defaults.proxy_name, |t| {
-                let name = t.trim();
-                if corral_core::semantics::cache_status::is_valid_name(name) {
-                    Ok(name.to_owned())
-                } else {
-                    Err("must be an RFC 8941 token of at most 64 characters (a letter first; no spaces, commas, semicolons, quotes or `=`): it names corral's Cache-Status and Proxy-Status members")
-                }
-            })?;
+        let proxy_name = self.proxy_name(raw, defaults.proxy_name)?;
         Ok(ServerConfig {
             proxy_name,
             overload,
@@ -116,6 +86,49 @@ impl Resolver<'_> {
             shutdown_grace: shutdown_grace.value,
             drain_period: drain_period.value,
         })
+    }
+
+    /// A token of `server:` (`purge_token`, `admin_token`): at least 16
+    /// characters, for it guards `what`.
+    fn secret(
+        &self,
+        field: &str,
+        value: &Option<crate::config::raw::Text>,
+        what: &str,
+    ) -> Result<Option<String>, ConfigError> {
+        self.at(field, value).parse(|t| {
+            let token = t.trim();
+            if token.len() < 16 {
+                return Err(format!("must be at least 16 characters: it guards {what}"));
+            }
+            Ok(token.to_owned())
+        })
+    }
+
+    /// `server.cpu_threads`: 0 (inline) to 1024; unset, the default.
+    fn cpu_threads(&self, raw: &RawServer) -> Result<Option<usize>, ConfigError> {
+        self.at("server.cpu_threads", &raw.cpu_threads).parse(|t| {
+            match whole_u32(t, 0, "threads") {
+                Ok(n) if n <= MAX_WORKERS => Ok(usize::try_from(n).unwrap_or(1)),
+                Ok(n) => Err(format!(
+                    "{n} threads is more than the {MAX_WORKERS} allowed"
+                )),
+                Err(m) => Err(m),
+            }
+        })
+    }
+
+    /// `server.proxy_name`: an RFC 8941 token.
+    fn proxy_name(&self, raw: &RawServer, default: String) -> Result<String, ConfigError> {
+        self.at("server.proxy_name", &raw.proxy_name)
+            .parse_or(default, |t| {
+                let name = t.trim();
+                if corral_core::semantics::cache_status::is_valid_name(name) {
+                    Ok(name.to_owned())
+                } else {
+                    Err("must be an RFC 8941 token of at most 64 characters (a letter first; no spaces, commas, semicolons, quotes or `=`): it names corral's Cache-Status and Proxy-Status members")
+                }
+            })
     }
 
     /// `server.trusted_proxies` and the one header they write, `server.trusted_header`.
