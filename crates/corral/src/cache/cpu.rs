@@ -93,7 +93,7 @@ impl Slot {
     pub fn spawn(self, f: impl FnOnce() + Send + 'static) {
         let permit = self.permit;
         tokio::task::spawn_blocking(move || {
-            let _busy = Busy::start();
+            let _busy = Counted::busy();
             f();
             drop(permit);
         });
@@ -149,7 +149,7 @@ impl CpuPool {
             return Some(inline(job, f));
         };
         let permit = {
-            let _queued = Queued::start();
+            let _queued = Counted::queued();
             Arc::clone(slots).acquire_owned().await.ok()?
         };
         on_pool(job, permit, f).await
@@ -187,7 +187,7 @@ async fn on_pool<R: Send + 'static>(
 ) -> Option<R> {
     crate::telemetry::metrics::cpu_job(job.as_str(), Ran::Pool.as_str());
     tokio::task::spawn_blocking(move || {
-        let _busy = Busy::start();
+        let _busy = Counted::busy();
         let started = Instant::now();
         let r = f();
         crate::telemetry::metrics::cpu_time(job.as_str(), started.elapsed());
@@ -198,36 +198,29 @@ async fn on_pool<R: Send + 'static>(
     .ok()
 }
 
-/// A slot in use, counted in `corral_cpu_busy` while it lives.
-struct Busy;
+/// A gauge raised by one while this lives: a slot in use
+/// (`corral_cpu_busy`), or a job waiting for one (`corral_cpu_queued`, also
+/// when its waiter is dropped).
+struct Counted(fn(f64));
 
-impl Busy {
-    fn start() -> Self {
-        crate::telemetry::metrics::cpu_busy(1.0);
-        Busy
+impl Counted {
+    fn busy() -> Self {
+        Counted::start(crate::telemetry::metrics::cpu_busy)
+    }
+
+    fn queued() -> Self {
+        Counted::start(crate::telemetry::metrics::cpu_queued)
+    }
+
+    fn start(gauge: fn(f64)) -> Self {
+        gauge(1.0);
+        Counted(gauge)
     }
 }
 
-impl Drop for Busy {
+impl Drop for Counted {
     fn drop(&mut self) {
-        crate::telemetry::metrics::cpu_busy(-1.0);
-    }
-}
-
-/// A job waiting for a slot, counted in `corral_cpu_queued` while it
-/// waits (also when its waiter is dropped).
-struct Queued;
-
-impl Queued {
-    fn start() -> Self {
-        crate::telemetry::metrics::cpu_queued(1.0);
-        Queued
-    }
-}
-
-impl Drop for Queued {
-    fn drop(&mut self) {
-        crate::telemetry::metrics::cpu_queued(-1.0);
+        (self.0)(-1.0);
     }
 }
 
