@@ -11,12 +11,22 @@
 #    another fetches a cold 13 MB JSON answer accepting every coding (so
 #    every coding is made as it arrives). Printed: the hits' max, p99 and
 #    p50 latency while the fill ran, for `cpu_threads` 0 (every job on the
-#    serving thread, as before the pool) and the default (half the cores).
+#    serving thread, as before the pool) and the default (half the cores),
+#    then the same with `runtime: shared` and two workers.
 # 2. Compression CPU per 8 MB miss: corral's CPU time (utime + stime from
 #    /proc) for a cold 8 MB JSON key asked by a HEAD (accepting every
 #    coding), by a GET accepting none, and by a GET accepting every coding
 #    (what every miss paid before codings were made on demand), with the
 #    bytes compressed (corral_compression_bytes_in_total, all codings).
+# 3. A flood of large misses beside a victim's new connections. An
+#    attacker on two connections asks cold 8 MB keys (a new query each,
+#    so each is a miss) as fast as they come back, for 10 s: by HEAD, and
+#    then by GET accepting every coding (each such fill makes every
+#    coding as it arrives). Meanwhile a victim opens a new connection
+#    every 100 ms and asks the small key once. Printed: the victim's
+#    answers by status (000: refused or reset), what corral counted as
+#    shed (corral_overload_shed_total), the attacker's misses, and the
+#    CPU pool's jobs, with `server.overload` at its default (90%).
 # Loopback only: ports 3981 (origin), 8281/9281 (corral).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,13 +90,13 @@ pids+=($!)
 ready() { for _ in $(seq 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "no answer from $1" >&2; return 1; }
 ready http://127.0.0.1:3981/small.json
 
-start_corral() { # cpu_threads line (may be empty) -> pid in $corral_pid
+start_corral() { # cpu_threads line (may be empty) [runtime] [workers] -> pid in $corral_pid
   cat >"$work/corral.yaml" <<YAML
 listen: 127.0.0.1:8281
 admin: 127.0.0.1:9281
 server:
-  runtime: per_core
-  workers: 1
+  runtime: ${2:-per_core}
+  workers: ${3:-1}
   $1
 cache: { memory: 512MiB, max_object_size: 32MiB, fill_memory: 256MiB }
 routes:
@@ -101,6 +111,7 @@ YAML
 }
 stop_corral() { kill -INT "$corral_pid"; wait "$corral_pid" 2>/dev/null || true; }
 metricf() { curl -sf http://127.0.0.1:9281/metrics | awk -v n="$1" -v l="$2" '$1 ~ "^"n"[{ ]" && $1 ~ l { s += $NF } END { printf "%.3f", s }'; }
+metricn() { curl -sf http://127.0.0.1:9281/metrics | awk -v n="$1" '$1 ~ "^"n"[{ ]" { s += $NF } END { printf "%d", s }'; } # a counter, summed
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # utime + stime, clock ticks
 
 probe() { # label: small hits every 2 ms on one connection while the 13 MB fill runs
@@ -139,16 +150,19 @@ PY
 
 echo "## Hit latency while a 13 MB JSON answer is filled and compressed (br, gzip, zstd)"
 echo
-echo "One worker (per_core), hits of a 1 KiB key every 2 ms on one connection; ms."
+echo "Hits of a 1 KiB key every 2 ms on one connection; ms."
 echo
-echo "| cpu_threads | hits | max | p99 | p50 | fill s (coding) |"
+echo "| runtime, cpu_threads | hits | max | p99 | p50 | fill s (coding) |"
 echo "| --- | --- | --- | --- | --- | --- |"
-for threads in 0 default; do
-  line=""
-  [ "$threads" = default ] || line="cpu_threads: $threads"
-  start_corral "$line"
-  probe "$threads"
-  stop_corral
+for runtime in "per_core 1" "shared 2"; do
+  set -- $runtime
+  for threads in 0 default; do
+    line=""
+    [ "$threads" = default ] || line="cpu_threads: $threads"
+    start_corral "$line" "$1" "$2"
+    probe "$1 ×$2, $threads"
+    stop_corral
+  done
 done
 
 miss() { # label method accept path
@@ -174,3 +188,50 @@ echo "| --- | --- | --- |"
 miss "HEAD, Accept-Encoding: br, gzip, zstd" HEAD "br, gzip, zstd" big8.json
 miss "GET, no Accept-Encoding" GET "" big8.json
 miss "GET, Accept-Encoding: br, gzip, zstd (every coding made)" GET "br, gzip, zstd" big8.json
+
+flood() { # label method accept
+  start_corral "" per_core 1
+  python3 - "$1" "$2" "$3" <<'PY'
+import http.client, socket, sys, threading, time
+label, method, accept = sys.argv[1], sys.argv[2], sys.argv[3]
+stop = time.monotonic() + 10
+asked = [0]
+def attacker(n):
+    c = http.client.HTTPConnection("127.0.0.1", 8281, timeout=60)
+    i = 0
+    while time.monotonic() < stop:
+        i += 1
+        c.request(method, f"/big8.json?a={n}-{i}", headers={"Accept-Encoding": accept})
+        c.getresponse().read()
+        asked[0] += 1
+threads = [threading.Thread(target=attacker, args=(n,)) for n in range(2)]
+for t in threads: t.start()
+statuses = {}
+while time.monotonic() < stop:
+    s = time.monotonic()
+    try:
+        v = http.client.HTTPConnection("127.0.0.1", 8281, timeout=5)
+        v.request("GET", "/small.json")
+        r = v.getresponse(); r.read()
+        code = str(r.status)
+        v.close()
+    except (OSError, http.client.HTTPException):
+        code = "000"
+    statuses[code] = statuses.get(code, 0) + 1
+    time.sleep(max(0, 0.1 - (time.monotonic() - s)))
+for t in threads: t.join()
+shown = ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+print(f"| {label} | {shown} |", end="")
+print(f" {asked[0]} |", end="")
+PY
+  echo " $(metricn corral_overload_shed_total) | $(metricn corral_cpu_jobs_total) |"
+  stop_corral
+}
+echo
+echo "## A flood of 8 MB misses beside a victim's new connections (10 s, one worker)"
+echo
+echo "| attacker | victim's answers | attacker's misses | shed | CPU pool jobs |"
+echo "| --- | --- | --- | --- | --- |"
+curl -sf -o /dev/null http://127.0.0.1:3981/small.json
+flood "HEAD, Accept-Encoding: br, gzip, zstd" HEAD "br, gzip, zstd"
+flood "GET, Accept-Encoding: br, gzip, zstd" GET "br, gzip, zstd"

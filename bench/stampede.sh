@@ -8,10 +8,12 @@
 #   bench/stampede.sh [RUNS]        (default 3 runs, each on a new cold key)
 #   bench/stampede.sh RUNS ttfb     the same crowd on a 5 MB answer the origin
 #                                   trickles out over 2 s: each instance's
-#                                   first and last body byte (ttfb-load), to
-#                                   see what streaming across instances
-#                                   would buy (only the leader's instance
-#                                   streams; the others answer from Redis).
+#                                   first and last body byte (ttfb-load),
+#                                   and the Redis commands the fill cost.
+#                                   A body within l2_max_object_size reaches
+#                                   the waiting instances as it arrives
+#                                   (relayed through a Redis stream); a
+#                                   larger one is fetched by each instance.
 #                                   TTFB_SIZE=BYTES sets the body (default
 #                                   5 MB, over redis.l2_max_object_size's 1 MiB)
 set -euo pipefail
@@ -61,6 +63,7 @@ if [ "$mode" = ttfb ]; then
   ulimit -n 65536 2>/dev/null || true
   for run in $(seq 1 "$runs"); do
     path="/ttfb/$run-$RANDOM"
+    redis-cli -p $redis_port config resetstat >/dev/null
     for i in 0 1 2 3 4; do
       timeout 90 target/release/ttfb-load 127.0.0.1:810$i "$path?size=${TTFB_SIZE:-5242880}&trickle=2000&max-age=60" 200 60 \
         >"$work/ttfb$i.json" &
@@ -69,6 +72,9 @@ if [ "$mode" = ttfb ]; then
     sleep 0.2
     echo "run $run: origin hits $(curl -s "http://$origin/__hits?path=$path")"
     for i in 0 1 2 3 4; do echo "  instance $i: $(cat "$work/ttfb$i.json")"; done
+    # What the fill cost Redis, by command (scripts: the leases, the entry,
+    # the relayed body's parts; xread: the waiting instances' reads of it).
+    echo "  redis commands: $(redis-cli -p $redis_port info commandstats | tr -d '\r' | sed -n 's/^cmdstat_\([a-z|]*\):calls=\([0-9]*\).*/\1=\2/p' | tr '\n' ' ')"
   done
   exit 0
 fi

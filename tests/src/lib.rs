@@ -12,6 +12,7 @@ pub mod command;
 pub mod config;
 pub mod fault_proxy;
 pub mod fd_limit;
+pub mod h2_client;
 pub mod origin;
 pub mod paths;
 pub mod ports;

@@ -254,8 +254,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct TlsAnswer {
     pub alpn: Option<Vec<u8>>,
-    /// The interim (1xx) answers before the final one, as statuses (seen
-    /// over HTTP/1.1 only: hyper's h2 client does not report them).
+    /// The interim (1xx) answers before the final one, as statuses.
     pub interim: Vec<u16>,
     pub status: u16,
     pub body: String,
@@ -316,16 +315,18 @@ pub async fn tls_get(
                 .push(res.status().as_u16());
         });
     }
-    let res = if negotiated.as_deref() == Some(b"h2") {
-        let (mut send, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            TokioIo::new(tls),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        send.send_request(req).await.map_err(|e| e.to_string())?
-    } else {
+    if negotiated.as_deref() == Some(b"h2") {
+        // hyper's h2 client drops 1xx answers; the h2 crate's reports them.
+        let got = crate::h2_client::h2_get(tls, "https", server_name, path).await?;
+        return Ok(TlsAnswer {
+            alpn: negotiated,
+            interim: got.interim_statuses(),
+            status: got.status,
+            body: got.text(),
+            server_cert,
+        });
+    }
+    let res = {
         let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| e.to_string())?;

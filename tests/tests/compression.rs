@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use corral_tests::lifecycle::scrape;
 use corral_tests::{
-    Answer, Client, Config, DEADLINE, Origin, Proxy, Reply, Route, RunningOrigin, eventually, tally,
+    Answer, Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin,
+    eventually, tally,
 };
 
 /// A JSON document of about 20 KiB.
@@ -476,6 +477,57 @@ async fn an_answer_the_origin_encoded_anyway_reaches_only_callers_that_accept_it
     let plain = client.get(&bomb_url).await;
     assert!(!plain.cache_status().is_hit(), "{}", plain.cache_status());
     assert_eq!(origin.hits("/bomb"), 2, "never stored");
+}
+
+async fn decoded_on_pool(proxy: &corral_tests::RunningProxy) -> f64 {
+    scrape(proxy).await.sum(
+        "corral_cpu_jobs_total",
+        &[("job", "decompress"), ("result", "pool")],
+    )
+}
+
+/// An answer the origin encoded, read from L2 by an instance whose route
+/// compresses, is decoded there on the CPU pool (one `decompress` job),
+/// not on the thread that serves its callers; a caller that accepts no
+/// coding gets the origin's document, and the origin was asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_encoded_entry_read_from_l2_is_decoded_on_the_cpu_pool() {
+    let doc = document();
+    let sent = gzipped(doc.as_bytes());
+    let origin = Origin::new()
+        .route(
+            "/gzipped",
+            Reply::ok(sent.clone())
+                .header("content-type", "application/json")
+                .header("content-encoding", "gzip")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    // The writer's route does not compress (a fleet part-way through a
+    // configuration change): it stores the origin's gzip bytes as they
+    // came, and the reader, whose route compresses, decodes them.
+    let plain = Config::new()
+        .route(Route::new("api", origin.url()))
+        .redis(&redis.url());
+    let writer = Proxy::new(plain).start().await;
+    let reader = Proxy::new(compressing(&origin, "[gzip]").redis(&redis.url()))
+        .start()
+        .await;
+    let client = Client::new();
+    let first = client
+        .get_with(&writer.url("/gzipped"), &[("accept-encoding", "gzip")])
+        .await;
+    assert!(first.body == sent, "{}", first.cache_status());
+    let before = decoded_on_pool(&reader).await;
+    let other = client.get(&reader.url("/gzipped")).await;
+    assert_eq!(other.status, 200, "{}", other.cache_status());
+    assert_eq!(other.header("content-encoding"), None);
+    assert_eq!(other.body, doc.as_bytes(), "{}", other.cache_status());
+    assert_eq!(origin.hits("/gzipped"), 1, "{}", other.cache_status());
+    let after = decoded_on_pool(&reader).await;
+    assert_eq!(after - before, 1.0, "decompress jobs on the pool");
 }
 
 fn gzipped(bytes: &[u8]) -> Vec<u8> {

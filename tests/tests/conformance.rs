@@ -906,7 +906,7 @@ async fn early_hints_of_a_pipelined_request_follow_the_answer_before_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
+async fn early_hints_reach_tls_clients_over_http1_and_h2() {
     use corral_tests::temp::TempDir;
     use corral_tests::tls::{Pki, tls_get};
     let dir = TempDir::new("corral-early-hints-tls").expect("temp dir");
@@ -930,8 +930,123 @@ async fn early_hints_reach_a_tls_http1_client_and_never_an_h2_one() {
         .expect("a TLS h2 request");
     assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]));
     assert_eq!((h2.status, h2.body.as_str()), (200, "body-of-/tls-h2"));
-    assert!(h2.interim.is_empty(), "{:?}", h2.interim);
+    // Failed before corral served HTTP/2 itself: hyper sends no 1xx on h2.
+    assert_eq!(h2.interim, [103], "the 103 reaches an h2 client too");
     assert_eq!(hits(&origin, "/tls-h1") + hits(&origin, "/tls-h2"), 2);
+}
+
+/// An origin whose answers to `target` come after two `103`s: the first
+/// names `target`'s own stylesheet, the second carries hop-by-hop fields
+/// (which no client may get, and which HTTP/2 forbids) beside a font.
+async fn twice_hinting_origin() -> RawOrigin {
+    RawOrigin::start(|r| {
+        let target = r.target();
+        let mut out = format!(
+            "HTTP/1.1 103 Early Hints\r\nlink: <{target}.css>; rel=preload\r\n\r\n\
+             HTTP/1.1 103 Early Hints\r\nconnection: x-hop\r\nx-hop: 1\r\nkeep-alive: timeout=5\r\n\
+             link: </font.woff2>; rel=preload\r\n\r\n"
+        )
+        .into_bytes();
+        out.extend(response(
+            200,
+            &[("cache-control", "max-age=3600")],
+            &format!("body-of-{target}"),
+        ));
+        out
+    })
+    .await
+}
+
+fn fields(h: &http::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_reach_an_h2_client_in_order_before_the_answer_and_are_never_stored() {
+    use corral_tests::h2_client::H2Connection;
+    // Failed on cb0d223: an h2 client (h2c, prior knowledge) got the 200
+    // alone; hyper has no way to send a 1xx on an HTTP/2 stream.
+    let origin = twice_hinting_origin().await;
+    let proxy = proxy_for(&origin).await;
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr())
+            .await
+            .expect("connect");
+        H2Connection::open(tcp, "http", "127.0.0.1")
+            .await
+            .expect("h2 handshake")
+    };
+    let first = connect().await.get("/page").await.expect("an h2 answer");
+    assert_eq!(first.interim_statuses(), [103, 103]);
+    assert_eq!(
+        fields(&first.interim[0].1),
+        [("link".to_owned(), "</page.css>; rel=preload".to_owned())]
+    );
+    // The hop-by-hop fields stay behind, as on HTTP/1.1.
+    assert_eq!(
+        fields(&first.interim[1].1),
+        [("link".to_owned(), "</font.woff2>; rel=preload".to_owned())]
+    );
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (200, "body-of-/page")
+    );
+    assert!(!first.headers.contains_key("link"), "{:?}", first.headers);
+
+    // A hit: the stored answer has neither the 103s nor their fields.
+    let again = connect().await.get("/page").await.expect("an h2 answer");
+    assert!(again.interim.is_empty(), "{:?}", again.interim);
+    assert_eq!(
+        (again.status, again.text().as_str()),
+        (200, "body-of-/page")
+    );
+    assert!(!again.headers.contains_key("link"), "{:?}", again.headers);
+    let status = again
+        .headers
+        .get("cache-status")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(status.contains("hit"), "{status:?}");
+    assert_eq!(hits(&origin, "/page"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_of_one_h2_stream_never_reach_another_on_the_same_connection() {
+    use corral_tests::h2_client::H2Connection;
+    // Hostile twin: an attacker and a victim multiplexed on one
+    // connection (a shared front proxy's, say). Each stream gets the
+    // hints its own origin answer carried, and only those.
+    let origin = twice_hinting_origin().await;
+    let proxy = proxy_for(&origin).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr())
+        .await
+        .expect("connect");
+    let conn = H2Connection::open(tcp, "http", "127.0.0.1")
+        .await
+        .expect("h2 handshake");
+    let paths: Vec<String> = (0..8).map(|i| format!("/stream-{i}")).collect();
+    let answers = futures_util::future::join_all(paths.iter().map(|p| conn.get(p))).await;
+    for (path, got) in paths.iter().zip(answers) {
+        let got = got.expect("an h2 answer");
+        assert_eq!((got.status, got.text()), (200, format!("body-of-{path}")));
+        let links: Vec<String> = got
+            .interim
+            .iter()
+            .flat_map(|(_, h)| h.get_all("link").iter())
+            .map(|v| v.to_str().unwrap_or("?").to_owned())
+            .collect();
+        assert_eq!(
+            links,
+            [
+                format!("<{path}.css>; rel=preload"),
+                "</font.woff2>; rel=preload".to_owned()
+            ],
+            "{path}"
+        );
+        assert_eq!(hits(&origin, path), 1);
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //!
 //! The miss path's state has owners too ([`OWNERS`]): a layer that reaches
 //! state it does not own (the circuit from the lookup, Redis from the
-//! store, L1's back-off records outside the gate) fails here.
+//! store, L1's back-off records outside the gate, another layer's parts
+//! of a fill) fails here.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,7 @@ const CACHE: &[&str] = &[
     "outcome",
     "shared",
     "records",
+    "relay",
     "gate",
     "exchange",
     "store",
@@ -57,18 +59,52 @@ const CACHE: &[&str] = &[
 /// reach it, the `cache/` files that may, and what it is. Anyone else
 /// asks an owner (`gate::caller_backoff`, `fill::is_pass`,
 /// `shared::unavailable`).
+///
+/// A fill's cache and route are private to `fill.rs` (rustc refuses
+/// `fill.cache` or `fill.route` anywhere else): a layer reaches only the
+/// parts a fill hands it, and the first rows say which layer may ask for
+/// which parts. The rows after them hold for the files handed the whole
+/// `Cache` (the lookup, `invalidate`, `rules`, `demand`) and for the parts
+/// themselves.
 const OWNERS: &[(&str, &[&str], &str)] = &[
-    (".transport", &["exchange"], "the origin transport"),
-    (".flights", &["flight", "driver"], "the flights registry"),
+    (".flight()", &["flight", "driver"], "the flight's parts"),
+    (".relay()", &["relay"], "the relay's parts"),
+    (
+        ".shared()",
+        &["shared", "driver", "rules", "relay"],
+        "the shared tier's parts",
+    ),
+    (".gate()", &["gate"], "the gate's parts"),
+    (".exchange()", &["exchange"], "the exchange's parts"),
+    (".store()", &["store"], "the store's parts"),
+    (".transport", &["fill", "exchange"], "the origin transport"),
+    (
+        ".flights",
+        &["fill", "flight", "driver"],
+        "the flights registry",
+    ),
     (
         ".tier",
-        &["driver", "shared", "invalidate", "rules", "gate"],
-        "Redis (records reads and writes it for shared, through the tier it is handed)",
+        &[
+            "fill",
+            "driver",
+            "shared",
+            "relay",
+            "invalidate",
+            "rules",
+            "gate",
+        ],
+        "Redis (records reads and writes it for shared, through the tier it is handed; relay streams a growing body through it)",
     ),
-    (".circuit", &["gate"], "the route's circuit"),
+    (".circuit", &["fill", "gate"], "the route's circuit"),
     (
         ".fills",
-        &["gate"],
+        &["fill"],
+        "the route's and the instance's fill slots (the gate's parts)",
+    ),
+    (
+        "_slots",
+        &["fill", "gate"],
         "the route's and the instance's fill slots",
     ),
     (
@@ -89,8 +125,8 @@ const OWNERS: &[(&str, &[&str], &str)] = &[
     ("write_pass(", &["records"], "Redis's hit-for-pass markers"),
     (
         "fill_memory",
-        &["fill", "store", "fanout"],
-        "the fill memory budget",
+        &["fill", "store", "fanout", "relay"],
+        "the fill memory budget (relay: a body relayed from another instance)",
     ),
     (
         "ahead_memory",
@@ -138,16 +174,25 @@ fn the_ownership_check_sees_a_layer_reaching_state_it_does_not_own() {
     // The lookup reading the circuit and L1's back-off, as it once did;
     // the gate, their owner, may; a comment or a unit test may name them.
     let lookup = code(
-        "let open = fill.route.circuit.is_open();\n\
+        "let open = fill.gate().circuit.is_open();\n\
          let b = cache.l1.active_backoff(scope, now);\n\
          // fill.cache.tier in a comment\n\
          #[cfg(test)]\nmod tests { cache.tier.clone(); }\n",
     );
     let found = reached("lookup", &lookup);
-    assert_eq!(found.len(), 2, "{found:#?}");
-    assert!(found[0].contains("the route's circuit"), "{found:#?}");
-    assert!(found[1].contains("L1's back-off records"), "{found:#?}");
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(found[0].contains("the gate's parts"), "{found:#?}");
+    assert!(found[1].contains("the route's circuit"), "{found:#?}");
+    assert!(found[2].contains("L1's back-off records"), "{found:#?}");
     assert!(reached("gate", &lookup).is_empty());
+    // The gate asking for the exchange's parts to send a request itself:
+    // the exchange's transport is not the gate's to reach.
+    let gate = code("let t = fill.exchange().transport;\n");
+    let found = reached("gate", &gate);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(found[0].contains("the exchange's parts"), "{found:#?}");
+    assert!(found[1].contains("the origin transport"), "{found:#?}");
+    assert!(reached("exchange", &gate).is_empty());
 }
 
 fn src() -> PathBuf {
@@ -544,21 +589,32 @@ fn braces_only(line: &str) -> String {
     out
 }
 
+/// The production source files of `crates/` (their path under it, and
+/// their text): `src/` less the unit-test files.
+fn production_sources() -> Vec<(String, String)> {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+    let mut files = Vec::new();
+    rust_files(&crates, &mut files);
+    files
+        .into_iter()
+        .filter_map(|path| {
+            let rel = relative(&crates, &path);
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if !rel.contains("/src/") || name == "tests.rs" || name.ends_with("_tests.rs") {
+                return None;
+            }
+            let text = std::fs::read_to_string(&path).expect("a readable source file");
+            Some((rel, text))
+        })
+        .collect()
+}
+
 const LONGEST_FUNCTION: usize = 100;
 
 #[test]
 fn no_production_function_is_over_100_lines() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
-    let mut files = Vec::new();
-    rust_files(&crates, &mut files);
     let mut found = Vec::new();
-    for path in files {
-        let rel = relative(&crates, &path);
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !rel.contains("/src/") || name == "tests.rs" || name.ends_with("_tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("a readable source file");
+    for (rel, text) in production_sources() {
         for (n, function, line) in long_functions(&text, LONGEST_FUNCTION) {
             found.push(format!("crates/{rel}:{line} {function}: {n} lines"));
         }
@@ -587,4 +643,56 @@ fn the_length_check_counts_a_function_to_its_own_closing_brace() {
         [(102, "long".to_owned(), 1)]
     );
     assert!(long_functions(&text, 102).is_empty());
+}
+
+/// The parameters of `text`'s functions that are tuples taken apart
+/// (`(a, b): (A, B)`): context carried in an unnamed bundle. Returns each
+/// one's line (1-based) and text.
+fn tuple_parameters(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut in_signature = false;
+    for (i, raw) in text.lines().enumerate() {
+        let line = braces_only(raw);
+        let trimmed = line.trim();
+        if fn_name(&line).is_some() {
+            in_signature = true;
+        }
+        let destructured = |s: &str| {
+            let s = s.strip_prefix("mut ").unwrap_or(s);
+            s.starts_with('(') && s.contains("): (")
+        };
+        let one_line =
+            trimmed.contains("fn ") && trimmed.contains("((") && trimmed.contains("): (");
+        if in_signature && (destructured(trimmed) || one_line) {
+            found.push((i + 1, raw.trim().to_owned()));
+        }
+        if in_signature && (trimmed.contains('{') || trimmed.ends_with(';')) {
+            in_signature = false;
+        }
+    }
+    found
+}
+
+#[test]
+fn no_production_function_takes_a_tuple_parameter() {
+    let mut found = Vec::new();
+    for (rel, text) in production_sources() {
+        let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (line, shown) in tuple_parameters(production) {
+            found.push(format!("crates/{rel}:{line} {shown}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "tuple parameters carry context unnamed; give it a struct or its own parameters:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_tuple_check_sees_a_bundle_and_not_a_binding() {
+    let text = "fn lead(\n    fill: &Fill,\n    (generation, checked): (u64, bool),\n) {\n    let (a, b): (u8, u8) = (1, 2);\n    match x { (a, b) => {} }\n}\n\
+                fn one((a, b): (u8, u8)) {}\n";
+    let found: Vec<usize> = tuple_parameters(text).into_iter().map(|(l, _)| l).collect();
+    assert_eq!(found, vec![3, 8]);
 }

@@ -104,43 +104,50 @@ async fn the_lab_on_a_six_node_cluster_reaches_origin_once_with_sharded_notices(
             .contains(r#""redis":"connected","redis_mode":"cluster""#)
     );
 
-    // While the leader fetches, the waiters of the other instances listen
-    // on the key's sharded channel, on the primary that owns its slot, and
-    // on no classic channel of any node.
+    // While the leader fetches, the instances listen on the fleet's 16
+    // notice channels, sharded (each on the primary that owns its slot),
+    // and on no classic notice channel of any node.
     let watch_channels = async {
         let lease = wait_for_key(&cluster, "*:lease:*", DEADLINE).await;
         let owner = cluster.primary_of(&lease).await;
-        let fill_channel = lease.replace(":lease:", ":fill:");
         let deadline = Instant::now() + DEADLINE;
         loop {
-            let sharded: Vec<String> = cluster
-                .node(owner)
-                .command(
-                    redis::cmd("PUBSUB").arg("SHARDCHANNELS").arg("*:fill:*"),
-                    "PUBSUB SHARDCHANNELS",
-                )
-                .await;
-            if sharded.contains(&fill_channel) {
+            let mut sharded: Vec<String> = Vec::new();
+            for i in 0..6 {
+                let on_node: Vec<String> = cluster
+                    .node(i)
+                    .command(
+                        redis::cmd("PUBSUB").arg("SHARDCHANNELS").arg("*notice*"),
+                        "PUBSUB SHARDCHANNELS",
+                    )
+                    .await;
+                sharded.extend(on_node);
+            }
+            sharded.sort();
+            sharded.dedup();
+            if sharded.len() == 16 {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "nobody subscribed to the sharded channel {fill_channel} on its primary: {sharded:?}"
+                "the 16 sharded notice channels are not all subscribed: {sharded:?}"
             );
             tokio::time::sleep(ms(20)).await;
         }
         for i in 0..6 {
-            let classic: Vec<String> = cluster
-                .node(i)
-                .command(
-                    redis::cmd("PUBSUB").arg("CHANNELS").arg("*:fill:*"),
-                    "PUBSUB CHANNELS",
-                )
-                .await;
-            assert!(
-                classic.is_empty(),
-                "node {i}: classic fill channels {classic:?}"
-            );
+            for pattern in ["*notice*", "*:fill:*"] {
+                let classic: Vec<String> = cluster
+                    .node(i)
+                    .command(
+                        redis::cmd("PUBSUB").arg("CHANNELS").arg(pattern),
+                        "PUBSUB CHANNELS",
+                    )
+                    .await;
+                assert!(
+                    classic.is_empty(),
+                    "node {i}: classic notice channels {classic:?}"
+                );
+            }
         }
         (lease, owner)
     };

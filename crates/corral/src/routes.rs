@@ -18,20 +18,41 @@ use http::header::HeaderName;
 use http::uri::{Authority, Scheme};
 
 use crate::config::{Config, OnTimeout, RouteConfig};
-use crate::origin::upstream::Upstream;
+use crate::origin::upstream::{Upstream, UpstreamSpec};
 
 const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
 
-/// One route, ready to serve.
+/// One route, ready to serve: its match, and the policy each layer reads,
+/// apart (linkerd2-proxy's layers each take the one `Param` they need):
+/// the edge's ([`EdgeParams`]), the cache's ([`CacheParams`]), the
+/// flight's ([`CoalesceParams`]) and the origin's ([`OriginParams`]).
 pub struct Route {
     pub name: String,
     host: Option<String>,
     prefix: String,
     /// `match.case_sensitive`: the prefix is compared as written.
     case_sensitive: bool,
+    pub edge: EdgeParams,
+    pub cache: CacheParams,
+    pub coalesce: CoalesceParams,
+    pub origin: OriginParams,
+}
+
+/// What the request handler reads of a route before the cache: how the
+/// head is passed on, what is counted, what is limited.
+pub struct EdgeParams {
     /// `underscores_in_headers`: fields named with `_` reach the origin.
     pub underscores_in_headers: bool,
-    pub cache_enabled: bool,
+    pub requests: crate::telemetry::metrics::RequestCounters,
+    /// `limits:`, checked before the cache (those that count hits) and
+    /// before a fetch (those that spare them).
+    pub limits: crate::limits::RouteLimits,
+}
+
+/// What the lookup and the store read of a route: keys and freshness.
+pub struct CacheParams {
+    /// `cache.enabled`.
+    pub enabled: bool,
     pub policy: RoutePolicy,
     pub query_filter: QueryFilter,
     /// `cache.no_vary_search`: keys leave out what the path's learned
@@ -41,7 +62,12 @@ pub struct Route {
     /// origin is asked for the unencoded one.
     pub compression: Option<crate::config::CompressionConfig>,
     pub identity: IdentityRules,
-    pub coalesce: bool,
+}
+
+/// What the flight (and the shared tier's wait) read of a route.
+pub struct CoalesceParams {
+    /// `coalesce.enabled`.
+    pub enabled: bool,
     pub lock_timeout: Duration,
     pub on_timeout: OnTimeout,
     /// Callers one flight holds waiting (`coalesce.max_waiters`).
@@ -52,6 +78,11 @@ pub struct Route {
     pub post_max_body: Option<u64>,
     /// `coalesce.post.read_timeout`.
     pub post_read_timeout: Duration,
+}
+
+/// What the gate and the exchange read of a route: the origin, and when
+/// it is left alone.
+pub struct OriginParams {
     /// Fills under way on this route (`coalesce.max_fills`).
     pub fills: Arc<tokio::sync::Semaphore>,
     /// How long a key whose origin failed is left alone.
@@ -59,10 +90,6 @@ pub struct Route {
     /// Stops fills to an origin that fails most of them.
     pub circuit: corral_core::Circuit,
     pub upstream: Upstream,
-    pub requests: crate::telemetry::metrics::RequestCounters,
-    /// `limits:`, checked before the cache (those that count hits) and
-    /// before a fetch (those that spare them).
-    pub limits: crate::limits::RouteLimits,
 }
 
 /// What routes share with the running process: Redis (for
@@ -83,7 +110,7 @@ impl Route {
     /// CDN on the way and is passed on. Cache-Control always stays, for
     /// the caches downstream.
     pub fn strip_own_fields(&self, headers: &mut http::HeaderMap) {
-        for name in &self.policy.targeted {
+        for name in &self.cache.policy.targeted {
             if name != CDN_CACHE_CONTROL {
                 headers.remove(name);
             }
@@ -93,7 +120,8 @@ impl Route {
     /// True when [`Route::strip_own_fields`] would take anything off
     /// `headers`.
     pub fn strips_own_fields_of(&self, headers: &http::HeaderMap) -> bool {
-        self.policy
+        self.cache
+            .policy
             .targeted
             .iter()
             .any(|name| name != CDN_CACHE_CONTROL && headers.contains_key(name))
@@ -112,74 +140,34 @@ impl Route {
             .iter()
             .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
             .collect();
-        let scheme = rc.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
-        // The config loader refuses an upstream without a host.
-        let authority = rc
-            .upstream
-            .authority()
-            .cloned()
-            .unwrap_or_else(|| Authority::from_static("127.0.0.1"));
         Route {
             name: rc.name.clone(),
             host: rc.host.as_ref().map(|h| h.to_ascii_lowercase()),
             prefix: rc.path_prefix.clone(),
             case_sensitive: rc.case_sensitive,
-            underscores_in_headers: rc.underscores_in_headers,
-            cache_enabled: c.enabled,
-            policy,
-            query_filter: QueryFilter::new(&c.ignore_query).sorted(c.sort_query),
-            no_vary_search: c.no_vary_search,
-            compression: rc.compression.clone(),
-            identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),
-            coalesce: rc.coalesce.enabled,
-            lock_timeout: rc.coalesce.lock_timeout,
-            on_timeout: rc.coalesce.on_timeout,
-            max_waiters: rc.coalesce.max_waiters,
-            lock_age: rc.coalesce.lock_age,
-            post_max_body: rc.coalesce.post_max_body,
-            post_read_timeout: rc.coalesce.post_read_timeout,
-            fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
-            backoff: rc.backoff,
-            circuit: corral_core::Circuit::named(
-                corral_core::CircuitSettings {
-                    enabled: rc.circuit.enabled,
-                    error_rate: rc.circuit.error_rate,
-                    min_fetches: rc.circuit.min_fetches,
-                    window: rc.circuit.window,
-                    open_for: rc.circuit.open_for,
-                },
-                &rc.name,
-                authority.as_str(),
-            ),
-            upstream: Upstream::new(
-                &rc.name,
-                (scheme, authority),
-                &rc.timeouts,
-                Arc::new(crate::origin::pool::Pool::new(
-                    &rc.name,
-                    rc.upstreams
-                        .iter()
-                        .filter_map(|u| u.authority().cloned())
-                        .collect(),
-                    rc.balance,
-                    rc.health.max_fails,
-                    rc.health.fail_timeout,
-                )),
-                rc.tls.as_ref(),
-                rc.upstream_http2,
-                rc.upstream_concurrency.map(|max| {
-                    shared.slots.get(
-                        &rc.name,
-                        max,
-                        rc.upstream_queue_timeout,
-                        rc.timeouts.total,
-                        shared.redis.clone(),
-                    )
-                }),
-                rc.upstream_queue_timeout,
-            ),
-            requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
-            limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits, global_limits),
+            edge: EdgeParams {
+                underscores_in_headers: rc.underscores_in_headers,
+                requests: crate::telemetry::metrics::RequestCounters::new(&rc.name),
+                limits: crate::limits::RouteLimits::new(&rc.name, &rc.limits, global_limits),
+            },
+            cache: CacheParams {
+                enabled: c.enabled,
+                policy,
+                query_filter: QueryFilter::new(&c.ignore_query).sorted(c.sort_query),
+                no_vary_search: c.no_vary_search,
+                compression: rc.compression.clone(),
+                identity: IdentityRules::new(identity_headers, c.identity_cookies.clone()),
+            },
+            coalesce: CoalesceParams {
+                enabled: rc.coalesce.enabled,
+                lock_timeout: rc.coalesce.lock_timeout,
+                on_timeout: rc.coalesce.on_timeout,
+                max_waiters: rc.coalesce.max_waiters,
+                lock_age: rc.coalesce.lock_age,
+                post_max_body: rc.coalesce.post_max_body,
+                post_read_timeout: rc.coalesce.post_read_timeout,
+            },
+            origin: origin_of(rc, shared),
         }
     }
 
@@ -225,8 +213,8 @@ impl RouteTable {
                         shared,
                     ));
                     if let Some(path) = &r.health.check_path {
-                        route.upstream.spawn_checks(
-                            route.upstream.scheme.clone(),
+                        route.origin.upstream.spawn_checks(
+                            route.origin.upstream.scheme.clone(),
                             path.clone(),
                             r.health.check_interval,
                         );
@@ -254,6 +242,61 @@ impl RouteTable {
             .iter()
             .filter(|r| r.matches(host, path))
             .max_by_key(|r| (r.prefix.len(), r.host.is_some()))
+    }
+}
+
+/// What a route's fills to its origin are: its upstream, fill slots,
+/// back-off and circuit.
+fn origin_of(rc: &RouteConfig, shared: &RouteShared<'_>) -> OriginParams {
+    let scheme = rc.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
+    // The config loader refuses an upstream without a host.
+    let authority = rc
+        .upstream
+        .authority()
+        .cloned()
+        .unwrap_or_else(|| Authority::from_static("127.0.0.1"));
+    OriginParams {
+        fills: Arc::new(tokio::sync::Semaphore::new(rc.coalesce.max_fills)),
+        backoff: rc.backoff,
+        circuit: corral_core::Circuit::named(
+            corral_core::CircuitSettings {
+                enabled: rc.circuit.enabled,
+                error_rate: rc.circuit.error_rate,
+                min_fetches: rc.circuit.min_fetches,
+                window: rc.circuit.window,
+                open_for: rc.circuit.open_for,
+            },
+            &rc.name,
+            authority.as_str(),
+        ),
+        upstream: Upstream::new(UpstreamSpec {
+            route: &rc.name,
+            scheme,
+            authority,
+            timeouts: &rc.timeouts,
+            pool: Arc::new(crate::origin::pool::Pool::new(
+                &rc.name,
+                rc.upstreams
+                    .iter()
+                    .filter_map(|u| u.authority().cloned())
+                    .collect(),
+                rc.balance,
+                rc.health.max_fails,
+                rc.health.fail_timeout,
+            )),
+            tls: rc.tls.as_ref(),
+            http2: rc.upstream_http2,
+            slots: rc.upstream_concurrency.map(|max| {
+                shared.slots.get(
+                    &rc.name,
+                    max,
+                    rc.upstream_queue_timeout,
+                    rc.timeouts.total,
+                    shared.redis.clone(),
+                )
+            }),
+            queue_timeout: rc.upstream_queue_timeout,
+        }),
     }
 }
 

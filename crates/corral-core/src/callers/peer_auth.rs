@@ -44,16 +44,21 @@ pub enum Record {
     /// An invalidation, purge or ban, wherever it is read (channel, log,
     /// bans hash), bound to the key prefix.
     Notice,
+    /// One part of a fill's body relayed to waiting instances (its head, a
+    /// chunk, its end), bound to the fill's stream key (entry and lease
+    /// token) and carrying its sequence number.
+    StreamPart,
 }
 
 impl Record {
-    pub const ALL: [Record; 6] = [
+    pub const ALL: [Record; 7] = [
         Record::Entry,
         Record::Vary,
         Record::Backoff,
         Record::PathRule,
         Record::Heartbeat,
         Record::Notice,
+        Record::StreamPart,
     ];
 
     /// The name mixed into the tag.
@@ -65,6 +70,7 @@ impl Record {
             Record::PathRule => "path-rule",
             Record::Heartbeat => "heartbeat",
             Record::Notice => "notice",
+            Record::StreamPart => "stream-part",
         }
     }
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{
-    AGE, CONNECTION, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE, TRAILER,
-    TRANSFER_ENCODING, VIA,
+    AGE, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, ETAG, HeaderName, LAST_MODIFIED, SET_COOKIE,
+    TRAILER, TRANSFER_ENCODING, VIA,
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -22,6 +22,12 @@ use crate::semantics::vary::Vary;
 /// Entries with a validator are kept this much past their stale windows so
 /// they can still be revalidated with a cheap 304.
 pub const REVALIDATION_GRACE: Duration = Duration::from_secs(3600);
+
+/// Entries without one are kept this much past their stale windows (as
+/// long as Varnish's default grace), so that a HEAD soon after they expire
+/// can still freshen them (RFC 9111 §4.3.5) rather than fill them again
+/// with a GET. Short: a GET gains nothing from such a copy.
+pub const HEAD_GRACE: Duration = Duration::from_secs(10);
 /// No entry stays in memory longer than this, whatever the origin allowed.
 pub const MAX_RESIDENCY: Duration = Duration::from_secs(7 * 86400);
 
@@ -283,11 +289,12 @@ impl StoredResponse {
 
     /// How long L1 keeps this entry from `now`.
     pub fn residency(&self, now: SystemTime) -> Duration {
-        let mut until = later(self.fresh_until, self.swr.max(self.sie));
-        if self.has_validators() {
-            until = later(until, REVALIDATION_GRACE);
-        }
-        until
+        let grace = if self.has_validators() {
+            REVALIDATION_GRACE
+        } else {
+            HEAD_GRACE
+        };
+        later(later(self.fresh_until, self.swr.max(self.sie)), grace)
             .duration_since(now)
             .unwrap_or_default()
             .min(MAX_RESIDENCY)
@@ -618,6 +625,44 @@ pub fn merge_not_modified(stored: &HeaderMap, not_modified: &HeaderMap) -> Heade
     headers
 }
 
+impl StoredResponse {
+    /// True when a 200 answer to a HEAD of this entry's URI, with
+    /// `head`'s fields, describes this stored GET answer (RFC 9111
+    /// §4.3.5): the stored answer is a 200 too, each validator the HEAD answer carries (ETag,
+    /// Last-Modified) is the stored one, its Content-Length (if any) is the
+    /// stored body's, and it names the same Vary and content coding. Only
+    /// then may its fields freshen the entry; otherwise the entry is to be
+    /// considered stale. Nothing but what the answer carries is compared:
+    /// one with no validator and no length describes any entry, as the
+    /// RFC reads.
+    pub fn described_by(&self, head: &HeaderMap) -> bool {
+        let same = |name: &HeaderName| {
+            let theirs: Vec<&HeaderValue> = head.get_all(name).iter().collect();
+            theirs.is_empty() || theirs == self.headers.get_all(name).iter().collect::<Vec<_>>()
+        };
+        let length = match head.get(CONTENT_LENGTH) {
+            None => true,
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .is_some_and(|n| n == self.body.len() as u64),
+        };
+        let coding = head.get_all(CONTENT_ENCODING).iter().collect::<Vec<_>>()
+            == self
+                .headers
+                .get_all(CONTENT_ENCODING)
+                .iter()
+                .collect::<Vec<_>>();
+        self.status == StatusCode::OK
+            && same(&ETAG)
+            && same(&LAST_MODIFIED)
+            && length
+            && coding
+            && Vary::parse(head) == self.vary
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,5 +876,39 @@ mod tests {
             HeaderValue::from_bytes(&[b'a'; 1000]).expect("value"),
         );
         assert!(big.weight() as usize >= w + 1000);
+    }
+
+    #[test]
+    fn a_head_answer_describes_an_entry_only_with_its_validators_and_length() {
+        let e = entry(10, 0, 0);
+        let head = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.append(*n, HeaderValue::from_static(v));
+            }
+            h
+        };
+        // What it carries is compared; what it leaves out is not.
+        assert!(e.described_by(&head(&[])));
+        assert!(e.described_by(&head(&[("etag", "\"v1\""), ("x-a", "2")])));
+        assert!(e.described_by(&head(&[("content-length", "5")])));
+        assert!(!e.described_by(&head(&[("etag", "\"v2\"")])));
+        assert!(!e.described_by(&head(&[("content-length", "6")])));
+        assert!(!e.described_by(&head(&[("content-length", "five")])));
+        // A validator the entry lacks, another coding or Vary: not it.
+        assert!(!e.described_by(&head(&[("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT")])));
+        assert!(!e.described_by(&head(&[("content-encoding", "gzip")])));
+        assert!(!e.described_by(&head(&[("vary", "accept-language")])));
+        // Without a validator, kept a short while past its windows for
+        // such a HEAD; with one, an hour for a 304.
+        let mut bare = e.clone();
+        bare.headers.remove(ETAG);
+        let t = bare.response_time;
+        assert_eq!(bare.residency(t), Duration::from_secs(10) + HEAD_GRACE);
+        assert_eq!(e.residency(t), Duration::from_secs(10) + REVALIDATION_GRACE);
+        // A stored 404 is not what a HEAD's 200 describes.
+        let mut missing = e.clone();
+        missing.status = StatusCode::NOT_FOUND;
+        assert!(!missing.described_by(&head(&[])));
     }
 }

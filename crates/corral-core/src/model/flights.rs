@@ -146,6 +146,14 @@ impl<T: Clone + Send + Sync + 'static> Flights<T> {
         })
     }
 
+    /// True while a flight for `key` is under way.
+    pub fn under_way(&self, key: Digest) -> bool {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&key)
+    }
+
     /// Flights under way.
     pub fn len(&self) -> usize {
         self.map

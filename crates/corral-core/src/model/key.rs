@@ -41,6 +41,16 @@ impl Digest {
         Digest(*h.finalize().as_bytes())
     }
 
+    /// The flight of a HEAD sent to the origin to freshen the stored GET
+    /// answer of this variant (RFC 9111 §4.3.5): never the GET's own, so
+    /// that no GET waits on an answer without a body.
+    pub fn head_probe(&self) -> Digest {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.0);
+        h.update(b"\x04head");
+        Digest(*h.finalize().as_bytes())
+    }
+
     /// Parses the form `to_hex` writes.
     pub fn from_hex(s: &str) -> Option<Self> {
         let b = s.as_bytes();

@@ -255,7 +255,8 @@ impl RoutePolicy {
             res.status,
             explicit || cc.public,
             res_for_policy,
-            (self.heuristic_freshness, response_time),
+            self.heuristic_freshness,
+            response_time,
         )
         .ok_or(PassReason::NotStorable)?;
         let ttl = self.lifetime(&policy, cc, explicit, response_time);
@@ -442,7 +443,8 @@ fn crate_policy(
     status: http::StatusCode,
     known_lifetime: bool,
     fields: http::HeaderMap,
-    (heuristic, response_time): (bool, SystemTime),
+    heuristic: bool,
+    response_time: SystemTime,
 ) -> Option<CachePolicy> {
     let mut req_for_policy = http::Request::new(());
     // RFC 10008 §2.8: a QUERY's answer is cached as a GET's is (its

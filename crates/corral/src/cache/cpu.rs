@@ -251,7 +251,8 @@ impl Making {
             .is_empty()
     }
 
-    /// True when this call claimed the key's coding.
+    /// True when this call claimed the key's coding. Its maker holds the
+    /// claim as [`Making::held`] from then on.
     pub(crate) fn claim(&self, key: Digest, coding: Coding) -> bool {
         self.keys
             .lock()
@@ -259,11 +260,31 @@ impl Making {
             .insert((key, coding))
     }
 
-    pub(crate) fn release(&self, key: Digest, coding: Coding) {
-        self.keys
+    /// The claim on the key's coding, released when the guard is dropped
+    /// (the coding made, given up, or its task unwound by a panic).
+    pub(crate) fn held(&self, key: Digest, coding: Coding) -> Claim<'_> {
+        Claim {
+            making: self,
+            key,
+            coding,
+        }
+    }
+}
+
+/// A coding being made: released when dropped, however its maker ended.
+pub(crate) struct Claim<'a> {
+    making: &'a Making,
+    key: Digest,
+    coding: Coding,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.making
+            .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(key, coding));
+            .remove(&(self.key, self.coding));
     }
 }
 
@@ -296,6 +317,25 @@ mod tests {
             "not on the serving thread"
         );
         assert_eq!(pool.try_run(Job::Compress, || 2).await, Some(2));
+    }
+
+    #[test]
+    fn a_claim_is_released_even_when_its_maker_panics() {
+        let making = Making::default();
+        let key = Digest([7; 32]);
+        assert!(making.claim(key, Coding::Gzip), "free");
+        let claim = making.held(key, Coding::Gzip);
+        assert!(!making.claim(key, Coding::Gzip), "held once");
+        assert!(making.claim(key, Coding::Br), "per coding");
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = claim;
+            panic!("a coding task failed");
+        }));
+        assert!(unwound.is_err());
+        assert!(
+            making.claim(key, Coding::Gzip),
+            "the panicked maker's claim is gone, so the coding can be made"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -43,6 +43,8 @@ pub fn demand(
         return;
     };
     let digest = at.key.digest;
+    // Claimed here, so a second caller meanwhile spawns nothing; held by
+    // the task, so the claim ends with it, even if it panics.
     if !cache.making.claim(digest, coding) {
         return;
     }
@@ -53,8 +55,8 @@ pub fn demand(
         route.to_owned(),
     );
     tokio::spawn(async move {
+        let _claim = cache.making.held(digest, coding);
         make(&cache, &route, &config, at, &entry, coding).await;
-        cache.making.release(digest, coding);
     });
 }
 

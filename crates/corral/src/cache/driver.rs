@@ -11,13 +11,17 @@ use std::time::Duration;
 use corral_core::{EntryState, Join, PassReason, Permit, Role};
 use tokio::sync::oneshot;
 
-use crate::cache::fill::{Cache, Ended, Events, FillEvent, FillOutcome, FillRequest};
+use crate::cache::fill::{Ended, Events, FillEvent, FillOutcome, FillRequest};
 use crate::cache::{gate, shared};
 
 /// Starts a refresh unless one is already under way for this key; true
 /// when it started.
-pub(crate) fn refresh(cache: &Cache, fill: FillRequest) -> bool {
-    if let Role::Leader(permit) = cache.flights.join(fill.variant.digest, Join::UNBOUNDED) {
+pub(crate) fn refresh(fill: FillRequest) -> bool {
+    let role = fill
+        .flight()
+        .flights
+        .join(fill.variant.digest, Join::UNBOUNDED);
+    if let Role::Leader(permit) = role {
         permit.name(fill.primary.shown());
         tokio::spawn(run(fill, Some(permit), None));
         return true;
@@ -38,7 +42,7 @@ pub(crate) async fn run(
     // fetch for nobody). A background refresh has no client and runs on.
     let cancellable = leader.is_some();
     let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {
-        crate::telemetry::metrics::fill_cancelled(&fill.route.name);
+        crate::telemetry::metrics::fill_cancelled(fill.route_name());
         return;
     };
     match ended {
@@ -74,7 +78,7 @@ async fn drive(
     };
     let coalesced = permit.is_some();
     let mut fallback = Fallback::of(fill);
-    let far = tokio::time::Instant::now() + fill.route.upstream.total;
+    let far = tokio::time::Instant::now() + fill.origin().total;
     let fetching = fetch(fill, &events, coalesced);
     tokio::pin!(fetching);
     let ended = loop {
@@ -126,10 +130,10 @@ struct Fallback {
 impl Fallback {
     /// The copy this fill may fall back on, if any.
     fn of(fill: &FillRequest) -> Option<Self> {
-        let clock = Arc::clone(&fill.cache.clock);
+        let clock = fill.clock();
         let entry = fill.stale().filter(|e| e.usable_on_error(clock.now()))?;
         Some(Fallback {
-            at: tokio::time::Instant::now() + fill.route.upstream.stale_after,
+            at: tokio::time::Instant::now() + fill.origin().stale_after,
             entry,
             clock,
         })
@@ -168,6 +172,18 @@ struct Heard {
     key: String,
     committed: bool,
     streaming: bool,
+    /// The body the flight's callers read now, while it streams.
+    streamed: Option<Arc<crate::cache::shared_body::SharedBody>>,
+}
+
+impl Heard {
+    /// True when a streamed answer is to go to the flight: the first, or
+    /// one that replaces a body nobody can start reading any more (another
+    /// instance's, relayed, that broke off before this fill fetched its own).
+    fn takes(&self, outcome: &FillOutcome) -> bool {
+        let replaces = self.streamed.as_ref().is_some_and(|b| !b.joinable());
+        (!self.streaming || replaces) && matches!(outcome, FillOutcome::Streaming { .. })
+    }
 }
 
 impl Heard {
@@ -180,8 +196,11 @@ impl Heard {
         match event {
             FillEvent::Committed => self.committed = true,
             FillEvent::Declared(_) => {}
-            FillEvent::Streaming(outcome) if !self.streaming => {
+            FillEvent::Streaming(outcome) if self.takes(&outcome) => {
                 self.streaming = true;
+                if let FillOutcome::Streaming { body, .. } = &outcome {
+                    self.streamed = Some(Arc::clone(body));
+                }
                 if let Some(p) = permit {
                     p.publish(outcome.clone());
                 }
@@ -209,7 +228,11 @@ impl Heard {
 /// fill uses L2 as a cache only, so that a request that chose not to
 /// coalesce (or could not) is not coalesced across instances either.
 async fn fetch(fill: &mut FillRequest, events: &Events, coalesced: bool) -> Ended {
-    match fill.cache.tier.clone() {
+    match fill.shared().tier.cloned() {
+        // A HEAD's fill takes the variant's lease too, so that a burst of
+        // HEADs on every instance is one origin request: the instances
+        // that wait on it read what it leaves in L2, which is only ever a
+        // whole stored answer (the one it freshened), never its own.
         Some(tier) if coalesced => shared::fill(fill, tier.as_ref(), events).await,
         Some(tier) => shared::fill_alone(fill, tier.as_ref(), events).await,
         None => gate::fetch(fill, events).await,
@@ -233,16 +256,16 @@ fn settle(
         // request of the route fails alike (13,628 lines in 35 s before).
         if crate::telemetry::repeats::first_for_route(
             "fill failed",
-            &fill.route.name,
-            fill.route.upstream.authority.as_str(),
+            fill.route_name(),
+            fill.origin().authority.as_str(),
             d.as_str(),
         ) {
-            tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
+            tracing::warn!(route = %fill.route_name(), upstream = %fill.origin().authority, key = %fill.primary.loggable(), detail = d.as_str(), "fill failed");
         }
     }
     let refresh_from = match &outcome {
         FillOutcome::FromL2 { entry, .. }
-            if entry.state(fill.cache.clock.now()) == EntryState::StaleWhileRevalidate =>
+            if entry.state(fill.now()) == EntryState::StaleWhileRevalidate =>
         {
             Some(Arc::clone(entry))
         }
@@ -250,7 +273,7 @@ fn settle(
     };
     finish(fill, permit, leader, outcome);
     if let Some(entry) = refresh_from {
-        refresh(&fill.cache, fill.refreshing(entry));
+        refresh(fill.refreshing(entry));
     }
 }
 

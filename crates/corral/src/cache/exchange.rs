@@ -27,16 +27,21 @@ use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError};
 /// The fill's exchange with the origin, and what is kept of it.
 pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let stale = fill.stale();
-    let stamp = fill.cache.l1.generation_stamp();
+    let stamp = fill.l1().generation_stamp();
     let answered = match ask(fill, stale.as_deref()).await {
         Ok(a) => a,
         Err(e) => return Ended::Outcome(synthetic::failed(fill, &e)),
     };
-    let response_time = fill.cache.clock.now();
+    let response_time = fill.now();
     if let Some(stale) = &stale
         && let Some(ended) = against_stale(fill, stale, &answered, response_time, stamp)
     {
         return ended;
+    }
+    if fill.by_head
+        && let Some(stale) = &stale
+    {
+        return head_answered(fill, stale, answered, response_time, stamp);
     }
     let post = fill.body.is_some();
     let verdict = verdict(fill, &answered, response_time);
@@ -97,7 +102,7 @@ async fn pass_decoded(
         deadline,
         ..
     } = answered;
-    let limit = fill.route.policy.max_object_size;
+    let limit = fill.exchange().policy.max_object_size;
     let refused = |what: &str| {
         UpstreamError::Coding(format!(
             "{what}, which its caller does not accept, and does not decode within max_object_size ({limit} bytes)"
@@ -118,7 +123,7 @@ async fn pass_decoded(
     // Decoded on the CPU pool, not on the serving thread.
     let mut headers = std::mem::take(&mut parts.headers);
     let decoded = fill
-        .cache
+        .exchange()
         .cpu
         .run(crate::cache::cpu::Job::Decompress, move || {
             let decoded = crate::cache::compress::decode_passed(&mut headers, &bytes, limit);
@@ -162,7 +167,7 @@ async fn ask(
     stale: Option<&StoredResponse>,
 ) -> Result<Answered, UpstreamError> {
     let held = Held {
-        slot: fill.route.upstream.slot().await?,
+        slot: fill.exchange().upstream.slot().await?,
         descriptor: None,
     };
     let (method, body, framing) = match &fill.body {
@@ -172,6 +177,9 @@ async fn ask(
             Body::from(b.clone()),
             RequestBody::Sized(b.len() as u64),
         ),
+        // A HEAD's fill of a copy that is no longer fresh (RFC 9111
+        // §4.3.5); every other fill asks for the whole representation.
+        None if fill.by_head => (Method::HEAD, Body::empty(), RequestBody::None),
         None => (Method::GET, Body::empty(), RequestBody::None),
     };
     let mut headers = fill_headers(&fill.head.headers, stale.filter(|_| fill.body.is_none()));
@@ -179,7 +187,7 @@ async fn ask(
     // whoever asked: one fill for every caller, whatever they accept. A
     // key known to be uncacheable passes with the caller's own field (its
     // answer reaches that caller alone, as the origin encodes it).
-    if fill.route.compression.is_some() && !fill.is_hit_for_pass() {
+    if fill.exchange().compression.is_some() && !fill.is_hit_for_pass() {
         headers.insert(
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
@@ -196,8 +204,8 @@ async fn ask(
         interim: fill.interim.clone(),
         held,
     };
-    let transport = fill.cache.transport.as_ref();
-    exchange(transport, &fill.route.upstream, &fill.head, asked).await
+    let transport = fill.exchange().transport;
+    exchange(transport, fill.exchange().upstream, &fill.head, asked).await
 }
 
 /// The request's headers less its conditionals and ranges, plus the
@@ -256,6 +264,70 @@ fn against_stale(
     })
 }
 
+/// The origin's answer to a HEAD sent for the stored copy `stale` (RFC
+/// 9111 §4.3.5; a 304 and a 5xx within stale-if-error were taken by
+/// [`against_stale`]). A 200 that describes the copy (its validators,
+/// length, coding and Vary: [`StoredResponse::described_by`]) freshens
+/// it with its fields, as a 304 does. One that does not, or a 404 or 410,
+/// says the copy is no longer what a GET would get: it is removed from
+/// L1, so the next GET fetches it whole. (Its copy in L2 and on the other
+/// instances is as stale as this one was, so none serves it as fresh.)
+/// Any other status says nothing about the stored representation (a 401
+/// or a 400 may be about the request alone): the copy is left as it was.
+/// A copy a GET replaced while the HEAD was out is left to that GET's
+/// answer. In every case but a freshened copy, the HEAD's answer is
+/// shared with the HEADs that wait on this flight and stored nowhere.
+fn head_answered(
+    fill: &FillRequest,
+    stale: &Arc<StoredResponse>,
+    answered: Answered,
+    response_time: SystemTime,
+    stamp: u64,
+) -> Ended {
+    let status = answered.parts.status;
+    if matches!(answered.framing, Framing::Conflicting) {
+        return pass(fill, answered, PassReason::ConflictingFraming);
+    }
+    // A GET may have stored a newer answer while this HEAD was out: the
+    // HEAD's answer, sent before it arrived, changes nothing then.
+    let key = fill.entry_key(stale);
+    let superseded = fill
+        .l1()
+        .get(key.local.as_bytes(), fill.primary.uri())
+        .is_some_and(|held| held.response_time() > stale.response_time());
+    if !superseded {
+        if status == StatusCode::OK && stale.described_by(&answered.parts.headers) {
+            return revalidated(
+                fill,
+                stale,
+                &answered.uri,
+                &answered.parts,
+                response_time,
+                stamp,
+            );
+        }
+        if matches!(
+            status,
+            StatusCode::OK | StatusCode::NOT_FOUND | StatusCode::GONE
+        ) {
+            fill.l1().remove(&key);
+        }
+    }
+    let parts = answered.parts;
+    match SharedResponse::from_origin(parts.clone(), bytes::Bytes::new(), &fill.head.headers) {
+        Some(response) => Ended::Outcome(FillOutcome::Shared {
+            response: Arc::new(response),
+            fwd: fill.fwd,
+            detail: None,
+        }),
+        // `Vary: *`: the leader's alone.
+        None => Ended::Stream(
+            PassReason::VaryStar,
+            pass_response(parts, Body::empty(), fill.fwd, PassReason::VaryStar),
+        ),
+    }
+}
+
 /// The policy's verdict on the answer: an answer framed ambiguously is
 /// never stored.
 fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -> Decision {
@@ -267,11 +339,12 @@ fn verdict(fill: &FillRequest, answered: &Answered, response_time: SystemTime) -
     match answered.framing {
         Framing::Conflicting => Decision::Pass(PassReason::ConflictingFraming),
         Framing::Plain => {
-            match fill
-                .route
-                .policy
-                .evaluate(&method, &answered.uri, &answered.parts, response_time)
-            {
+            match fill.exchange().policy.evaluate(
+                &method,
+                &answered.uri,
+                &answered.parts,
+                response_time,
+            ) {
                 // Stored only under a key made with the answer's own rule.
                 Decision::Store { .. }
                     if crate::cache::rules::changed(fill, &answered.parts.headers) =>
@@ -330,11 +403,11 @@ fn pass(fill: &FillRequest, answered: Answered, reason: PassReason) -> Ended {
     ) {
         fill.set_hit_for_pass();
     }
-    let total = fill.route.upstream.total;
+    let total = fill.exchange().upstream.total;
     let body = Body::new(crate::origin::ahead::read_ahead(
         DeadlineBody::new(answered.body, answered.deadline, total),
-        fill.route.policy.max_object_size,
-        &fill.cache.ahead_memory,
+        fill.exchange().policy.max_object_size,
+        fill.exchange().ahead_memory,
     ));
     Ended::Stream(
         reason,
@@ -360,7 +433,8 @@ fn shareable(reason: PassReason, post: bool) -> bool {
     }
 }
 
-/// A 304 refreshed the stale entry: store the refreshed copy.
+/// A 304 (or a HEAD's 200 that describes the entry) refreshed the stale
+/// entry: store the refreshed copy.
 fn revalidated(
     fill: &FillRequest,
     stale: &Arc<StoredResponse>,
@@ -373,8 +447,8 @@ fn revalidated(
     let mut merged_parts = not_modified.clone();
     merged_parts.status = stale.status();
     merged_parts.headers = merged;
-    let route = &fill.route;
-    match route
+    match fill
+        .exchange()
         .policy
         .evaluate(&Method::GET, uri, &merged_parts, response_time)
     {
@@ -385,13 +459,12 @@ fn revalidated(
             // the content did not change, nothing is compressed again.
             let entry = Arc::new(crate::cache::compress::carried(stale, refreshed));
             let key = fill.entry_key(&entry);
-            fill.cache
-                .l1
+            fill.l1()
                 .insert(&key, fill.primary.uri(), Arc::clone(&entry));
             Ended::Outcome(FillOutcome::Stored {
                 entry,
                 fwd: Forward::Stale,
-                fwd_status: Some(StatusCode::NOT_MODIFIED.as_u16()),
+                fwd_status: Some(not_modified.status.as_u16()),
                 own: HeaderMap::new(),
             })
         }
@@ -399,7 +472,7 @@ fn revalidated(
             // The body is still right for this request, but the origin no
             // longer lets it be stored or shared.
             let key = fill.entry_key(stale);
-            fill.cache.l1.remove(&key);
+            fill.l1().remove(&key);
             fill.set_hit_for_pass();
             let mut parts = merged_parts;
             parts.headers.remove(CONTENT_LENGTH);

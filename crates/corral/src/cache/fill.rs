@@ -1,6 +1,7 @@
 //! The fill's vocabulary, shared by every layer of the miss path: what a
-//! fill is given ([`FillRequest`]: the request, its keys, the copy being
-//! refreshed), what it produces ([`FillOutcome`], which every waiter of a
+//! fill is given ([`FillRequest`]: the [`Job`] the lookup hands down, and
+//! each layer's parts, borrowed from a cache and a route no layer reaches
+//! whole), what it produces ([`FillOutcome`], which every waiter of a
 //! flight receives, and [`Ended`], which adds what only the leader can
 //! take), and the events a fill's layers send up ([`FillEvent`]). The
 //! outcomes corral makes itself are `synthetic`.
@@ -19,7 +20,8 @@ use http::{HeaderMap, StatusCode, response};
 use crate::cache::respond::{self, Answer};
 use crate::cluster::tier::SharedTier;
 use crate::origin::exchange::Transport;
-use crate::routes::Route;
+use crate::origin::upstream::Upstream;
+use crate::routes::{CacheParams, CoalesceParams, Route};
 
 /// What the miss path owns and every request's fill shares: the running
 /// process lends it nothing else, so nothing under `cache/` names the
@@ -184,13 +186,22 @@ pub enum FillOutcome {
         fwd_status: Option<u16>,
         /// As [`FillOutcome::Stored`]'s.
         own: HeaderMap,
+        /// Relayed from another instance's fetch as it arrives
+        /// (`cache::relay`): every caller here was collapsed onto it.
+        relayed: bool,
     },
 }
 
-/// Everything a fill needs, owned.
+/// Everything a fill needs, owned: the job (keys, head, body, why, the
+/// stale copy) and, out of every layer's reach, the cache and the route.
+/// A layer is handed only its parts ([`FlightParts`], [`SharedParts`],
+/// [`GateParts`], [`ExchangeParts`], [`StoreParts`]), borrowed from
+/// them: nothing under `cache/` reaches the whole `Cache` or `Route`
+/// through a fill, and `tests/tests/layers.rs` checks which file asks for
+/// which parts.
 pub struct FillRequest {
-    pub cache: Arc<Cache>,
-    pub route: Arc<Route>,
+    cache: Arc<Cache>,
+    route: Arc<Route>,
     pub head: Arc<RequestHead>,
     pub primary: PrimaryKey,
     pub identity: Option<Identity>,
@@ -207,6 +218,34 @@ pub struct FillRequest {
     /// Where the origin's interim (1xx) answers go: the caller who made
     /// this fill, when its client can take them; never a background
     /// refresh.
+    pub interim: Option<crate::origin::interim::Sender>,
+    /// A HEAD's fill of a stored copy that is no longer fresh: the origin
+    /// is asked with HEAD, and its answer freshens the copy or retires it
+    /// (RFC 9111 §4.3.5); nothing it gets is ever stored as a body. It has
+    /// a flight of its own ([`FillRequest::flight_key`]); across instances
+    /// it takes the variant's lease, whose waiters read only what it
+    /// stored in L2 (the copy it freshened).
+    pub by_head: bool,
+}
+
+/// The keys a fill is made under: the request's primary key, its
+/// caller's identity (if any), and the variant its flight is keyed on.
+pub struct FillKeys {
+    pub primary: PrimaryKey,
+    pub identity: Option<Identity>,
+    pub variant: VariantKey,
+}
+
+/// What a fill is asked to do, as the lookup hands it down: the request
+/// (its validated head and, for a coalesced POST, its body), its keys, why
+/// it is forwarded, the copy being refreshed (or served if the origin
+/// fails), and where the origin's interim answers go.
+pub struct Job {
+    pub head: Arc<RequestHead>,
+    pub keys: FillKeys,
+    pub stale: Option<Arc<StoredResponse>>,
+    pub fwd: Forward,
+    pub body: Option<Bytes>,
     pub interim: Option<crate::origin::interim::Sender>,
 }
 
@@ -258,6 +297,11 @@ impl Events {
         }
     }
 
+    /// True once nobody listens any more (the fill has ended).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// Tells the layers above; nobody listening is no error.
     pub fn send(&self, event: FillEvent) {
         let _ = self.tx.send(event);
@@ -291,7 +335,159 @@ pub fn copy_for(
     Some(e)
 }
 
+/// The flight's parts: the flights registry and the route's coalescing.
+pub struct FlightParts<'a> {
+    pub flights: &'a Flights<FillOutcome>,
+    pub coalesce: &'a CoalesceParams,
+}
+
+/// The shared tier's parts: Redis, and how long the route's callers wait.
+pub struct SharedParts<'a> {
+    pub tier: Option<&'a Arc<dyn SharedTier>>,
+    pub coalesce: &'a CoalesceParams,
+}
+
+/// The gate's parts: the route's back-off and circuit, the fill slots
+/// (the route's and the instance's) and how long a fill waits for them,
+/// and Redis, where the back-off is shared.
+pub struct GateParts<'a> {
+    pub backoff: corral_core::BackoffPolicy,
+    pub circuit: &'a corral_core::Circuit,
+    pub route_slots: &'a Arc<tokio::sync::Semaphore>,
+    pub instance_slots: &'a Arc<tokio::sync::Semaphore>,
+    pub lock_timeout: std::time::Duration,
+    pub tier: Option<&'a Arc<dyn SharedTier>>,
+}
+
+/// The exchange's parts: the transport, the upstream, the route's caching
+/// policy and compression, the budget of bodies passed on to their
+/// callers ahead of them, and the CPU pool a passed answer is decoded on.
+pub struct ExchangeParts<'a> {
+    pub transport: &'a dyn Transport,
+    pub upstream: &'a Upstream,
+    pub policy: &'a corral_core::RoutePolicy,
+    pub compression: Option<&'a crate::config::CompressionConfig>,
+    pub ahead_memory: &'a Arc<Budget>,
+    /// Where a passed-through answer is decoded.
+    pub cpu: &'a crate::cache::cpu::CpuPool,
+}
+
+/// The store's parts: the fill memory budget (and the read-ahead one, for
+/// a body that turns out too large to keep), the CPU pool codings are
+/// made on, the route's caching policy and compression.
+pub struct StoreParts<'a> {
+    pub fill_memory: &'a Arc<Budget>,
+    pub ahead_memory: &'a Arc<Budget>,
+    pub cpu: &'a crate::cache::cpu::CpuPool,
+    pub policy: &'a corral_core::RoutePolicy,
+    pub compression: Option<&'a crate::config::CompressionConfig>,
+}
+
+/// The relay's parts, owned: a waiting instance's relay outlives the
+/// fill's borrow (its callers read on), with Redis, and the cache whose L1
+/// screens the relayed head by the bans in force and whose fill memory
+/// holds the relayed body.
+pub struct RelayParts {
+    pub tier: Option<Arc<dyn SharedTier>>,
+    pub cache: Arc<Cache>,
+}
+
 impl FillRequest {
+    /// The relay's parts.
+    pub fn relay(&self) -> RelayParts {
+        RelayParts {
+            tier: self.cache.tier.clone(),
+            cache: Arc::clone(&self.cache),
+        }
+    }
+
+    /// The flight's parts.
+    pub fn flight(&self) -> FlightParts<'_> {
+        FlightParts {
+            flights: &self.cache.flights,
+            coalesce: &self.route.coalesce,
+        }
+    }
+
+    /// The shared tier's parts.
+    pub fn shared(&self) -> SharedParts<'_> {
+        SharedParts {
+            tier: self.cache.tier.as_ref(),
+            coalesce: &self.route.coalesce,
+        }
+    }
+
+    /// The gate's parts.
+    pub fn gate(&self) -> GateParts<'_> {
+        GateParts {
+            backoff: self.route.origin.backoff,
+            circuit: &self.route.origin.circuit,
+            route_slots: &self.route.origin.fills,
+            instance_slots: &self.cache.fills,
+            lock_timeout: self.route.coalesce.lock_timeout,
+            tier: self.cache.tier.as_ref(),
+        }
+    }
+
+    /// The exchange's parts.
+    pub fn exchange(&self) -> ExchangeParts<'_> {
+        ExchangeParts {
+            transport: self.cache.transport.as_ref(),
+            upstream: &self.route.origin.upstream,
+            policy: &self.route.cache.policy,
+            compression: self.route.cache.compression.as_ref(),
+            ahead_memory: &self.cache.ahead_memory,
+            cpu: &self.cache.cpu,
+        }
+    }
+
+    /// The store's parts.
+    pub fn store(&self) -> StoreParts<'_> {
+        StoreParts {
+            fill_memory: &self.cache.fill_memory,
+            ahead_memory: &self.cache.ahead_memory,
+            cpu: &self.cache.cpu,
+            policy: &self.route.cache.policy,
+            compression: self.route.cache.compression.as_ref(),
+        }
+    }
+
+    /// L1: every layer reads it; the records in it that have an owner
+    /// (back-off, hit-for-pass) are reached through their owner.
+    pub fn l1(&self) -> &L1 {
+        &self.cache.l1
+    }
+
+    /// "Now", as freshness, back-off and stale windows read it.
+    pub fn now(&self) -> std::time::SystemTime {
+        self.cache.clock.now()
+    }
+
+    /// The clock "now" is read from, for a task that outlives a borrow.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.cache.clock)
+    }
+
+    /// The route's name, for logs and metrics.
+    pub fn route_name(&self) -> &str {
+        &self.route.name
+    }
+
+    /// The route's origin as logs name it, and its deadlines.
+    pub fn origin(&self) -> &Upstream {
+        &self.route.origin.upstream
+    }
+
+    /// How the route's callers wait on one another.
+    pub fn coalesce_params(&self) -> &CoalesceParams {
+        &self.route.coalesce
+    }
+
+    /// The route's cache params, for the rules keys are made with.
+    pub fn cache_params(&self) -> &CacheParams {
+        &self.route.cache
+    }
+
     /// True when L1 holds a fresh copy of this fill's variant that its
     /// caller may have: one stored since the caller looked (a flight it
     /// would have followed ended between its lookup and its join).
@@ -327,22 +523,25 @@ impl FillRequest {
             fwd: Forward::Stale,
             body: self.body.clone(),
             interim: None,
+            by_head: false,
         }
     }
 
-    /// The fill for `head`'s request of `variant` on `route`, refreshing
-    /// (or serving on error) `stale`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        cache: Arc<Cache>,
-        route: Arc<Route>,
-        head: Arc<RequestHead>,
-        (primary, identity, variant): (PrimaryKey, Option<Identity>, VariantKey),
-        stale: Option<Arc<StoredResponse>>,
-        fwd: Forward,
-        body: Option<Bytes>,
-        interim: Option<crate::origin::interim::Sender>,
-    ) -> Self {
+    /// The fill of `job` on `route`.
+    pub fn new(cache: Arc<Cache>, route: Arc<Route>, job: Job) -> Self {
+        let Job {
+            head,
+            keys:
+                FillKeys {
+                    primary,
+                    identity,
+                    variant,
+                },
+            stale,
+            fwd,
+            body,
+            interim,
+        } = job;
         FillRequest {
             cache,
             route,
@@ -354,6 +553,27 @@ impl FillRequest {
             fwd,
             body,
             interim,
+            by_head: false,
+        }
+    }
+
+    /// The fill of a HEAD (`head`): one of a copy that is no longer fresh
+    /// asks the origin with HEAD (RFC 9111 §4.3.5); one that has no copy
+    /// fills it with a GET, as a GET would, so that a burst of HEADs and
+    /// GETs on a cold key is one origin request.
+    pub fn for_head(mut self, head: bool) -> Self {
+        self.by_head = head && self.stale.is_some() && self.body.is_none();
+        self
+    }
+
+    /// The key of this fill's flight: the variant's, or for a fill
+    /// [`by_head`](FillRequest::by_head) one of its own, so that a GET
+    /// never follows (and never gets) a HEAD's answer.
+    pub fn flight_key(&self) -> Digest {
+        if self.by_head {
+            self.variant.digest.head_probe()
+        } else {
+            self.variant.digest
         }
     }
 
@@ -402,7 +622,7 @@ impl FillRequest {
     pub(crate) fn set_hit_for_pass(&self) {
         self.cache
             .l1
-            .mark_pass(self.pass_scope(), self.route.policy.hit_for_pass);
+            .mark_pass(self.pass_scope(), self.route.cache.policy.hit_for_pass);
     }
 
     /// True while this caller's view of the URI is marked uncacheable.

@@ -6,8 +6,6 @@
 //! list, a leader held past `lock_age` and a fill nobody wants any more
 //! end here. The fill itself runs in `driver`, the layer below.
 
-use std::sync::Arc;
-
 use corral_core::model::miss::{Miss, Next, WaitEnd};
 use corral_core::{Detail, Forward, Join, PassReason, Permit, Role, WaitResult};
 use http::StatusCode;
@@ -36,15 +34,21 @@ pub enum Flown {
 
 /// Leads, follows or fetches alone, as the flight and `miss` say.
 pub async fn fly(joining: Joining, miss: &mut Miss, head: bool) -> Flown {
-    let Joining { fill, coalesce } = joining;
+    let Joining { mut fill, coalesce } = joining;
     if !coalesce {
         return Flown::Answer(lead(fill, None, head).await);
     }
+    // A GET's fill of the key under way answers a HEAD too, with no
+    // request of its own: it follows that flight, as it did before HEADs
+    // were sent as HEAD.
+    if fill.by_head && fill.flight().flights.under_way(fill.variant.digest) {
+        fill.by_head = false;
+    }
     let join = Join {
-        max_waiters: fill.route.max_waiters,
+        max_waiters: fill.flight().coalesce.max_waiters,
         after_retirement: miss.after_retirement(),
     };
-    match fill.cache.flights.join(fill.variant.digest, join) {
+    match fill.flight().flights.join(fill.flight_key(), join) {
         Role::Leader(permit) => {
             // The flight this request would have followed may have ended
             // between its lookup and this join (a rate limit or a rule
@@ -77,14 +81,14 @@ async fn follow(
     miss: &mut Miss,
     head: bool,
 ) -> Flown {
-    let route = &fill.route;
-    let retire_on_timeout = route.on_timeout == OnTimeout::Fetch;
+    let coalesce = fill.flight().coalesce;
+    let retire_on_timeout = coalesce.on_timeout == OnTimeout::Fetch;
     let patience = if retire_on_timeout && miss.after_retirement() {
-        route.upstream.total + route.lock_timeout
+        fill.origin().total + coalesce.lock_timeout
     } else {
-        route.lock_timeout
+        coalesce.lock_timeout
     };
-    let waited = waiter.wait_with(patience, route.lock_age, retire_on_timeout);
+    let waited = waiter.wait_with(patience, coalesce.lock_age, retire_on_timeout);
     let end = match waited.await {
         WaitResult::Done(outcome) => wait_end(&fill, outcome),
         WaitResult::Dangling => WaitEnd::Dangling,
@@ -140,21 +144,21 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
             reason: PassReason::RuleChanged,
         } => WaitEnd::Rekeyed,
         FillOutcome::Pass { reason } => {
-            tracing::debug!(route = %fill.route.name, key = %fill.primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
+            tracing::debug!(route = %fill.route_name(), key = %fill.primary.loggable(), reason = reason.as_str(), "uncacheable: fetching alone");
             WaitEnd::Pass
         }
     }
 }
 
 fn answer(fill: &FillRequest, outcome: &FillOutcome, collapsed: bool, head: bool) -> Answer {
-    let now = fill.cache.clock.now();
+    let now = fill.now();
     outcome::from_outcome(outcome, collapsed, now, head, &fill.head.headers)
 }
 
 /// Runs the fill in its own task and waits for it.
 async fn lead(fill: FillRequest, permit: Option<Permit<FillOutcome>>, head: bool) -> Answer {
     let request_headers = fill.head.headers.clone();
-    let clock = Arc::clone(&fill.cache.clock);
+    let clock = fill.clock();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(driver::run(fill, permit, Some(tx)));
     match rx.await {

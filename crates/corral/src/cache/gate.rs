@@ -23,11 +23,17 @@ async fn take_slots(
     tokio::sync::OwnedSemaphorePermit,
 )> {
     let take = async {
-        let route = Arc::clone(&fill.route.fills).acquire_owned().await.ok()?;
-        let instance = Arc::clone(&fill.cache.fills).acquire_owned().await.ok()?;
+        let route = Arc::clone(fill.gate().route_slots)
+            .acquire_owned()
+            .await
+            .ok()?;
+        let instance = Arc::clone(fill.gate().instance_slots)
+            .acquire_owned()
+            .await
+            .ok()?;
         Some((route, instance))
     };
-    tokio::time::timeout(fill.route.lock_timeout, take)
+    tokio::time::timeout(fill.gate().lock_timeout, take)
         .await
         .ok()
         .flatten()
@@ -36,14 +42,14 @@ async fn take_slots(
 /// No fill slot within the lock timeout: the stale copy, or a 503,
 /// without asking the origin.
 fn fill_limit(fill: &FillRequest) -> FillOutcome {
-    crate::telemetry::metrics::fill_refused(&fill.route.name);
+    crate::telemetry::metrics::fill_refused(fill.route_name());
     if crate::telemetry::repeats::first_for_route(
         "fill limit reached: not fetching",
-        &fill.route.name,
-        fill.route.upstream.authority.as_str(),
+        fill.route_name(),
+        fill.origin().authority.as_str(),
         "fill-limit",
     ) {
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "fill limit reached: not fetching");
+        tracing::warn!(route = %fill.route_name(), key = %fill.primary.loggable(), "fill limit reached: not fetching");
     }
     synthetic::fill_limit(fill)
 }
@@ -55,8 +61,8 @@ fn fill_limit(fill: &FillRequest) -> FillOutcome {
 /// the stale copy or an error without a request, and every fetch's result
 /// feeds both.
 pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
-    let now = fill.cache.clock.now();
-    if let Some(backoff) = fill.cache.l1.active_backoff(|| fill.pass_scope(), now) {
+    let now = fill.now();
+    if let Some(backoff) = fill.l1().active_backoff(|| fill.pass_scope(), now) {
         return Ended::Outcome(skipped(fill, Skipped::Backoff(backoff.remaining(now))));
     }
     // The route's and the instance's fill slots, taken only now that this
@@ -65,11 +71,11 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
     let Some(_slots) = take_slots(fill).await else {
         return Ended::Outcome(fill_limit(fill));
     };
-    let admission = fill.route.circuit.allow();
+    let admission = fill.gate().circuit.allow();
     if admission == Admission::Refuse {
         return Ended::Outcome(skipped(
             fill,
-            Skipped::CircuitOpen(fill.route.circuit.retry_after()),
+            Skipped::CircuitOpen(fill.gate().circuit.retry_after()),
         ));
     }
     let ended = exchange::fetch(fill, events).await;
@@ -86,7 +92,7 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
 /// has not started a period yet still counts toward `backoff.after`).
 pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
     let scope = fill.pass_scope();
-    let l1 = &fill.cache.l1;
+    let l1 = &fill.l1();
     let merged = match l1.last_backoff(&scope) {
         None => Some(theirs),
         Some(ours) if theirs.until > ours.until || theirs.failures > ours.failures => {
@@ -107,7 +113,7 @@ pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
         l1.set_backoff(
             scope,
             merged,
-            fill.route.backoff.memory(),
+            fill.gate().backoff.memory(),
             fill.primary.shown(),
         );
     }
@@ -116,9 +122,8 @@ pub(crate) fn adopt_backoff(fill: &FillRequest, theirs: corral_core::Backoff) {
 /// Whether the key is in back-off now: the fill's gate will answer
 /// without a request.
 pub(crate) fn backing_off(fill: &FillRequest) -> bool {
-    let now = fill.cache.clock.now();
-    fill.cache
-        .l1
+    let now = fill.now();
+    fill.l1()
         .active_backoff(|| fill.pass_scope(), now)
         .is_some()
 }
@@ -147,10 +152,10 @@ pub(crate) fn caller_backoff(
 /// a row; never a record this fetch did not move, which is no newer than
 /// what was read and would overwrite another instance's newer one.
 async fn share_backoff(fill: &FillRequest) {
-    let Some(tier) = fill.cache.tier.as_deref() else {
+    let Some(tier) = fill.gate().tier.map(|t| t.as_ref()) else {
         return;
     };
-    let Some(backoff) = fill.cache.l1.last_backoff(&fill.pass_scope()) else {
+    let Some(backoff) = fill.l1().last_backoff(&fill.pass_scope()) else {
         return;
     };
     let keys = tier.keys(
@@ -158,9 +163,9 @@ async fn share_backoff(fill: &FillRequest) {
         fill.variant.digest,
         fill.pass_class().as_ref(),
     );
-    let now = fill.cache.clock.now();
+    let now = fill.now();
     let _ = tier
-        .write_backoff(&keys, &backoff, fill.route.backoff.memory(), now)
+        .write_backoff(&keys, &backoff, fill.gate().backoff.memory(), now)
         .await;
 }
 
@@ -170,17 +175,17 @@ async fn share_backoff(fill: &FillRequest) {
 /// shared record moved.
 fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
     let caller = corral_core::callers::client_addr::caller_group(fill.head.client);
-    fill.route.circuit.record(match verdict {
+    fill.gate().circuit.record(match verdict {
         Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
         Verdict::OriginFault => Evidence::Unreachable,
         Verdict::Failed => Evidence::Failed { caller },
     });
     let scope = fill.pass_scope();
     let own = scope.for_caller(caller);
-    let l1 = &fill.cache.l1;
+    let l1 = &fill.l1();
     let previous = l1.last_backoff(&scope);
-    let policy = fill.route.backoff;
-    let now = fill.cache.clock.now();
+    let policy = fill.gate().backoff;
+    let now = fill.now();
     let backoff = match verdict {
         Verdict::Healthy => {
             l1.clear_backoff(&scope);
@@ -201,8 +206,8 @@ fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
         return false;
     };
     tracing::debug!(
-        route = %fill.route.name,
-        upstream = %fill.route.upstream.authority,
+        route = %fill.route_name(),
+        upstream = %fill.origin().authority,
         key = %fill.primary.loggable(),
         failures = backoff.failures,
         "origin failed: backing off"
@@ -227,7 +232,7 @@ fn skipped(fill: &FillRequest, why: Skipped) -> FillOutcome {
         Skipped::Backoff(d) => (Detail::Backoff, d),
         Skipped::CircuitOpen(d) => (Detail::CircuitOpen, d),
     };
-    crate::telemetry::metrics::origin_skipped(&fill.route.name, detail);
+    crate::telemetry::metrics::origin_skipped(fill.route_name(), detail);
     synthetic::stale_on_error(fill, detail)
         .unwrap_or_else(|| synthetic::unavailable(fill, detail, retry))
 }

@@ -67,9 +67,13 @@ pub async fn after_write(
         &ctx.host,
         &ctx.path,
         ctx.query.as_deref(),
-        &route.query_filter,
+        &route.cache.query_filter,
     );
-    let url = (ctx.host.as_str(), ctx.path.as_str(), ctx.query.as_deref());
+    let url = crate::cache::rules::Url {
+        host: ctx.host.as_str(),
+        path: ctx.path.as_str(),
+        query: ctx.query.as_deref(),
+    };
     for narrowed in crate::cache::rules::narrowed(cache, route, url, &uri) {
         everywhere(cache, &route.name, narrowed).await;
     }
@@ -96,8 +100,12 @@ pub async fn after_write(
             continue;
         };
         let target = routes.find(&ctx.host, &path).map_or(route, |r| r.as_ref());
-        let key = UriKey::new(&ctx.host, &path, uri.query(), &target.query_filter);
-        let url = (ctx.host.as_str(), path.as_ref(), uri.query());
+        let key = UriKey::new(&ctx.host, &path, uri.query(), &target.cache.query_filter);
+        let url = crate::cache::rules::Url {
+            host: ctx.host.as_str(),
+            path: path.as_ref(),
+            query: uri.query(),
+        };
         for narrowed in crate::cache::rules::narrowed(cache, target, url, &key) {
             everywhere(cache, &target.name, narrowed).await;
         }

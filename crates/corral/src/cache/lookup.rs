@@ -18,7 +18,7 @@ use corral_core::{
 use futures_util::future::BoxFuture;
 use http::Method;
 
-use crate::cache::fill::{self, Cache, FillRequest, copy_for};
+use crate::cache::fill::{self, Cache, FillKeys, FillRequest, Job, copy_for};
 use crate::cache::flight::{self, Flown, Joining};
 use crate::cache::respond::{self, Answer};
 use crate::cache::rules;
@@ -262,7 +262,7 @@ impl Keys {
             &ctx.host,
             &ctx.path,
             ctx.query.as_deref(),
-            &route.query_filter,
+            &route.cache.query_filter,
             rule.as_ref().and_then(|(_, r)| r.rule()),
         );
         let (primary, identity) = match body {
@@ -277,11 +277,11 @@ impl Keys {
                 ),
                 // Keyed on the whole Cookie field unless the route names its
                 // identity cookies: see `IdentityRules::identify_post`.
-                route.identity.identify_post(&ctx.headers),
+                route.cache.identity.identify_post(&ctx.headers),
             ),
             None => (
                 PrimaryKey::get(&route.name, uri, ctx.tls),
-                route.identity.identify(&ctx.headers),
+                route.cache.identity.identify(&ctx.headers),
             ),
         };
         Keys {
@@ -358,25 +358,28 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
     let method_is_head = ctx.method == Method::HEAD;
     let mut fill = |stale| {
         let variant = keys.primary.variant(keys.identity.as_ref(), &values);
-        FillRequest::new(
-            Arc::clone(cache),
-            Arc::clone(route),
-            head.share(),
-            (keys.primary.clone(), keys.identity, variant),
+        let job = Job {
+            head: head.share(),
+            keys: FillKeys {
+                primary: keys.primary.clone(),
+                identity: keys.identity,
+                variant,
+            },
             stale,
             fwd,
-            body.clone(),
-            interim.clone(),
-        )
+            body: body.clone(),
+            interim: interim.clone(),
+        };
+        FillRequest::new(Arc::clone(cache), Arc::clone(route), job)
     };
     let seen = found.map(|entry| (found_state(cache, route, &entry, now), entry));
     let is_pass = || fill::is_pass(cache, &scope());
     // Redis cannot be used for this key now: a background refresh would
     // be this instance's alone (asked only where a refresh would start).
     let redis_unavailable = || shared::unavailable(cache, &keys.primary);
-    let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce, is_pass) {
+    let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce.enabled, is_pass) {
         Lookup::Fetch { coalesce, stale } => {
-            let fill = fill(stale);
+            let fill = fill(stale).for_head(method_is_head);
             return Looked::Missed(Joining { fill, coalesce });
         }
         Lookup::Hit { refresh, entry } => {
@@ -393,7 +396,7 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
             if redis_unavailable() {
                 crate::telemetry::metrics::refresh_deferred();
             } else {
-                let _ = driver::refresh(cache, fill(Some(Arc::clone(&entry))));
+                let _ = driver::refresh(fill(Some(Arc::clone(&entry))));
             }
             (stale(&entry, now, Detail::StaleWhileRevalidate), entry)
         }
@@ -437,7 +440,7 @@ fn demand_coding(
         key: keys.primary.variant(identity, entry.vary_values()),
         uri: keys.primary.uri().clone(),
     };
-    let config = route.compression.as_ref();
+    let config = route.cache.compression.as_ref();
     crate::cache::demand::demand(cache, &route.name, config, at, entry, request);
 }
 
@@ -453,7 +456,7 @@ fn found_state(cache: &Cache, route: &Route, entry: &StoredResponse, now: System
                 now,
                 entry.fresh_until(),
                 entry.fetch_duration(),
-                route.policy.early_refresh_beta,
+                route.cache.policy.early_refresh_beta,
             ));
     Found {
         state,
@@ -470,9 +473,9 @@ fn refresh_early(
     redis_unavailable: impl Fn() -> bool,
 ) {
     if !cache.l1.unverified(entry) {
-        let _ = driver::refresh(cache, fill(Some(Arc::clone(entry))));
+        let _ = driver::refresh(fill(Some(Arc::clone(entry))));
     } else if !redis_unavailable() && cache.resync.take() {
-        if driver::refresh(cache, fill(Some(Arc::clone(entry)))) {
+        if driver::refresh(fill(Some(Arc::clone(entry)))) {
             crate::telemetry::metrics::resync_refresh();
         } else {
             cache.resync.give_back();

@@ -9,7 +9,8 @@
 //!    abandonment;
 //! 3. `shared`: the lease state machine across instances, over
 //!    `cluster::tier::SharedTier` (only with Redis), reading and writing
-//!    L2's records through `records`;
+//!    L2's records through `records`, and relaying a growing body to the
+//!    waiting instances (and from the leader's) through `relay`;
 //! 4. `gate`: back-off, the circuit, fill slots;
 //! 5. `exchange`: the request for a fill and the verdict on the origin's
 //!    answer, over `origin::exchange`;
@@ -19,8 +20,9 @@
 //!
 //! Beneath them all: `synthetic` (the outcomes corral makes itself when the
 //! origin is not asked or fails), `fill` (the vocabulary every layer
-//! shares: the [`Cache`] state, what a fill is given and what it
-//! produces),
+//! shares: the [`Cache`] state, what a fill is given — its job, and each
+//! layer's parts of the cache and the route, the only way a layer reaches
+//! them — and what it produces),
 //! `respond` (answers from an entry, corral's errors) and `shared_body` (a
 //! body readers share as it arrives). `rules` is the No-Vary-Search rule
 //! learned per path that keys are made with. `invalidate` is what a write or a
@@ -43,6 +45,7 @@ pub mod invalidate;
 pub mod lookup;
 pub mod outcome;
 pub mod records;
+pub mod relay;
 pub mod respond;
 pub mod resync;
 pub mod rules;

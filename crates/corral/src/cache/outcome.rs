@@ -114,8 +114,14 @@ pub fn from_outcome(
             fwd,
             fwd_status,
             own,
+            relayed,
         } => {
-            let st = fetched(*fwd, *fwd_status, entry, now, collapsed);
+            // Relayed from another instance's fetch through Redis:
+            // collapsed onto it, as when its entry is read from L2.
+            let mut st = fetched(*fwd, *fwd_status, entry, now, collapsed || *relayed);
+            if *relayed {
+                st.detail = Some(Detail::L2);
+            }
             let answer = from_streaming(entry, body, coded, &st, now, head, request);
             with_own(answer, own, collapsed)
         }

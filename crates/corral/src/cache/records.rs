@@ -13,31 +13,49 @@ use crate::cache::fill::{Ended, FillOutcome, FillRequest};
 use crate::cache::{gate, rules};
 use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
-use crate::cluster::tier::{Probe, SharedTier};
+use crate::cluster::tier::{HeldLease, Probe, SharedTier};
 use crate::telemetry::metrics;
 
 /// The first read of a fill: the variant's keys and what L2 holds for them.
 /// Another instance may know this URI's Vary set already: it is used, so
-/// that the right variant is read (and the right lease taken).
+/// that the right variant is read (and the right lease taken). With
+/// `lease`, the read also takes the variant's lease when nothing usable can
+/// be there (one round trip: `SharedTier::probe_or_acquire`); a lease
+/// taken on a variant the Vary set then moves the fill away from is given
+/// back.
 pub(crate) async fn first_read(
     fill: &mut FillRequest,
     tier: &dyn SharedTier,
-) -> Result<(Keys, Probe), L2Error> {
-    let cache = Arc::clone(&fill.cache);
+    lease: bool,
+) -> Result<(Keys, Probe, Option<Box<dyn HeldLease>>), L2Error> {
     let keys = tier.keys(
         &fill.primary,
         fill.variant.digest,
         fill.pass_class().as_ref(),
     );
-    let mut probe = read(fill, tier, &keys).await?;
+    let (probe, mut held) = if lease {
+        // A caller that holds a stale copy of its own takes the lease even
+        // over an entry: L2's is likely as old (it judges it, and gives
+        // the lease back if L2's answers).
+        let with_entry = fill.stale().is_some();
+        let stamp = fill.l1().generation_stamp();
+        let (probe, held) = tier.probe_or_acquire(&keys, stamp, with_entry).await?;
+        (screen(fill, probe), held)
+    } else {
+        (read(fill, tier, &keys).await?, None)
+    };
+    let mut probe = probe;
     let mut keys = keys;
     if let Some(vary) = &probe.vary
-        && *vary != cache.l1.learned_vary(&fill.primary)
+        && *vary != fill.l1().learned_vary(&fill.primary)
     {
-        cache.l1.learn_vary(&fill.primary, vary);
+        fill.l1().learn_vary(&fill.primary, vary);
         let values = vary.values(&fill.head.headers);
         let variant = fill.primary.variant(fill.identity.as_ref(), &values);
         if variant != fill.variant {
+            if let Some(wrong) = held.take() {
+                let _ = wrong.release().await;
+            }
             keys = tier.keys(&fill.primary, variant.digest, fill.pass_class().as_ref());
             probe = read(fill, tier, &keys).await?;
         }
@@ -47,7 +65,7 @@ pub(crate) async fn first_read(
     } else {
         metrics::L2Read::Miss
     });
-    Ok((keys, probe))
+    Ok((keys, probe, held))
 }
 
 /// Reads the variant's keys; the entry comes back labelled with its URI and
@@ -60,13 +78,18 @@ pub(crate) async fn read(
     tier: &dyn SharedTier,
     keys: &Keys,
 ) -> Result<Probe, L2Error> {
-    let cache = &fill.cache;
-    let mut probe = tier.probe(keys, cache.l1.generation_stamp()).await?;
+    let probe = tier.probe(keys, fill.l1().generation_stamp()).await?;
+    Ok(screen(fill, probe))
+}
+
+/// A probe as the fill uses it: its entry screened by the bans in force,
+/// the back-off it carries adopted, a stale-if-error copy kept.
+fn screen(fill: &mut FillRequest, mut probe: Probe) -> Probe {
     probe.entry = probe.entry.take().and_then(|e| {
         let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
-        cache.l1.apply_bans(e).map(Arc::unwrap_or_clone)
+        fill.l1().apply_bans(e).map(Arc::unwrap_or_clone)
     });
-    let now = cache.clock.now();
+    let now = fill.now();
     if let Some(theirs) = probe.backoff {
         gate::adopt_backoff(fill, theirs);
     }
@@ -77,7 +100,7 @@ pub(crate) async fn read(
     {
         fill.offer_stale(Arc::new(e.clone()));
     }
-    Ok(probe)
+    probe
 }
 
 /// True when the probe's entry can answer this fill: usable now, the
@@ -87,7 +110,7 @@ pub(crate) async fn read(
 pub(crate) fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
     probe.entry.as_ref().is_some_and(|e| {
         matches!(
-            e.state(fill.cache.clock.now()),
+            e.state(fill.now()),
             EntryState::Fresh | EntryState::StaleWhileRevalidate
         ) && e.matches_vary(&fill.head.headers)
             && fill
@@ -100,7 +123,7 @@ pub(crate) fn can_serve(fill: &FillRequest, probe: &Probe) -> bool {
 /// `waited`: since when this fill waited on another instance's fetch; an
 /// entry that fetch got after then is one the caller was collapsed onto
 /// (one got before was only being written: a hit).
-pub(crate) fn usable(
+pub(crate) async fn usable(
     fill: &FillRequest,
     probe: &mut Probe,
     waited: Option<std::time::SystemTime>,
@@ -108,25 +131,13 @@ pub(crate) fn usable(
     if !can_serve(fill, probe) {
         return None;
     }
-    let route = &fill.route;
     let read = probe.entry.take()?;
-    // An origin-encoded answer is decoded here as when it was fetched
-    // here (one no instance could store is fetched again rather than
-    // served); an unencoded one is kept so, its codings made when a
-    // caller first asks for one (`cache::demand`), not all at once here.
-    let config = route.compression.as_ref();
-    let entry = if crate::cache::compress::has_coding(read.headers()) {
-        crate::cache::compress::encode(config, &route.name, read, route.policy.max_object_size)
-            .ok()?
-    } else {
-        crate::cache::compress::deferred(config, read)
-    };
+    let entry = crate::cache::store::from_l2(fill, read).await?;
     let entry = Arc::new(entry);
     let key: VariantKey = fill.entry_key(&entry);
-    fill.cache.l1.learn_vary(&fill.primary, entry.vary());
+    fill.l1().learn_vary(&fill.primary, entry.vary());
     rules::learn(fill, entry.headers());
-    fill.cache
-        .l1
+    fill.l1()
         .insert(&key, fill.primary.uri(), Arc::clone(&entry));
     let collapsed = waited.is_some_and(|since| entry.response_time() >= since);
     Some(Ended::Outcome(FillOutcome::FromL2 {
@@ -201,18 +212,16 @@ pub(crate) async fn publish_result(
             // read: 0 is what a URI never invalidated has).
             for (primary, key) in crate::cache::store::aliases(fill, &entry) {
                 let alias = tier.keys(&primary, key.digest, None);
-                let now = fill.cache.clock.now();
+                let now = fill.now();
                 let _ = tier.write_entry(&alias, &entry, 0, now).await;
             }
-            if store(tier, fill, keys, &entry, generation).await {
-                FillNotice::Stored
-            } else {
-                FillNotice::Local
-            }
+            store(tier, fill, keys, &entry, generation).await.notice()
         }
         Fetched::InL2 => FillNotice::Stored,
         Fetched::Pass => {
-            let _ = tier.write_pass(keys, fill.route.policy.hit_for_pass).await;
+            let _ = tier
+                .write_pass(keys, fill.cache_params().policy.hit_for_pass)
+                .await;
             FillNotice::Pass
         }
         Fetched::Shared => FillNotice::Pass,
@@ -220,14 +229,39 @@ pub(crate) async fn publish_result(
     }
 }
 
-/// Writes `entry` to L2; false when it is not there to be read.
+/// How a write of the fill's entry to L2 went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// It is there to be read.
+    Yes,
+    /// It is not shared through L2: too large, or an invalidation came
+    /// while it was fetched, or a full Redis refused it.
+    NotShared,
+    /// Redis failed or timed out on the write.
+    Failed,
+}
+
+impl Written {
+    /// What the waiting instances are told: read it; fetch their own
+    /// (nothing will be there); or read once and take the lease, so that
+    /// one of them fetches for the rest (the write may also have landed).
+    pub(crate) fn notice(self) -> FillNotice {
+        match self {
+            Written::Yes => FillNotice::Stored,
+            Written::NotShared => FillNotice::Local,
+            Written::Failed => FillNotice::Unwritten,
+        }
+    }
+}
+
+/// Writes `entry` to L2.
 pub(crate) async fn store(
     tier: &dyn SharedTier,
     fill: &FillRequest,
     keys: &Keys,
     entry: &StoredResponse,
     generation: u64,
-) -> bool {
+) -> Written {
     // The entry may be stored under another variant than the flight's
     // (a shareable answer to an authenticated request, a new Vary).
     let stored_key = fill.entry_key(entry);
@@ -241,16 +275,17 @@ pub(crate) async fn store(
             target.as_ref().unwrap_or(keys),
             entry,
             generation,
-            fill.cache.clock.now(),
+            fill.now(),
         )
         .await
     {
-        Ok(written) => written,
+        Ok(true) => Written::Yes,
+        Ok(false) => Written::NotShared,
         // A full Redis is logged once by the link, not per entry.
-        Err(e) if e.is_full() => false,
+        Err(e) if e.is_full() => Written::NotShared,
         Err(e) => {
             tracing::warn!(key = %fill.primary.loggable(), error = %e, "L2 write failed; the entry stays in L1");
-            false
+            Written::Failed
         }
     }
 }

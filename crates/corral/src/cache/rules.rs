@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use corral_core::semantics::head::RequestHead;
-use corral_core::{NoVarySearch, PathRule, PathScope, UriKey};
+use corral_core::{L1, NoVarySearch, PathRule, PathScope, UriKey};
 use http::{HeaderMap, Method};
 
 use crate::cache::fill::{Cache, FillRequest};
-use crate::routes::Route;
+use crate::routes::{CacheParams, Route};
 
 /// How long L1 keeps a rule it learned (from an answer or from Redis):
 /// every stored answer of the path teaches it again.
@@ -24,8 +24,13 @@ pub const KEEP_UNKNOWN: Duration = Duration::from_secs(2);
 /// Where the rule of `ctx`'s path is kept, if the route learns rules and
 /// the request is one they apply to (GET and HEAD).
 pub fn scope(route: &Route, ctx: &RequestHead) -> Option<PathScope> {
-    (route.no_vary_search && (ctx.method == Method::GET || ctx.method == Method::HEAD))
-        .then(|| PathScope::new(&route.name, &ctx.host, &ctx.path, ctx.tls))
+    scope_of(&route.name, &route.cache, ctx)
+}
+
+/// [`scope`], for the route named `name` with `params`.
+fn scope_of(name: &str, params: &CacheParams, ctx: &RequestHead) -> Option<PathScope> {
+    (params.no_vary_search && (ctx.method == Method::GET || ctx.method == Method::HEAD))
+        .then(|| PathScope::new(name, &ctx.host, &ctx.path, ctx.tls))
 }
 
 /// What L1 knows of the rule of `ctx`'s path; `None` where rules do not
@@ -40,10 +45,8 @@ pub fn known(cache: &Cache, route: &Route, ctx: &RequestHead) -> Option<(PathSco
 
 /// What L1 knows of the rule of `host` and `path` on `route` (any
 /// method's view of a GET of it).
-fn rule_of(cache: &Cache, route: &Route, (host, path): (&str, &str), tls: bool) -> PathRule {
-    cache
-        .l1
-        .path_rule(&PathScope::new(&route.name, host, path, tls))
+fn rule_of(l1: &L1, route: &str, (host, path): (&str, &str), tls: bool) -> PathRule {
+    l1.path_rule(&PathScope::new(route, host, path, tls))
 }
 
 /// Reads the rule another instance recorded for `scope`, into L1. Errors
@@ -66,9 +69,8 @@ pub async fn read(cache: &Cache, scope: &PathScope) -> PathRule {
 
 /// Learns the rule of an answer the fill stores (or found in Redis).
 pub fn learn(fill: &FillRequest, headers: &HeaderMap) {
-    if let Some(scope) = scope(&fill.route, &fill.head) {
-        fill.cache
-            .l1
+    if let Some(scope) = scope_of(fill.route_name(), fill.cache_params(), &fill.head) {
+        fill.l1()
             .learn_path_rule(&scope, NoVarySearch::of(headers), KEEP);
     }
 }
@@ -84,7 +86,7 @@ pub fn changed(fill: &FillRequest, headers: &HeaderMap) -> bool {
     if fill.body.is_some() || fill.head.query.is_none() {
         return false;
     }
-    let Some(scope) = scope(&fill.route, &fill.head) else {
+    let Some(scope) = scope_of(fill.route_name(), fill.cache_params(), &fill.head) else {
         return false;
     };
     let rule = NoVarySearch::of(headers);
@@ -94,9 +96,9 @@ pub fn changed(fill: &FillRequest, headers: &HeaderMap) -> bool {
     let record = rule
         .as_ref()
         .map_or_else(|| "-".to_owned(), |r| r.record().to_owned());
-    fill.cache.l1.learn_path_rule(&scope, rule, KEEP);
-    if let Some(tier) = fill.cache.tier.clone() {
-        let route = fill.route.name.clone();
+    fill.l1().learn_path_rule(&scope, rule, KEEP);
+    if let Some(tier) = fill.shared().tier.cloned() {
+        let route = fill.route_name().to_owned();
         tokio::spawn(async move {
             if let Err(e) = tier.write_path_rule(scope.digest(), record).await {
                 tracing::debug!(%route, error = %e, "No-Vary-Search rule not recorded in Redis");
@@ -108,33 +110,38 @@ pub fn changed(fill: &FillRequest, headers: &HeaderMap) -> bool {
 
 /// Records the rule of an answer the fill stored for every instance.
 pub async fn publish(fill: &FillRequest, headers: &HeaderMap) {
-    let (Some(tier), Some(scope)) = (&fill.cache.tier, scope(&fill.route, &fill.head)) else {
+    let scope = scope_of(fill.route_name(), fill.cache_params(), &fill.head);
+    let (Some(tier), Some(scope)) = (fill.shared().tier, scope) else {
         return;
     };
     let record =
         NoVarySearch::of(headers).map_or_else(|| "-".to_owned(), |r| r.record().to_owned());
     if let Err(e) = tier.write_path_rule(scope.digest(), record).await {
-        tracing::debug!(route = %fill.route.name, error = %e, "No-Vary-Search rule not recorded in Redis");
+        tracing::debug!(route = %fill.route_name(), error = %e, "No-Vary-Search rule not recorded in Redis");
     }
+}
+
+/// A URL as a write or a purge names it: host, path and query.
+#[derive(Clone, Copy)]
+pub struct Url<'a> {
+    pub host: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
 }
 
 /// The keys the rules this instance knows for the path make of `query`
 /// (for either scheme), where they differ from `plain`, the key made
 /// without one: what a write to, or a purge of, the URL must retire too,
 /// since the entry that answers it is stored under them.
-pub fn narrowed(
-    cache: &Cache,
-    route: &Route,
-    (host, path, query): (&str, &str, Option<&str>),
-    plain: &UriKey,
-) -> Vec<UriKey> {
+pub fn narrowed(cache: &Cache, route: &Route, url: Url<'_>, plain: &UriKey) -> Vec<UriKey> {
+    let Url { host, path, query } = url;
     let mut out: Vec<UriKey> = Vec::new();
-    if !route.no_vary_search || query.is_none() {
+    if !route.cache.no_vary_search || query.is_none() {
         return out;
     }
     for tls in [false, true] {
-        if let PathRule::Rule(rule) = rule_of(cache, route, (host, path), tls) {
-            let key = UriKey::with_rule(host, path, query, &route.query_filter, Some(&rule));
+        if let PathRule::Rule(rule) = rule_of(&cache.l1, &route.name, (host, path), tls) {
+            let key = UriKey::with_rule(host, path, query, &route.cache.query_filter, Some(&rule));
             if key != *plain && !out.contains(&key) {
                 out.push(key);
             }
@@ -145,16 +152,22 @@ pub fn narrowed(
 
 /// The key a GET of `head`'s host and path with `query` is looked up
 /// under, with the path's rule where the route learns them.
-pub fn get_key(cache: &Cache, route: &Route, head: &RequestHead, query: Option<&str>) -> UriKey {
-    let rule = match route.no_vary_search && query.is_some() {
-        true => rule_of(cache, route, (&head.host, &head.path), head.tls),
+pub fn get_key(
+    l1: &L1,
+    route: &str,
+    params: &CacheParams,
+    head: &RequestHead,
+    query: Option<&str>,
+) -> UriKey {
+    let rule = match params.no_vary_search && query.is_some() {
+        true => rule_of(l1, route, (&head.host, &head.path), head.tls),
         false => PathRule::Unknown,
     };
     UriKey::with_rule(
         &head.host,
         &head.path,
         query,
-        &route.query_filter,
+        &params.query_filter,
         rule.rule(),
     )
 }

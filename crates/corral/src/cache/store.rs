@@ -64,15 +64,17 @@ pub(crate) fn aliases(fill: &FillRequest, entry: &StoredResponse) -> Vec<(Primar
     {
         return Vec::new();
     }
-    let route = &fill.route;
-    let uri = crate::cache::rules::get_key(&fill.cache, route, head, named.query());
+    let params = fill.cache_params();
+    let uri =
+        crate::cache::rules::get_key(fill.l1(), fill.route_name(), params, head, named.query());
     // The QUERY's own target is the resource the query was sent to, not a
     // representation of it: an answer naming it would let any caller's
     // query content replace that URI's GET for everyone.
-    if uri == crate::cache::rules::get_key(&fill.cache, route, head, head.query.as_deref()) {
+    let plain = head.query.as_deref();
+    if uri == crate::cache::rules::get_key(fill.l1(), fill.route_name(), params, head, plain) {
         return Vec::new();
     }
-    let primary = PrimaryKey::get(&route.name, uri, head.tls);
+    let primary = PrimaryKey::get(fill.route_name(), uri, head.tls);
     let key = primary.variant(None, entry.vary_values());
     vec![(primary, key)]
 }
@@ -108,7 +110,7 @@ impl Keep {
         // Accept-Encoding selects no variant. An origin that encoded its
         // answer anyway keeps its Vary.
         let unencoded = !compress::has_coding(&answered.parts.headers);
-        if fill.route.compression.is_some()
+        if fill.store().compression.is_some()
             && unencoded
             && let Vary::Headers(names) = &mut vary
         {
@@ -182,7 +184,7 @@ pub(crate) async fn store(
     if let Some(n) = declared {
         events.send(FillEvent::Declared(n));
     }
-    let mut hold = fill.cache.fill_memory.hold();
+    let mut hold = fill.store().fill_memory.hold();
     // Two copies while it streams: the chunks readers share, and the entry
     // being built. A body without a declared length takes its hold as it comes.
     let incremental = incremental(&parts.headers);
@@ -192,7 +194,7 @@ pub(crate) async fn store(
     // decoded for it (and whoever else accepts none) once it is whole.
     let unaccepted = compress::unaccepted_coding(&fill.head.headers, &parts.headers);
     let encoded = compress::has_coding(&parts.headers)
-        && (fill.route.compression.is_some() || unaccepted.is_some());
+        && (fill.store().compression.is_some() || unaccepted.is_some());
     let streamed = streamable(fill, events, declared, &keep.vary, incremental)
         .filter(|_| !encoded)
         .filter(|n| n.is_none_or(|n| hold.grow(n.saturating_mul(2))));
@@ -200,13 +202,13 @@ pub(crate) async fn store(
         Some(n) => {
             let growing = SharedBody::new(n);
             let writer = Writer::new(&growing);
-            let route = fill.route.name.as_str();
+            let route = fill.route_name();
             let mut outlets = Fanout::new(
                 &growing,
                 &stream_codings(fill, &parts, n, &mut hold),
                 n.map(fanout::worst),
                 route,
-                &fill.cache.cpu,
+                fill.store().cpu,
             );
             events.send(FillEvent::Streaming(streaming(
                 fill, &keep, &parts, &outlets, &growing,
@@ -269,18 +271,18 @@ async fn stream_body(
     hold: &mut corral_core::Hold,
     deadline: Instant,
 ) -> Result<Option<Bytes>, UpstreamError> {
-    let total = fill.route.upstream.total;
+    let total = fill.origin().total;
     match n {
         Some(n) => stream_into(body, outlets, n, deadline, total)
             .await
             .map(Some),
         None => {
             let room = Room {
-                limit: fill.route.policy.max_object_size,
+                limit: fill.store().policy.max_object_size,
                 hold,
-                lag: &fill.cache.ahead_memory,
+                lag: fill.store().ahead_memory,
                 events,
-                route: fill.route.name.as_str(),
+                route: fill.route_name(),
             };
             stream_unknown(body, outlets, room, deadline, total).await
         }
@@ -321,7 +323,7 @@ async fn read_whole(
 /// caller; a QUERY's answer that names the GET of its result also answers
 /// it.
 fn insert(fill: &FillRequest, vary: &Vary, entry: &Arc<StoredResponse>) {
-    let l1 = &fill.cache.l1;
+    let l1 = &fill.l1();
     l1.learn_vary(&fill.primary, vary);
     crate::cache::rules::learn(fill, entry.headers());
     fill.clear_hit_for_pass();
@@ -349,14 +351,13 @@ async fn representations(
     unaccepted: Option<String>,
     ready: Vec<(corral_core::Coding, Bytes)>,
 ) -> Result<Arc<StoredResponse>, Box<Ended>> {
-    let route = &fill.route;
-    let limit = route.policy.max_object_size;
-    let config = route.compression.as_ref();
+    let limit = fill.store().policy.max_object_size;
+    let config = fill.store().compression;
     let status = entry.status();
     let encoded = match (&unaccepted, config) {
         (Some(_), None) => {
             let backup = entry.clone();
-            fill.cache
+            fill.store()
                 .cpu
                 .run(Job::Decompress, move || {
                     compress::decode_for_callers(entry, limit)
@@ -398,6 +399,27 @@ async fn representations(
     }
 }
 
+/// An entry read from L2, as this instance keeps it: an answer the origin
+/// encoded is decoded on the CPU pool (waiting for a slot if need be: its
+/// callers need it), as when it was fetched here; `None` when it does not
+/// decode within the route's object size (it is fetched again rather than
+/// served). An unencoded one is kept so, its codings made when a caller
+/// first asks for one (`cache::demand`), not all at once here.
+pub(crate) async fn from_l2(fill: &FillRequest, read: StoredResponse) -> Option<StoredResponse> {
+    let config = fill.store().compression.cloned();
+    let Some(config) = config.filter(|_| compress::has_coding(read.headers())) else {
+        return Some(compress::deferred(fill.store().compression, read));
+    };
+    let limit = fill.store().policy.max_object_size;
+    let name = fill.route_name().to_owned();
+    let decode = move || compress::encode(Some(&config), &name, read, limit).ok();
+    fill.store()
+        .cpu
+        .run(Job::Decompress, decode)
+        .await
+        .flatten()
+}
+
 /// `entry` in the route's codings, made on the CPU pool: those its caller
 /// asked for (any, when it accepts one; none for a HEAD or a caller that
 /// accepts none), unless the pool is full; the others are made when a
@@ -408,13 +430,12 @@ async fn encoded(
     entry: StoredResponse,
     ready: Vec<(corral_core::Coding, Bytes)>,
 ) -> Result<StoredResponse, Box<StoredResponse>> {
-    let route = &fill.route;
-    let Some(config) = route.compression.clone() else {
+    let Some(config) = fill.store().compression.cloned() else {
         return Ok(entry);
     };
-    let limit = route.policy.max_object_size;
-    let name = route.name.clone();
-    let cpu = &fill.cache.cpu;
+    let limit = fill.store().policy.max_object_size;
+    let name = fill.route_name().to_owned();
+    let cpu = &fill.store().cpu;
     let all_ready = config
         .encodings
         .iter()
@@ -442,9 +463,9 @@ async fn encoded(
         if let Some(made) = made {
             return made;
         }
-        return Ok(deferred(&config, &route.name, backup, ready));
+        return Ok(deferred(&config, fill.route_name(), backup, ready));
     }
-    Ok(deferred(&config, &route.name, entry, ready))
+    Ok(deferred(&config, fill.route_name(), entry, ready))
 }
 
 /// `entry` stored with the codings made as it streamed (`ready`), the
@@ -482,7 +503,7 @@ async fn sealed(fill: &FillRequest, bytes: Bytes) -> Bytes {
         return crate::sealed::seal_or_keep(bytes);
     }
     let copy = bytes.clone();
-    fill.cache
+    fill.store()
         .cpu
         .run(Job::Copy, move || crate::sealed::seal_or_keep(copy))
         .await
@@ -500,7 +521,7 @@ fn stream_codings(
     declared: Option<u64>,
     hold: &mut corral_core::Hold,
 ) -> Vec<corral_core::Coding> {
-    let config = fill.route.compression.as_ref();
+    let config = fill.store().compression;
     // A HEAD, or a caller that accepts no coding, has none made for it.
     if !compress::asked(config, &fill.head) {
         return Vec::new();
@@ -548,6 +569,7 @@ fn streaming(
         fwd: fill.fwd,
         fwd_status: Some(keep.status.as_u16()),
         own: keep.own.clone(),
+        relayed: false,
     }
 }
 
@@ -567,7 +589,7 @@ pub(crate) async fn checked(
     }
     let body = body.clone();
     let verified = fill
-        .cache
+        .store()
         .cpu
         .run(Job::Digest, move || {
             corral_core::wire::digest::verify(&expected, &body)
@@ -577,8 +599,8 @@ pub(crate) async fn checked(
         return Err(UpstreamError::Exchange("the digest check failed".into()));
     };
     verified.map_err(|m| {
-        crate::telemetry::metrics::digest_mismatch(&fill.route.name, m.field);
-        tracing::warn!(route = %fill.route.name, key = %fill.primary.loggable(), "{m}");
+        crate::telemetry::metrics::digest_mismatch(fill.route_name(), m.field);
+        tracing::warn!(route = %fill.route_name(), key = %fill.primary.loggable(), "{m}");
         UpstreamError::Digest(m)
     })
 }
@@ -600,10 +622,10 @@ fn streamable(
     vary: &Vary,
     incremental: bool,
 ) -> Option<Option<u64>> {
-    let fits = declared.is_none_or(|n| n > 0 && n <= fill.route.policy.max_object_size);
+    let fits = declared.is_none_or(|n| n > 0 && n <= fill.store().policy.max_object_size);
     (fits
         && (fill.streams(events) || (incremental && events.streams))
-        && *vary == fill.cache.l1.learned_vary(&fill.primary))
+        && *vary == fill.l1().learned_vary(&fill.primary))
     .then_some(declared)
 }
 
@@ -730,10 +752,10 @@ pub(crate) async fn read_body(
     buffer(
         body,
         declared,
-        fill.route.policy.max_object_size,
-        &fill.cache.fill_memory,
+        fill.store().policy.max_object_size,
+        fill.store().fill_memory,
         deadline,
-        fill.route.upstream.total,
+        fill.origin().total,
     )
     .await
 }

@@ -20,7 +20,7 @@ use crate::origin::upstream::UpstreamError;
 /// process under `fetch` never gets here on its first timeout: its flight
 /// is handed to one waiter instead; see [`gave_up`].)
 pub fn on_lock_timeout(fill: &FillRequest) -> Option<FillOutcome> {
-    match fill.route.on_timeout {
+    match fill.coalesce_params().on_timeout {
         OnTimeout::Fetch | OnTimeout::FetchEach => None,
         OnTimeout::Stale => fill.stale().map(|entry| FillOutcome::Stale {
             entry,
@@ -63,7 +63,7 @@ pub(crate) fn fill_limit(fill: &FillRequest) -> FillOutcome {
 /// What a caller turned away from a full wait list gets: the stale copy
 /// if it may still be served, else a 503 saying to come back in a second.
 pub fn wait_list_full(fill: &FillRequest) -> FillOutcome {
-    crate::telemetry::metrics::wait_list_full(&fill.route.name);
+    crate::telemetry::metrics::wait_list_full(fill.route_name());
     stale_on_error(fill, Detail::WaitListFull)
         .unwrap_or_else(|| unavailable(fill, Detail::WaitListFull, Duration::from_secs(1)))
 }
@@ -71,9 +71,7 @@ pub fn wait_list_full(fill: &FillRequest) -> FillOutcome {
 /// The stale copy in hand, labelled `detail`, if stale-if-error still
 /// allows serving it.
 pub(crate) fn stale_on_error(fill: &FillRequest, detail: Detail) -> Option<FillOutcome> {
-    let entry = fill
-        .stale()
-        .filter(|s| s.usable_on_error(fill.cache.clock.now()))?;
+    let entry = fill.stale().filter(|s| s.usable_on_error(fill.now()))?;
     Some(FillOutcome::Stale {
         entry,
         fwd_status: None,
@@ -118,7 +116,7 @@ fn failed_after(fill: &FillRequest, e: &UpstreamError, head: Option<u16>) -> Fil
     if let UpstreamError::Busy(_) = e {
         // corral's own queue was full: the origin was not asked, so this
         // is no verdict on it (see `origin_verdict`).
-        crate::telemetry::metrics::origin_skipped(&fill.route.name, Detail::UpstreamBusy);
+        crate::telemetry::metrics::origin_skipped(fill.route_name(), Detail::UpstreamBusy);
         return stale_on_error(fill, Detail::UpstreamBusy)
             .unwrap_or_else(|| unavailable(fill, Detail::UpstreamBusy, Duration::from_secs(1)));
     }
@@ -139,11 +137,11 @@ fn failed_after(fill: &FillRequest, e: &UpstreamError, head: Option<u16>) -> Fil
     }
     if crate::telemetry::repeats::first_for_route(
         "upstream failed",
-        &fill.route.name,
-        fill.route.upstream.authority.as_str(),
+        fill.route_name(),
+        fill.origin().authority.as_str(),
         e.detail().as_str(),
     ) {
-        tracing::warn!(route = %fill.route.name, upstream = %fill.route.upstream.authority, error = %e, "upstream failed");
+        tracing::warn!(route = %fill.route_name(), upstream = %fill.origin().authority, error = %e, "upstream failed");
     }
     // RFC 9209 §2.1.3: the status the origin sent, wherever it sent one
     // (a body that broke off or failed its digest came with a head).

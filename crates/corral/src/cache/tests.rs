@@ -210,6 +210,8 @@ struct Tier {
     down: AtomicBool,
     /// Only taking the lease fails (a slow SET NX).
     acquire_fails: AtomicBool,
+    /// Only writing an entry fails (a write that timed out).
+    write_fails: AtomicBool,
     /// Written into the entry key when the lease is granted: the previous
     /// leader's store landing between this fill's read and its lease.
     lands_on_acquire: Mutex<Option<StoredResponse>>,
@@ -232,6 +234,7 @@ impl FakeTier {
             notices: broadcast::channel(16).0,
             down: AtomicBool::new(false),
             acquire_fails: AtomicBool::new(false),
+            write_fails: AtomicBool::new(false),
             lands_on_acquire: Mutex::new(None),
             probes: AtomicUsize::new(0),
             acquired: AtomicUsize::new(0),
@@ -337,6 +340,9 @@ impl Notices for FakeNotices {
 }
 
 impl SharedTier for FakeTier {
+    fn lease_window(&self) -> Duration {
+        Duration::from_secs(1)
+    }
     fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         self.0.layout.keys(primary, variant, identity)
     }
@@ -459,6 +465,9 @@ impl SharedTier for FakeTier {
     ) -> BoxFuture<'a, Result<bool, L2Error>> {
         Box::pin(async move {
             self.failing()?;
+            if self.0.write_fails.load(Ordering::SeqCst) {
+                return Err(L2Error::NotConnected);
+            }
             if entry.body().len() as u64 > self.max_object_size() {
                 return Ok(false);
             }
@@ -704,7 +713,7 @@ impl Harness {
     /// The shared tier's keys of `path`'s one variant (no Vary, anonymous).
     fn keys(&self, path: &str) -> Keys {
         let route = self.route(path);
-        let uri = UriKey::new("api.test", path, None, &route.query_filter);
+        let uri = UriKey::new("api.test", path, None, &route.cache.query_filter);
         let primary = PrimaryKey::new(&route.name, uri);
         let variant = primary.variant(None, &Vary::None.values(&HeaderMap::new()));
         self.tier
@@ -718,19 +727,22 @@ impl Harness {
     fn fill(&self, path: &str) -> FillRequest {
         let route = self.route(path);
         let head = self.head(path);
-        let uri = UriKey::new("api.test", path, None, &route.query_filter);
+        let uri = UriKey::new("api.test", path, None, &route.cache.query_filter);
         let primary = PrimaryKey::get(&route.name, uri, false);
         let variant = primary.variant(None, &Vary::None.values(&HeaderMap::new()));
-        FillRequest::new(
-            Arc::clone(&self.app.cache),
-            route,
-            Arc::new(head),
-            (primary, None, variant),
-            None,
-            corral_core::Forward::UriMiss,
-            None,
-            None,
-        )
+        let job = crate::cache::fill::Job {
+            head: Arc::new(head),
+            keys: crate::cache::fill::FillKeys {
+                primary,
+                identity: None,
+                variant,
+            },
+            stale: None,
+            fwd: corral_core::Forward::UriMiss,
+            body: None,
+            interim: None,
+        };
+        FillRequest::new(Arc::clone(&self.app.cache), route, job)
     }
 
     /// An entry as another instance would have stored it, `age` old.
@@ -749,7 +761,8 @@ impl Harness {
         let at = self.clock.now() - age;
         let route = self.route("/");
         let uri: http::Uri = "http://api.test/".parse().expect("unit-test setup");
-        let Decision::Store { freshness } = route.policy.evaluate(&Method::GET, &uri, &parts, at)
+        let Decision::Store { freshness } =
+            route.cache.policy.evaluate(&Method::GET, &uri, &parts, at)
         else {
             panic!("{cache_control} is not storable");
         };
@@ -1099,7 +1112,7 @@ async fn urls_that_throw_never_open_the_circuit_for_other_callers() {
         let got = h.get_from(&format!("/throws{n}"), [192, 0, 2, 66]).await;
         assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
-    assert!(!h.route("/a").circuit.is_open());
+    assert!(!h.route("/a").origin.circuit.is_open());
     let victim = h.get_from("/a", [198, 51, 100, 7]).await;
     assert!(
         victim.cs.detail != Some(Detail::CircuitOpen),
@@ -1121,7 +1134,7 @@ async fn an_unreachable_origin_opens_the_circuit_from_one_client() {
     for n in 0..5 {
         h.get_from(&format!("/down{n}"), [192, 0, 2, 66]).await;
     }
-    assert!(h.route("/a").circuit.is_open());
+    assert!(h.route("/a").origin.circuit.is_open());
     let got = h.get_from("/a", [198, 51, 100, 7]).await;
     assert!(
         got.cs.detail == Some(Detail::CircuitOpen),
@@ -1168,7 +1181,7 @@ async fn a_failure_another_instance_saw_counts_toward_the_back_off() {
         "    backoff: { min: 10s, max: 60s }\n",
     );
     let keys = h.keys("/a");
-    let policy = h.route("/a").backoff;
+    let policy = h.route("/a").origin.backoff;
     let theirs = policy.after_failure(None, h.clock.now());
     assert!(!theirs.active(h.clock.now()));
     tier(&h).records().backoffs.insert(keys.backoff(), theirs);
@@ -1198,7 +1211,7 @@ async fn failures_of_callers_on_two_instances_back_the_key_off() {
         "    backoff: { min: 10s, max: 60s }\n",
     );
     let keys = h.keys("/a");
-    let policy = h.route("/a").backoff;
+    let policy = h.route("/a").origin.backoff;
     let other = corral_core::callers::client_addr::caller_group([198, 51, 100, 7].into());
     let theirs = policy
         .after_failure_of(None, other, h.clock.now())
@@ -1401,13 +1414,44 @@ async fn a_follower_serves_what_the_other_instance_announces() {
     other.await.expect("unit-test setup");
     assert!(answers.iter().all(|a| a.body == "there"));
     assert_eq!(h.origin.hits(), 0);
-    // Woken by the notice, not by the poll's next tick.
+    // Woken by the notice, not by a poll.
     assert_eq!(started.elapsed(), Duration::from_millis(700));
-    // One follower per instance reads Redis, polling with back-off, not a
-    // read per caller per tick: the lookup's and the flight's reads, polls
-    // at 25, 75, 175, 375 and 625 ms, and the read the notice wakes.
+    // One follower per instance reads Redis, and only when the notice
+    // wakes it: the flight's first read and the notice's.
     let probes = t.0.probes.load(Ordering::SeqCst);
-    assert_eq!(probes, 8, "probes");
+    assert_eq!(probes, 2, "probes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_holders_renewals_keep_a_waiter_from_reading_however_slow_its_origin() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    t.other_leads(&keys, Duration::from_secs(3600), Duration::ZERO);
+    let entry = h.entry("max-age=60", "there", Duration::ZERO);
+    let other = {
+        let (t, keys) = (t.clone(), keys.clone());
+        tokio::spawn(async move {
+            // A 10 s fetch, its lease renewed (and said so) every third
+            // of the 1 s window.
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(333)).await;
+                let _ = t.0.notices.send(FillNotice::Alive);
+            }
+            t.other_ends(&keys, Some(entry), Some(FillNotice::Stored));
+        })
+    };
+    let answers = h.stampede("/a", 20).await;
+    other.await.expect("unit-test setup");
+    assert!(answers.iter().all(|a| a.body == "there"));
+    assert_eq!(h.origin.hits(), 0);
+    // A constant, not one read per poll over the 10 s the holder kept
+    // saying it was alive (the old doubling poll made about 45).
+    assert_eq!(t.0.probes.load(Ordering::SeqCst), 4, "probes");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1439,7 +1483,7 @@ async fn a_live_lease_is_waited_on_past_lock_timeout_not_fetched_beside() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_lost_notice_is_covered_by_polling() {
+async fn a_lost_notice_is_covered_by_one_read_a_window_on() {
     let h = harness(
         ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
         Some(FakeTier::new()),
@@ -1457,12 +1501,9 @@ async fn a_lost_notice_is_covered_by_polling() {
     let started = Instant::now();
     assert_eq!(h.get("/a").await.body, "there");
     assert_eq!(h.origin.hits(), 0);
-    let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(400)
-            && waited < Duration::from_millis(400) + Duration::from_millis(260),
-        "{waited:?}"
-    );
+    // Nothing heard for the 1 s lease window: one read, which serves.
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(t.0.probes.load(Ordering::SeqCst), 2, "probes");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1473,7 +1514,9 @@ async fn a_dead_holders_lease_is_taken_over_when_it_expires() {
         NO_EARLY_REFRESH,
     );
     let keys = h.keys("/a");
-    // The holder died: its lease runs out in 2 s and nothing is announced.
+    // The holder died: its lease runs out in 2 s and nothing is announced
+    // (the waiter reads at the end of the 1 s window, then every third of
+    // one while the lease still stands).
     tier(&h).other_leads(&keys, Duration::from_secs(2), Duration::ZERO);
     let started = Instant::now();
     let got = h.get("/a").await;
@@ -1483,6 +1526,59 @@ async fn a_dead_holders_lease_is_taken_over_when_it_expires() {
     assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(tier(&h).0.acquired.load(Ordering::SeqCst), 1);
     assert_eq!(tier(&h).published(), vec![FillNotice::Stored]);
+}
+
+/// A leader whose entry Redis failed to take (the write timed out) tells
+/// the waiting instances to read once and take the lease, not to fetch
+/// each its own copy (`Local`, kept for answers L2 will not hold).
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_l2_write_failed_tells_the_waiters_to_take_its_lease() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    tier(&h).0.write_fails.store(true, Ordering::SeqCst);
+    assert_eq!(h.get("/a").await.body, "here");
+    assert_eq!(h.origin.hits(), 1);
+    assert_eq!(tier(&h).published(), vec![FillNotice::Unwritten]);
+    assert!(
+        tier(&h).records().leases.is_empty(),
+        "the lease is released"
+    );
+}
+
+/// The waiting side: on `Unwritten` a waiter reads, finds the lease free
+/// and takes it, so it leads the refetch (the other instances wait on it)
+/// and shares its answer through L2, rather than fetching alone.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_told_the_entry_is_unwritten_takes_the_lease_and_shares_its_fetch() {
+    let h = harness(
+        ScriptedOrigin::new(Reply::Ok("max-age=60", "here"), SLOW),
+        Some(FakeTier::new()),
+        NO_EARLY_REFRESH,
+    );
+    let keys = h.keys("/a");
+    let t = tier(&h).clone();
+    t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
+    let other = {
+        let (t, keys) = (t.clone(), keys.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            t.other_ends(&keys, None, Some(FillNotice::Unwritten));
+        })
+    };
+    let answers = h.stampede("/a", 20).await;
+    other.await.expect("unit-test setup");
+    assert!(answers.iter().all(|a| a.body == "here"));
+    assert_eq!(h.origin.hits(), 1);
+    assert_eq!(
+        t.0.acquired.load(Ordering::SeqCst),
+        1,
+        "the waiter took the lease"
+    );
+    assert_eq!(t.records().stores, 1, "its answer went to L2");
+    assert_eq!(t.published(), vec![FillNotice::Stored]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1495,7 +1591,7 @@ async fn a_failed_notice_adopts_the_back_off_instead_of_asking_the_origin() {
     let keys = h.keys("/a");
     let t = tier(&h).clone();
     t.other_leads(&keys, Duration::from_secs(30), Duration::ZERO);
-    let policy = h.route("/a").backoff;
+    let policy = h.route("/a").origin.backoff;
     let backoff = policy.after_failure(None, h.clock.now());
     let (t2, k2) = (t.clone(), keys.clone());
     tokio::spawn(async move {
@@ -1553,11 +1649,12 @@ async fn a_follower_times_out_on_a_lease_nobody_ends() {
     );
     assert_eq!(started.elapsed(), Duration::from_secs(3));
     assert_eq!(h.origin.hits(), 0);
-    // Polling backs off to 250 ms: in 3 s, the lookup's and the flight's
-    // reads, polls at 25, 75, 175, 375 ms and every 250 ms from 625 ms to
-    // 2,875 ms, and the last look at the deadline: 17 reads, not 120.
+    // A holder that never says it is alive (an older corral, or lost
+    // notices) is read a window after the wait began and every third of a
+    // window after: the flight's first read, reads at 1 s and every 333 ms
+    // to 3 s, and the last look at the deadline.
     let probes = tier(&h).0.probes.load(Ordering::SeqCst);
-    assert_eq!(probes, 17, "probes");
+    assert_eq!(probes, 8, "probes");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1889,6 +1986,70 @@ async fn a_fill_asks_for_the_whole_answer_then_revalidates_its_stale_copy() {
     assert_eq!(third.body, "v1");
     assert!(third.cs.hit, "{}", third.cache_status);
     assert_eq!(h.origin.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_of_a_stale_copy_asks_with_head_and_freshens_or_retires_it() {
+    // "v1" and "v2" have the stored length and ETag: the HEAD's answer
+    // describes the copy. "v333" does not.
+    let h = harness(
+        ScriptedOrigin::scripted(
+            &[
+                Reply::Ok("max-age=1", "v1"),
+                Reply::Ok("max-age=60", "v2"),
+                Reply::Ok("max-age=1", "v333"),
+            ],
+            Reply::Ok("max-age=60", "v4"),
+            SLOW,
+        ),
+        None,
+        NO_EARLY_REFRESH,
+    );
+    let head = |h: &Harness| {
+        let mut r = h.head_with("/a", &[]);
+        r.method = Method::HEAD;
+        r
+    };
+    assert_eq!(h.get("/a").await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let freshened = h.get_head("/a", head(&h)).await;
+    assert_eq!(h.origin.asked(1).method, Method::HEAD);
+    assert_eq!(
+        h.origin
+            .asked(1)
+            .headers
+            .get("if-none-match")
+            .map(|v| v.as_bytes()),
+        Some(&b"\"v\""[..])
+    );
+    assert_eq!(
+        (freshened.status, &freshened.body[..]),
+        (StatusCode::OK, &b""[..])
+    );
+    assert!(
+        freshened.cs.fwd_status == Some(200),
+        "{}",
+        freshened.cache_status
+    );
+    // The stored body stands, fresh for the HEAD's 60 s; the HEAD's own
+    // (scripted) body was never read.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let hit = h.get("/a").await;
+    assert_eq!(hit.body, "v1");
+    assert!(hit.cs.hit, "{}", hit.cache_status);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    // Another length: the copy is retired, and the next GET fetches it
+    // whole, unconditionally.
+    let retired = h.get_head("/a", head(&h)).await;
+    assert_eq!(h.origin.asked(2).method, Method::HEAD);
+    assert_eq!(
+        (retired.status, &retired.body[..]),
+        (StatusCode::OK, &b""[..])
+    );
+    assert_eq!(h.get("/a").await.body, "v4");
+    assert_eq!(h.origin.asked(3).method, Method::GET);
+    assert_eq!(h.origin.asked(3).headers.get("if-none-match"), None);
+    assert_eq!(h.origin.hits(), 4);
 }
 
 #[tokio::test(start_paused = true)]

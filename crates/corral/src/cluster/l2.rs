@@ -17,14 +17,37 @@ use http::header::HeaderName;
 
 use crate::cluster::lease;
 use crate::cluster::protocol::{
-    ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, RECORD_TTL,
-    RULE_TTL, STORE, STORE_HANDOFF, millis,
+    ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, READ_OR_LEASE,
+    RECORD_TTL, RULE_TTL, STORE, STORE_HANDOFF, fill_notice_payload, lease_token, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
+use crate::cluster::stream::{StreamReader, StreamWriter, Streams};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
-use crate::cluster::tier::{HeldLease, Notices, Probe, SharedTier};
+use crate::cluster::tier::{HeldLease, Notices, Probe, ProbeAndLease, SharedTier};
 use crate::cluster::trust::Trust;
 use crate::config::RedisConfig;
+
+/// What one probe reads: entry, Vary record, pass marker, lease,
+/// generation, back-off.
+type Row = (
+    Option<Vec<u8>>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u64>,
+    Option<String>,
+);
+
+/// A [`Row`] and the lease [`READ_OR_LEASE`] wrote, if it took it.
+type ProbeRow = (
+    Option<Vec<u8>>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u64>,
+    Option<String>,
+    Option<String>,
+);
 
 /// The shared store.
 pub struct L2 {
@@ -33,10 +56,14 @@ pub struct L2 {
     layout: Layout,
     pub max_object_size: u64,
     pub lease_ttl: Duration,
+    /// A lease's life past its last renewal (`redis.lease_window`).
+    pub lease_window: Duration,
     /// Values that failed to decode (corrupt or another version).
     pub corrupt: AtomicU64,
     /// Seals what this instance writes, checks what it reads.
     trust: Arc<Trust>,
+    /// Fills' bodies relayed to the waiting instances as they arrive.
+    streams: Arc<Streams>,
 }
 
 impl L2 {
@@ -57,12 +84,15 @@ impl L2 {
         }
         let subscriber =
             Subscriber::start(Arc::clone(&link), &layout, Arc::clone(&trust), on_notice);
+        let streams = Streams::new(Arc::clone(&link), Arc::clone(&trust));
         Ok(Arc::new(L2 {
+            streams,
             link,
             subscriber,
             layout,
             max_object_size: config.l2_max_object_size,
             lease_ttl: config.lease_ttl,
+            lease_window: config.lease_window,
             corrupt: AtomicU64::new(0),
             trust,
         }))
@@ -88,15 +118,53 @@ impl L2 {
             .arg(keys.lease())
             .arg(keys.generation())
             .arg(keys.backoff());
-        type Row = (
-            Option<Vec<u8>>,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            Option<u64>,
-            Option<String>,
+        let row: Row = self.link.query(&cmd).await?;
+        Ok(self.decode_probe(keys, row, generation_stamp))
+    }
+
+    /// The first read of a fill with its lease attempt, in one round trip
+    /// ([`READ_OR_LEASE`]): the lease is taken when nothing usable can be
+    /// there (`with_entry`: even if an entry is, which the caller judges).
+    pub async fn probe_or_acquire(
+        &self,
+        keys: &Keys,
+        generation_stamp: u64,
+        with_entry: bool,
+    ) -> Result<(Probe, Option<lease::Lease>), L2Error> {
+        let (entry, vary, pass, lease, generation, backoff, won): ProbeRow = self
+            .link
+            .script(
+                &READ_OR_LEASE,
+                &[
+                    &keys.entry(),
+                    &keys.vary(),
+                    &keys.pass(),
+                    &keys.lease(),
+                    &keys.generation(),
+                    &keys.backoff(),
+                ],
+                &[
+                    arg(lease_token()),
+                    arg(millis(self.lease_window)),
+                    arg(if with_entry { "1" } else { "0" }),
+                ],
+            )
+            .await?;
+        let probe = self.decode_probe(
+            keys,
+            (entry, vary, pass, lease, generation, backoff),
+            generation_stamp,
         );
-        let (entry, vary, pass, lease, generation, backoff): Row = self.link.query(&cmd).await?;
+        let held = won.map(|value| {
+            lease::Lease::won(&self.link, keys.lease(), value, self.lease_window)
+                .pinging(self.notice_cmd(keys, FillNotice::Alive))
+        });
+        Ok((probe, held))
+    }
+
+    /// A probe's values, each checked against its seal before decoding.
+    fn decode_probe(&self, keys: &Keys, row: Row, generation_stamp: u64) -> Probe {
+        let (entry, vary, pass, lease, generation, backoff) = row;
         let entry_key = keys.entry();
         // Nothing of a record is decoded before its tag verifies.
         let entry = entry.and_then(|sealed| {
@@ -114,7 +182,7 @@ impl L2 {
                 ..b
             })
         });
-        Ok(Probe {
+        Probe {
             entry,
             vary,
             pass: pass.is_some(),
@@ -122,7 +190,7 @@ impl L2 {
             lease,
             generation: generation.unwrap_or(0),
             backoff,
-        })
+        }
     }
 
     /// An envelope whose tag verified; a corrupt one is a miss.
@@ -266,19 +334,35 @@ impl L2 {
     /// On a Cluster, a sharded channel: the notice goes to the node that
     /// owns the key's slot (and its replicas), not across the cluster bus.
     pub async fn publish(&self, keys: &Keys, notice: FillNotice) -> Result<(), L2Error> {
+        match self.notice_cmd(keys, notice) {
+            Some(cmd) => self.link.query::<()>(&cmd).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The command that announces `notice` for the variant of `keys`: on
+    /// its URI's notice channel, naming the variant, sealed under its name
+    /// (a notice that does not verify wakes nobody: one that anyone could
+    /// publish would send every waiting instance to the origin). `None`
+    /// on a Cluster without sharded pub/sub: nobody listens there, and
+    /// waiters read at the end of each lease window instead.
+    fn notice_cmd(&self, keys: &Keys, notice: FillNotice) -> Option<redis::Cmd> {
         let mut cmd = match (self.link.is_cluster(), self.link.sharded()) {
             (false, _) => redis::cmd("PUBLISH"),
             (true, true) => redis::cmd("SPUBLISH"),
-            // No sharded pub/sub: nobody listens, waiters poll.
-            (true, false) => return Ok(()),
+            (true, false) => return None,
         };
-        cmd.arg(keys.fill_channel()).arg(notice.encode());
-        self.link.query::<()>(&cmd).await
+        let name = keys.fill_channel();
+        let sealed = self.trust.seal_text(Record::Notice, &name, notice.encode());
+        cmd.arg(keys.notice_channel())
+            .arg(fill_notice_payload(&name, &sealed));
+        Some(cmd)
     }
 
-    /// Subscribes to the variant's fill notices.
-    pub async fn watch(&self, keys: &Keys) -> NoticeWatch {
-        self.subscriber.watch(keys.fill_channel()).await
+    /// Registers a waiter for the variant's fill notices (in this process:
+    /// the subscription itself is long-lived).
+    pub fn watch(&self, keys: &Keys) -> NoticeWatch {
+        self.subscriber.watch(keys.fill_channel())
     }
 
     /// Records a ban (for instances that connect later) and broadcasts it.
@@ -361,6 +445,16 @@ impl SharedTier for L2 {
     fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
         L2::keys(self, primary, variant, identity)
     }
+    fn stream_writer(&self, keys: &Keys, lease: &str) -> Option<StreamWriter> {
+        Some(self.streams.writer(keys, lease))
+    }
+    fn stream_reader<'a>(
+        &'a self,
+        keys: &'a Keys,
+        stamp: u64,
+    ) -> BoxFuture<'a, Option<StreamReader>> {
+        Box::pin(self.streams.reader(keys, stamp))
+    }
     fn max_object_size(&self) -> u64 {
         self.max_object_size
     }
@@ -376,13 +470,28 @@ impl SharedTier for L2 {
     fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>> {
         Box::pin(L2::probe(self, keys, stamp))
     }
+    fn probe_or_acquire<'a>(
+        &'a self,
+        keys: &'a Keys,
+        stamp: u64,
+        with_entry: bool,
+    ) -> BoxFuture<'a, Result<ProbeAndLease, L2Error>> {
+        Box::pin(async move {
+            let (probe, lease) = L2::probe_or_acquire(self, keys, stamp, with_entry).await?;
+            Ok((probe, lease.map(|l| Box::new(l) as Box<dyn HeldLease>)))
+        })
+    }
+    fn lease_window(&self) -> Duration {
+        self.lease_window
+    }
     fn acquire<'a>(
         &'a self,
         keys: &'a Keys,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
         Box::pin(async move {
-            let lease = lease::acquire(&self.link, keys.lease(), self.lease_ttl).await?;
-            Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
+            let lease = lease::acquire(&self.link, keys.lease(), self.lease_window).await?;
+            let ping = self.notice_cmd(keys, FillNotice::Alive);
+            Ok(lease.map(|l| Box::new(l.pinging(ping)) as Box<dyn HeldLease>))
         })
     }
     fn take_over<'a>(
@@ -391,8 +500,9 @@ impl SharedTier for L2 {
         seen: &'a str,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldLease>>, L2Error>> {
         Box::pin(async move {
-            let lease = lease::take_over(&self.link, keys.lease(), seen, self.lease_ttl).await?;
-            Ok(lease.map(|l| Box::new(l) as Box<dyn HeldLease>))
+            let lease = lease::take_over(&self.link, keys.lease(), seen, self.lease_window).await?;
+            let ping = self.notice_cmd(keys, FillNotice::Alive);
+            Ok(lease.map(|l| Box::new(l.pinging(ping)) as Box<dyn HeldLease>))
         })
     }
     fn lease_age<'a>(
@@ -402,7 +512,7 @@ impl SharedTier for L2 {
         Box::pin(async move { lease::age(&self.link, &keys.lease()).await })
     }
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>> {
-        Box::pin(async move { Box::new(L2::watch(self, keys).await) as Box<dyn Notices> })
+        Box::pin(async move { Box::new(L2::watch(self, keys)) as Box<dyn Notices> })
     }
     fn write_entry<'a>(
         &'a self,

@@ -2,7 +2,10 @@
 //! `SET lease <token> NX PX ttl` takes it; release is compare-and-delete in
 //! Lua (never a plain DEL, so a leader whose lease expired cannot delete its
 //! successor's); a watchdog extends it with compare-and-pexpire while a slow
-//! fetch runs. A dead leader stops extending, and its lease expires.
+//! fetch runs, and after each extension tells the waiters it is alive (a
+//! fill notice, [`FillNotice::Alive`](crate::cluster::protocol::FillNotice)).
+//! A dead leader stops extending, its lease expires within one lease
+//! window, and its waiters, who hear nothing for that long, read once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +23,8 @@ pub struct Lease {
     token: String,
     ttl: Duration,
     released: bool,
+    /// Sent after each extension: the waiters' proof that the holder lives.
+    ping: Option<redis::Cmd>,
 }
 
 /// Tries to take the lease at `key`; `Ok(None)` when another holds it.
@@ -41,6 +46,7 @@ pub async fn acquire(
         token,
         ttl,
         released: false,
+        ping: None,
     }))
 }
 
@@ -65,6 +71,7 @@ pub async fn take_over(
         token,
         ttl,
         released: false,
+        ping: None,
     }))
 }
 
@@ -80,6 +87,25 @@ pub async fn age(link: &RedisLink, key: &str) -> Result<Option<(String, Duration
 }
 
 impl Lease {
+    /// A lease already written with `value` (by [`READ_OR_LEASE`]
+    /// (crate::cluster::protocol::READ_OR_LEASE), with the first read).
+    pub fn won(link: &Arc<RedisLink>, key: String, value: String, ttl: Duration) -> Self {
+        Lease {
+            link: Arc::clone(link),
+            key,
+            token: value,
+            ttl,
+            released: false,
+            ping: None,
+        }
+    }
+
+    /// Sends `ping` after each extension of the lease.
+    pub fn pinging(mut self, ping: Option<redis::Cmd>) -> Self {
+        self.ping = ping;
+        self
+    }
+
     /// Releases the lease if it is still ours; `Ok(false)` when it was not.
     pub async fn release(mut self) -> Result<bool, L2Error> {
         self.released = true;
@@ -93,6 +119,7 @@ impl Lease {
         let key = self.key.clone();
         let token = self.token.clone();
         let ttl = self.ttl;
+        let ping = self.ping.clone();
         let task = tokio::spawn(async move {
             let every = (ttl / 3).max(Duration::from_millis(10));
             loop {
@@ -101,7 +128,13 @@ impl Lease {
                     .script::<i64>(&LEASE_EXTEND, &[&key], &[arg(&token), arg(millis(ttl))])
                     .await
                 {
-                    Ok(1) => {}
+                    Ok(1) => {
+                        // Best effort: a waiter that misses it reads once
+                        // and finds the lease still held.
+                        if let Some(ping) = &ping {
+                            let _ = link.query::<()>(ping).await;
+                        }
+                    }
                     Ok(_) => {
                         tracing::warn!(lease = %key, "lease lost while the fetch was still running");
                         return;
@@ -154,5 +187,8 @@ impl crate::cluster::tier::HeldLease for Lease {
     }
     fn name(&self) -> &str {
         &self.key
+    }
+    fn value(&self) -> &str {
+        &self.token
     }
 }

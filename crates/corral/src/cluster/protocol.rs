@@ -104,10 +104,27 @@ impl Layout {
         format!("{}{{fleet}}:i:{instance}", self.prefix)
     }
 
+    /// One of the [`NOTICE_SHARDS`] channels fill notices travel on.
+    /// Every instance subscribes to all of them once, when it connects,
+    /// and keeps them: a fill costs no SUBSCRIBE or UNSUBSCRIBE. Each is
+    /// its own hash tag, so on a Cluster the shards spread over the
+    /// primaries (sharded pub/sub: a notice goes to the node that owns its
+    /// channel and its replicas, never across the cluster bus).
+    pub fn notice_channel(&self, shard: usize) -> String {
+        format!("{}{{notice:{shard}}}", self.prefix)
+    }
+
+    /// Every notice channel, in shard order.
+    pub fn notice_channels(&self) -> Vec<String> {
+        (0..NOTICE_SHARDS).map(|s| self.notice_channel(s)).collect()
+    }
+
     /// The keys of one variant of `primary`, for the caller `identity`.
     pub fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys {
+        let digest = primary.digest();
         Keys {
-            tag: format!("{}{{{}}}", self.prefix, primary.digest().to_hex()),
+            notice: self.notice_channel(usize::from(digest.0[0]) % NOTICE_SHARDS),
+            tag: format!("{}{{{}}}", self.prefix, digest.to_hex()),
             variant: variant.to_hex(),
             pass_scope: match identity {
                 None => String::new(),
@@ -117,9 +134,16 @@ impl Layout {
     }
 }
 
+/// How many channels carry the fleet's fill notices (see
+/// [`Layout::notice_channel`]): a URI's notices go on the one its digest
+/// picks.
+pub const NOTICE_SHARDS: usize = 16;
+
 /// The Redis keys of one variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
+    /// The notice channel of this URI's shard.
+    notice: String,
     tag: String,
     variant: String,
     /// The pass marker's suffix: empty for anonymous callers, the pass
@@ -142,9 +166,14 @@ impl Keys {
     pub fn lease(&self) -> String {
         format!("{}:lease:{}", self.tag, self.variant)
     }
-    /// Where the leader of this variant announces its [`FillNotice`].
+    /// The variant's name in a [`FillNotice`]: what the waiters of this
+    /// variant register under, and what a notice names.
     pub fn fill_channel(&self) -> String {
         format!("{}:fill:{}", self.tag, self.variant)
+    }
+    /// The channel this variant's notices are published on.
+    pub fn notice_channel(&self) -> &str {
+        &self.notice
     }
     pub fn vary(&self) -> String {
         format!("{}:vary", self.tag)
@@ -162,6 +191,16 @@ impl Keys {
     }
     pub fn variants(&self) -> String {
         format!("{}:variants", self.tag)
+    }
+    /// Where the holder of the lease `lease` (its value) relays its
+    /// answer's body to the waiting instances (`stream.rs`).
+    pub fn stream(&self, lease: &str) -> String {
+        format!("{}:stream:{}:{lease}", self.tag, self.variant)
+    }
+    /// The lease value a waiting instance reads the stream of (set by the
+    /// waiters, read by the holder before it relays anything).
+    pub fn stream_readers(&self) -> String {
+        format!("{}:readers:{}", self.tag, self.variant)
     }
 }
 
@@ -310,6 +349,32 @@ return v",
     ))
 });
 
+/// The first read of a fill and its lease attempt in one round trip: reads
+/// entry, Vary record, pass marker, lease, generation and back-off (as
+/// `MGET`), and takes the free lease, stamped like [`LEASE_ACQUIRE`],
+/// when nothing is there that the caller could use instead: no pass
+/// marker, no back-off, and no entry (or, with `ARGV[3]` = `1`, whatever
+/// entry: the caller holds a stale copy, so what L2 holds is likely stale
+/// too). A waiting instance thus costs Redis the `MGET` inside this
+/// script, and its fill's winner takes the lease with the read that
+/// proves nothing is stored (no double-check needed). KEYS: entry, vary,
+/// pass, lease, generation, back-off. ARGV: token, PX, lease with an
+/// entry (`0`/`1`). Returns the six values and the lease written (or
+/// false).
+pub static READ_OR_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{ALLOW_OOM}local r = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+r[7] = false
+if r[3] or r[4] or r[6] or (r[1] and ARGV[3] ~= '1') then return r end
+local t = redis.call('TIME')
+local v = ARGV[1] .. '.' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('SET', KEYS[4], v, 'PX', ARGV[2])
+r[4] = v
+r[7] = v
+return r",
+    ))
+});
+
 /// A lease's value and Redis's clock now, in ms, read together.
 /// KEYS: lease. Returns `{value, now}`, or nil when the lease is free.
 pub static LEASE_AGE: LazyLock<Script> = LazyLock::new(|| {
@@ -442,6 +507,21 @@ pub enum FillNotice {
     /// copy now, once, for its local waiters, instead of waiting for an
     /// entry that will not come. Sent as soon as the leader's head says so.
     Local,
+    /// The leader renewed its lease: it is alive and still fetching. A
+    /// waiter that hears none for a lease window reads once: a dead
+    /// leader's lease has lapsed by then, and one waiter takes it.
+    Alive,
+    /// The leader's head is in and its body, larger than one part, is
+    /// relayed through the fill's stream: a waiter whose callers read an
+    /// answer as it arrives joins it now (and only then: a fill whose body
+    /// is not relayed costs its waiters no stream command). Also a sign of
+    /// life, like `Alive`.
+    Relaying,
+    /// The leader's answer could not be written to L2 (Redis failed or
+    /// timed out on the write) and its lease is released: read once, and
+    /// take the lease if nothing is there, so that one waiting instance
+    /// fetches for the others instead of each fetching its own.
+    Unwritten,
 }
 
 impl FillNotice {
@@ -451,6 +531,9 @@ impl FillNotice {
             FillNotice::Pass => "pass",
             FillNotice::Failed => "failed",
             FillNotice::Local => "local",
+            FillNotice::Alive => "alive",
+            FillNotice::Relaying => "relaying",
+            FillNotice::Unwritten => "unwritten",
         }
     }
 
@@ -460,9 +543,24 @@ impl FillNotice {
             "pass" => Some(FillNotice::Pass),
             "failed" => Some(FillNotice::Failed),
             "local" => Some(FillNotice::Local),
+            "alive" => Some(FillNotice::Alive),
+            "relaying" => Some(FillNotice::Relaying),
+            "unwritten" => Some(FillNotice::Unwritten),
             _ => None,
         }
     }
+}
+
+/// A fill notice as published on a notice channel: the variant's name,
+/// a space, and the notice (sealed under that name).
+pub fn fill_notice_payload(name: &str, sealed: &str) -> String {
+    format!("{name} {sealed}")
+}
+
+/// The name and sealed notice of a [`fill_notice_payload`]; `None` for
+/// anything else.
+pub fn split_fill_notice(payload: &str) -> Option<(&str, &str)> {
+    payload.split_once(' ')
 }
 
 /// What every instance must drop, sent on the invalidation channel.
@@ -644,10 +742,34 @@ mod tests {
             FillNotice::Pass,
             FillNotice::Failed,
             FillNotice::Local,
+            FillNotice::Alive,
+            FillNotice::Relaying,
+            FillNotice::Unwritten,
         ] {
             assert_eq!(FillNotice::decode(n.encode()), Some(n));
         }
         assert_eq!(FillNotice::decode("Stored"), None);
+    }
+
+    #[test]
+    fn a_fill_notice_names_its_variant_and_travels_on_its_uris_shard() {
+        let layout = Layout::new("app1:");
+        let primary = PrimaryKey::new(
+            "api",
+            UriKey::new("h", "/x", None, &QueryFilter::new::<&str>(&[])),
+        );
+        let a = layout.keys(&primary, Digest([1; 32]), None);
+        let b = layout.keys(&primary, Digest([2; 32]), None);
+        assert_eq!(a.notice_channel(), b.notice_channel(), "one URI, one shard");
+        assert_ne!(a.fill_channel(), b.fill_channel(), "each variant named");
+        let channels = layout.notice_channels();
+        assert_eq!(channels.len(), NOTICE_SHARDS);
+        assert!(channels.iter().any(|c| c == a.notice_channel()));
+        assert_eq!(channels[3], "app1:{notice:3}");
+        let payload = fill_notice_payload(&a.fill_channel(), "stored");
+        let (name, notice) = split_fill_notice(&payload).expect("splits");
+        assert_eq!((name, notice), (a.fill_channel().as_str(), "stored"));
+        assert_eq!(split_fill_notice("no-space"), None);
     }
 
     #[test]

@@ -1,14 +1,18 @@
-//! The instance's one pub/sub connection: fill notices for the keys local
-//! leaders are waiting on (subscribed on demand, unsubscribed when nobody
-//! waits), and the cluster-wide invalidation channel. Waiters subscribe
-//! before they re-check L2, so no notice falls between check and wait;
-//! a lost notice is covered by the waiters' polling.
+//! The instance's one pub/sub connection: the fleet's fill notices (a
+//! fixed set of channels, `Layout::notice_channels`, subscribed once per
+//! connection and kept, so a fill costs Redis no SUBSCRIBE) and the
+//! cluster-wide invalidation channel. A notice names its variant; local
+//! waiters register for a variant here, in memory, before they read L2, so
+//! no notice falls between read and wait. A notice for a variant nobody
+//! here waits on is dropped after one map lookup, unverified; one that is
+//! waited on is checked against its seal first. A lost notice is covered
+//! by the waiter's one read at the end of a lease window.
 //!
 //! One node (or the master Sentinel names): a RESP2 pub/sub connection of
 //! its own, reconnected when it drops or Sentinel names another master. A
 //! Cluster: the cluster connection's RESP3 pushes; fill notices are sharded
-//! (`SSUBSCRIBE`, on the node that owns the key's slot, so a notice never
-//! crosses the cluster bus), the invalidation channel is classic (every
+//! (`SSUBSCRIBE`, on the node that owns the notice channel's slot, so a
+//! notice never crosses the cluster bus), the invalidation channel is classic (every
 //! instance hears it, whichever node it is subscribed on); the cluster
 //! client resubscribes after a failover or a slot move.
 
@@ -16,13 +20,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::StreamExt;
-use redis::aio::PubSubSink;
-use redis::cluster_async::ClusterConnection;
 use redis::{PushKind, Value};
 use tokio::sync::broadcast;
 
 use crate::cluster::protocol::{
-    ClusterNotice, FillNotice, LOG_AFTER, LOG_HEAD, LOG_REPLAY_MAX, Layout, LogId, split_logged,
+    ClusterNotice, FillNotice, LOG_AFTER, LOG_HEAD, LOG_REPLAY_MAX, Layout, LogId,
+    split_fill_notice, split_logged,
 };
 use crate::cluster::redis_link::{Reconnect, RedisLink};
 use crate::cluster::trust::Trust;
@@ -34,42 +37,6 @@ struct Channel {
 }
 
 type OnNotice = Box<dyn Fn(ClusterNotice) + Send + Sync>;
-
-/// Where subscriptions to fill channels are sent.
-#[derive(Clone)]
-enum Sink {
-    Node(PubSubSink),
-    /// `sharded: false`: the servers have no sharded pub/sub; fill notices
-    /// are off and waiters poll.
-    Cluster {
-        conn: ClusterConnection,
-        sharded: bool,
-    },
-}
-
-impl Sink {
-    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
-        match self {
-            Sink::Node(s) => s.subscribe(channel).await,
-            Sink::Cluster {
-                conn,
-                sharded: true,
-            } => conn.ssubscribe(channel).await,
-            Sink::Cluster { .. } => Ok(()),
-        }
-    }
-
-    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
-        match self {
-            Sink::Node(s) => s.unsubscribe(channel).await,
-            Sink::Cluster {
-                conn,
-                sharded: true,
-            } => conn.sunsubscribe(channel).await,
-            Sink::Cluster { .. } => Ok(()),
-        }
-    }
-}
 
 /// Where this instance stands in the invalidation log.
 #[derive(Debug, Default)]
@@ -84,6 +51,8 @@ struct LogPlace {
 pub struct Subscriber {
     link: Arc<RedisLink>,
     invalidate_channel: String,
+    /// The fill notice channels, subscribed on every (re)connect.
+    notice_channels: Vec<String>,
     /// The hash of bans (purges) in force, replayed on every (re)connect.
     bans_key: String,
     log_key: String,
@@ -91,8 +60,8 @@ pub struct Subscriber {
     on_notice: OnNotice,
     /// Checks each notice's seal before it is decoded.
     trust: Arc<Trust>,
+    /// The local waiters, by the variant they wait on.
     channels: Mutex<HashMap<String, Channel>>,
-    sink: Mutex<Option<Sink>>,
     log: Mutex<LogPlace>,
 }
 
@@ -117,13 +86,13 @@ impl Subscriber {
         let sub = Arc::new(Subscriber {
             link,
             invalidate_channel: layout.invalidate_channel(),
+            notice_channels: layout.notice_channels(),
             bans_key: layout.bans_key(),
             log_key: layout.log_key(),
             epoch_key: layout.epoch_key(),
             on_notice,
             trust,
             channels: Mutex::new(HashMap::new()),
-            sink: Mutex::new(None),
             log: Mutex::new(LogPlace::default()),
         });
         let s = Arc::clone(&sub);
@@ -278,13 +247,26 @@ impl Subscriber {
         CaughtUp::Lost
     }
 
-    /// Hands a fill notice to the local waiters of `channel`.
-    fn fill(&self, channel: &str, payload: &str) {
-        if let Some(notice) = FillNotice::decode(payload) {
+    /// Hands a fill notice to the local waiters of the variant it names,
+    /// if any wait here (else it is dropped unverified), once its seal
+    /// verifies.
+    fn fill(&self, payload: &str) {
+        let Some((name, sealed)) = split_fill_notice(payload) else {
+            return;
+        };
+        let tx = {
             let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(c) = map.get(channel) {
-                let _ = c.tx.send(notice);
+            match map.get(name) {
+                Some(c) => c.tx.clone(),
+                None => return,
             }
+        };
+        let notice = self
+            .trust
+            .open_text(Record::Notice, name, sealed)
+            .and_then(FillNotice::decode);
+        if let Some(notice) = notice {
+            let _ = tx.send(notice);
         }
     }
 
@@ -300,19 +282,6 @@ impl Subscriber {
                 self.deliver(&b);
             }
         }
-    }
-
-    fn fill_channels(&self) -> Vec<String> {
-        self.channels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect()
-    }
-
-    fn set_sink(&self, sink: Option<Sink>) {
-        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = sink;
     }
 
     async fn run(self: Arc<Self>) {
@@ -340,7 +309,7 @@ impl Subscriber {
             };
             retry.reset();
             let (mut sink, mut stream) = pubsub.split();
-            let mut names = self.fill_channels();
+            let mut names = self.notice_channels.clone();
             names.push(self.invalidate_channel.clone());
             match tokio::time::timeout(self.link.connect_timeout(), sink.subscribe(&names)).await {
                 Ok(Ok(())) => {}
@@ -355,7 +324,6 @@ impl Subscriber {
                 }
             }
             tracing::debug!(channels = names.len(), "subscribed");
-            self.set_sink(Some(Sink::Node(sink)));
             tracing::info!("Redis subscriber connected");
             // Notices published while this instance was not subscribed
             // are replayed from the log, on a connection of their own (not
@@ -399,10 +367,12 @@ impl Subscriber {
                     self.deliver(&payload);
                     continue;
                 }
-                self.fill(&channel, &payload);
+                self.fill(&payload);
             }
-            self.set_sink(None);
-            tracing::warn!("Redis subscriber disconnected; waiters poll until it is back");
+            drop(sink);
+            tracing::warn!(
+                "Redis subscriber disconnected; waiters read once per lease window until it is back"
+            );
         }
     }
 
@@ -440,18 +410,23 @@ impl Subscriber {
             }
             retry.wait().await;
         }
-        let mut sink = Sink::Cluster { conn, sharded };
-        for channel in self.fill_channels() {
-            let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
+        // Without sharded pub/sub nobody publishes fill notices: waiters
+        // read once per lease window.
+        if sharded {
+            for channel in &self.notice_channels {
+                let subscribed =
+                    tokio::time::timeout(self.link.connect_timeout(), conn.ssubscribe(channel))
+                        .await;
+                if !matches!(subscribed, Ok(Ok(()))) {
+                    tracing::warn!(
+                        channel,
+                        "Redis Cluster SSUBSCRIBE failed; its waiters read once per lease window"
+                    );
+                }
+            }
         }
-        self.set_sink(Some(sink.clone()));
         tracing::info!(sharded, "Redis Cluster subscriber connected");
-        let Sink::Cluster {
-            conn: mut log_conn, ..
-        } = sink
-        else {
-            return;
-        };
+        let mut log_conn = conn;
         let caught = self.catch_up(&mut log_conn).await;
         tracing::debug!(?caught, "invalidation log");
         self.replay_bans().await;
@@ -469,7 +444,7 @@ impl Subscriber {
                         tracing::debug!(payload = %payload, "invalidation notice");
                         self.deliver(&payload);
                     } else {
-                        self.fill(&channel, &payload);
+                        self.fill(&payload);
                     }
                 }
                 PushKind::Disconnection => {
@@ -489,9 +464,10 @@ impl Subscriber {
         }
     }
 
-    /// Registers interest in `channel` and waits (at most the op timeout)
-    /// for Redis to confirm the subscription.
-    pub async fn watch(self: &Arc<Self>, channel: String) -> NoticeWatch {
+    /// Registers a waiter for the notices naming `channel` (a variant's
+    /// [`Keys::fill_channel`](crate::cluster::protocol::Keys::fill_channel)):
+    /// in memory only, the subscription is the instance's, long-lived.
+    pub fn watch(self: &Arc<Self>, channel: String) -> NoticeWatch {
         let rx = {
             let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
             let c = map.entry(channel.clone()).or_insert_with(|| Channel {
@@ -501,17 +477,6 @@ impl Subscriber {
             c.watchers += 1;
             c.tx.subscribe()
         };
-        let sink = self
-            .sink
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(mut sink) = sink {
-            // Every watcher waits for a confirmation, not only the first
-            // of a channel (which may still be waiting for its own); a
-            // repeated SUBSCRIBE is harmless.
-            let _ = tokio::time::timeout(self.link.op_timeout * 4, sink.subscribe(&channel)).await;
-        }
         NoticeWatch {
             rx,
             channel,
@@ -520,32 +485,13 @@ impl Subscriber {
     }
 
     fn unwatch(&self, channel: &str) {
-        let last = {
-            let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-            match map.get_mut(channel) {
-                Some(c) if c.watchers > 1 => {
-                    c.watchers -= 1;
-                    false
-                }
-                Some(_) => {
-                    map.remove(channel);
-                    true
-                }
-                None => false,
+        let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get_mut(channel) {
+            Some(c) if c.watchers > 1 => c.watchers -= 1,
+            Some(_) => {
+                map.remove(channel);
             }
-        };
-        if last {
-            let sink = self
-                .sink
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            if let (Some(mut sink), Ok(rt)) = (sink, tokio::runtime::Handle::try_current()) {
-                let channel = channel.to_owned();
-                rt.spawn(async move {
-                    let _ = sink.unsubscribe(&channel).await;
-                });
-            }
+            None => {}
         }
     }
 }

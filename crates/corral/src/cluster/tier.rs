@@ -11,6 +11,7 @@ use futures_util::future::BoxFuture;
 
 use crate::cluster::protocol::{FillNotice, Keys};
 use crate::cluster::redis_link::L2Error;
+use crate::cluster::stream::{StreamReader, StreamWriter};
 
 /// What one round trip read about a variant.
 pub struct Probe {
@@ -31,6 +32,9 @@ pub struct Probe {
     pub backoff: Option<Backoff>,
 }
 
+/// A first read and the lease it took with it, if it did.
+pub type ProbeAndLease = (Probe, Option<Box<dyn HeldLease>>);
+
 /// A held lease: the one fill, across every instance, that fetches a
 /// variant.
 pub trait HeldLease: Send {
@@ -42,6 +46,11 @@ pub trait HeldLease: Send {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<bool, L2Error>>;
     /// The lease's name, for logs.
     fn name(&self) -> &str;
+    /// The lease's value (its token): what its fill's relayed body is
+    /// named by; empty where there is none.
+    fn value(&self) -> &str {
+        ""
+    }
 }
 
 /// One waiter's subscription to a variant's fill notices.
@@ -58,6 +67,25 @@ pub trait SharedTier: Send + Sync {
     fn keys(&self, primary: &PrimaryKey, variant: Digest, identity: Option<&Identity>) -> Keys;
     /// Reads every record of a variant in one round trip.
     fn probe<'a>(&'a self, keys: &'a Keys, stamp: u64) -> BoxFuture<'a, Result<Probe, L2Error>>;
+    /// The first read of a fill and its lease attempt in one round trip:
+    /// the lease is taken when nothing the fill could use is there (with
+    /// `with_entry`, whatever entry is; the fill judges it, and gives the
+    /// lease back if it serves that). A tier without such a script reads,
+    /// and the fill acquires the lease in a second round trip.
+    fn probe_or_acquire<'a>(
+        &'a self,
+        keys: &'a Keys,
+        stamp: u64,
+        _with_entry: bool,
+    ) -> BoxFuture<'a, Result<ProbeAndLease, L2Error>> {
+        Box::pin(async move { Ok((self.probe(keys, stamp).await?, None)) })
+    }
+    /// How long a lease lives past its last renewal (its holder renews it
+    /// every third of that, and tells the waiters so): a waiter that hears
+    /// nothing for this long reads once.
+    fn lease_window(&self) -> Duration {
+        Duration::from_secs(3)
+    }
     /// Takes the variant's lease if nobody holds it.
     fn acquire<'a>(
         &'a self,
@@ -76,8 +104,9 @@ pub trait SharedTier: Send + Sync {
         &'a self,
         keys: &'a Keys,
     ) -> BoxFuture<'a, Result<Option<(String, Duration)>, L2Error>>;
-    /// Subscribes to the variant's fill notices (before re-reading, so
-    /// that no notice falls between the read and the wait).
+    /// Registers for the variant's fill notices (before reading, so that
+    /// no notice falls between the read and the wait). The instance's
+    /// subscription is long-lived: this costs Redis nothing.
     fn watch<'a>(&'a self, keys: &'a Keys) -> BoxFuture<'a, Box<dyn Notices>>;
     /// Redis cannot be used now for `primary`'s records (no connection,
     /// or the breaker of the node or Cluster primary that holds them is
@@ -138,6 +167,21 @@ pub trait SharedTier: Send + Sync {
         _record: String,
     ) -> BoxFuture<'_, Result<(), L2Error>> {
         Box::pin(async { Ok(()) })
+    }
+    /// The lease holder's end of the stream that relays its answer's body
+    /// to the waiting instances as it arrives (`cluster::stream`); `None`
+    /// where there is none.
+    fn stream_writer(&self, _keys: &Keys, _lease: &str) -> Option<StreamWriter> {
+        None
+    }
+    /// A waiting instance's read of the stream of the lease held now;
+    /// `None` where there is none (the waiter reads L2 when it is written).
+    fn stream_reader<'a>(
+        &'a self,
+        _keys: &'a Keys,
+        _stamp: u64,
+    ) -> BoxFuture<'a, Option<StreamReader>> {
+        Box::pin(async { None })
     }
     /// Announces how a fill ended to the variant's waiters.
     fn publish<'a>(

@@ -324,8 +324,12 @@ pub struct RedisConfig {
     pub op_timeout: Duration,
     /// Deadline for (re)connecting; positive.
     pub connect_timeout: Duration,
-    /// Lease expiry, extended by a watchdog while a fetch runs; at least 100ms.
+    /// How long an entry handed off by a full Redis lives, and the bound
+    /// of `lease_window`; at least 100ms.
     pub lease_ttl: Duration,
+    /// How long a lease lives past its holder's last renewal (every third
+    /// of it, announced to the waiters); 100ms to `lease_ttl`.
+    pub lease_window: Duration,
     /// Prepended to every key; 1 to 64 characters, no whitespace, `{` or `}`.
     pub key_prefix: String,
     /// Largest body written to Redis; larger ones stay in L1 only. Positive.

@@ -138,6 +138,7 @@ pub struct RawRedis {
     pub op_timeout: Option<Text>,
     pub connect_timeout: Option<Text>,
     pub lease_ttl: Option<Text>,
+    pub lease_window: Option<Text>,
     pub key_prefix: Option<Text>,
     pub l2_max_object_size: Option<Text>,
     pub breaker: Option<RawBreaker>,

@@ -792,6 +792,7 @@ fn every_redis_field_is_read() {
   op_timeout: 20ms
   connect_timeout: 500ms
   lease_ttl: 100ms
+  lease_window: 100ms
   key_prefix: \"edge:v2:\"
   l2_max_object_size: 256KiB
   breaker: { failures: 3, open_for: 10s }
@@ -805,6 +806,7 @@ fn every_redis_field_is_read() {
     assert_eq!(redis.op_timeout, Duration::from_millis(20));
     assert_eq!(redis.connect_timeout, Duration::from_millis(500));
     assert_eq!(redis.lease_ttl, Duration::from_millis(100));
+    assert_eq!(redis.lease_window, Duration::from_millis(100));
     assert_eq!(redis.key_prefix, "edge:v2:");
     assert_eq!(redis.l2_max_object_size, 256 * 1024);
     assert_eq!(redis.breaker_failures, 3);
@@ -816,6 +818,7 @@ fn assert_redis_defaults(redis: &RedisConfig) {
     assert_eq!(redis.op_timeout, Duration::from_millis(50));
     assert_eq!(redis.connect_timeout, Duration::from_secs(1));
     assert_eq!(redis.lease_ttl, Duration::from_secs(3));
+    assert_eq!(redis.lease_window, Duration::from_secs(1));
     assert_eq!(redis.key_prefix, "corral:");
     assert_eq!(redis.l2_max_object_size, 1024 * 1024);
     assert_eq!(redis.breaker_failures, 5);
@@ -1211,6 +1214,20 @@ fn lease_ttl_below_100ms_is_refused() {
     let error = refused(&redis_with("  url: redis://127.0.0.1\n  lease_ttl: 99ms\n"));
     let message = assert_at(&error, 10, 14, "redis.lease_ttl");
     assert_eq!(message, "99ms is below the 100ms minimum");
+}
+
+#[test]
+fn a_lease_window_past_lease_ttl_is_refused_and_a_short_lease_ttl_bounds_its_default() {
+    let error = refused(&redis_with(
+        "  url: redis://127.0.0.1\n  lease_window: 4s\n",
+    ));
+    let message = assert_at(&error, 10, 17, "redis.lease_window");
+    assert_eq!(message, "4s is outside 100ms to redis.lease_ttl (3s)");
+    let config = config(&redis_with(
+        "  url: redis://127.0.0.1\n  lease_ttl: 300ms\n",
+    ));
+    let redis = config.redis.unwrap_or_else(|| panic!("no redis section"));
+    assert_eq!(redis.lease_window, Duration::from_millis(300));
 }
 
 #[test]

@@ -179,6 +179,37 @@ impl<I> Rewind<I> {
     }
 }
 
+impl<I: AsyncRead + Unpin> Rewind<I> {
+    /// Reads until the bytes read so far start with `want`, or cannot
+    /// (a byte differs, or the stream ended): whether they do. What was
+    /// read stays to be read.
+    pub fn poll_starts_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        want: &[u8],
+    ) -> Poll<io::Result<bool>> {
+        loop {
+            let n = self.prefix.len().min(want.len());
+            if self.prefix[..n] != want[..n] {
+                return Poll::Ready(Ok(false));
+            }
+            if n == want.len() {
+                return Poll::Ready(Ok(true));
+            }
+            let mut more = [0u8; 64];
+            let mut buf = ReadBuf::new(&mut more);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
+            if buf.filled().is_empty() {
+                return Poll::Ready(Ok(false));
+            }
+            let mut joined = Vec::with_capacity(self.prefix.len() + buf.filled().len());
+            joined.extend_from_slice(&self.prefix);
+            joined.extend_from_slice(buf.filled());
+            self.prefix = Bytes::from(joined);
+        }
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -381,16 +381,15 @@ impl<H: Handler> Tracked<H> {
     /// The handler's answer to `req`, counted on the connection as the
     /// request `guard` began, which it keeps until its body is sent.
     /// `wire`: the connection writes a [`Reply::Wire`] itself.
+    /// `interim`: where the origin's 1xx answers go, if the client takes
+    /// them.
     fn answered(
         &self,
         req: Request<Body>,
         mut guard: RequestGuard,
         wire: bool,
+        interim: Option<crate::origin::interim::Sender>,
     ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
-        // 1xx answers go to HTTP/1.1 clients only (RFC 9110 §15.2), and
-        // hyper has no way to send them on h2.
-        let interim = (req.version() == http::Version::HTTP_11)
-            .then(|| crate::origin::interim::Sender::open(&self.interim));
         let answer = self.handler.call(
             req,
             Peer {
@@ -434,6 +433,57 @@ impl<H: Handler> Tracked<H> {
     }
 }
 
+impl<H: Handler> Tracked<H> {
+    /// The interim channel of an HTTP/1 request: 1xx answers go to
+    /// HTTP/1.1 clients only (RFC 9110 §15.2).
+    fn http1_interim(&self, req: &Request<Body>) -> Option<crate::origin::interim::Sender> {
+        (req.version() == http::Version::HTTP_11)
+            .then(|| crate::origin::interim::Sender::open(&self.interim))
+    }
+
+    /// Counts a request on the connection: its guard, or, on a connection
+    /// accepted while overloaded, the answer it gets instead (not routed,
+    /// not read: it costs its parse and the short answer; HTTP/1 closes
+    /// after it, the watchdog sends an HTTP/2 connection its GOAWAY).
+    fn start(&self, version: http::Version) -> Result<RequestGuard, Box<Response<TrackedBody>>> {
+        let mut guard = self.activity.begin();
+        let http2 = version == http::Version::HTTP_2;
+        if http2 {
+            self.activity.http2.store(true, Ordering::Relaxed);
+        }
+        if !self.shed {
+            return Ok(guard);
+        }
+        let res = crate::http::refusal::overloaded_connection(!http2);
+        guard.answered = true;
+        self.activity.alarm.notify_one();
+        Err(Box::new(res.map(|inner| TrackedBody {
+            inner: Inner::Body(inner),
+            _guard: guard,
+        })))
+    }
+}
+
+impl<H: Handler> crate::http::http2::Streams for Tracked<H> {
+    type Body = TrackedBody;
+
+    fn answer(
+        &self,
+        req: Request<Body>,
+        interim: crate::origin::interim::Sender,
+    ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
+        let answer = self
+            .start(http::Version::HTTP_2)
+            .map(|guard| self.answered(req, guard, false, Some(interim)));
+        async move {
+            match answer {
+                Ok(answer) => answer.await,
+                Err(shed) => *shed,
+            }
+        }
+    }
+}
+
 impl<H: Handler> crate::http::h1::Answers for Tracked<H> {
     type Body = TrackedBody;
 
@@ -441,7 +491,8 @@ impl<H: Handler> crate::http::h1::Answers for Tracked<H> {
         &self,
         req: Request<Body>,
     ) -> impl Future<Output = Response<TrackedBody>> + Send + 'static {
-        self.answered(req, self.activity.begin(), true)
+        let interim = self.http1_interim(&req);
+        self.answered(req, self.activity.begin(), true, interim)
     }
 
     fn wire(body: &TrackedBody) -> Option<&Wire> {
@@ -459,33 +510,30 @@ impl<H: Handler> hyper::service::Service<Request<Incoming>> for Tracked<H> {
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let mut guard = self.activity.begin();
-        if req.version() == http::Version::HTTP_2 {
-            self.activity.http2.store(true, Ordering::Relaxed);
-        }
-        if self.shed {
-            // Not routed, not read: the request costs its parse and the
-            // short answer. HTTP/1 closes after it; the watchdog sends an
-            // HTTP/2 connection its GOAWAY.
-            let http1 = req.version() != http::Version::HTTP_2;
-            let res = crate::http::refusal::overloaded_connection(http1);
-            guard.answered = true;
-            self.activity.alarm.notify_one();
-            return Box::pin(async move {
-                Ok(res.map(|inner| TrackedBody {
-                    inner: Inner::Body(inner),
-                    _guard: guard,
-                }))
-            });
-        }
-        let answer = self.answered(req.map(Body::new), guard, false);
+        let guard = match self.start(req.version()) {
+            Ok(guard) => guard,
+            Err(shed) => return Box::pin(async move { Ok(*shed) }),
+        };
+        let req = req.map(Body::new);
+        let interim = self.http1_interim(&req);
+        let answer = self.answered(req, guard, false, interim);
         Box::pin(async move { Ok(answer.await) })
     }
 }
 
+/// How a listener serves HTTP/1.1 (hyper, past `h1`'s loop) and HTTP/2
+/// (`http2`, told apart by the client's preface).
+#[derive(Clone)]
+pub struct Protocols {
+    http1: auto::Builder<TokioExecutor>,
+    http2: crate::http::http2::Settings,
+}
+
 /// The HTTP/1.1 and HTTP/2 settings every connection of a listener gets.
-pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+pub fn protocols(limits: &Limits, max_header_size: u64, buffer: u64) -> Protocols {
+    // hyper never sees an HTTP/2 preface: `serve_http` sends those to
+    // `http2`, so hyper is told not to look for one.
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -493,16 +541,10 @@ pub fn builder(limits: &Limits, max_header_size: u64, buffer: u64) -> auto::Buil
         .header_read_timeout(None)
         .max_buf_size(usize::try_from(buffer).unwrap_or(usize::MAX))
         .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(max_header_size).unwrap_or(u32::MAX))
-        .max_concurrent_streams(128)
-        // Pings find peers that vanished while a request was in progress;
-        // idle connections are closed by the watchdog either way.
-        .keep_alive_interval(Some(limits.idle_timeout.min(Duration::from_secs(30))))
-        .keep_alive_timeout(Duration::from_secs(20));
-    builder
+    Protocols {
+        http1: builder,
+        http2: crate::http::http2::Settings::new(limits.idle_timeout, max_header_size),
+    }
 }
 
 /// The connection slots of every listener serving, by listener name:
@@ -550,34 +592,47 @@ pub async fn serve<H: Handler>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
-    builder: auto::Builder<TokioExecutor>,
+    protocols: Protocols,
     limits: Limits,
     shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    serve_on(
-        name, listener, handler, builder, limits, shutdown, grace, slots, None,
-    )
-    .await;
+    let serving = Serving {
+        protocols,
+        limits,
+        shutdown,
+        grace,
+        slots,
+    };
+    serve_on(name, listener, handler, serving, None).await;
+}
+
+/// How one listener's connections are served: the protocols it speaks, the
+/// deadlines and limits, the shutdown signal and its grace, and the
+/// connection slots (shared by the listeners of one limit).
+#[derive(Clone)]
+pub struct Serving {
+    pub protocols: Protocols,
+    pub limits: Limits,
+    pub shutdown: watch::Receiver<bool>,
+    pub grace: Duration,
+    pub slots: Arc<Semaphore>,
 }
 
 /// [`serve`] with the connection slots given (shared by the listeners of
 /// one limit) and, with `tls`, a TLS handshake (within
 /// `header_read_timeout`) before HTTP.
-#[allow(clippy::too_many_arguments)]
 pub async fn serve_on<H: Handler>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
-    builder: auto::Builder<TokioExecutor>,
-    limits: Limits,
-    mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
-    slots: Arc<Semaphore>,
+    serving: Serving,
     tls: Option<Arc<crate::http::tls::ListenerTls>>,
 ) {
-    let builder = Arc::new(builder);
+    #[rustfmt::skip]
+    let Serving { protocols, limits, mut shutdown, grace, slots } = serving;
+    let protocols = Arc::new(protocols);
     register(name, &slots, limits.max_connections);
     let peers = (limits.per_peer > 0).then(|| PeerCap::new(limits.per_peer));
     loop {
@@ -599,7 +654,7 @@ pub async fn serve_on<H: Handler>(
         }
         let activity = Activity::new();
         let handler = handler.clone();
-        let builder = Arc::clone(&builder);
+        let protocols = Arc::clone(&protocols);
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -625,7 +680,7 @@ pub async fn serve_on<H: Handler>(
             match tls {
                 None => {
                     let io = crate::origin::interim::InterimIo::new(client, interim);
-                    serve_http(io, service, &builder, &activity, &limits, shutdown).await;
+                    serve_http(io, service, &protocols, &activity, &limits, shutdown).await;
                 }
                 Some(tls) => {
                     let accepted = tokio::time::timeout(
@@ -636,7 +691,7 @@ pub async fn serve_on<H: Handler>(
                     match accepted {
                         Ok(Ok(stream)) => {
                             let io = crate::origin::interim::InterimIo::new(stream, interim);
-                            serve_http(io, service, &builder, &activity, &limits, shutdown).await;
+                            serve_http(io, service, &protocols, &activity, &limits, shutdown).await;
                         }
                         Ok(Err(e)) => {
                             crate::telemetry::metrics::connection_closed("tls-handshake");
@@ -802,12 +857,13 @@ async fn read_proxy_header(stream: &mut TcpStream) -> Result<(Header, Bytes), &'
 
 /// One connection's HTTP: its HTTP/1.1 GETs and HEADs by `h1` while they
 /// come (unless the listener has no `h1_buffer` or the connection is shed),
-/// then the rest by hyper, from the first byte `h1` did not answer; each
-/// under the connection's deadlines.
+/// then the rest, from the first byte `h1` did not answer, by `http2`
+/// when it is HTTP/2's preface (TLS with ALPN h2, or h2c with prior
+/// knowledge), else by hyper; each under the connection's deadlines.
 async fn serve_http<I, H: Handler>(
     io: I,
     service: Tracked<H>,
-    builder: &auto::Builder<TokioExecutor>,
+    protocols: &Protocols,
     activity: &Activity,
     limits: &Limits,
     shutdown: watch::Receiver<bool>,
@@ -835,9 +891,69 @@ async fn serve_http<I, H: Handler>(
     } else {
         crate::http::client_stream::Rewind::new(Bytes::new(), io)
     };
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    let sniff = Sniff {
+        io: Some(io),
+        stop: false,
+    };
+    let (io, http2) = match watch_over(sniff, activity, limits, shutdown.clone(), shed).await {
+        Some(Some(Ok(found))) => found,
+        Some(Some(Err(e))) => {
+            tracing::debug!(error = %e, "connection ended with an error");
+            return;
+        }
+        Some(None) | None => return,
+    };
+    if http2 {
+        let conn = crate::http::http2::Connection::new(io, service, &protocols.http2);
+        if let Some(Err(e)) = watch_over(conn, activity, limits, shutdown, shed).await {
+            tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+        }
+        return;
+    }
+    let conn = protocols.http1.serve_connection(TokioIo::new(io), service);
     if let Some(Err(e)) = watch_over(conn, activity, limits, shutdown, shed).await {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// Reads a connection's next bytes until they are, or cannot be, HTTP/2's
+/// preface: the stream with them still to read, and whether they are.
+/// `None` once told to stop.
+struct Sniff<I> {
+    io: Option<crate::http::client_stream::Rewind<I>>,
+    stop: bool,
+}
+
+type Sniffed<I> = std::io::Result<(crate::http::client_stream::Rewind<I>, bool)>;
+
+impl<I: tokio::io::AsyncRead + Unpin> Future for Sniff<I> {
+    type Output = Option<Sniffed<I>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.stop {
+            return Poll::Ready(None);
+        }
+        let Some(io) = self.io.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let found = std::task::ready!(io.poll_starts_with(cx, crate::http::http2::PREFACE));
+        Poll::Ready(self.io.take().map(|io| found.map(|h2| (io, h2))))
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> Served for Sniff<I> {
+    fn graceful_shutdown(mut self: Pin<&mut Self>) {
+        // No request has begun: nothing to finish.
+        self.stop = true;
+    }
+}
+
+impl<I, H: Handler> Served for crate::http::http2::Connection<I, Tracked<H>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    fn graceful_shutdown(mut self: Pin<&mut Self>) {
+        crate::http::http2::Connection::graceful_shutdown(&mut self);
     }
 }
 

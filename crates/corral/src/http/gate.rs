@@ -37,7 +37,7 @@ impl Gate {
         let t = self
             .app
             .limiter
-            .check(&self.route.limits, &self.who, Phase::Fetch)
+            .check(&self.route.edge.limits, &self.who, Phase::Fetch)
             .await
             .map_err(crate::http::refusal::answer)?;
         self.tallies

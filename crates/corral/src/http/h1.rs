@@ -597,6 +597,14 @@ fn date(out: &mut Vec<u8>) {
     });
 }
 
+/// The Date value of the current second, as this loop writes it, for the
+/// answers HTTP/2 frames.
+pub fn date_value() -> Option<http::HeaderValue> {
+    let mut out = Vec::with_capacity(29);
+    date(&mut out);
+    http::HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
+}
+
 /// Writes the head `head` and the body as `framing` says. An error, or a
 /// body that ends short of its length, is an error: the caller closes the
 /// connection with nothing more written, so the client sees the answer cut.

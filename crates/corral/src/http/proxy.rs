@@ -182,7 +182,7 @@ impl Done {
         let route_name = route.as_ref().map_or("-", |r| r.name.as_str());
         let cache = label.as_str();
         match &route {
-            Some(r) => r.requests.count(&self.method, cache),
+            Some(r) => r.edge.requests.count(&self.method, cache),
             None => metrics::unrouted(&self.method, cache),
         }
         // The access line: never the query (it may carry tokens), never a
@@ -386,7 +386,7 @@ fn accounts_of(
     {
         head.headers.remove(name);
     }
-    (!route.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
+    (!route.edge.limits.is_empty()).then(|| Arc::clone(&trust.accounts))
 }
 
 /// A request matched to its route, with what the awaits after it need.
@@ -431,7 +431,7 @@ fn routed(
     if corral_core::semantics::head::has_underscored(&head.headers) {
         corral_core::semantics::head::strip_underscored(
             &mut head.headers,
-            route.underscores_in_headers,
+            route.edge.underscores_in_headers,
             app.trust().accounts.header.as_ref(),
         );
     }
@@ -440,11 +440,11 @@ fn routed(
     // other that caches reads Accept-Encoding as gzip or nothing, so the
     // spellings clients send share one variant and one fill (the key's
     // Vary values and the upstream request both come from this head).
-    if route.cache_enabled && route.compression.is_none() && head.is_cacheable_method() {
+    if route.cache.enabled && route.cache.compression.is_none() && head.is_cacheable_method() {
         corral_core::normalize_accept_encoding(&mut head.headers);
     }
     let cached = head.is_cacheable_method()
-        && route.cache_enabled
+        && route.cache.enabled
         && head.body == RequestBody::None
         && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
     let keyed_content = content_limit(&route, &head).is_some();
@@ -463,14 +463,14 @@ fn routed(
 /// on a route that caches (the same bound, 64 KiB without one); `None`
 /// for any other request.
 fn content_limit(route: &Route, head: &RequestHead) -> Option<u64> {
-    if !route.cache_enabled {
+    if !route.cache.enabled {
         return None;
     }
     if head.method == Method::POST {
-        return route.post_max_body;
+        return route.coalesce.post_max_body;
     }
     head.is_query()
-        .then(|| route.post_max_body.unwrap_or(QUERY_MAX_BODY))
+        .then(|| route.coalesce.post_max_body.unwrap_or(QUERY_MAX_BODY))
 }
 
 /// A QUERY's content read for its key, on a route that names no
@@ -568,7 +568,7 @@ async fn counted(
     spared: bool,
 ) -> Result<(Vec<crate::limits::Tally>, Option<Arc<Gate>>), Box<Answer>> {
     let refused = |r| Box::new(crate::http::refusal::answer(r));
-    let who = Who::resolve(&route.limits, accounts, &head.headers, client).map_err(refused)?;
+    let who = Who::resolve(&route.edge.limits, accounts, &head.headers, client).map_err(refused)?;
     let phase = if spared {
         Phase::BeforeCache
     } else {
@@ -576,10 +576,10 @@ async fn counted(
     };
     let tallies = app
         .limiter
-        .check(&route.limits, &who, phase)
+        .check(&route.edge.limits, &who, phase)
         .await
         .map_err(refused)?;
-    let gate = (route.limits.spares_hits && spared)
+    let gate = (route.edge.limits.spares_hits && spared)
         .then(|| Arc::new(Gate::new(Arc::clone(app), Arc::clone(route), who)));
     Ok((tallies, gate))
 }
@@ -616,7 +616,15 @@ async fn route_through(
         // Counted in the POST bodies' own budget and read under their own
         // deadline: stalled bodies hold no fill's memory, and not for long.
         let mut hold = app.post_memory.hold();
-        match read_up_to(body, max, head.body, route.post_read_timeout, &mut hold).await {
+        match read_up_to(
+            body,
+            max,
+            head.body,
+            route.coalesce.post_read_timeout,
+            &mut hold,
+        )
+        .await
+        {
             // A GraphQL write reaches the origin once per request sent,
             // and so does a body corral cannot read (encoded, persisted by
             // hash, malformed). A QUERY is safe by definition (RFC 10008
@@ -665,21 +673,8 @@ async fn route_through(
             }
         }
     }
-    // A GET or HEAD with a body is passed through, body and all, and
-    // never cached: its answer may depend on the body, which no key holds.
-    let fwd = if route.cache_enabled && !head.is_cacheable_method() {
-        Forward::Method
-    } else {
-        Forward::Bypass
-    };
-    let detail = (route.cache_enabled && head.is_cacheable_method()).then(|| {
-        if head.body == RequestBody::None {
-            Detail::Range
-        } else {
-            Detail::RequestBody
-        }
-    });
-    let res = forward_uncached(&app, &route, &head, body, fwd, detail, interim, &upstream).await;
+    let passing = Passing::new(&route, &head, body, interim);
+    let res = forward_uncached(&app, passing, &upstream).await;
     (Some(route), res)
 }
 
@@ -758,31 +753,73 @@ fn head_size(parts: &http::request::Parts) -> u64 {
     (line + fields) as u64
 }
 
-/// Streams a request through to the upstream and the answer back, on an
-/// upstream socket counted for it (`own`, the client connection's, or the
-/// overflow's).
-#[allow(clippy::too_many_arguments)]
-async fn forward_uncached(
-    app: &App,
-    route: &Route,
-    head: &RequestHead,
+/// A request passed through uncached: its route, validated head and body,
+/// why it was not cached (`fwd`, and `detail` where a cacheable method was
+/// refused), and where the origin's 1xx answers go.
+struct Passing<'a> {
+    route: &'a Route,
+    head: &'a RequestHead,
     body: Body,
     fwd: Forward,
     detail: Option<Detail>,
     interim: Option<Interim>,
+}
+
+impl<'a> Passing<'a> {
+    /// `head`'s request on `route`, with `body`, passed through.
+    fn new(route: &'a Route, head: &'a RequestHead, body: Body, interim: Option<Interim>) -> Self {
+        // A GET or HEAD with a body is passed through, body and all, and
+        // never cached: its answer may depend on the body, which no key holds.
+        let fwd = if route.cache.enabled && !head.is_cacheable_method() {
+            Forward::Method
+        } else {
+            Forward::Bypass
+        };
+        let detail = (route.cache.enabled && head.is_cacheable_method()).then(|| {
+            if head.body == RequestBody::None {
+                Detail::Range
+            } else {
+                Detail::RequestBody
+            }
+        });
+        Passing {
+            route,
+            head,
+            body,
+            fwd,
+            detail,
+            interim,
+        }
+    }
+}
+
+/// Streams a request through to the upstream and the answer back, on an
+/// upstream socket counted for it (`own`, the client connection's, or the
+/// overflow's).
+async fn forward_uncached(
+    app: &App,
+    passing: Passing<'_>,
     own: &crate::origin::descriptors::Own,
 ) -> Answer {
+    let Passing {
+        route,
+        head,
+        body,
+        fwd,
+        detail,
+        interim,
+    } = passing;
     // Work that only costs (it will never be a hit) is what an overloaded
     // corral turns away; fills go on (`overload`).
     if crate::overload::shedding() {
         crate::telemetry::metrics::overload_shed("pass");
         return crate::http::refusal::overloaded(fwd);
     }
-    let slot = match route.upstream.slot().await {
+    let slot = match route.origin.upstream.slot().await {
         Ok(s) => s,
         Err(e) => return busy(fwd, &e),
     };
-    let within = route.upstream.queue_timeout;
+    let within = route.origin.upstream.queue_timeout;
     let Some(descriptor) = crate::origin::descriptors::take(own, within).await else {
         tracing::debug!(route = %route.name, "no upstream socket free for a passed-through request: every client connection's own and the overflow are in use");
         return busy(fwd, &UpstreamError::Busy(within));
@@ -818,13 +855,13 @@ async fn forward_uncached(
         body,
         deadline,
         ..
-    } = match exchange(transport, &route.upstream, head, asked).await {
+    } = match exchange(transport, &route.origin.upstream, head, asked).await {
         Ok(a) => a,
         Err(e @ UpstreamError::Request(_)) => {
             return respond::error(StatusCode::BAD_REQUEST, fwd, e.detail(), None);
         }
         Err(e) => {
-            tracing::warn!(route = %route.name, upstream = %route.upstream.authority, error = %e, "upstream failed");
+            tracing::warn!(route = %route.name, upstream = %route.origin.upstream.authority, error = %e, "upstream failed");
             return respond::error(e.status(), fwd, e.detail(), e.received_status());
         }
     };
@@ -845,8 +882,8 @@ async fn forward_uncached(
     // Read ahead of a slow client: the exchange (its slot and socket) ends
     // at the origin's pace.
     let body = Body::new(crate::origin::ahead::read_ahead(
-        DeadlineBody::new(body, deadline, route.upstream.total),
-        route.policy.max_object_size,
+        DeadlineBody::new(body, deadline, route.origin.upstream.total),
+        route.cache.policy.max_object_size,
         &app.cache.ahead_memory,
     ));
     Answer::new(Response::from_parts(parts, body), &st, head.version)

@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -30,7 +28,7 @@ const HYPER_BUF: u64 = 256 * 1024;
 struct Shared {
     proxy: proxy::Proxy,
     limits: Limits,
-    builder: auto::Builder<TokioExecutor>,
+    builder: connection::Protocols,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
@@ -53,7 +51,7 @@ fn shared(
         per_peer: 0,
         refuse_when_full: false,
     };
-    let builder = connection::builder(
+    let builder = connection::protocols(
         &limits,
         config.max_header_size,
         config.max_header_size.max(HYPER_BUF),
@@ -85,56 +83,29 @@ pub async fn serve(
         max_connections,
         tls_listener.as_ref().map(|(_, tls)| tls),
     );
-    serve_listeners(
-        listener,
-        tls_listener,
-        s.proxy,
-        s.builder,
-        s.limits,
+    let serving = connection::Serving {
+        protocols: s.builder,
+        limits: s.limits,
         shutdown,
-        config.shutdown_grace,
-        s.slots,
-    )
-    .await;
+        grace: config.shutdown_grace,
+        slots: s.slots,
+    };
+    serve_listeners(listener, tls_listener, s.proxy, serving).await;
 }
 
 /// The plain listener and the TLS one (if any) of one runtime.
-#[allow(clippy::too_many_arguments)]
 async fn serve_listeners(
     listener: TcpListener,
     tls_listener: Option<(TcpListener, Arc<crate::http::tls::ListenerTls>)>,
     proxy: proxy::Proxy,
-    builder: auto::Builder<TokioExecutor>,
-    limits: Limits,
-    shutdown: watch::Receiver<bool>,
-    grace: std::time::Duration,
-    slots: Arc<tokio::sync::Semaphore>,
+    serving: connection::Serving,
 ) {
-    let plain = connection::serve_on(
-        "client",
-        listener,
-        proxy.clone(),
-        builder.clone(),
-        limits,
-        shutdown.clone(),
-        grace,
-        Arc::clone(&slots),
-        None,
-    );
+    let plain = connection::serve_on("client", listener, proxy.clone(), serving.clone(), None);
     match tls_listener {
         None => plain.await,
         Some((tls_listener, tls)) => {
-            let secure = connection::serve_on(
-                "client-tls",
-                tls_listener,
-                proxy,
-                builder,
-                limits,
-                shutdown,
-                grace,
-                slots,
-                Some(tls),
-            );
+            let secure =
+                connection::serve_on("client-tls", tls_listener, proxy, serving, Some(tls));
             tokio::join!(plain, secure);
         }
     }
@@ -197,10 +168,14 @@ pub async fn serve_per_core(
                             tracing::debug!(worker, "worker accepting");
                             crate::telemetry::metrics::worker_started(worker);
                             crate::overload::serving_here();
-                            serve_listeners(
-                                plain, secure, proxy, builder, limits, shutdown, grace, slots,
-                            )
-                            .await;
+                            let serving = connection::Serving {
+                                protocols: builder,
+                                limits,
+                                shutdown,
+                                grace,
+                                slots,
+                            };
+                            serve_listeners(plain, secure, proxy, serving).await;
                         }
                         Err(e) => {
                             tracing::error!(worker, error = %e, "a worker cannot use its listener")

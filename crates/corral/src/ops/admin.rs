@@ -463,7 +463,7 @@ fn gauges(app: &App) -> crate::telemetry::metrics::Gauges {
         circuits: app
             .routes()
             .iter()
-            .map(|r| (r.name.clone(), r.circuit.is_open()))
+            .map(|r| (r.name.clone(), r.origin.circuit.is_open()))
             .collect(),
         sealed_bodies: crate::sealed::live(),
         sealed_bytes: crate::sealed::live_bytes(),
@@ -520,7 +520,11 @@ pub async fn serve(
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let admin = ("admin", router(state), ADMIN_CONNECTIONS);
+    let admin = AdminListener {
+        name: "admin",
+        routes: router(state),
+        connections: ADMIN_CONNECTIONS,
+    };
     serve_as(admin, listener, server, shutdown).await;
 }
 
@@ -533,20 +537,36 @@ pub async fn serve_health(
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
-    let health = ("health", health_router(state), HEALTH_CONNECTIONS);
+    let health = AdminListener {
+        name: "health",
+        routes: health_router(state),
+        connections: HEALTH_CONNECTIONS,
+    };
     serve_as(health, listener, server, shutdown).await;
 }
 
-/// One admin-side listener (`name`, what it routes, how many connections
-/// it serves at once) under the admin listener's rules.
+/// One admin-side listener: its name, what it routes, and how many
+/// connections it serves at once.
+struct AdminListener {
+    name: &'static str,
+    routes: Router,
+    connections: usize,
+}
+
+/// `listener` served as `what` under the admin listener's rules.
 async fn serve_as(
-    (name, routes, connections): (&'static str, Router, usize),
+    what: AdminListener,
     listener: TcpListener,
     server: &crate::config::ServerConfig,
     shutdown: watch::Receiver<bool>,
 ) {
+    let AdminListener {
+        name,
+        routes,
+        connections,
+    } = what;
     let limits = limits(server, connections);
-    let builder = crate::http::connection::builder(&limits, 16 * 1024, 64 * 1024);
+    let builder = crate::http::connection::protocols(&limits, 16 * 1024, 64 * 1024);
     crate::http::connection::serve(
         name,
         listener,

@@ -182,11 +182,15 @@ async fn purge_url(app: &Arc<App>, url: &str, soft: bool) -> Result<String, &'st
     let route = routes
         .find(&host, &path)
         .ok_or("no route serves this url")?;
-    let key = UriKey::new(&host, &path, uri.query(), &route.query_filter);
+    let key = UriKey::new(&host, &path, uri.query(), &route.cache.query_filter);
     let readable = key.readable().to_owned();
     // Under a No-Vary-Search rule, the entry that answers the URL is
     // stored under the key the rule makes of it.
-    let url = (host.as_str(), path.as_ref(), uri.query());
+    let url = crate::cache::rules::Url {
+        host: host.as_str(),
+        path: path.as_ref(),
+        query: uri.query(),
+    };
     let narrowed = crate::cache::rules::narrowed(&app.cache, route, url, &key);
     for key in narrowed.into_iter().chain([key]) {
         if soft {

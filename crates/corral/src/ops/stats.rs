@@ -247,7 +247,7 @@ pub fn summary(metrics: &str, live: &Live<'_>) -> Summary {
         .map(|r| RouteTraffic {
             name: r.name.clone(),
             traffic: traffic(&all, Some(&r.name)),
-            circuit: if r.circuit.is_open() {
+            circuit: if r.origin.circuit.is_open() {
                 "open"
             } else {
                 "closed"

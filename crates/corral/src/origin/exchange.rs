@@ -103,7 +103,7 @@ pub async fn exchange(
     let started = Instant::now();
     let deadline = started + upstream.total;
     let mut req = upstream_request(
-        (&upstream.scheme, &upstream.authority),
+        upstream,
         head,
         asked.method,
         asked.target,

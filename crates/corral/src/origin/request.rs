@@ -9,11 +9,11 @@ use http::header::{
     CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HOST, HeaderName, TRANSFER_ENCODING,
     VIA,
 };
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version};
 use http_body::Body as _;
 
-use crate::origin::upstream::UpstreamError;
+use crate::origin::upstream::{Upstream, UpstreamError};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -42,12 +42,12 @@ pub fn via_value(version: Version) -> HeaderValue {
 }
 
 /// The request corral sends upstream for `head` to the upstream at
-/// `scheme` and `authority` (the route's): `method`,
+/// `upstream` (the route's: its scheme and authority): `method`,
 /// `target` (path and query), `headers` (the head's end-to-end headers,
 /// possibly edited) and `body`, framed by `framing`. With no body, no
 /// header describing one is sent.
 pub fn upstream_request(
-    (scheme, authority): (&Scheme, &Authority),
+    upstream: &Upstream,
     head: &RequestHead,
     method: Method,
     target: &str,
@@ -79,7 +79,7 @@ pub fn upstream_request(
     headers.append(VIA, via_value(head.version));
     headers.insert(
         HOST,
-        HeaderValue::from_str(authority.as_str()).map_err(bad)?,
+        HeaderValue::from_str(upstream.authority.as_str()).map_err(bad)?,
     );
     // Framing is corral's, for the body it sends: hyper writes
     // Content-Length for a sized body; a streamed one is chunked.
@@ -100,8 +100,8 @@ pub fn upstream_request(
     }
     let pq = PathAndQuery::try_from(target).map_err(|e| UpstreamError::Request(e.to_string()))?;
     let uri = Uri::builder()
-        .scheme(scheme.clone())
-        .authority(authority.clone())
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
         .path_and_query(pq)
         .build()
         .map_err(|e| UpstreamError::Request(e.to_string()))?;

@@ -155,18 +155,37 @@ pub struct Upstream {
     pub queue_timeout: Duration,
 }
 
+/// What a route's upstream is made of: its servers, deadlines, TLS and
+/// slots, as the route's config gives them.
+pub struct UpstreamSpec<'a> {
+    pub route: &'a str,
+    /// The scheme and the first server's authority (the Host corral sends).
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    pub timeouts: &'a TimeoutsConfig,
+    pub pool: std::sync::Arc<crate::origin::pool::Pool>,
+    pub tls: Option<&'a crate::config::tls::UpstreamTls>,
+    /// `upstream_http2`.
+    pub http2: bool,
+    /// `upstream_concurrency`'s slots.
+    pub slots: Option<std::sync::Arc<crate::origin::slots::UpstreamSlots>>,
+    /// `upstream_queue_timeout`.
+    pub queue_timeout: Duration,
+}
+
 impl Upstream {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        route: &str,
-        (scheme, authority): (http::uri::Scheme, http::uri::Authority),
-        t: &TimeoutsConfig,
-        pool: std::sync::Arc<crate::origin::pool::Pool>,
-        tls: Option<&crate::config::tls::UpstreamTls>,
-        http2: bool,
-        slots: Option<std::sync::Arc<crate::origin::slots::UpstreamSlots>>,
-        queue_timeout: Duration,
-    ) -> Self {
+    pub fn new(spec: UpstreamSpec<'_>) -> Self {
+        let UpstreamSpec {
+            route,
+            scheme,
+            authority,
+            timeouts: t,
+            pool,
+            tls,
+            http2,
+            slots,
+            queue_timeout,
+        } = spec;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(t.connect));
         connector.set_nodelay(true);

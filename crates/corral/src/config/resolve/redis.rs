@@ -85,6 +85,10 @@ fn trim_newline(key: &mut Vec<u8>) {
 /// was lost: 3 instances add at most 60 conditional requests a second.
 const DEFAULT_RESYNC_RATE: u32 = 20;
 
+/// Default `redis.lease_window` (or `lease_ttl`, when that is shorter): a
+/// dead leader is noticed about this long after its last renewal.
+const DEFAULT_LEASE_WINDOW: Duration = Duration::from_secs(1);
+
 /// Shorter leases would expire between the watchdog's renewals under ordinary jitter.
 const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
 /// Keeps keys short and readable in `redis-cli`.
@@ -136,6 +140,17 @@ impl Resolver<'_> {
                 describe_duration(MIN_LEASE_TTL)
             )));
         }
+        let lease_window = self
+            .at("redis.lease_window", &raw.lease_window)
+            .duration_or(DEFAULT_LEASE_WINDOW.min(lease_ttl.value))?;
+        if lease_window.value < MIN_LEASE_TTL || lease_window.value > lease_ttl.value {
+            return Err(lease_window.blame(format!(
+                "{} is outside {} to redis.lease_ttl ({})",
+                describe_duration(lease_window.value),
+                describe_duration(MIN_LEASE_TTL),
+                describe_duration(lease_ttl.value)
+            )));
+        }
         let key_prefix = self
             .at("redis.key_prefix", &raw.key_prefix)
             .parse_or(DEFAULT_REDIS_KEY_PREFIX.to_owned(), key_prefix)?;
@@ -164,6 +179,7 @@ impl Resolver<'_> {
             op_timeout: op_timeout.value,
             connect_timeout: connect_timeout.value,
             lease_ttl: lease_ttl.value,
+            lease_window: lease_window.value,
             key_prefix,
             l2_max_object_size: l2_max_object_size.value,
             breaker_failures,
