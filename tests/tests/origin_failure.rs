@@ -284,6 +284,195 @@ async fn a_route_whose_fetches_mostly_fail_opens_its_circuit_then_probes() {
     }
 }
 
+/// The circuit of `route_with`'s tests: five fetches a window decide.
+const HANG_CIRCUIT: &str = "{ error_rate: 50%, min_fetches: 5, window: 10s, open_for: 60s }";
+
+/// A route whose fetches count as hung after 300 ms (when its origin's
+/// answers take a few milliseconds) and time out after 30 s.
+fn hang_config(origin_url: &str) -> String {
+    Config::new()
+        .route(Route::new("api", origin_url).cache("hit_for_pass", "0s"))
+        .to_yaml()
+        .replace(
+            "    upstream:",
+            &format!(
+                "    circuit: {HANG_CIRCUIT}\n    timeouts: {{ stale_after: 300ms, response_headers: 30s }}\n    upstream:"
+            ),
+        )
+}
+
+async fn circuit_open(proxy: &corral_tests::RunningProxy) -> bool {
+    scrape(proxy)
+        .await
+        .value("corral_origin_circuit_open", &[("route", "api")])
+        == Some(1.0)
+}
+
+/// True when the route's fetches counted as hung are `n`.
+async fn hung_fetches(proxy: &corral_tests::RunningProxy, n: f64) -> bool {
+    scrape(proxy)
+        .await
+        .value("corral_origin_hung_fetches_total", &[("route", "api")])
+        == Some(n)
+}
+
+/// Callers 127.0.0.`first`.. each asking a key of their own, left waiting.
+fn hanging_callers(
+    proxy: &corral_tests::RunningProxy,
+    first: u8,
+    n: u8,
+) -> Vec<tokio::task::JoinHandle<corral_tests::Answer>> {
+    (0..n)
+        .map(|i| {
+            let caller = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, first + i));
+            let url = proxy.url(&format!("/h?k={first}-{i}"));
+            tokio::spawn(async move { caller.get(&url).await })
+        })
+        .collect()
+}
+
+/// An origin that takes connections and never answers opens the route's
+/// circuit once five callers' fetches have waited twice its usual answer
+/// time (at least `stale_after`), long before `response_headers` (30 s)
+/// would count them: the next key gets a quick 503 instead of a 30 s wait,
+/// and the origin no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetches_an_origin_never_answers_open_the_circuit_before_they_time_out() {
+    let origin = Origin::new()
+        .route("/h", Reply::ok("up").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let proxy = Proxy::new(hang_config(&origin.url())).start().await;
+    let client = Client::new();
+    assert_eq!(client.get(&proxy.url("/h?k=warm")).await.text(), "up");
+    origin.set_route("/h", Reply::ok("late").delay(Duration::from_secs(60)));
+
+    let started = Instant::now();
+    let hung = hanging_callers(&proxy, 30, 5);
+    corral_tests::eventually(Duration::from_secs(5), "the circuit opens", || {
+        circuit_open(&proxy)
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "opened by the hangs, not by timeouts"
+    );
+    let next = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 40))
+        .get(&proxy.url("/h?k=next"))
+        .await;
+    assert_eq!(next.status, 503);
+    assert_eq!(next.cache_status().detail(), Some("circuit-open"));
+    assert_eq!(
+        origin.hits("/h"),
+        6,
+        "the warm-up and the five hung fetches"
+    );
+    corral_tests::eventually(DEADLINE, "the five fetches count as hung", || {
+        hung_fetches(&proxy, 5.0)
+    })
+    .await;
+    let opened = || lines_with_message(&proxy.log(), "origin circuit opened: most fetches fail");
+    corral_tests::eventually(DEADLINE, "the opening is logged", || {
+        let n = opened().len();
+        async move { n > 0 }
+    })
+    .await;
+    let lines = opened();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // The warm-up's answer and four hung fetches: 80% of five opened it,
+    // and the fifth found it open.
+    assert_eq!(
+        lines[0].get("hung").and_then(Json::as_f64),
+        Some(4.0),
+        "{:?}",
+        lines[0]
+    );
+    for h in hung {
+        h.abort();
+    }
+}
+
+/// The twin on the honest side: an origin that is slow (1 s a head, when
+/// `stale_after` is 300 ms) but answers is never taken for a hung one. Its
+/// fetches wait twice its slowest answer before they could count, and each
+/// is answered: the circuit stays closed and every caller gets the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_origin_that_answers_never_opens_the_circuit() {
+    let origin = Origin::new()
+        .route(
+            "/h",
+            Reply::ok("slow")
+                .header("cache-control", "max-age=60")
+                .delay(Duration::from_secs(1)),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(hang_config(&origin.url())).start().await;
+    assert_eq!(
+        Client::new().get(&proxy.url("/h?k=warm")).await.text(),
+        "slow"
+    );
+    for round in 0..2u8 {
+        let answers = join_all(hanging_callers(&proxy, 30 + round * 10, 6)).await;
+        for a in answers {
+            let a = a.expect("a caller's task");
+            assert_eq!((a.status.as_u16(), a.text()), (200, "slow".to_owned()));
+        }
+        assert!(!circuit_open(&proxy).await, "round {round}");
+    }
+    assert_eq!(origin.hits("/h"), 13);
+    assert!(
+        lines_with_message(&proxy.log(), "origin circuit opened: most fetches fail").is_empty()
+    );
+}
+
+/// The hostile twin: one client whose requests make the application hang
+/// (a URL it chokes on) counts once a window, however many it sends, so it
+/// cannot open the circuit every caller shares: the victim's fetch still
+/// reaches the origin and gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_hung_requests_never_open_the_circuit() {
+    let origin = Origin::new()
+        .route(
+            "/page",
+            Reply::ok("page").header("cache-control", "max-age=60"),
+        )
+        .route("/h", Reply::ok("up").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let proxy = Proxy::new(hang_config(&origin.url())).start().await;
+    let attacker = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 66));
+    assert_eq!(attacker.get(&proxy.url("/h?k=warm")).await.text(), "up");
+    origin.set_route("/h", Reply::ok("late").delay(Duration::from_secs(60)));
+    let hung: Vec<_> = (0..20)
+        .map(|i| {
+            let (attacker, url) = (attacker.clone(), proxy.url(&format!("/h?k=a{i}")));
+            tokio::spawn(async move { attacker.get(&url).await })
+        })
+        .collect();
+    corral_tests::eventually(DEADLINE, "the attacker's fetches reach the origin", || {
+        let n = origin.hits("/h");
+        async move { n == 21 }
+    })
+    .await;
+    corral_tests::eventually(DEADLINE, "the 20 fetches count as hung", || {
+        hung_fetches(&proxy, 20.0)
+    })
+    .await;
+    assert!(!circuit_open(&proxy).await, "one caller's hangs count once");
+    let victim = Client::from_address(std::net::Ipv4Addr::new(127, 0, 0, 77))
+        .get(&proxy.url("/page"))
+        .await;
+    assert_eq!(
+        (victim.status.as_u16(), victim.text()),
+        (200, "page".to_owned())
+    );
+    assert_eq!(origin.hits("/page"), 1);
+    for h in hung {
+        h.abort();
+    }
+}
+
 /// An origin outage under load writes a handful of lines, not one per
 /// request: the first failure of each kind (route and detail) is logged
 /// at once, the rest as summary lines whose `repeated` counts sum to every

@@ -23,7 +23,7 @@ pub mod wire;
 pub use model::backoff::{Backoff, BackoffPolicy};
 pub use model::ban::{Ban, BanList, BanTarget, Verdict, string_list};
 pub use model::budget::{Budget, Hold};
-pub use model::circuit::{Admission, Circuit, CircuitSettings, Evidence};
+pub use model::circuit::{Admission, Circuit, CircuitSettings, Evidence, Suspicion};
 pub use model::clock::{Clock, ClockShift, PausedClock, ShiftedClock, SystemClock};
 pub use model::entry::{
     EntryState, MAX_RESIDENCY, PAGE_BACKED_BODY, StoredResponse, VIA_1_1, compact,

@@ -24,11 +24,51 @@ use crate::cache::synthetic;
 use crate::origin::exchange::{Answered, Held, OriginRequest, exchange};
 use crate::origin::upstream::{DeadlineBody, Framing, UpstreamError};
 
-/// The fill's exchange with the origin, and what is kept of it.
+/// The fill's exchange with the origin, and what is kept of it (the gate
+/// runs the two halves itself).
+#[cfg(test)]
 pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
+    keep(fill, events, ask_origin(fill).await).await
+}
+
+/// What the origin said to a fill's request: its answer head, or why none
+/// came, with the stale copy the request was made against.
+pub(crate) struct Asked {
+    stale: Option<Arc<StoredResponse>>,
+    stamp: u64,
+    answered: Result<Answered, UpstreamError>,
+}
+
+impl Asked {
+    /// True when the origin answered (whatever the status).
+    pub(crate) fn is_answer(&self) -> bool {
+        self.answered.is_ok()
+    }
+}
+
+/// The first half of [`fetch`]: the fill's request, up to the answer's
+/// head. The gate times it (a fetch the origin leaves waiting counts toward
+/// the route's circuit before its timeout).
+pub(crate) async fn ask_origin(fill: &FillRequest) -> Asked {
     let stale = fill.stale();
     let stamp = fill.l1().generation_stamp();
-    let answered = match ask(fill, stale.as_deref()).await {
+    let answered = ask(fill, stale.as_deref()).await;
+    Asked {
+        stale,
+        stamp,
+        answered,
+    }
+}
+
+/// The second half of [`fetch`]: the answer against the stale copy and the
+/// policy, then stored, shared or passed on.
+pub(crate) async fn keep(fill: &FillRequest, events: &Events, asked: Asked) -> Ended {
+    let Asked {
+        stale,
+        stamp,
+        answered,
+    } = asked;
+    let answered = match answered {
         Ok(a) => a,
         Err(e) => return Ended::Outcome(synthetic::failed(fill, &e)),
     };

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use corral_core::{Admission, Detail, Evidence, UpstreamFailure};
+use corral_core::{Admission, Detail, Evidence, Suspicion, UpstreamFailure};
 
 use crate::cache::fill::{Ended, Events, FillOutcome, FillRequest};
 use crate::cache::{exchange, synthetic};
@@ -78,13 +78,47 @@ pub(crate) async fn fetch(fill: &FillRequest, events: &Events) -> Ended {
             Skipped::CircuitOpen(fill.gate().circuit.retry_after()),
         ));
     }
-    let ended = exchange::fetch(fill, events).await;
+    let (asked, hung) = watched(fill).await;
+    let ended = exchange::keep(fill, events, asked).await;
     if let Some(verdict) = origin_verdict(&ended)
-        && judge(fill, verdict)
+        && judge(fill, verdict, hung.is_some())
     {
         share_backoff(fill).await;
     }
     ended
+}
+
+/// Asks the origin, and counts the fetch toward the route's circuit as a
+/// failure of its caller once it has waited the circuit's `hang_after`
+/// (twice the route's slowest recent answer, at least `stale_after`) with
+/// no answer: an origin that takes connections and never answers opens the
+/// circuit in seconds, not at `response_headers`. The count is taken back
+/// when the answer comes. The suspicion returned is of a fetch that got
+/// no answer: its failure is counted already.
+async fn watched(fill: &FillRequest) -> (exchange::Asked, Option<Suspicion>) {
+    let circuit = &fill.gate().circuit;
+    let started = tokio::time::Instant::now();
+    let mut asking = std::pin::pin!(exchange::ask_origin(fill));
+    let mut suspicion = None;
+    let asked = match circuit.hang_after(fill.origin().stale_after) {
+        None => asking.await,
+        Some(after) => match tokio::time::timeout(after, &mut asking).await {
+            Ok(asked) => asked,
+            Err(_) => {
+                crate::telemetry::metrics::origin_hung(fill.route_name());
+                let caller = corral_core::callers::client_addr::caller_group(fill.head.client);
+                suspicion = circuit.suspect(caller);
+                asking.await
+            }
+        },
+    };
+    if asked.is_answer() {
+        circuit.answered_in(started.elapsed());
+        if let Some(s) = suspicion.take() {
+            circuit.answered(s);
+        }
+    }
+    (asked, suspicion)
 }
 
 /// Adopts another instance's record of the key's failures: the longer
@@ -172,14 +206,17 @@ async fn share_backoff(fill: &FillRequest) {
 /// Feeds a fetch's verdict to the route's circuit and the key's back-off.
 /// Both are shared by every caller, so each takes only the evidence that
 /// is not one client's to make (see `Verdict`). True when the key's
-/// shared record moved.
-fn judge(fill: &FillRequest, verdict: Verdict) -> bool {
+/// shared record moved. `hung`: the circuit counted this fetch's failure
+/// while it waited (see [`watched`]).
+fn judge(fill: &FillRequest, verdict: Verdict, hung: bool) -> bool {
     let caller = corral_core::callers::client_addr::caller_group(fill.head.client);
-    fill.gate().circuit.record(match verdict {
-        Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
-        Verdict::OriginFault => Evidence::Unreachable,
-        Verdict::Failed => Evidence::Failed { caller },
-    });
+    if !hung {
+        fill.gate().circuit.record(match verdict {
+            Verdict::Healthy | Verdict::AppError => Evidence::Healthy,
+            Verdict::OriginFault => Evidence::Unreachable,
+            Verdict::Failed => Evidence::Failed { caller },
+        });
+    }
     let scope = fill.pass_scope();
     let own = scope.for_caller(caller);
     let l1 = &fill.l1();

@@ -88,6 +88,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "Origin requests corral did not make, by route and reason (backoff, circuit-open, upstream-busy).",
     ),
     (
+        "corral_origin_hung_fetches_total",
+        Kind::Counter,
+        "Origin fetches still without an answer head after the circuit's hang time (twice the route's slowest recent answer, at least stale_after), by route.",
+    ),
+    (
         "corral_origin_circuit_open",
         Kind::Gauge,
         "1 while the route's origin circuit is open.",
@@ -717,6 +722,13 @@ pub fn fill_refused(route: &str) {
 pub fn origin_skipped(route: &str, reason: corral_core::Detail) {
     counter!("corral_origin_skipped_total", "route" => route.to_owned(), "reason" => reason.as_str())
         .increment(1);
+}
+
+/// An origin fetch still waiting for its answer's head after the
+/// circuit's hang time: counted toward the circuit as failed until it is
+/// answered.
+pub fn origin_hung(route: &str) {
+    counter!("corral_origin_hung_fetches_total", "route" => route.to_owned()).increment(1);
 }
 
 /// An origin's body that did not match the digest its answer claimed
