@@ -818,3 +818,133 @@ async fn an_attackers_accept_encoding_changes_nothing_a_gzip_caller_gets() {
     assert_eq!((made("br"), made("gzip"), made("zstd")), (1.0, 1.0, 0.0));
     assert_eq!(origin.hits("/doc"), 1);
 }
+
+/// Codings kept in Redis: an instance that has a coding made on demand
+/// keeps it beside the entry, so another instance that reads the entry
+/// from Redis and is asked for the same coding reads it there instead of
+/// compressing the body again: a coding is made once per body across the
+/// fleet. The two instances' br answers are the same bytes, and decode to
+/// the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_made_on_demand_is_made_once_across_instances() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    let config = || compressing(&origin, "[br, gzip]").redis(&redis.url());
+    let first = Proxy::new(config()).start().await;
+    let second = Proxy::new(config()).start().await;
+    let client = Client::new();
+    let br = [("accept-encoding", "br")];
+    // Stored for a caller that accepts no coding: no coding made yet.
+    let plain = client.get(&first.url("/doc")).await;
+    assert_eq!(plain.body, doc.as_bytes());
+    let made_first = made_for(&client, &first.url("/doc"), &br, "br").await;
+    assert_eq!(redis.keys("*:c:br").await.len(), 1, "br kept in Redis");
+    let made_second = made_for(&client, &second.url("/doc"), &br, "br").await;
+    assert!(made_second.body == made_first.body, "the same br bytes");
+    assert_eq!(origin.hits("/doc"), 1);
+    let (one, two) = (scrape(&first).await, scrape(&second).await);
+    let on_demand = [("coding", "br")];
+    assert_eq!(
+        one.sum("corral_codings_made_on_demand_total", &on_demand),
+        1.0
+    );
+    assert_eq!(
+        two.sum("corral_codings_made_on_demand_total", &on_demand),
+        0.0
+    );
+    assert_eq!(two.sum("corral_codings_from_l2_total", &on_demand), 1.0);
+    assert_eq!(
+        two.sum("corral_compression_bytes_in_total", &[]),
+        0.0,
+        "the second instance compressed nothing"
+    );
+}
+
+const PURGE_TOKEN: &str = "purge-token-for-the-tests-0123";
+
+/// The hostile twin: a coding record in Redis that this fleet's key did
+/// not seal (here a real one with one byte of its body changed, as anyone
+/// who can write to Redis could) is never served: the instance that reads
+/// it makes its own, and its callers get bytes that decode to the origin's.
+/// A purge removes the kept codings with the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_coding_in_redis_is_never_served() {
+    let doc = document();
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    let config = || {
+        compressing(&origin, "[br, gzip]")
+            .redis(&redis.url())
+            .server("purge_token", &format!("\"{PURGE_TOKEN}\""))
+    };
+    let first = Proxy::new(config()).start().await;
+    let second = Proxy::new(config()).start().await;
+    let client = Client::new();
+    let br = [("accept-encoding", "br")];
+    assert_eq!(client.get(&first.url("/doc")).await.body, doc.as_bytes());
+    let genuine = made_for(&client, &first.url("/doc"), &br, "br").await;
+    let key = redis.keys("*:c:br").await.pop().expect("br kept in Redis");
+    let mut forged = redis.get_raw(&key).await.expect("the record");
+    let last = forged.len() - 1;
+    forged[last] ^= 0x55;
+    redis.set_raw(&key, &forged).await;
+
+    let served = made_for(&client, &second.url("/doc"), &br, "br").await;
+    assert!(
+        served.body == genuine.body,
+        "made again, not the forged bytes"
+    );
+    let metrics = scrape(&second).await;
+    let on_demand = [("coding", "br")];
+    assert_eq!(metrics.sum("corral_codings_from_l2_total", &on_demand), 0.0);
+    assert_eq!(
+        metrics.sum("corral_codings_made_on_demand_total", &on_demand),
+        1.0
+    );
+    assert_eq!(
+        metrics.sum(
+            "corral_redis_unauthenticated_records_total",
+            &[("kind", "coding")]
+        ),
+        1.0
+    );
+    assert_eq!(origin.hits("/doc"), 1);
+
+    // A purge deletes the entry's kept codings with it.
+    let target = first
+        .url("/doc")
+        .replace(':', "%3A")
+        .replace('/', "%2F")
+        .replace('?', "%3F");
+    let purged = client
+        .send(
+            http::Method::POST,
+            &first.admin_url(&format!("/purge?url={target}")),
+            &[("authorization", &format!("Bearer {PURGE_TOKEN}"))],
+            None,
+        )
+        .await;
+    assert_eq!(purged.status, 200, "{}", purged.text());
+    assert!(
+        redis.keys("*:c:*").await.is_empty(),
+        "{:?}",
+        redis.keys("*").await
+    );
+}

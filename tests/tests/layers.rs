@@ -93,8 +93,9 @@ const OWNERS: &[(&str, &[&str], &str)] = &[
             "invalidate",
             "rules",
             "gate",
+            "demand",
         ],
-        "Redis (records reads and writes it for shared, through the tier it is handed; relay streams a growing body through it)",
+        "Redis (records reads and writes it for shared, through the tier it is handed; relay streams a growing body through it; demand keeps and reads the codings it makes)",
     ),
     (".circuit", &["fill", "gate"], "the route's circuit"),
     (

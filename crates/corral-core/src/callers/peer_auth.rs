@@ -48,10 +48,13 @@ pub enum Record {
     /// chunk, its end), bound to the fill's stream key (entry and lease
     /// token) and carrying its sequence number.
     StreamPart,
+    /// A stored answer's body in one coding, bound to its key (the entry's
+    /// and the coding's) and carrying the digest of the body it encodes.
+    Coding,
 }
 
 impl Record {
-    pub const ALL: [Record; 7] = [
+    pub const ALL: [Record; 8] = [
         Record::Entry,
         Record::Vary,
         Record::Backoff,
@@ -59,6 +62,7 @@ impl Record {
         Record::Heartbeat,
         Record::Notice,
         Record::StreamPart,
+        Record::Coding,
     ];
 
     /// The name mixed into the tag.
@@ -71,6 +75,7 @@ impl Record {
             Record::Heartbeat => "heartbeat",
             Record::Notice => "notice",
             Record::StreamPart => "stream-part",
+            Record::Coding => "coding",
         }
     }
 }

@@ -20,6 +20,12 @@ use sha2::Digest as _;
 
 use crate::semantics::sf;
 
+/// The SHA-256 of `body`: what names a body across instances (a coding
+/// kept in Redis says which body it encodes).
+pub fn sha256(body: &[u8]) -> [u8; 32] {
+    sha2::Sha256::digest(body).into()
+}
+
 pub static CONTENT_DIGEST: HeaderName = HeaderName::from_static("content-digest");
 pub static REPR_DIGEST: HeaderName = HeaderName::from_static("repr-digest");
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 #[cfg(test)]
 use std::sync::atomic::Ordering;
 
-use corral_core::{Coding, StoredResponse, UriKey, VariantKey};
+use corral_core::{Coding, PrimaryKey, StoredResponse, UriKey, VariantKey};
 use http::HeaderMap;
 
 use crate::cache::Cache;
@@ -25,6 +25,13 @@ pub struct Stored {
     pub uri: UriKey,
 }
 
+/// [`Stored`], with its URI's primary key (for its keys in Redis).
+struct Place {
+    key: VariantKey,
+    uri: UriKey,
+    primary: PrimaryKey,
+}
+
 /// `entry` (stored at `at`, its codings pending) was asked for by a
 /// caller sending `request`: the coding it prefers, if the entry lacks
 /// it, is made in the background and stored beside the others.
@@ -33,6 +40,7 @@ pub fn demand(
     route: &str,
     config: Option<&CompressionConfig>,
     at: Stored,
+    primary: &PrimaryKey,
     entry: &Arc<StoredResponse>,
     request: &HeaderMap,
 ) {
@@ -54,42 +62,103 @@ pub fn demand(
         Arc::clone(entry),
         route.to_owned(),
     );
+    let at = Place {
+        key: at.key,
+        uri: at.uri,
+        primary: primary.clone(),
+    };
     tokio::spawn(async move {
         let _claim = cache.making.held(digest, coding);
         make(&cache, &route, &config, at, &entry, coding).await;
     });
 }
 
-/// Makes `coding` of `entry` on the CPU pool (not at all when it is
-/// full: the next caller asks again) and stores the entry with it, unless
-/// L1 holds another entry for the key by then (a refresh, a purge).
+/// Makes `coding` of `entry` (from Redis when another instance kept it,
+/// else on the CPU pool; not at all when the pool is full: the next
+/// caller asks again) and stores the entry with it, unless L1 holds
+/// another entry for the key by then (a refresh, a purge).
 async fn make(
     cache: &Cache,
     route: &str,
     config: &CompressionConfig,
-    at: Stored,
+    at: Place,
     entry: &Arc<StoredResponse>,
     coding: Coding,
 ) {
-    let body = entry.body().clone();
-    let Some(packed) = cache
-        .cpu
-        .try_run(Job::Compress, move || {
-            crate::cache::compress::compress(coding, &body)
-        })
-        .await
-        .flatten()
-    else {
+    let Some((packed, source)) = packed(cache, &at, entry, coding).await else {
         return;
     };
     let current = cache.l1.get(at.key.local.as_bytes(), &at.uri);
     if !current.is_some_and(|c| Arc::ptr_eq(&c, entry)) {
         return;
     }
-    crate::telemetry::metrics::compressed(route, coding.as_str(), entry.body().len(), packed.len());
-    crate::telemetry::metrics::coding_on_demand(route, coding.as_str());
-    let made = crate::cache::compress::with_coding(config, entry, coding, packed.into());
+    match source {
+        Source::Made => {
+            let (body, packed) = (entry.body().len(), packed.len());
+            crate::telemetry::metrics::compressed(route, coding.as_str(), body, packed);
+            crate::telemetry::metrics::coding_on_demand(route, coding.as_str());
+        }
+        Source::Shared => crate::telemetry::metrics::coding_from_l2(route, coding.as_str()),
+    }
+    let made = crate::cache::compress::with_coding(config, entry, coding, packed);
     cache.l1.insert(&at.key, &at.uri, Arc::new(made));
     #[cfg(test)]
     cache.making.made.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Where a coding came from.
+enum Source {
+    /// Made here, on the CPU pool.
+    Made,
+    /// Read from Redis: another instance made it for the same body.
+    Shared,
+}
+
+/// `entry`'s body in `coding`. With Redis, what another instance kept
+/// for the same body (named by its SHA-256, taken on the CPU pool) is
+/// read first, and what is made here is kept there for the others: a
+/// coding is made once per body across the fleet, but for instances that
+/// ask at the same moment. `None` when the CPU pool is full.
+async fn packed(
+    cache: &Cache,
+    at: &Place,
+    entry: &Arc<StoredResponse>,
+    coding: Coding,
+) -> Option<(bytes::Bytes, Source)> {
+    let body = entry.body().clone();
+    let tier = cache.tier.as_ref().filter(|t| !t.unavailable(&at.primary));
+    let Some(tier) = tier else {
+        return made(cache, body, coding).await.map(|p| (p, Source::Made));
+    };
+    let keys = tier.keys(&at.primary, at.key.digest, None);
+    let digest = {
+        let body = body.clone();
+        cache
+            .cpu
+            .try_run(Job::Digest, move || {
+                corral_core::wire::digest::sha256(&body)
+            })
+            .await?
+    };
+    if let Ok(Some(packed)) = tier.read_coding(&keys, coding, digest).await {
+        return Some((packed, Source::Shared));
+    }
+    let packed = made(cache, body, coding).await?;
+    let ttl = entry.residency(cache.clock.now());
+    if let Err(e) = tier.write_coding(&keys, coding, digest, &packed, ttl).await {
+        tracing::debug!(key = %at.primary.loggable(), error = %e, "a coding was not kept in Redis");
+    }
+    Some((packed, Source::Made))
+}
+
+/// `body` in `coding`, made on the CPU pool; `None` when it is full.
+async fn made(cache: &Cache, body: bytes::Bytes, coding: Coding) -> Option<bytes::Bytes> {
+    cache
+        .cpu
+        .try_run(Job::Compress, move || {
+            crate::cache::compress::compress(coding, &body)
+        })
+        .await
+        .flatten()
+        .map(Into::into)
 }

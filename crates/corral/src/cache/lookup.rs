@@ -441,7 +441,8 @@ fn demand_coding(
         uri: keys.primary.uri().clone(),
     };
     let config = route.cache.compression.as_ref();
-    crate::cache::demand::demand(cache, &route.name, config, at, entry, request);
+    let primary = &keys.primary;
+    crate::cache::demand::demand(cache, &route.name, config, at, primary, entry, request);
 }
 
 /// What the lookup makes of a stored copy: its state now, and whether a

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use corral_core::callers::peer_auth::Record;
 use corral_core::wire::envelope;
-use corral_core::{Backoff, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
+use corral_core::{Backoff, Coding, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
 use futures_util::future::BoxFuture;
 use http::header::HeaderName;
 
@@ -318,6 +319,55 @@ impl L2 {
 
     /// Remembers the URI as uncacheable, for callers of this pass scope, on
     /// every instance.
+    /// Keeps `packed`, the body whose SHA-256 is `body` in `coding`, for
+    /// the other instances, as long as its entry (`ttl`), sealed under its
+    /// key with the body's digest in front. A new entry for the variant,
+    /// or its invalidation, deletes it.
+    pub async fn write_coding(
+        &self,
+        keys: &Keys,
+        coding: Coding,
+        body: [u8; 32],
+        packed: &[u8],
+        ttl: Duration,
+    ) -> Result<(), L2Error> {
+        if ttl.is_zero() || packed.len() as u64 > self.max_object_size {
+            return Ok(());
+        }
+        let key = keys.coding(coding.as_str());
+        let mut record = Vec::with_capacity(body.len() + packed.len());
+        record.extend_from_slice(&body);
+        record.extend_from_slice(packed);
+        let sealed = self.trust.seal(Record::Coding, &key, &record);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key).arg(sealed).arg("PX").arg(millis(ttl));
+        self.link.query::<()>(&cmd).await
+    }
+
+    /// The body whose SHA-256 is `body` in `coding`, if an instance kept
+    /// it: a record whose seal does not verify, or that encodes another
+    /// body (an older answer's), is none.
+    pub async fn read_coding(
+        &self,
+        keys: &Keys,
+        coding: Coding,
+        body: [u8; 32],
+    ) -> Result<Option<Bytes>, L2Error> {
+        let key = keys.coding(coding.as_str());
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&key);
+        let Some(sealed) = self.link.query::<Option<Vec<u8>>>(&cmd).await? else {
+            return Ok(None);
+        };
+        let Some(record) = self.trust.open(Record::Coding, &key, &sealed) else {
+            return Ok(None);
+        };
+        Ok(match record.split_at_checked(body.len()) {
+            Some((of, packed)) if of == body => Some(Bytes::copy_from_slice(packed)),
+            _ => None,
+        })
+    }
+
     pub async fn mark_pass(&self, keys: &Keys, duration: Duration) -> Result<(), L2Error> {
         if duration.is_zero() {
             return Ok(());
@@ -529,6 +579,24 @@ impl SharedTier for L2 {
         duration: Duration,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::mark_pass(self, keys, duration))
+    }
+    fn write_coding<'a>(
+        &'a self,
+        keys: &'a Keys,
+        coding: Coding,
+        body: [u8; 32],
+        packed: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::write_coding(self, keys, coding, body, packed, ttl))
+    }
+    fn read_coding<'a>(
+        &'a self,
+        keys: &'a Keys,
+        coding: Coding,
+        body: [u8; 32],
+    ) -> BoxFuture<'a, Result<Option<Bytes>, L2Error>> {
+        Box::pin(L2::read_coding(self, keys, coding, body))
     }
     fn write_backoff<'a>(
         &'a self,

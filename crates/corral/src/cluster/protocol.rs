@@ -159,6 +159,12 @@ impl Keys {
     pub fn variant(&self) -> &str {
         &self.variant
     }
+    /// The entry's body in `coding`, made by whichever instance made it
+    /// first (see `L2::write_coding`); removed with the entry by
+    /// [`INVALIDATE`].
+    pub fn coding(&self, coding: &str) -> String {
+        format!("{}:e:{}:c:{coding}", self.tag, self.variant)
+    }
     /// What every entry key of this URI starts with (for [`INVALIDATE`]).
     pub fn entry_prefix(&self) -> String {
         format!("{}:e:", self.tag)
@@ -207,6 +213,8 @@ impl Keys {
 /// Stores an entry only if no invalidation happened since its fetch began.
 /// KEYS: entry, generation, vary record, variant set. ARGV: envelope,
 /// generation read, entry PX, vary record, variant, record PX.
+/// A new entry's codings are the old one's no more: they are deleted with
+/// it replaced ([`Keys::coding`]; a reader checks the body digest too).
 pub static STORE: LazyLock<Script> = LazyLock::new(|| Script::new(STORE_BODY));
 
 /// [`STORE`] for a Redis that refused it as full: the same writes under
@@ -222,6 +230,7 @@ const STORE_BODY: &str = r"
 local g = tonumber(redis.call('get', KEYS[2]) or '0')
 if g ~= tonumber(ARGV[2]) then return 0 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('del', KEYS[1] .. ':c:gzip', KEYS[1] .. ':c:br', KEYS[1] .. ':c:zstd')
 redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
 redis.call('sadd', KEYS[4], ARGV[5])
 redis.call('pexpire', KEYS[4], ARGV[6])
@@ -229,7 +238,7 @@ return 1
 ";
 
 /// Retires every variant of a URI: bump the generation (so fills under way
-/// cannot store), delete the entries. KEYS: generation, variant set. ARGV:
+/// cannot store), delete the entries and their codings ([`Keys::coding`]). KEYS: generation, variant set. ARGV:
 /// entry prefix, record PX.
 pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -237,7 +246,10 @@ pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
 redis.call('incr', KEYS[1])
 redis.call('pexpire', KEYS[1], ARGV[2])
 local vs = redis.call('smembers', KEYS[2])
-for _, v in ipairs(vs) do redis.call('del', ARGV[1] .. v) end
+for _, v in ipairs(vs) do
+  local e = ARGV[1] .. v
+  redis.call('del', e, e .. ':c:gzip', e .. ':c:br', e .. ':c:zstd')
+end
 redis.call('del', KEYS[2])
 return #vs
 ",

@@ -6,7 +6,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use corral_core::{Backoff, Ban, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary};
+use bytes::Bytes;
+use corral_core::{
+    Backoff, Ban, Coding, Digest, Identity, PrimaryKey, StoredResponse, UriKey, Vary,
+};
 use futures_util::future::BoxFuture;
 
 use crate::cluster::protocol::{FillNotice, Keys};
@@ -118,6 +121,32 @@ pub trait SharedTier: Send + Sync {
     }
     /// The largest body `store` writes.
     fn max_object_size(&self) -> u64;
+
+    /// Keeps `packed`, the body whose SHA-256 is `body` in `coding`, beside
+    /// the entry of `keys` for `ttl`, so that no other instance makes it
+    /// again. A tier that keeps none does nothing.
+    fn write_coding<'a>(
+        &'a self,
+        _keys: &'a Keys,
+        _coding: Coding,
+        _body: [u8; 32],
+        _packed: &'a [u8],
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The body whose SHA-256 is `body` in `coding`, if an instance kept
+    /// it ([`SharedTier::write_coding`]); one that does not verify, or that
+    /// encodes another body, is none.
+    fn read_coding<'a>(
+        &'a self,
+        _keys: &'a Keys,
+        _coding: Coding,
+        _body: [u8; 32],
+    ) -> BoxFuture<'a, Result<Option<Bytes>, L2Error>> {
+        Box::pin(async { Ok(None) })
+    }
     /// Writes an entry under the generation it was fetched in; `Ok(false)`
     /// when it was not written (too large, expired, or invalidated since).
     fn write_entry<'a>(

@@ -336,6 +336,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "Codings made for a stored answer when a caller first asked for one, by route and coding.",
     ),
     (
+        "corral_codings_from_l2_total",
+        Kind::Counter,
+        "Codings of a stored answer read from Redis, where another instance kept them for the same body, instead of made here, by route and coding.",
+    ),
+    (
         "corral_log_lines_dropped_total",
         Kind::Counter,
         "Log lines dropped because stdout could not keep up.",
@@ -795,6 +800,13 @@ pub fn cpu_time(job: &'static str, took: Duration) {
 /// A coding made for a stored answer on a caller's first demand.
 pub fn coding_on_demand(route: &str, coding: &'static str) {
     counter!("corral_codings_made_on_demand_total", "route" => route.to_owned(), "coding" => coding)
+        .increment(1);
+}
+
+/// A coding of a stored answer read from Redis, made by another instance
+/// for the same body.
+pub fn coding_from_l2(route: &str, coding: &'static str) {
+    counter!("corral_codings_from_l2_total", "route" => route.to_owned(), "coding" => coding)
         .increment(1);
 }
 
