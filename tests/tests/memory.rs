@@ -148,30 +148,19 @@ async fn bodies_pinned_by_slow_readers_are_counted_and_given_back() {
     let start = proxy.held_mib();
     let client = Client::new();
     let mut readers = Vec::new();
-    // The origin requests the fast client made: one per key, and one for
-    // each ask that was not a hit.
-    let mut fetched = 0;
     for i in 0..READERS {
         // A fast client fills L1 (20 MiB holds two of these), then a slow
-        // reader's hit holds the stored body and reads nothing, and the
-        // next keys evict its entry.
+        // reader's request holds the stored body and reads nothing, and
+        // the next keys evict its entry. Its request is a hit, or a miss
+        // where L1's admission policy (moka's TinyLFU, whose maintenance
+        // runs when it will) turned the new 8 MiB entry away for the older
+        // ones: that request's fill stores the body in sealed memory the
+        // same way, and the reader holds it. The counts below hold either
+        // way, so the origin's count is not asserted (on a loaded machine
+        // it varied from one run to the next).
         let url = proxy.url(&format!("/b?k={i}"));
         let warm = client.get(&url).await;
         assert_eq!(warm.body.len(), BODY);
-        // L1's admission policy (moka's TinyLFU) may turn a new 8 MiB
-        // entry away, for the older and more used ones; a loaded machine
-        // makes that likelier (one CI run in six on 2026-12-02 saw 7
-        // origin requests here). A slow reader whose request is a miss
-        // holds a fill's body, not a stored one, and the count below is of
-        // stored bodies: the key is asked again until it is a hit (each
-        // ask makes it more used), and the slow reader comes right after.
-        fetched += 1;
-        let mut tries = 1;
-        while !client.get(&url).await.cache_status().is_hit() {
-            fetched += 1;
-            tries += 1;
-            assert!(tries <= 5, "/b?k={i} was never admitted to L1");
-        }
         let req = format!("GET /b?k={i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         readers.push(corral_tests::send_as_slow_reader(proxy.addr(), req.as_bytes()).await);
     }
@@ -184,7 +173,6 @@ async fn bodies_pinned_by_slow_readers_are_counted_and_given_back() {
         },
     )
     .await;
-    assert_eq!(origin.hits("/b"), fetched, "the slow readers' were hits");
     let l1 = scrape(&proxy).await.sum("corral_l1_bytes", &[]) / (1024.0 * 1024.0);
     assert!(l1 <= 20.0, "L1 counts {l1:.1} MiB");
     let pinned = proxy.held_mib() - start;
