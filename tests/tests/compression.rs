@@ -22,6 +22,19 @@ fn document() -> String {
     format!("[{}]", items.join(","))
 }
 
+/// An origin serving [`document`] at `/doc`, fresh for a minute.
+async fn document_origin() -> RunningOrigin {
+    Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(document())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await
+}
+
 /// The answer's body decoded from its Content-Encoding.
 fn decoded(a: &Answer) -> Vec<u8> {
     let mut out = Vec::new();
@@ -781,15 +794,7 @@ async fn a_head_miss_compresses_nothing_and_a_coding_is_made_once_when_first_ask
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attackers_accept_encoding_changes_nothing_a_gzip_caller_gets() {
     let doc = document();
-    let origin = Origin::new()
-        .route(
-            "/doc",
-            Reply::ok(doc.clone())
-                .header("content-type", "application/json")
-                .header("cache-control", "max-age=60"),
-        )
-        .start()
-        .await;
+    let origin = document_origin().await;
     let proxy = Proxy::new(compressing(&origin, "[zstd, br, gzip]"))
         .start()
         .await;
@@ -828,15 +833,7 @@ async fn an_attackers_accept_encoding_changes_nothing_a_gzip_caller_gets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coding_made_on_demand_is_made_once_across_instances() {
     let doc = document();
-    let origin = Origin::new()
-        .route(
-            "/doc",
-            Reply::ok(doc.clone())
-                .header("content-type", "application/json")
-                .header("cache-control", "max-age=60"),
-        )
-        .start()
-        .await;
+    let origin = document_origin().await;
     let redis = Redis::start().await;
     let config = || compressing(&origin, "[br, gzip]").redis(&redis.url());
     let first = Proxy::new(config()).start().await;
@@ -879,15 +876,7 @@ const PURGE_TOKEN: &str = "purge-token-for-the-tests-0123";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_coding_in_redis_is_never_served() {
     let doc = document();
-    let origin = Origin::new()
-        .route(
-            "/doc",
-            Reply::ok(doc.clone())
-                .header("content-type", "application/json")
-                .header("cache-control", "max-age=60"),
-        )
-        .start()
-        .await;
+    let origin = document_origin().await;
     let redis = Redis::start().await;
     let config = || {
         compressing(&origin, "[br, gzip]")

@@ -207,17 +207,7 @@ impl Circuit {
         match s.phase {
             Phase::Probing { .. } => {
                 if ok {
-                    s.phase = Phase::Closed;
-                    s.opened_on_hangs = None;
-                    s.reset(now);
-                    let outage = s.outage.take();
-                    tracing::info!(
-                        route = %self.route,
-                        upstream = %self.upstream,
-                        open_s = outage.map_or(0, |o| now.saturating_duration_since(o.since).as_secs()),
-                        failed_probes = outage.map_or(0, |o| o.failed_probes),
-                        "origin circuit closed: the probe succeeded"
-                    );
+                    self.close(&mut s, now, "origin circuit closed: the probe succeeded");
                 } else {
                     // Still open: counted for the line that closes it, not
                     // a line per probe.
@@ -250,6 +240,22 @@ impl Circuit {
                 self.open_if_failing(&mut s, now);
             }
         }
+    }
+
+    /// Closes the circuit, in a new window, with one line (`why`) that
+    /// says how long it was open and how many probes failed meanwhile.
+    fn close(&self, s: &mut State, now: Instant, why: &'static str) {
+        s.phase = Phase::Closed;
+        s.opened_on_hangs = None;
+        s.reset(now);
+        let outage = s.outage.take();
+        tracing::info!(
+            route = %self.route,
+            upstream = %self.upstream,
+            open_s = outage.map_or(0, |o| now.saturating_duration_since(o.since).as_secs()),
+            failed_probes = outage.map_or(0, |o| o.failed_probes),
+            "{why}"
+        );
     }
 
     /// Opens the circuit when the window's failures reach the error rate.
@@ -352,16 +358,8 @@ impl Circuit {
             Phase::Open { .. } | Phase::Probing { .. }
                 if s.opened_on_hangs == Some(suspicion.window) =>
             {
-                s.phase = Phase::Closed;
-                s.opened_on_hangs = None;
-                s.reset(now);
-                let outage = s.outage.take();
-                tracing::info!(
-                    route = %self.route,
-                    upstream = %self.upstream,
-                    open_s = outage.map_or(0, |o| now.saturating_duration_since(o.since).as_secs()),
-                    "origin circuit closed: a fetch counted as hung was answered"
-                );
+                let why = "origin circuit closed: a fetch counted as hung was answered";
+                self.close(&mut s, now, why);
             }
             _ => {}
         }
