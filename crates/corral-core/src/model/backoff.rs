@@ -68,8 +68,13 @@ impl BackoffPolicy {
     /// a failure that is the origin's whoever asked (it cannot be reached).
     pub fn after_failure(&self, previous: Option<Backoff>, now: SystemTime) -> Backoff {
         let failures = previous.map_or(0, |b| b.failures).saturating_add(1);
+        let period = self.period(failures);
         Backoff {
-            until: now.checked_add(self.period(failures)).unwrap_or(now),
+            until: if period.is_zero() {
+                no_period(now)
+            } else {
+                now.checked_add(period).unwrap_or(now)
+            },
             failures,
             caller: None,
         }
@@ -89,7 +94,7 @@ impl BackoffPolicy {
         match previous {
             Some(p) if p.caller == Some(caller) => None,
             None => Some(Backoff {
-                until: now,
+                until: no_period(now),
                 failures: 1,
                 caller: Some(caller),
             }),
@@ -105,6 +110,21 @@ impl BackoffPolicy {
     pub fn memory(&self) -> Duration {
         self.max.saturating_mul(2)
     }
+}
+
+/// How far before its failure a record of failures that started no
+/// period ends. Such a record is read on other instances, each moving it
+/// onto its own clock by its own estimate of Redis's (see `ClockShift`):
+/// ended at the very moment of the failure, a reader whose estimate is a
+/// few milliseconds off would see a period of those milliseconds, and
+/// leave the origin alone where it must ask again (a waiting instance
+/// right after its leader's first failure).
+const NO_PERIOD_BEFORE: Duration = Duration::from_secs(1);
+
+/// The end of a record whose failures started no period: in the past on
+/// every instance's clock.
+fn no_period(now: SystemTime) -> SystemTime {
+    now.checked_sub(NO_PERIOD_BEFORE).unwrap_or(now)
 }
 
 /// A key's back-off: origin requests wait until `until`; `failures` in a
@@ -167,6 +187,30 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failure that starts no period (the first of `after: 2`, or a
+    /// first failure a caller may have provoked) is not a period on any
+    /// other instance either, whose clock reads it a little off: here
+    /// 500 ms behind the writer's.
+    #[test]
+    fn a_failure_that_starts_no_period_is_none_on_a_clock_a_little_behind() {
+        let p = BackoffPolicy::default();
+        let now = SystemTime::now();
+        let behind = now - Duration::from_millis(500);
+        let first = p.after_failure(None, now);
+        assert_eq!(first.failures, 1);
+        assert!(!first.active(now));
+        assert!(!first.active(behind), "a period on a clock 500 ms behind");
+        let provoked = p.after_failure_of(None, 7, now).expect("counted");
+        assert!(!provoked.active(behind));
+        // Read back through Redis's form, as another instance does.
+        let read = Backoff::decode(&first.encode()).expect("decodes");
+        assert!(!read.active(behind));
+        // The second starts one, from the failure.
+        let second = p.after_failure(Some(first), now);
+        assert_eq!(second.failures, 2);
+        assert!(second.active(now) && second.active(behind));
+    }
 
     #[test]
     fn periods_double_up_to_the_cap_with_jitter_that_only_shortens() {
