@@ -335,3 +335,58 @@ async fn a_hung_origin_yields_to_the_stale_copy_and_its_late_answer_replaces_it(
         "the late answer was stored, not fetched again"
     );
 }
+
+/// The copy a hung fetch's callers are answered from serves only within
+/// its stale-if-error window. A caller who joins the fill after that (the
+/// fetch still waiting on the origin) is not handed the copy the fill
+/// published earlier: it gets a 504, never a 200 older than the origin
+/// allowed. Found by `SOAK_OUTAGE=slow bench/soak.sh`, where such joiners
+/// got copies up to 3 s past their window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_fills_stale_copy_is_not_served_past_its_stale_if_error_window() {
+    let origin = Origin::new()
+        .route(
+            "/hung",
+            Reply::ok("v1").header("cache-control", "max-age=1, stale-if-error=2"),
+        )
+        .start()
+        .await;
+    let route = Route::new("api", origin.url()).field("timeouts", "{ stale_after: 300ms }");
+    let proxy = Proxy::new(Config::new().route(route))
+        .with_test_clock()
+        .start()
+        .await;
+    let client = Client::new();
+    let url = proxy.url("/hung");
+    assert_eq!(client.get(&url).await.text(), "v1");
+    origin.set_route("/hung", Reply::ok("v2").delay(Duration::from_secs(30)));
+    proxy.advance_clock(PAST_ONE_SECOND).await;
+
+    // The fill hangs; its caller is answered from the copy at stale_after.
+    let first = client.get(&url).await;
+    assert_eq!(
+        (first.status.as_u16(), first.text()),
+        (200, "v1".to_owned())
+    );
+    assert_eq!(first.cache_status().detail(), Some("stale-if-error"));
+    assert_eq!(origin.hits("/hung"), 2);
+    // Within the window, a caller joining the fill gets the copy at once.
+    let joined = client.get(&url).await;
+    assert_eq!(
+        (joined.status.as_u16(), joined.text()),
+        (200, "v1".to_owned())
+    );
+    // Past it (fresh for 1 s, then 2 s of stale-if-error), with the fetch
+    // still waiting: no copy.
+    proxy
+        .advance_clock(PAST_STALE_IF_ERROR - PAST_ONE_SECOND)
+        .await;
+    let late = client.get(&url).await;
+    assert_eq!(late.status, 504, "{} {}", late.cache_status(), late.text());
+    assert_ne!(late.text(), "v1");
+    assert_eq!(
+        origin.hits("/hung"),
+        2,
+        "the hung fetch is still the only one"
+    );
+}

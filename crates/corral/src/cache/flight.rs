@@ -133,6 +133,15 @@ fn wait_end(fill: &FillRequest, outcome: FillOutcome) -> WaitEnd<FillOutcome> {
             fits: response.matches_vary(request),
             outcome,
         },
+        // A hung fetch's callers were answered from the stale copy (the
+        // driver's fallback), and so is whoever joins while the fetch runs
+        // on, but only while stale-if-error allows the copy: past that,
+        // this caller gives up on the flight as on a lock timeout.
+        FillOutcome::Stale {
+            entry,
+            detail: Detail::StaleIfError,
+            ..
+        } if !entry.usable_on_error(fill.now()) => WaitEnd::TimedOut,
         FillOutcome::Stale { .. } => WaitEnd::Shared {
             fits: true,
             outcome,
