@@ -23,6 +23,13 @@
 # SOAK_REDIS=cluster runs a six-node Cluster (three primaries, a replica
 # each) and kills the first primary for good instead.
 #
+# SOAK_OUTAGE=slow makes each outage a hang (the origin takes every request
+# and answers 30 s later) instead of 503s, and SOAK_CLIENTS=N spreads the
+# load over N loopback source addresses (N callers to corral's circuit and
+# back-off, as clients not behind a load balancer); the client gives up on a
+# request after 20 s (`timeouts`), and `5xx_with_stale` counts 5xx answers
+# for keys that had a stale copy to serve.
+#
 # Loopback only; bounded by CYCLES. Knob: BENCH_NO_BUILD=1 uses the binaries
 # in target/release.
 set -euo pipefail

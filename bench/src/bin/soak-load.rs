@@ -13,11 +13,20 @@
 //! Every answer is checked: a 200 must carry exactly its own key's body
 //! (the demo origin's `tag` pattern, `size` bytes) and an `Age` no larger
 //! than its freshness plus its longest stale window (plus a second); a 503
-//! is allowed only during an outage. Prints, each second, the client's
+//! (or, in a hang, a 504) is allowed only during an outage. Prints, each second, the client's
 //! answers and the origin's requests in that second; each minute, every
 //! instance's RSS; at the end, origin requests per second before, during
 //! and after the outages, and the totals. Exit status 1 if any answer was
 //! wrong. Loopback only; the load ends after the last phase.
+//!
+//! `SOAK_OUTAGE=slow` makes the outage a hang instead of 503s: the origin
+//! takes each request and answers 30 s later. `SOAK_CLIENTS=N` spreads the
+//! connections over N loopback source addresses (127.0.0.1 upward), so
+//! that corral sees N callers, as behind no load balancer. Every request
+//! gives up after 20 s (a client's patience; counted as `timeouts`), and a
+//! 5xx for a key whose last 200 came within its freshness plus its
+//! stale-if-error window (a key that had a stale copy to serve) is counted
+//! apart (`5xx_with_stale`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +53,66 @@ struct Tally {
     unavailable: AtomicU64,
     wrong: AtomicU64,
     failed: AtomicU64,
+    /// Requests the client gave up on after [`PATIENCE`].
+    timeouts: AtomicU64,
+    /// 5xx answers for a key that had a stale copy to serve.
+    unavailable_with_stale: AtomicU64,
+}
+
+/// How long a request may take before the client gives up on it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Until when each key had a copy to serve stale on an error: the end of
+/// the stale-if-error window of the last 200 it got (that answer's
+/// freshness, less its `Age`, plus the window).
+struct LastOk {
+    started: Instant,
+    /// Milliseconds since `started`; 0 for never.
+    until: Vec<AtomicU64>,
+}
+
+impl LastOk {
+    fn new(keys: u64) -> Self {
+        LastOk {
+            started: Instant::now(),
+            until: (0..keys).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Key `k` got a 200 whose `Age` was `age` seconds.
+    fn saw_ok(&self, k: u64, age: u64) {
+        let (ttl, _) = key_params(k);
+        let left = (ttl + SIE).saturating_sub(age) * 1000;
+        if let Some(a) = self.until.get(k as usize) {
+            a.fetch_max(self.now_ms() + left, Ordering::Relaxed);
+        }
+    }
+
+    /// True when key `k` still had a copy within its stale-if-error window
+    /// (a second of margin for the `Age` rounding).
+    fn had_stale(&self, k: u64) -> bool {
+        let until = self
+            .until
+            .get(k as usize)
+            .map_or(0, |a| a.load(Ordering::Relaxed));
+        self.now_ms() + 1000 < until
+    }
+}
+
+/// A connection to `instance`, from one of `clients` loopback addresses
+/// (127.0.0.1 upward), picked at random.
+async fn connect(instance: SocketAddr, clients: u8) -> std::io::Result<TcpStream> {
+    if clients <= 1 {
+        return TcpStream::connect(instance).await;
+    }
+    let n = rand::rng().random_range(0..clients);
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from(([127, 0, 0, 1 + n], 0)))?;
+    socket.connect(instance).await
 }
 
 /// One plain HTTP/1.1 exchange on a fresh or kept connection: status,
@@ -123,6 +192,12 @@ fn check(k: u64, status: u16, head: &str, body: &[u8], outage: bool, tally: &Tal
             tally.unavailable.fetch_add(1, Ordering::Relaxed);
             true
         }
+        // A hung origin's fetch that ran out of `response_headers`, for a
+        // key without a stale copy.
+        504 if outage => {
+            tally.unavailable.fetch_add(1, Ordering::Relaxed);
+            true
+        }
         _ => false,
     }
 }
@@ -192,6 +267,12 @@ async fn main() {
     let cycle = warm + outage + after;
     let total = cycle * cycles;
 
+    let outage_mode = std::env::var("SOAK_OUTAGE").unwrap_or_else(|_| "503".to_owned());
+    let clients: u8 = std::env::var("SOAK_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let last_ok = Arc::new(LastOk::new(keys));
     let zipf = Arc::new(Zipf::new(keys));
     let tally = Arc::new(Tally::default());
     let in_flight = Arc::new(Semaphore::new(256));
@@ -219,7 +300,7 @@ async fn main() {
         };
         let want_outage = phase == "outage";
         if want_outage != outage_on {
-            set_outage(origin, if want_outage { "503" } else { "off" }).await;
+            set_outage(origin, if want_outage { &outage_mode } else { "off" }).await;
             outage_on = want_outage;
         }
         owed += per_tick;
@@ -232,6 +313,7 @@ async fn main() {
                 continue;
             };
             let tally = Arc::clone(&tally);
+            let last_ok = Arc::clone(&last_ok);
             tokio::spawn(async move {
                 let _permit = permit;
                 let (ttl, size) = key_params(k);
@@ -244,16 +326,23 @@ async fn main() {
                     .pop();
                 // A kept connection the server has closed meanwhile (idle
                 // timeout) fails at once: like any client, try a new one.
-                let mut result = Err(std::io::ErrorKind::NotConnected.into());
-                if let Some(mut s) = kept {
-                    result = exchange(&mut s, request.as_bytes()).await.map(|r| (r, s));
-                }
-                if result.is_err() {
-                    result = match TcpStream::connect(instance).await {
-                        Ok(mut s) => exchange(&mut s, request.as_bytes()).await.map(|r| (r, s)),
-                        Err(e) => Err(e),
-                    };
-                }
+                let attempt = async {
+                    let mut result = Err(std::io::ErrorKind::NotConnected.into());
+                    if let Some(mut s) = kept {
+                        result = exchange(&mut s, request.as_bytes()).await.map(|r| (r, s));
+                    }
+                    if result.is_err() {
+                        result = match connect(instance, clients).await {
+                            Ok(mut s) => exchange(&mut s, request.as_bytes()).await.map(|r| (r, s)),
+                            Err(e) => Err(e),
+                        };
+                    }
+                    result
+                };
+                let Ok(result) = tokio::time::timeout(PATIENCE, attempt).await else {
+                    tally.timeouts.fetch_add(1, Ordering::Relaxed);
+                    return;
+                };
                 let result = result.map(|(r, s)| {
                     pool.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -262,6 +351,19 @@ async fn main() {
                 });
                 match result {
                     Ok((status, head, body)) => {
+                        if status == 200 {
+                            let age = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("age:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            last_ok.saw_ok(k, age);
+                        } else if status >= 500 && last_ok.had_stale(k) {
+                            let n = tally.unavailable_with_stale.fetch_add(1, Ordering::Relaxed);
+                            if n < 5 {
+                                eprintln!("{status} for key {k}, which had a stale copy: {head:?}");
+                            }
+                        }
                         if !check(k, status, &head, &body, want_outage, &tally) {
                             tally.wrong.fetch_add(1, Ordering::Relaxed);
                             eprintln!("wrong answer for key {k}: {status} {head:?}");
@@ -327,12 +429,14 @@ async fn main() {
     println!("rss_mib\tend\t{}", rss.join("\t"));
     let t = &tally;
     println!(
-        "answers\tok {}\tstale {}\t503 {}\twrong {}\tfailed {}",
+        "answers\tok {}\tstale {}\t503 {}\twrong {}\tfailed {}\ttimeouts {}\t5xx_with_stale {}",
         t.ok.load(Ordering::Relaxed),
         t.stale.load(Ordering::Relaxed),
         t.unavailable.load(Ordering::Relaxed),
         t.wrong.load(Ordering::Relaxed),
-        t.failed.load(Ordering::Relaxed)
+        t.failed.load(Ordering::Relaxed),
+        t.timeouts.load(Ordering::Relaxed),
+        t.unavailable_with_stale.load(Ordering::Relaxed)
     );
     if t.wrong.load(Ordering::Relaxed) > 0 {
         std::process::exit(1);
