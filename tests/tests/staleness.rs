@@ -390,3 +390,41 @@ async fn a_hung_fills_stale_copy_is_not_served_past_its_stale_if_error_window() 
         "the hung fetch is still the only one"
     );
 }
+
+/// A hung origin yields to a stale copy the instance did not have itself:
+/// one found in Redis (stored by another instance) as the fill read it.
+/// Instance B never had the key; when the origin hangs, B's caller is
+/// answered from A's copy at `stale_after`, not after `response_headers`
+/// (30 s here, longer than the client waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_origin_yields_to_a_stale_copy_found_in_redis() {
+    let origin = Origin::new()
+        .route(
+            "/hung",
+            Reply::ok("v1").header("cache-control", "max-age=1, stale-if-error=60"),
+        )
+        .start()
+        .await;
+    let redis = corral_tests::Redis::start().await;
+    let config = || {
+        let route = Route::new("api", origin.url())
+            .field("timeouts", "{ stale_after: 300ms, response_headers: 30s }");
+        Config::new().route(route).redis(&redis.url())
+    };
+    let a = Proxy::new(config()).start().await;
+    let b = Proxy::new(config()).with_test_clock().start().await;
+    let client = Client::new();
+    assert_eq!(client.get(&a.url("/hung")).await.text(), "v1");
+    origin.set_route("/hung", Reply::ok("v2").delay(Duration::from_secs(30)));
+    b.advance_clock(PAST_ONE_SECOND).await;
+
+    let answer = tokio::time::timeout(DEADLINE, client.get(&b.url("/hung")))
+        .await
+        .expect("answered before the origin's hang ends");
+    assert_eq!(
+        (answer.status.as_u16(), answer.text()),
+        (200, "v1".to_owned())
+    );
+    assert_eq!(answer.cache_status().detail(), Some("stale-if-error"));
+    assert_eq!(origin.hits("/hung"), 2, "A's fill and B's hung one");
+}

@@ -32,7 +32,7 @@ pub(crate) fn refresh(fill: FillRequest) -> bool {
 /// Runs a fill to its end. `permit` is `None` for an uncoalesced fetch;
 /// `leader` is `None` for a background refresh.
 pub(crate) async fn run(
-    mut fill: FillRequest,
+    fill: FillRequest,
     mut permit: Option<Permit<FillOutcome>>,
     mut leader: Option<oneshot::Sender<Ended>>,
 ) {
@@ -41,7 +41,7 @@ pub(crate) async fn run(
     // HTTP/2 client resetting each stream it opens must not make corral
     // fetch for nobody). A background refresh has no client and runs on.
     let cancellable = leader.is_some();
-    let Some(ended) = drive(&mut fill, &mut permit, &mut leader, cancellable).await else {
+    let Some(ended) = drive(&fill, &mut permit, &mut leader, cancellable).await else {
         crate::telemetry::metrics::fill_cancelled(fill.route_name());
         return;
     };
@@ -66,7 +66,7 @@ pub(crate) async fn run(
 /// longer cancellable, and a key another instance found uncacheable
 /// releases the waiters at once. `None` when the fill was abandoned.
 async fn drive(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     permit: &mut Option<Permit<FillOutcome>>,
     leader: &mut Option<oneshot::Sender<Ended>>,
     cancellable: bool,
@@ -77,8 +77,13 @@ async fn drive(
         ..Heard::default()
     };
     let coalesced = permit.is_some();
-    let mut fallback = Fallback::of(fill);
-    let far = tokio::time::Instant::now() + fill.origin().total;
+    let started = tokio::time::Instant::now();
+    let mut fallback = Fallback::of(fill, started);
+    // A newer copy the shared tier finds in L2 (one this instance may not
+    // have had at all) is the one a hung fetch's callers get.
+    let mut offers = fill.stale_offers();
+    let mut yielded = false;
+    let far = started + fill.origin().total;
     let fetching = fetch(fill, &events, coalesced);
     tokio::pin!(fetching);
     let ended = loop {
@@ -89,8 +94,14 @@ async fn drive(
             biased;
             ended = &mut fetching => break ended,
             Some(event) = heard.recv() => heard_so_far.hear(event, permit, leader),
+            Ok(()) = offers.changed(), if !yielded => {
+                if let Some(f) = Fallback::of(fill, started) {
+                    fallback = Some(f);
+                }
+            }
             () = tokio::time::sleep_until(yield_at), if fallback.is_some() && !heard_so_far.streaming => {
                 if let Some(f) = fallback.take() {
+                    yielded = true;
                     f.answer(permit.as_ref(), leader);
                 }
             }
@@ -128,12 +139,13 @@ struct Fallback {
 }
 
 impl Fallback {
-    /// The copy this fill may fall back on, if any.
-    fn of(fill: &FillRequest) -> Option<Self> {
+    /// The copy this fill (which began at `started`) may fall back on, if
+    /// any.
+    fn of(fill: &FillRequest, started: tokio::time::Instant) -> Option<Self> {
         let clock = fill.clock();
         let entry = fill.stale().filter(|e| e.usable_on_error(clock.now()))?;
         Some(Fallback {
-            at: tokio::time::Instant::now() + fill.origin().stale_after,
+            at: started + fill.origin().stale_after,
             entry,
             clock,
         })
@@ -227,7 +239,7 @@ impl Heard {
 /// leader (`coalesced`) enters the shared tier and its lease; any other
 /// fill uses L2 as a cache only, so that a request that chose not to
 /// coalesce (or could not) is not coalesced across instances either.
-async fn fetch(fill: &mut FillRequest, events: &Events, coalesced: bool) -> Ended {
+async fn fetch(fill: &FillRequest, events: &Events, coalesced: bool) -> Ended {
     match fill.shared().tier.cloned() {
         // A HEAD's fill takes the variant's lease too, so that a burst of
         // HEADs on every instance is one origin request: the instances

@@ -198,7 +198,9 @@ pub enum FillOutcome {
 /// [`GateParts`], [`ExchangeParts`], [`StoreParts`]), borrowed from
 /// them: nothing under `cache/` reaches the whole `Cache` or `Route`
 /// through a fill, and `tests/tests/layers.rs` checks which file asks for
-/// which parts.
+/// which parts. Below the lookup it is only ever borrowed shared (`&`):
+/// the one thing a layer adds to it, a stale copy found in L2, goes in
+/// through [`FillRequest::offer_stale`], which the driver hears.
 pub struct FillRequest {
     cache: Arc<Cache>,
     route: Arc<Route>,
@@ -209,8 +211,9 @@ pub struct FillRequest {
     pub variant: VariantKey,
     /// The copy being refreshed or revalidated, or served if the origin
     /// fails: from L1, or (offered by the shared tier, which alone changes
-    /// it, before the layers below read it) from L2.
-    stale: Option<Arc<StoredResponse>>,
+    /// it, before the layers below read it) from L2. A channel, so that the
+    /// driver hears an offer while the fill runs.
+    stale: tokio::sync::watch::Sender<Option<Arc<StoredResponse>>>,
     pub fwd: Forward,
     /// A coalesced POST's body (its digest is in `primary`); `None` for
     /// GET and HEAD.
@@ -519,7 +522,7 @@ impl FillRequest {
             primary: self.primary.clone(),
             identity: self.identity,
             variant: self.variant.clone(),
-            stale: Some(entry),
+            stale: tokio::sync::watch::Sender::new(Some(entry)),
             fwd: Forward::Stale,
             body: self.body.clone(),
             interim: None,
@@ -549,7 +552,7 @@ impl FillRequest {
             primary,
             identity,
             variant,
-            stale,
+            stale: tokio::sync::watch::Sender::new(stale),
             fwd,
             body,
             interim,
@@ -562,7 +565,7 @@ impl FillRequest {
     /// fills it with a GET, as a GET would, so that a burst of HEADs and
     /// GETs on a cold key is one origin request.
     pub fn for_head(mut self, head: bool) -> Self {
-        self.by_head = head && self.stale.is_some() && self.body.is_none();
+        self.by_head = head && self.stale.borrow().is_some() && self.body.is_none();
         self
     }
 
@@ -579,19 +582,28 @@ impl FillRequest {
 
     /// The stale copy in hand, if any.
     pub fn stale(&self) -> Option<Arc<StoredResponse>> {
-        self.stale.clone()
+        self.stale.borrow().clone()
     }
 
     /// Takes `entry` (read from L2) as the copy to serve if the origin
-    /// fails, unless the one in hand is at least as recent.
-    pub fn offer_stale(&mut self, entry: Arc<StoredResponse>) {
-        let newer = self
-            .stale
-            .as_ref()
-            .is_none_or(|held| entry.response_time() > held.response_time());
-        if newer {
-            self.stale = Some(entry);
-        }
+    /// fails, unless the one in hand is at least as recent. The fill's
+    /// driver hears it ([`FillRequest::stale_offers`]): a hung fetch's
+    /// callers are answered from it too.
+    pub fn offer_stale(&self, entry: Arc<StoredResponse>) {
+        self.stale.send_if_modified(|held| {
+            let newer = held
+                .as_ref()
+                .is_none_or(|held| entry.response_time() > held.response_time());
+            if newer {
+                *held = Some(entry);
+            }
+            newer
+        });
+    }
+
+    /// Tells of every copy [`FillRequest::offer_stale`] takes from now on.
+    pub fn stale_offers(&self) -> tokio::sync::watch::Receiver<Option<Arc<StoredResponse>>> {
+        self.stale.subscribe()
     }
 
     /// True when someone reads this fill's answer as it arrives (`events`)
@@ -603,6 +615,7 @@ impl FillRequest {
         events.streams
             && !self
                 .stale
+                .borrow()
                 .as_ref()
                 .is_some_and(|s| s.usable_on_error(self.cache.clock.now()))
     }

@@ -24,7 +24,7 @@ use crate::telemetry::metrics;
 /// taken on a variant the Vary set then moves the fill away from is given
 /// back.
 pub(crate) async fn first_read(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     lease: bool,
 ) -> Result<(Keys, Probe, Option<Box<dyn HeldLease>>), L2Error> {
@@ -74,7 +74,7 @@ pub(crate) async fn first_read(
 /// good for stale-if-error is kept as the fill's fallback, so an instance
 /// with no copy of its own serves Redis's when the origin fails.
 pub(crate) async fn read(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
 ) -> Result<Probe, L2Error> {
@@ -84,7 +84,7 @@ pub(crate) async fn read(
 
 /// A probe as the fill uses it: its entry screened by the bans in force,
 /// the back-off it carries adopted, a stale-if-error copy kept.
-fn screen(fill: &mut FillRequest, mut probe: Probe) -> Probe {
+fn screen(fill: &FillRequest, mut probe: Probe) -> Probe {
     probe.entry = probe.entry.take().and_then(|e| {
         let e = Arc::new(e.with_uri(fill.primary.uri().readable()));
         fill.l1().apply_bans(e).map(Arc::unwrap_or_clone)

@@ -113,7 +113,7 @@ enum Followed {
 
 /// A local flight's leader (or a background refresh) fills through the
 /// shared tier: L2, then the lease.
-pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
+pub async fn fill(fill: &FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
     let deadline = Instant::now() + patience(fill);
     let (keys, mut notices, probe, lease) = match watch_and_read(fill, tier).await {
         Ok(read) => read,
@@ -206,7 +206,7 @@ pub async fn fill(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events
 /// Takes over the lease `probe` saw held past `lock_age`: leads the fill
 /// (`Err`, its end), or waits on the instance that took it first.
 async fn take_over(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     probe: &Probe,
@@ -229,7 +229,7 @@ async fn take_over(
 /// first read, so a notice published after that read reaches it, then
 /// reads (taking the lease if nothing is there).
 async fn watch_and_read(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
 ) -> Result<(Keys, Box<dyn Notices>, Probe, Option<Box<dyn HeldLease>>), L2Error> {
     let first = tier.keys(
@@ -250,7 +250,7 @@ async fn watch_and_read(
 /// when the read answers after all (or a back-off this instance knows of
 /// says not to fetch).
 async fn after_read(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     read: Read,
@@ -328,7 +328,7 @@ async fn judge(fill: &FillRequest, probe: &mut Probe, waited: Option<SystemTime>
 /// fetch's events pass through here on their way up: an answer too large
 /// for L2 is announced as soon as its head says so.
 async fn lead(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     lease: Box<dyn HeldLease>,
@@ -350,7 +350,6 @@ async fn lead(
         let _ = lease.release().await;
         return hit;
     }
-    let fill = &*fill;
     let name = lease.name().to_owned();
     let value = lease.value().to_owned();
     let mut keep_alive = Some(lease.keep_alive());
@@ -427,7 +426,7 @@ async fn give_up(
 /// not say) costs one read: by then a dead holder's lease has lapsed, and
 /// this waiter reads again and may take it.
 async fn follow(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     deadline: Instant,
@@ -527,7 +526,7 @@ async fn follow(
 /// The holder has held the lease past `lock_age`: what L2 holds now, and
 /// the lease's value to take it over from, unless the read answers.
 async fn aged_out(
-    fill: &mut FillRequest,
+    fill: &FillRequest,
     tier: &dyn SharedTier,
     keys: &Keys,
     value: String,
@@ -548,7 +547,7 @@ async fn aged_out(
 /// own): L2 is a cache for it like L1, so it reads L2 and writes what it
 /// fetched there, but it takes no lease and waits for nobody, so each such
 /// request reaches the origin on its own, as it would without Redis.
-pub async fn fill_alone(fill: &mut FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
+pub async fn fill_alone(fill: &FillRequest, tier: &dyn SharedTier, events: &Events) -> Ended {
     let (keys, mut probe, _) = match first_read(fill, tier, false).await {
         Ok(read) => read,
         Err(e) => return local(fill, events, &e).await,
