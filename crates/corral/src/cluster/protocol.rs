@@ -163,7 +163,7 @@ impl Keys {
     /// first (see `L2::write_coding`); removed with the entry by
     /// [`INVALIDATE`].
     pub fn coding(&self, coding: &str) -> String {
-        format!("{}:e:{}:c:{coding}", self.tag, self.variant)
+        format!("{}{CODING_INFIX}{coding}", self.entry())
     }
     /// What every entry key of this URI starts with (for [`INVALIDATE`]).
     pub fn entry_prefix(&self) -> String {
@@ -215,7 +215,8 @@ impl Keys {
 /// generation read, entry PX, vary record, variant, record PX.
 /// A new entry's codings are the old one's no more: they are deleted with
 /// it replaced ([`Keys::coding`]; a reader checks the body digest too).
-pub static STORE: LazyLock<Script> = LazyLock::new(|| Script::new(STORE_BODY));
+pub static STORE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{DEL_CODINGS}{STORE_BODY}")));
 
 /// [`STORE`] for a Redis that refused it as full: the same writes under
 /// `allow-oom`, given a short PX by the caller (`lease_ttl`), so that the
@@ -224,13 +225,25 @@ pub static STORE: LazyLock<Script> = LazyLock::new(|| Script::new(STORE_BODY));
 /// fills under way times their bodies (at most `l2_max_object_size`), for
 /// that short while.
 pub static STORE_HANDOFF: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{ALLOW_OOM}{STORE_BODY}")));
+    LazyLock::new(|| Script::new(&format!("{ALLOW_OOM}{DEL_CODINGS}{STORE_BODY}")));
+
+/// What a kept coding's key adds to its entry's ([`Keys::coding`]).
+const CODING_INFIX: &str = ":c:";
+
+/// A Lua function for the scripts that replace or retire an entry: it
+/// deletes the codings kept beside the entry key `e` ([`Keys::coding`]),
+/// one per coding corral makes (a test holds it to `Coding::ALL`).
+const DEL_CODINGS: &str = r"
+local function del_codings(e)
+  redis.call('del', e .. ':c:gzip', e .. ':c:br', e .. ':c:zstd')
+end
+";
 
 const STORE_BODY: &str = r"
 local g = tonumber(redis.call('get', KEYS[2]) or '0')
 if g ~= tonumber(ARGV[2]) then return 0 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('del', KEYS[1] .. ':c:gzip', KEYS[1] .. ':c:br', KEYS[1] .. ':c:zstd')
+del_codings(KEYS[1])
 redis.call('set', KEYS[3], ARGV[4], 'PX', ARGV[6])
 redis.call('sadd', KEYS[4], ARGV[5])
 redis.call('pexpire', KEYS[4], ARGV[6])
@@ -241,19 +254,20 @@ return 1
 /// cannot store), delete the entries and their codings ([`Keys::coding`]). KEYS: generation, variant set. ARGV:
 /// entry prefix, record PX.
 pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{DEL_CODINGS}
 redis.call('incr', KEYS[1])
 redis.call('pexpire', KEYS[1], ARGV[2])
 local vs = redis.call('smembers', KEYS[2])
 for _, v in ipairs(vs) do
   local e = ARGV[1] .. v
-  redis.call('del', e, e .. ':c:gzip', e .. ':c:br', e .. ':c:zstd')
+  redis.call('del', e)
+  del_codings(e)
 end
 redis.call('del', KEYS[2])
 return #vs
-",
-    )
+"
+    ))
 });
 
 /// One GCRA decision (`corral_core::callers::rate_limit::Gcra::decide`, the same
@@ -667,6 +681,27 @@ fn decode_ban(s: &str) -> Option<Ban> {
 mod tests {
     use super::*;
     use corral_core::{QueryFilter, UriKey};
+
+    /// The scripts delete the kept codings by name: every coding corral
+    /// makes, under the key [`Keys::coding`] gives it.
+    #[test]
+    fn the_scripts_delete_every_coding_corral_keeps() {
+        let primary = PrimaryKey::new(
+            "api",
+            UriKey::new("h", "/x", None, &QueryFilter::new::<&str>(&[])),
+        );
+        let keys = Layout::new("app1:").keys(&primary, Digest([7; 32]), None);
+        for coding in corral_core::Coding::ALL {
+            let key = keys.coding(coding.as_str());
+            let suffix = key
+                .strip_prefix(&keys.entry())
+                .expect("the entry's key in front");
+            assert!(
+                DEL_CODINGS.contains(&format!("e .. '{suffix}'")),
+                "{suffix}"
+            );
+        }
+    }
 
     #[test]
     fn cluster_notices_round_trip_and_garbage_is_refused() {
