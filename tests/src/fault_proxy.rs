@@ -8,6 +8,10 @@
 //!   way, a bandwidth cap, a share of chunks on which the connection is
 //!   reset (RST), and a share of new connections that go silent at once.
 //!
+//! - a stall: the replies to a client's next commands that contain a given
+//!   pattern are held back for a while (with the replies behind them on
+//!   that connection), so that exactly those commands time out.
+//!
 //! The noise draws from a seeded generator, so a scenario's faults are the
 //! same run after run (given the same chunks).
 
@@ -58,11 +62,33 @@ struct Shared {
     accepted: AtomicU64,
     resets: AtomicU64,
     seed: AtomicU64,
+    stall: Mutex<Option<Stall>>,
+}
+
+/// Replies to hold back: those to the next `left` client chunks that
+/// contain `pattern`, each for `hold`.
+#[derive(Debug, Clone)]
+struct Stall {
+    pattern: Vec<u8>,
+    left: usize,
+    hold: Duration,
 }
 
 impl Shared {
     fn noise(&self) -> Noise {
         *self.noise.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How long to hold the replies to a client chunk `bytes` (the stall
+    /// is used up by it), if at all.
+    fn stall_for(&self, bytes: &[u8]) -> Option<Duration> {
+        let mut stall = self.stall.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = stall.as_mut()?;
+        if s.left == 0 || !bytes.windows(s.pattern.len()).any(|w| w == s.pattern) {
+            return None;
+        }
+        s.left -= 1;
+        Some(s.hold)
     }
 
     fn hold(&self, what: Box<dyn Send>) {
@@ -95,6 +121,7 @@ impl FaultProxy {
             accepted: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             seed: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+            stall: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let task = tokio::spawn(async move {
@@ -140,6 +167,31 @@ impl FaultProxy {
         self.shared.fault.send_replace(fault);
     }
 
+    /// Holds back, for `hold`, the replies to the next `times` client
+    /// writes that contain `pattern` (a command's name, say: `b"MGET"`),
+    /// and on their connection every reply behind them.
+    pub fn stall(&self, pattern: &[u8], times: usize, hold: Duration) {
+        *self
+            .shared
+            .stall
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Stall {
+            pattern: pattern.to_vec(),
+            left: times,
+            hold,
+        });
+    }
+
+    /// Stalls still to come (see [`FaultProxy::stall`]).
+    pub fn stalls_left(&self) -> usize {
+        self.shared
+            .stall
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |s| s.left)
+    }
+
     /// Sets the noise on the bytes that pass (new chunks and connections).
     pub fn noise(&self, noise: Noise) {
         *self
@@ -178,11 +230,13 @@ async fn forward(client: TcpStream, shared: Arc<Shared>, rng: Rng) {
     let (mut ur, mut uw) = upstream.into_split();
     let mut rng_back = Rng::new(rng.0 ^ 0xA5A5_A5A5);
     let mut rng = rng;
+    // Replies are held until then (a stall).
+    let held = Mutex::new(None);
     let outcome = {
         let pumps = async {
             tokio::select! {
-                e = pump(&mut cr, &mut uw, &shared, &mut rng) => e,
-                e = pump(&mut ur, &mut cw, &shared, &mut rng_back) => e,
+                e = pump(&mut cr, &mut uw, &shared, &mut rng, Way::Out(&held)) => e,
+                e = pump(&mut ur, &mut cw, &shared, &mut rng_back, Way::Back(&held)) => e,
             }
         };
         tokio::select! {
@@ -203,11 +257,20 @@ async fn forward(client: TcpStream, shared: Arc<Shared>, rng: Rng) {
     }
 }
 
+/// Which way a pump carries bytes, with the connection's stall: the
+/// client's writes may start one, the replies wait it out.
+#[derive(Clone, Copy)]
+enum Way<'a> {
+    Out(&'a Mutex<Option<tokio::time::Instant>>),
+    Back(&'a Mutex<Option<tokio::time::Instant>>),
+}
+
 async fn pump(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     shared: &Shared,
     rng: &mut Rng,
+    way: Way<'_>,
 ) -> Ended {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -225,6 +288,20 @@ async fn pump(
         }
         if noise.bandwidth > 0 {
             delay += Duration::from_secs_f64(n as f64 / noise.bandwidth as f64);
+        }
+        match way {
+            Way::Out(held) => {
+                if let Some(hold) = shared.stall_for(&buf[..n]) {
+                    *held.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(tokio::time::Instant::now() + hold);
+                }
+            }
+            Way::Back(held) => {
+                let until = *held.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(until) = until {
+                    tokio::time::sleep_until(until).await;
+                }
+            }
         }
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

@@ -1111,3 +1111,108 @@ async fn an_unreachable_redis_at_start_is_logged_once_then_summed() {
         assert_eq!(field(line, "redis"), Some(address.as_str()), "{line:?}");
     }
 }
+
+/// A waiting instance whose read after the leader's notice times out
+/// (Redis slow, not gone: here the proxy holds back the reply to that one
+/// read) reads once more instead of fetching alone: the origin is asked
+/// once, and both instances' callers get the leader's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/slow-read",
+            cacheable("the leader's answer").delay(Duration::from_millis(800)),
+        )
+        .start()
+        .await;
+    let link = FaultProxy::start(redis.addr()).await;
+    let config = |url: &str| {
+        Config::new()
+            .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
+            .redis(url)
+            .redis_field("op_timeout", "250ms")
+            .redis_field("lease_window", "900ms")
+            .redis_field("breaker", "{ failures: 5, open_for: 1s }")
+    };
+    let leader = Proxy::new(config(&redis.url())).start().await;
+    let waiter = Proxy::new(config(&format!("redis://{}/0", link.addr())))
+        .start()
+        .await;
+    let client = Client::new();
+    let first = {
+        let (client, url) = (client.clone(), leader.url("/slow-read"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/slow-read", 1, DEADLINE).await;
+    // The waiting instance's first read takes no lease (a script, which
+    // finds it held); its next, an MGET after the leader's notice, is the
+    // one held back, past op_timeout.
+    link.stall(b"$4\r\nMGET\r\n", 1, Duration::from_millis(600));
+    let second = client.get(&waiter.url("/slow-read")).await;
+    let first = first.await.expect("the leader's caller");
+    for answer in [&first, &second] {
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "the leader's answer".to_owned()),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert_eq!(link.stalls_left(), 0, "the waiter's read was held back");
+    assert!(
+        counter(&waiter, "corral_redis_errors_total", &[("kind", "timeout")]).await >= 1.0,
+        "the held-back read timed out"
+    );
+    assert_eq!(origin.hits("/slow-read"), 1, "{}", second.cache_status());
+}
+
+/// The retry is once: a waiting instance whose two reads both time out
+/// fetches on its own (two origin requests), and its caller is answered,
+/// not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_reads_keep_timing_out_fetches_alone() {
+    let redis = Redis::start().await;
+    let origin = Origin::new()
+        .route(
+            "/slower-read",
+            cacheable("an answer").delay(Duration::from_millis(800)),
+        )
+        .start()
+        .await;
+    let link = FaultProxy::start(redis.addr()).await;
+    let config = |url: &str| {
+        Config::new()
+            .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
+            .redis(url)
+            .redis_field("op_timeout", "250ms")
+            .redis_field("lease_window", "900ms")
+            .redis_field("breaker", "{ failures: 5, open_for: 1s }")
+    };
+    let leader = Proxy::new(config(&redis.url())).start().await;
+    let waiter = Proxy::new(config(&format!("redis://{}/0", link.addr())))
+        .start()
+        .await;
+    let client = Client::new();
+    let first = {
+        let (client, url) = (client.clone(), leader.url("/slower-read"));
+        tokio::spawn(async move { client.get(&url).await })
+    };
+    origin.wait_hits("/slower-read", 1, DEADLINE).await;
+    link.stall(b"$4\r\nMGET\r\n", 2, Duration::from_secs(2));
+    let second = client.get(&waiter.url("/slower-read")).await;
+    let first = first.await.expect("the leader's caller");
+    for answer in [&first, &second] {
+        assert_eq!(
+            (answer.status.as_u16(), answer.text()),
+            (200, "an answer".to_owned()),
+            "{}",
+            answer.cache_status()
+        );
+    }
+    assert!(
+        counter(&waiter, "corral_redis_errors_total", &[("kind", "timeout")]).await >= 2.0,
+        "both reads timed out"
+    );
+    assert_eq!(origin.hits("/slower-read"), 2, "{}", second.cache_status());
+}

@@ -424,7 +424,8 @@ async fn give_up(
 /// notice), so the wait goes on while it speaks (to `deadline`). A window
 /// without a word (a lost notice, a dead holder, an older corral that does
 /// not say) costs one read: by then a dead holder's lease has lapsed, and
-/// this waiter reads again and may take it.
+/// this waiter reads again and may take it. A read that times out is
+/// tried once more before this instance fetches on its own.
 async fn follow(
     fill: &FillRequest,
     tier: &dyn SharedTier,
@@ -439,6 +440,8 @@ async fn follow(
     // When to ask Redis how long the holder has held the lease (on its
     // clock: the holder's and this host's may disagree by any amount).
     let mut age_check = lock_age.map(|_| Instant::now());
+    // A read that timed out was tried again once.
+    let mut retried = false;
     loop {
         if let (Some(age), Some(at)) = (lock_age, age_check)
             && Instant::now() >= at
@@ -503,24 +506,50 @@ async fn follow(
                 }
             }
         }
-        let probe = match read(fill, tier, keys).await {
-            Ok(p) => p,
-            Err(e) => return Followed::Unavailable(e),
-        };
-        if probe.pass || !probe.lease_held || can_serve(fill, &probe) {
-            // Served, passed, or the lease is free to take over.
-            if Instant::now() >= deadline && !can_serve(fill, &probe) {
-                return Followed::LockTimeout;
-            }
-            return Followed::Read(Box::new(probe));
+        match read_again(fill, tier, keys, deadline, window, &mut retried).await {
+            Ok(followed) => return followed,
+            Err(next) => quiet_until = next,
         }
-        if Instant::now() >= deadline {
-            return Followed::LockTimeout;
-        }
-        // Still held: a live holder whose word was lost (read again a
-        // window on), or one about to lapse (a third of one on).
-        quiet_until = Instant::now() + window / 3;
     }
+}
+
+/// A waiter's read after a notice or a window without one: how the wait
+/// ends, or (`Err`) when to read next. Redis answering too slowly is not
+/// Redis gone: a read that times out is tried once more a third of a
+/// window on, rather than this instance fetching on its own (the leader's
+/// answer is most likely there by then; in a large fleet, one slow read
+/// would otherwise send a waiting instance to the origin). A second slow
+/// read fetches alone.
+async fn read_again(
+    fill: &FillRequest,
+    tier: &dyn SharedTier,
+    keys: &Keys,
+    deadline: Instant,
+    window: Duration,
+    retried: &mut bool,
+) -> Result<Followed, Instant> {
+    let probe = match read(fill, tier, keys).await {
+        Ok(p) => p,
+        Err(L2Error::Timeout(t)) if !*retried && Instant::now() < deadline => {
+            tracing::debug!(key = %fill.primary.loggable(), timeout = ?t, "a waiting read timed out: reading once more");
+            *retried = true;
+            return Err(Instant::now() + window / 3);
+        }
+        Err(e) => return Ok(Followed::Unavailable(e)),
+    };
+    if probe.pass || !probe.lease_held || can_serve(fill, &probe) {
+        // Served, passed, or the lease is free to take over.
+        if Instant::now() >= deadline && !can_serve(fill, &probe) {
+            return Ok(Followed::LockTimeout);
+        }
+        return Ok(Followed::Read(Box::new(probe)));
+    }
+    if Instant::now() >= deadline {
+        return Ok(Followed::LockTimeout);
+    }
+    // Still held: a live holder whose word was lost (read again a window
+    // on), or one about to lapse (a third of one on).
+    Err(Instant::now() + window / 3)
 }
 
 /// The holder has held the lease past `lock_age`: what L2 holds now, and
