@@ -866,6 +866,77 @@ async fn a_coding_made_on_demand_is_made_once_across_instances() {
     );
 }
 
+/// A JSON document of about 900 KiB (under `l2_max_object_size`), slow
+/// enough to compress that two instances asking for br at the same moment
+/// would both be making it.
+fn large_document() -> String {
+    let items: Vec<String> = (0..11_000)
+        .map(|i| format!("{{\"id\":{i},\"name\":\"item {i}\",\"tags\":[\"cache\",\"proxy\"]}}"))
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Two instances asked for the same coding of the same entry at the same
+/// moment make it once: the read of Redis that finds none kept claims its
+/// making, and the instance that finds it claimed waits for the kept
+/// coding (its callers answered unencoded meanwhile). Both then serve the
+/// same br bytes, which decode to the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_asked_for_on_two_instances_at_once_is_made_once() {
+    let doc = large_document();
+    let origin = Origin::new()
+        .route(
+            "/big",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    let config = || compressing(&origin, "[br]").redis(&redis.url());
+    let first = Proxy::new(config()).start().await;
+    let second = Proxy::new(config()).start().await;
+    let client = Client::new();
+    // Stored unencoded on both, for callers that accept no coding.
+    for p in [&first, &second] {
+        assert_eq!(client.get(&p.url("/big")).await.body, doc.as_bytes());
+    }
+    assert_eq!(origin.hits("/big"), 1);
+    let br = [("accept-encoding", "br")];
+    // Both demands at once.
+    let (url_a, url_b) = (first.url("/big"), second.url("/big"));
+    let (a, b) = tokio::join!(client.get_with(&url_a, &br), client.get_with(&url_b, &br));
+    for answer in [&a, &b] {
+        assert!(decoded(answer) == doc.as_bytes(), "every answer decodes");
+    }
+    let mut served = Vec::new();
+    for p in [&first, &second] {
+        let url = p.url("/big");
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let a = client.get_with(&url, &br).await;
+            assert!(decoded(&a) == doc.as_bytes(), "every answer decodes");
+            if a.header("content-encoding") == Some("br") {
+                served.push(a.body);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "br was never made");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(served[0] == served[1], "the same br bytes on both");
+    let on_demand = [("coding", "br")];
+    let (one, two) = (scrape(&first).await, scrape(&second).await);
+    let made = one.sum("corral_codings_made_on_demand_total", &on_demand)
+        + two.sum("corral_codings_made_on_demand_total", &on_demand);
+    let shared = one.sum("corral_codings_from_l2_total", &on_demand)
+        + two.sum("corral_codings_from_l2_total", &on_demand);
+    assert_eq!((made, shared), (1.0, 1.0), "made once, read once");
+    assert!(redis.keys("*:c:br:m").await.is_empty(), "the claim ended");
+    assert_eq!(origin.hits("/big"), 1);
+}
+
 const PURGE_TOKEN: &str = "purge-token-for-the-tests-0123";
 
 /// The hostile twin: a coding record in Redis that this fleet's key did

@@ -11,12 +11,14 @@
 use std::sync::Arc;
 #[cfg(test)]
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use corral_core::{Coding, PrimaryKey, StoredResponse, UriKey, VariantKey};
 use http::HeaderMap;
 
 use crate::cache::Cache;
 use crate::cache::cpu::Job;
+use crate::cluster::tier::KeptCoding;
 use crate::config::CompressionConfig;
 
 /// Where an entry is stored in L1.
@@ -114,11 +116,26 @@ enum Source {
     Shared,
 }
 
+/// How long an instance's claim on making a coding holds the others off
+/// (they read again meanwhile, then make it themselves): longer than any
+/// one compression of a body Redis keeps takes.
+const CLAIM: Duration = Duration::from_secs(5);
+
+/// The first pause between two reads of a coding another instance is
+/// making; it doubles up to [`LATEST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const LATEST_PAUSE: Duration = Duration::from_millis(800);
+
 /// `entry`'s body in `coding`. With Redis, what another instance kept
 /// for the same body (named by its SHA-256, taken on the CPU pool) is
 /// read first, and what is made here is kept there for the others: a
-/// coding is made once per body across the fleet, but for instances that
-/// ask at the same moment. `None` when the CPU pool is full.
+/// coding is made once per body across the fleet. Instances that ask at
+/// the same moment make it once too: the read claims the making when
+/// nothing is kept, and an instance that finds it claimed reads again a
+/// moment later (its callers are answered meanwhile, unencoded or in
+/// another coding they accept) until the coding is kept or the claim
+/// lapses, which its maker's death costs. `None` when the CPU pool is
+/// full.
 async fn packed(
     cache: &Cache,
     at: &Place,
@@ -140,8 +157,22 @@ async fn packed(
             })
             .await?
     };
-    if let Ok(Some(packed)) = tier.read_coding(&keys, coding, digest).await {
-        return Some((packed, Source::Shared));
+    let mut pause = FIRST_PAUSE;
+    // A bound of its own, should a claim be renewed by one maker after
+    // another.
+    let until = tokio::time::Instant::now() + CLAIM * 2;
+    loop {
+        match tier
+            .read_or_claim_coding(&keys, coding, digest, CLAIM)
+            .await
+        {
+            Ok(KeptCoding::Found(packed)) => return Some((packed, Source::Shared)),
+            Ok(KeptCoding::Busy) if tokio::time::Instant::now() + pause < until => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LATEST_PAUSE);
+            }
+            Ok(KeptCoding::Busy | KeptCoding::Make) | Err(_) => break,
+        }
     }
     let packed = made(cache, body, coding).await?;
     let ttl = entry.residency(cache.clock.now());

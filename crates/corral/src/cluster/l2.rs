@@ -18,13 +18,14 @@ use http::header::HeaderName;
 
 use crate::cluster::lease;
 use crate::cluster::protocol::{
-    ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN, LOG_NOTICE, Layout, READ_OR_LEASE,
-    RECORD_TTL, RULE_TTL, STORE, STORE_HANDOFF, fill_notice_payload, lease_token, millis,
+    CODING_KEEP, CODING_READ_OR_CLAIM, ClusterNotice, FillNotice, INVALIDATE, Keys, LOG_MAX_LEN,
+    LOG_NOTICE, Layout, READ_OR_LEASE, RECORD_TTL, RULE_TTL, STORE, STORE_HANDOFF,
+    fill_notice_payload, lease_token, millis,
 };
 use crate::cluster::redis_link::{L2Error, RedisLink, arg};
 use crate::cluster::stream::{StreamReader, StreamWriter, Streams};
 use crate::cluster::subscriber::{NoticeWatch, Subscriber};
-use crate::cluster::tier::{HeldLease, Notices, Probe, ProbeAndLease, SharedTier};
+use crate::cluster::tier::{HeldLease, KeptCoding, Notices, Probe, ProbeAndLease, SharedTier};
 use crate::cluster::trust::Trust;
 use crate::config::RedisConfig;
 
@@ -321,8 +322,8 @@ impl L2 {
     /// every instance.
     /// Keeps `packed`, the body whose SHA-256 is `body` in `coding`, for
     /// the other instances, as long as its entry (`ttl`), sealed under its
-    /// key with the body's digest in front. A new entry for the variant,
-    /// or its invalidation, deletes it.
+    /// key with the body's digest in front, and ends the claim on making
+    /// it. A new entry for the variant, or its invalidation, deletes it.
     pub async fn write_coding(
         &self,
         keys: &Keys,
@@ -331,40 +332,59 @@ impl L2 {
         packed: &[u8],
         ttl: Duration,
     ) -> Result<(), L2Error> {
+        let (key, claim) = (
+            keys.coding(coding.as_str()),
+            keys.coding_claim(coding.as_str()),
+        );
         if ttl.is_zero() || packed.len() as u64 > self.max_object_size {
-            return Ok(());
+            // Not kept: the others need not wait for it.
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(&claim);
+            return self.link.query::<()>(&cmd).await;
         }
-        let key = keys.coding(coding.as_str());
         let mut record = Vec::with_capacity(body.len() + packed.len());
         record.extend_from_slice(&body);
         record.extend_from_slice(packed);
         let sealed = self.trust.seal(Record::Coding, &key, &record);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&key).arg(sealed).arg("PX").arg(millis(ttl));
-        self.link.query::<()>(&cmd).await
+        self.link
+            .script::<i64>(&CODING_KEEP, &[&key, &claim], &[sealed, arg(millis(ttl))])
+            .await
+            .map(drop)
     }
 
     /// The body whose SHA-256 is `body` in `coding`, if an instance kept
-    /// it: a record whose seal does not verify, or that encodes another
-    /// body (an older answer's), is none.
-    pub async fn read_coding(
+    /// it; else a claim on making it, for `claim` (see
+    /// [`CODING_READ_OR_CLAIM`]). A record whose seal does not verify, or
+    /// that encodes another body (an older answer's), is none: this
+    /// instance makes its own.
+    pub async fn read_or_claim_coding(
         &self,
         keys: &Keys,
         coding: Coding,
         body: [u8; 32],
-    ) -> Result<Option<Bytes>, L2Error> {
+        claim: Duration,
+    ) -> Result<KeptCoding, L2Error> {
         let key = keys.coding(coding.as_str());
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&key);
-        let Some(sealed) = self.link.query::<Option<Vec<u8>>>(&cmd).await? else {
-            return Ok(None);
-        };
-        let Some(record) = self.trust.open(Record::Coding, &key, &sealed) else {
-            return Ok(None);
-        };
-        Ok(match record.split_at_checked(body.len()) {
-            Some((of, packed)) if of == body => Some(Bytes::copy_from_slice(packed)),
-            _ => None,
+        let (found, sealed): (i64, Vec<u8>) = self
+            .link
+            .script(
+                &CODING_READ_OR_CLAIM,
+                &[&key, &keys.coding_claim(coding.as_str())],
+                &[arg(lease_token()), arg(millis(claim))],
+            )
+            .await?;
+        Ok(match found {
+            1 => match self.trust.open(Record::Coding, &key, &sealed) {
+                Some(record) => match record.split_at_checked(body.len()) {
+                    Some((of, packed)) if of == body => {
+                        KeptCoding::Found(Bytes::copy_from_slice(packed))
+                    }
+                    _ => KeptCoding::Make,
+                },
+                None => KeptCoding::Make,
+            },
+            2 => KeptCoding::Make,
+            _ => KeptCoding::Busy,
         })
     }
 
@@ -590,13 +610,14 @@ impl SharedTier for L2 {
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::write_coding(self, keys, coding, body, packed, ttl))
     }
-    fn read_coding<'a>(
+    fn read_or_claim_coding<'a>(
         &'a self,
         keys: &'a Keys,
         coding: Coding,
         body: [u8; 32],
-    ) -> BoxFuture<'a, Result<Option<Bytes>, L2Error>> {
-        Box::pin(L2::read_coding(self, keys, coding, body))
+        claim: Duration,
+    ) -> BoxFuture<'a, Result<KeptCoding, L2Error>> {
+        Box::pin(L2::read_or_claim_coding(self, keys, coding, body, claim))
     }
     fn write_backoff<'a>(
         &'a self,

@@ -165,6 +165,11 @@ impl Keys {
     pub fn coding(&self, coding: &str) -> String {
         format!("{}{CODING_INFIX}{coding}", self.entry())
     }
+    /// The claim of the instance making the entry's body in `coding` (see
+    /// [`CODING_READ_OR_CLAIM`]); removed with the entry too.
+    pub fn coding_claim(&self, coding: &str) -> String {
+        format!("{}{CLAIM_SUFFIX}", self.coding(coding))
+    }
     /// What every entry key of this URI starts with (for [`INVALIDATE`]).
     pub fn entry_prefix(&self) -> String {
         format!("{}:e:", self.tag)
@@ -229,13 +234,43 @@ pub static STORE_HANDOFF: LazyLock<Script> =
 
 /// What a kept coding's key adds to its entry's ([`Keys::coding`]).
 const CODING_INFIX: &str = ":c:";
+/// What a coding's claim adds to the coding's key ([`Keys::coding_claim`]).
+const CLAIM_SUFFIX: &str = ":m";
+
+/// Reads a kept coding, or claims its making when none is kept, in one
+/// round trip, so that instances asking for the same coding at the same
+/// moment make it once: one wins the claim and makes it, the others find
+/// it claimed and read again later. KEYS: the coding ([`Keys::coding`]),
+/// its claim ([`Keys::coding_claim`]). ARGV: the claim's value, its life
+/// in ms. Returns `{1, record}` (kept), `{2, ''}` (claimed: this caller
+/// makes it) or `{0, ''}` (another instance is making it).
+pub static CODING_READ_OR_CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{ALLOW_OOM}local v = redis.call('GET', KEYS[1])
+if v then return {{1, v}} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {{2, ''}} end
+return {{0, ''}}"
+    ))
+});
+
+/// Keeps a coding and ends the claim on making it ([`CODING_READ_OR_CLAIM`]).
+/// KEYS: the coding, its claim. ARGV: the sealed record, its life in ms.
+pub static CODING_KEEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1",
+    )
+});
 
 /// A Lua function for the scripts that replace or retire an entry: it
 /// deletes the codings kept beside the entry key `e` ([`Keys::coding`]),
-/// one per coding corral makes (a test holds it to `Coding::ALL`).
+/// one per coding corral makes, and the claims on making them (a test
+/// holds it to `Coding::ALL`).
 const DEL_CODINGS: &str = r"
 local function del_codings(e)
-  redis.call('del', e .. ':c:gzip', e .. ':c:br', e .. ':c:zstd')
+  redis.call('del', e .. ':c:gzip', e .. ':c:br', e .. ':c:zstd',
+    e .. ':c:gzip:m', e .. ':c:br:m', e .. ':c:zstd:m')
 end
 ";
 
@@ -694,6 +729,14 @@ mod tests {
         for coding in corral_core::Coding::ALL {
             let key = keys.coding(coding.as_str());
             let suffix = key
+                .strip_prefix(&keys.entry())
+                .expect("the entry's key in front");
+            assert!(
+                DEL_CODINGS.contains(&format!("e .. '{suffix}'")),
+                "{suffix}"
+            );
+            let claim = keys.coding_claim(coding.as_str());
+            let suffix = claim
                 .strip_prefix(&keys.entry())
                 .expect("the entry's key in front");
             assert!(

@@ -63,6 +63,17 @@ pub trait Notices: Send {
     fn next(&mut self) -> BoxFuture<'_, Option<FillNotice>>;
 }
 
+/// What Redis says of a coding an instance is asked for
+/// ([`SharedTier::read_or_claim_coding`]).
+pub enum KeptCoding {
+    /// Another instance made it for the same body: these bytes.
+    Found(Bytes),
+    /// None is kept (or none that verifies): this instance makes it.
+    Make,
+    /// Another instance claimed its making a moment ago: ask again later.
+    Busy,
+}
+
 /// Redis as the cache path uses it. Every call may fail; the cache path
 /// treats a failure as "Redis is not there" and serves locally.
 pub trait SharedTier: Send + Sync {
@@ -137,15 +148,18 @@ pub trait SharedTier: Send + Sync {
     }
 
     /// The body whose SHA-256 is `body` in `coding`, if an instance kept
-    /// it ([`SharedTier::write_coding`]); one that does not verify, or that
-    /// encodes another body, is none.
-    fn read_coding<'a>(
+    /// it ([`SharedTier::write_coding`]); else the claim on making it for
+    /// `claim`, or word that another instance holds it. One that does not
+    /// verify, or that encodes another body, is none: make it. A tier that
+    /// keeps none says make it.
+    fn read_or_claim_coding<'a>(
         &'a self,
         _keys: &'a Keys,
         _coding: Coding,
         _body: [u8; 32],
-    ) -> BoxFuture<'a, Result<Option<Bytes>, L2Error>> {
-        Box::pin(async { Ok(None) })
+        _claim: Duration,
+    ) -> BoxFuture<'a, Result<KeptCoding, L2Error>> {
+        Box::pin(async { Ok(KeptCoding::Make) })
     }
     /// Writes an entry under the generation it was fetched in; `Ok(false)`
     /// when it was not written (too large, expired, or invalidated since).
