@@ -1132,7 +1132,7 @@ async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
             .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
             .redis(url)
             .redis_field("op_timeout", "250ms")
-            .redis_field("lease_window", "900ms")
+            .redis_field("lease_window", "1500ms")
             .redis_field("breaker", "{ failures: 5, open_for: 1s }")
     };
     let leader = Proxy::new(config(&redis.url())).start().await;
@@ -1147,7 +1147,9 @@ async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
     origin.wait_hits("/slow-read", 1, DEADLINE).await;
     // The waiting instance's first read takes no lease (a script, which
     // finds it held); its next, an MGET after the leader's notice, is the
-    // one held back, past op_timeout.
+    // one held back, past op_timeout (250 ms). The second read comes a
+    // third of the window (500 ms) after that timeout, when the stall
+    // (600 ms) has ended.
     link.stall(b"$4\r\nMGET\r\n", 1, Duration::from_millis(600));
     let second = client.get(&waiter.url("/slow-read")).await;
     let first = first.await.expect("the leader's caller");
@@ -1186,7 +1188,7 @@ async fn a_waiter_whose_reads_keep_timing_out_fetches_alone() {
             .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
             .redis(url)
             .redis_field("op_timeout", "250ms")
-            .redis_field("lease_window", "900ms")
+            .redis_field("lease_window", "1500ms")
             .redis_field("breaker", "{ failures: 5, open_for: 1s }")
     };
     let leader = Proxy::new(config(&redis.url())).start().await;
