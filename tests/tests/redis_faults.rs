@@ -12,8 +12,8 @@ use corral_tests::clock_skew::libfaketime;
 use corral_tests::fault_proxy::{Fault, FaultProxy, Noise};
 use corral_tests::shared::{cacheable, spawn_bursts};
 use corral_tests::{
-    Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin, RunningProxy,
-    eventually, lifecycle,
+    Answer, Client, Config, DEADLINE, Origin, Proxy, Redis, Reply, Route, RunningOrigin,
+    RunningProxy, eventually, lifecycle,
 };
 
 /// Instance A's clock is true, B's runs 30 s ahead and C's 30 s behind.
@@ -1112,16 +1112,18 @@ async fn an_unreachable_redis_at_start_is_logged_once_then_summed() {
     }
 }
 
-/// A waiting instance whose read after the leader's notice times out
-/// (Redis slow, not gone: here the proxy holds back the reply to that one
-/// read) reads once more instead of fetching alone: the origin is asked
-/// once, and both instances' callers get the leader's answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
+/// One key filled by a leader instance (a 800 ms origin) while another
+/// instance, reaching Redis through a proxy, waits on it; the replies to
+/// the waiter's next `stalls` MGETs (its reads of the answer: its first
+/// read is a script) are held back for `hold`, past its `op_timeout`
+/// (250 ms). Its second read comes a third of the window (500 ms) after a
+/// timeout. Returns both callers' answers, the origin's count and the
+/// waiter's Redis timeouts.
+async fn a_waiter_with_stalled_reads(stalls: usize, hold: Duration) -> ([Answer; 2], usize, f64) {
     let redis = Redis::start().await;
     let origin = Origin::new()
         .route(
-            "/slow-read",
+            "/stalled",
             cacheable("the leader's answer").delay(Duration::from_millis(800)),
         )
         .start()
@@ -1141,17 +1143,12 @@ async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
         .await;
     let client = Client::new();
     let first = {
-        let (client, url) = (client.clone(), leader.url("/slow-read"));
+        let (client, url) = (client.clone(), leader.url("/stalled"));
         tokio::spawn(async move { client.get(&url).await })
     };
-    origin.wait_hits("/slow-read", 1, DEADLINE).await;
-    // The waiting instance's first read takes no lease (a script, which
-    // finds it held); its next, an MGET after the leader's notice, is the
-    // one held back, past op_timeout (250 ms). The second read comes a
-    // third of the window (500 ms) after that timeout, when the stall
-    // (600 ms) has ended.
-    link.stall(b"$4\r\nMGET\r\n", 1, Duration::from_millis(600));
-    let second = client.get(&waiter.url("/slow-read")).await;
+    origin.wait_hits("/stalled", 1, DEADLINE).await;
+    link.stall(b"$4\r\nMGET\r\n", stalls, hold);
+    let second = client.get(&waiter.url("/stalled")).await;
     let first = first.await.expect("the leader's caller");
     for answer in [&first, &second] {
         assert_eq!(
@@ -1161,12 +1158,21 @@ async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
             answer.cache_status()
         );
     }
-    assert_eq!(link.stalls_left(), 0, "the waiter's read was held back");
-    assert!(
-        counter(&waiter, "corral_redis_errors_total", &[("kind", "timeout")]).await >= 1.0,
-        "the held-back read timed out"
-    );
-    assert_eq!(origin.hits("/slow-read"), 1, "{}", second.cache_status());
+    assert_eq!(link.stalls_left(), 0, "the waiter's reads were held back");
+    let timeouts = counter(&waiter, "corral_redis_errors_total", &[("kind", "timeout")]).await;
+    ([first, second], origin.hits("/stalled"), timeouts)
+}
+
+/// A waiting instance whose read after the leader's notice times out
+/// (Redis slow, not gone: here the proxy holds back the reply to that one
+/// read) reads once more instead of fetching alone: the origin is asked
+/// once, and both instances' callers get the leader's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
+    let ([_, second], hits, timeouts) =
+        a_waiter_with_stalled_reads(1, Duration::from_millis(600)).await;
+    assert!(timeouts >= 1.0, "the held-back read timed out");
+    assert_eq!(hits, 1, "{}", second.cache_status());
 }
 
 /// The retry is once: a waiting instance whose two reads both time out
@@ -1174,47 +1180,8 @@ async fn a_waiters_read_that_times_out_is_retried_not_sent_to_the_origin() {
 /// not held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_reads_keep_timing_out_fetches_alone() {
-    let redis = Redis::start().await;
-    let origin = Origin::new()
-        .route(
-            "/slower-read",
-            cacheable("an answer").delay(Duration::from_millis(800)),
-        )
-        .start()
-        .await;
-    let link = FaultProxy::start(redis.addr()).await;
-    let config = |url: &str| {
-        Config::new()
-            .route(Route::new("api", origin.url()).coalesce("lock_timeout", "5s"))
-            .redis(url)
-            .redis_field("op_timeout", "250ms")
-            .redis_field("lease_window", "1500ms")
-            .redis_field("breaker", "{ failures: 5, open_for: 1s }")
-    };
-    let leader = Proxy::new(config(&redis.url())).start().await;
-    let waiter = Proxy::new(config(&format!("redis://{}/0", link.addr())))
-        .start()
-        .await;
-    let client = Client::new();
-    let first = {
-        let (client, url) = (client.clone(), leader.url("/slower-read"));
-        tokio::spawn(async move { client.get(&url).await })
-    };
-    origin.wait_hits("/slower-read", 1, DEADLINE).await;
-    link.stall(b"$4\r\nMGET\r\n", 2, Duration::from_secs(2));
-    let second = client.get(&waiter.url("/slower-read")).await;
-    let first = first.await.expect("the leader's caller");
-    for answer in [&first, &second] {
-        assert_eq!(
-            (answer.status.as_u16(), answer.text()),
-            (200, "an answer".to_owned()),
-            "{}",
-            answer.cache_status()
-        );
-    }
-    assert!(
-        counter(&waiter, "corral_redis_errors_total", &[("kind", "timeout")]).await >= 2.0,
-        "both reads timed out"
-    );
-    assert_eq!(origin.hits("/slower-read"), 2, "{}", second.cache_status());
+    let ([_, second], hits, timeouts) =
+        a_waiter_with_stalled_reads(2, Duration::from_secs(2)).await;
+    assert!(timeouts >= 2.0, "both reads timed out");
+    assert_eq!(hits, 2, "{}", second.cache_status());
 }

@@ -727,22 +727,19 @@ mod tests {
         );
         let keys = Layout::new("app1:").keys(&primary, Digest([7; 32]), None);
         for coding in corral_core::Coding::ALL {
-            let key = keys.coding(coding.as_str());
-            let suffix = key
-                .strip_prefix(&keys.entry())
-                .expect("the entry's key in front");
-            assert!(
-                DEL_CODINGS.contains(&format!("e .. '{suffix}'")),
-                "{suffix}"
-            );
-            let claim = keys.coding_claim(coding.as_str());
-            let suffix = claim
-                .strip_prefix(&keys.entry())
-                .expect("the entry's key in front");
-            assert!(
-                DEL_CODINGS.contains(&format!("e .. '{suffix}'")),
-                "{suffix}"
-            );
+            // The coding and the claim on making it.
+            for key in [
+                keys.coding(coding.as_str()),
+                keys.coding_claim(coding.as_str()),
+            ] {
+                let suffix = key
+                    .strip_prefix(&keys.entry())
+                    .expect("the entry's key in front");
+                assert!(
+                    DEL_CODINGS.contains(&format!("e .. '{suffix}'")),
+                    "{suffix}"
+                );
+            }
         }
     }
 
