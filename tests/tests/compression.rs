@@ -16,7 +16,12 @@ use corral_tests::{
 
 /// A JSON document of about 20 KiB.
 fn document() -> String {
-    let items: Vec<String> = (0..200)
+    document_of(200)
+}
+
+/// A JSON array of `items` small objects (about 82 bytes each).
+fn document_of(items: usize) -> String {
+    let items: Vec<String> = (0..items)
         .map(|i| format!("{{\"id\":{i},\"name\":\"item {i}\",\"tags\":[\"cache\",\"proxy\"]}}"))
         .collect();
     format!("[{}]", items.join(","))
@@ -24,10 +29,15 @@ fn document() -> String {
 
 /// An origin serving [`document`] at `/doc`, fresh for a minute.
 async fn document_origin() -> RunningOrigin {
+    json_origin(document()).await
+}
+
+/// An origin serving `body` as JSON at `/doc`, fresh for a minute.
+async fn json_origin(body: String) -> RunningOrigin {
     Origin::new()
         .route(
             "/doc",
-            Reply::ok(document())
+            Reply::ok(body)
                 .header("content-type", "application/json")
                 .header("cache-control", "max-age=60"),
         )
@@ -85,12 +95,27 @@ async fn compressed_in(proxy: &corral_tests::RunningProxy) -> f64 {
 }
 
 /// Asks `url` with `fields` until the answer comes in `coding` (made in
-/// the background on a caller's first demand), within ten seconds.
+/// the background on a caller's first demand), within ten seconds; every
+/// answer decodes to [`document`].
 async fn made_for(client: &Client, url: &str, fields: &[(&str, &str)], coding: &str) -> Answer {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let doc = document();
+    let within = Duration::from_secs(10);
+    made_of(client, url, fields, coding, doc.as_bytes(), within).await
+}
+
+/// [`made_for`], for an answer whose body decodes to `body`, within `within`.
+async fn made_of(
+    client: &Client,
+    url: &str,
+    fields: &[(&str, &str)],
+    coding: &str,
+    body: &[u8],
+    within: Duration,
+) -> Answer {
+    let deadline = std::time::Instant::now() + within;
     loop {
         let a = client.get_with(url, fields).await;
-        assert!(decoded(&a) == document().as_bytes());
+        assert!(decoded(&a) == body);
         if a.header("content-encoding") == Some(coding) {
             return a;
         }
@@ -866,16 +891,6 @@ async fn a_coding_made_on_demand_is_made_once_across_instances() {
     );
 }
 
-/// A JSON document of about 900 KiB (under `l2_max_object_size`), slow
-/// enough to compress that two instances asking for br at the same moment
-/// would both be making it.
-fn large_document() -> String {
-    let items: Vec<String> = (0..11_000)
-        .map(|i| format!("{{\"id\":{i},\"name\":\"item {i}\",\"tags\":[\"cache\",\"proxy\"]}}"))
-        .collect();
-    format!("[{}]", items.join(","))
-}
-
 /// Two instances asked for the same coding of the same entry at the same
 /// moment make it once: the read of Redis that finds none kept claims its
 /// making, and the instance that finds it claimed waits for the kept
@@ -883,16 +898,11 @@ fn large_document() -> String {
 /// same br bytes, which decode to the origin's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coding_asked_for_on_two_instances_at_once_is_made_once() {
-    let doc = large_document();
-    let origin = Origin::new()
-        .route(
-            "/big",
-            Reply::ok(doc.clone())
-                .header("content-type", "application/json")
-                .header("cache-control", "max-age=60"),
-        )
-        .start()
-        .await;
+    // About 900 KiB (under `l2_max_object_size`): slow enough to compress
+    // that two instances asking for br at the same moment would both be
+    // making it.
+    let doc = document_of(11_000);
+    let origin = json_origin(doc.clone()).await;
     let redis = Redis::start().await;
     let config = || compressing(&origin, "[br]").redis(&redis.url());
     let first = Proxy::new(config()).start().await;
@@ -900,32 +910,20 @@ async fn a_coding_asked_for_on_two_instances_at_once_is_made_once() {
     let client = Client::new();
     // Stored unencoded on both, for callers that accept no coding.
     for p in [&first, &second] {
-        assert_eq!(client.get(&p.url("/big")).await.body, doc.as_bytes());
+        assert_eq!(client.get(&p.url("/doc")).await.body, doc.as_bytes());
     }
-    assert_eq!(origin.hits("/big"), 1);
+    assert_eq!(origin.hits("/doc"), 1);
     let br = [("accept-encoding", "br")];
     // Both demands at once.
-    let (url_a, url_b) = (first.url("/big"), second.url("/big"));
+    let (url_a, url_b) = (first.url("/doc"), second.url("/doc"));
     let (a, b) = tokio::join!(client.get_with(&url_a, &br), client.get_with(&url_b, &br));
     for answer in [&a, &b] {
         assert!(decoded(answer) == doc.as_bytes(), "every answer decodes");
     }
-    let mut served = Vec::new();
-    for p in [&first, &second] {
-        let url = p.url("/big");
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            let a = client.get_with(&url, &br).await;
-            assert!(decoded(&a) == doc.as_bytes(), "every answer decodes");
-            if a.header("content-encoding") == Some("br") {
-                served.push(a.body);
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "br was never made");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    assert!(served[0] == served[1], "the same br bytes on both");
+    let within = Duration::from_secs(15);
+    let br_a = made_of(&client, &url_a, &br, "br", doc.as_bytes(), within).await;
+    let br_b = made_of(&client, &url_b, &br, "br", doc.as_bytes(), within).await;
+    assert!(br_a.body == br_b.body, "the same br bytes on both");
     let on_demand = [("coding", "br")];
     let (one, two) = (scrape(&first).await, scrape(&second).await);
     let made = one.sum("corral_codings_made_on_demand_total", &on_demand)
@@ -934,7 +932,7 @@ async fn a_coding_asked_for_on_two_instances_at_once_is_made_once() {
         + two.sum("corral_codings_from_l2_total", &on_demand);
     assert_eq!((made, shared), (1.0, 1.0), "made once, read once");
     assert!(redis.keys("*:c:br:m").await.is_empty(), "the claim ended");
-    assert_eq!(origin.hits("/big"), 1);
+    assert_eq!(origin.hits("/doc"), 1);
 }
 
 const PURGE_TOKEN: &str = "purge-token-for-the-tests-0123";
