@@ -935,6 +935,110 @@ async fn a_coding_asked_for_on_two_instances_at_once_is_made_once() {
     assert_eq!(origin.hits("/doc"), 1);
 }
 
+/// An instance that claims a coding's making and then finds its CPU pool
+/// full ends the claim at once, so that another instance asked for the
+/// coding makes it now instead of waiting out the claim's life (5 s).
+/// Here the first instance's pool (one slot) is taken by a coded fill
+/// that streams for seconds, between its digest of the stored body and
+/// its claim: the reply to the claim is held back by a proxy in front of
+/// Redis meanwhile, and Redis forgets its scripts first, so that the
+/// claim itself is taken only when the reply is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_coding_the_cpu_pool_has_no_room_for_is_ended_at_once() {
+    let doc = document_of(2_000);
+    let origin = Origin::new()
+        .route(
+            "/doc",
+            Reply::ok(doc.clone())
+                .header("content-type", "application/json")
+                .header("cache-control", "max-age=60"),
+        )
+        .route(
+            "/slow",
+            Reply::trickle(4096, 100, Duration::from_millis(100))
+                .header("content-type", "text/plain")
+                .header("cache-control", "max-age=60")
+                .delay(Duration::from_secs(1)),
+        )
+        .start()
+        .await;
+    let redis = Redis::start().await;
+    let link = corral_tests::fault_proxy::FaultProxy::start(redis.addr()).await;
+    let config = |url: &str| {
+        compressing(&origin, "[br]")
+            .redis(url)
+            .redis_field("op_timeout", "8s")
+            .server("cpu_threads", "1")
+    };
+    let full = Proxy::new(config(&format!("redis://{}/0", link.addr())))
+        .start()
+        .await;
+    let other = Proxy::new(config(&redis.url())).start().await;
+    let client = Client::new();
+    // Stored unencoded on both, for callers that accept no coding.
+    for p in [&full, &other] {
+        assert_eq!(client.get(&p.url("/doc")).await.body, doc.as_bytes());
+    }
+    let br = [("accept-encoding", "br")];
+    // A coded fill whose answer comes in a second and then streams for
+    // ten: once it comes, it holds the pool's one slot.
+    let streaming = {
+        let (client, url) = (client.clone(), full.url("/slow"));
+        tokio::spawn(async move { client.get_with(&url, &[("accept-encoding", "br")]).await })
+    };
+    origin.wait_hits("/slow", 1, DEADLINE).await;
+    let _: () = redis
+        .command(&::redis::cmd("SCRIPT").arg("FLUSH").clone(), "SCRIPT FLUSH")
+        .await;
+    link.stall(b":c:br:m", 1, Duration::from_secs(3));
+    let asked = client.get_with(&full.url("/doc"), &br).await;
+    assert!(decoded(&asked) == doc.as_bytes());
+    let jobs = |job: &'static str, result: &'static str| {
+        let full = &full;
+        async move {
+            scrape(full)
+                .await
+                .sum("corral_cpu_jobs_total", &[("job", job), ("result", result)])
+        }
+    };
+    eventually(DEADLINE, "the coded fill holds the pool's slot", || async {
+        jobs("compress-stream", "pool").await == 1.0
+    })
+    .await;
+    assert_eq!(link.stalls_left(), 0, "the claim's reply was held back");
+    eventually(DEADLINE, "the coding found no room on the pool", || async {
+        jobs("compress", "saturated").await >= 1.0
+    })
+    .await;
+    // Ended, not left to lapse (it would stand for 5 s).
+    eventually(Duration::from_secs(2), "the claim ended", || async {
+        redis.keys("*:c:br:m").await.is_empty()
+    })
+    .await;
+    let made = made_of(
+        &client,
+        &other.url("/doc"),
+        &br,
+        "br",
+        doc.as_bytes(),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(decoded(&made) == doc.as_bytes());
+    let on_demand = [("coding", "br")];
+    let (one, two) = (scrape(&full).await, scrape(&other).await);
+    assert_eq!(
+        (
+            one.sum("corral_codings_made_on_demand_total", &on_demand),
+            two.sum("corral_codings_made_on_demand_total", &on_demand)
+        ),
+        (0.0, 1.0),
+        "made by the instance with room"
+    );
+    assert_eq!(origin.hits("/doc"), 1);
+    streaming.abort();
+}
+
 const PURGE_TOKEN: &str = "purge-token-for-the-tests-0123";
 
 /// The hostile twin: a coding record in Redis that this fleet's key did

@@ -135,7 +135,7 @@ const LATEST_PAUSE: Duration = Duration::from_millis(800);
 /// moment later (its callers are answered meanwhile, unencoded or in
 /// another coding they accept) until the coding is kept or the claim
 /// lapses, which its maker's death costs. `None` when the CPU pool is
-/// full.
+/// full (a claim taken is then ended at once).
 async fn packed(
     cache: &Cache,
     at: &Place,
@@ -161,7 +161,7 @@ async fn packed(
     // A bound of its own, should a claim be renewed by one maker after
     // another.
     let until = tokio::time::Instant::now() + CLAIM * 2;
-    loop {
+    let claimed = loop {
         match tier
             .read_or_claim_coding(&keys, coding, digest, CLAIM)
             .await
@@ -171,10 +171,19 @@ async fn packed(
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LATEST_PAUSE);
             }
-            Ok(KeptCoding::Busy | KeptCoding::Make) | Err(_) => break,
+            Ok(KeptCoding::Make) => break true,
+            Ok(KeptCoding::Busy) | Err(_) => break false,
         }
-    }
-    let packed = made(cache, body, coding).await?;
+    };
+    let Some(packed) = made(cache, body, coding).await else {
+        // The pool filled up between the digest and this job: a claim
+        // this instance cannot honour is ended, so that the others make
+        // the coding now rather than wait out its life.
+        if claimed && let Err(e) = tier.end_coding_claim(&keys, coding).await {
+            tracing::debug!(key = %at.primary.loggable(), error = %e, "a coding's claim was left to lapse");
+        }
+        return None;
+    };
     let ttl = entry.residency(cache.clock.now());
     if let Err(e) = tier.write_coding(&keys, coding, digest, &packed, ttl).await {
         tracing::debug!(key = %at.primary.loggable(), error = %e, "a coding was not kept in Redis");

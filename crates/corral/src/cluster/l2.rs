@@ -338,9 +338,7 @@ impl L2 {
         );
         if ttl.is_zero() || packed.len() as u64 > self.max_object_size {
             // Not kept: the others need not wait for it.
-            let mut cmd = redis::cmd("DEL");
-            cmd.arg(&claim);
-            return self.link.query::<()>(&cmd).await;
+            return self.end_coding_claim(keys, coding).await;
         }
         let mut record = Vec::with_capacity(body.len() + packed.len());
         record.extend_from_slice(&body);
@@ -350,6 +348,15 @@ impl L2 {
             .script::<i64>(&CODING_KEEP, &[&key, &claim], &[sealed, arg(millis(ttl))])
             .await
             .map(drop)
+    }
+
+    /// Ends the claim on making `coding` ([`CODING_READ_OR_CLAIM`]), which
+    /// this instance will not make (or keep): the others make it at their
+    /// next read instead of waiting out the claim's life.
+    pub async fn end_coding_claim(&self, keys: &Keys, coding: Coding) -> Result<(), L2Error> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(keys.coding_claim(coding.as_str()));
+        self.link.query::<()>(&cmd).await
     }
 
     /// The body whose SHA-256 is `body` in `coding`, if an instance kept
@@ -609,6 +616,13 @@ impl SharedTier for L2 {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), L2Error>> {
         Box::pin(L2::write_coding(self, keys, coding, body, packed, ttl))
+    }
+    fn end_coding_claim<'a>(
+        &'a self,
+        keys: &'a Keys,
+        coding: Coding,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(L2::end_coding_claim(self, keys, coding))
     }
     fn read_or_claim_coding<'a>(
         &'a self,

@@ -147,6 +147,18 @@ pub trait SharedTier: Send + Sync {
         Box::pin(async { Ok(()) })
     }
 
+    /// Ends this instance's claim on making `coding` of the entry of
+    /// `keys` ([`SharedTier::read_or_claim_coding`]) without keeping it:
+    /// the CPU pool had no slot for it. A tier that keeps none does
+    /// nothing.
+    fn end_coding_claim<'a>(
+        &'a self,
+        _keys: &'a Keys,
+        _coding: Coding,
+    ) -> BoxFuture<'a, Result<(), L2Error>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// The body whose SHA-256 is `body` in `coding`, if an instance kept
     /// it ([`SharedTier::write_coding`]); else the claim on making it for
     /// `claim`, or word that another instance holds it. One that does not
