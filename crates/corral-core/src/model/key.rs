@@ -139,38 +139,49 @@ impl QueryFilter {
 
     /// True when `query` is already what [`QueryFilter::normalize`] makes
     /// of it: no empty or dropped parameter, names in order (where they
-    /// are ordered). One pass over the bytes, each name read once: this
-    /// runs on every hit.
+    /// are ordered). One pass over the bytes, each read once, with no
+    /// search called per pair: this runs on every hit, on queries of a
+    /// few dozen bytes.
     fn in_order(&self, query: &str, rule: Option<&NoVarySearch>) -> bool {
         let sort = self.sorts(rule);
         let bytes = query.as_bytes();
-        // Names compare as they decode only where one could decode.
-        let encoded = bytes.iter().any(|&b| b == b'+' || b == b'%');
         let mut prev: &[u8] = &[];
-        let mut start = 0;
-        while start <= bytes.len() {
-            let end = bytes[start..]
-                .iter()
-                .position(|&b| b == b'&')
-                .map_or(bytes.len(), |i| start + i);
-            let pair = &bytes[start..end];
-            if pair.is_empty() {
+        // Names compare as they decode only where one could decode.
+        let mut prev_encoded = false;
+        let mut i = 0;
+        loop {
+            let start = i;
+            let mut encoded = false;
+            while let Some(&b) = bytes.get(i)
+                && b != b'='
+                && b != b'&'
+            {
+                encoded |= b == b'+' || b == b'%';
+                i += 1;
+            }
+            let name_end = i;
+            while bytes.get(i).is_some_and(|&b| b != b'&') {
+                i += 1;
+            }
+            if i == start {
                 return false;
             }
-            let name = &pair[..pair.iter().position(|&b| b == b'=').unwrap_or(pair.len())];
-            // `&` and `=` are ASCII, so `name` is whole characters.
-            let before = if encoded {
+            let name = &bytes[start..name_end];
+            let before = if encoded || prev_encoded {
                 by_name(name, prev).is_lt()
             } else {
                 name < prev
             };
-            if (sort && before) || self.leaves(&query[start..start + name.len()], rule) {
+            // `&` and `=` are ASCII, so `name` is whole characters.
+            if (sort && before) || self.leaves(&query[start..name_end], rule) {
                 return false;
             }
-            prev = name;
-            start = end + 1;
+            if i == bytes.len() {
+                return true;
+            }
+            (prev, prev_encoded) = (name, encoded);
+            i += 1;
         }
-        true
     }
 
     /// True when the filter drops anything at all.
@@ -206,12 +217,18 @@ impl QueryFilter {
     /// query already in order with nothing to drop (the common case) is
     /// copied as it is, without collecting and sorting its pairs.
     fn normalize_into(&self, query: &str, rule: Option<&NoVarySearch>, out: &mut String) {
-        let name = |p: &str| -> usize { p.bytes().position(|b| b == b'=').unwrap_or(p.len()) };
-        let kept = |p: &&str| !p.is_empty() && !self.leaves(&p[..name(p)], rule);
         if self.in_order(query, rule) {
             out.push_str(query);
             return;
         }
+        self.reorder_into(query, rule, out);
+    }
+
+    /// [`QueryFilter::normalize_into`] the long way: the pairs kept,
+    /// collected and sorted.
+    fn reorder_into(&self, query: &str, rule: Option<&NoVarySearch>, out: &mut String) {
+        let name = |p: &str| -> usize { p.bytes().position(|b| b == b'=').unwrap_or(p.len()) };
+        let kept = |p: &&str| !p.is_empty() && !self.leaves(&p[..name(p)], rule);
         let mut pairs: Vec<&str> = query.split('&').filter(kept).collect();
         // Stable: equal names stay in the order the client sent them.
         if self.sorts(rule) {
@@ -1138,6 +1155,41 @@ mod tests {
                 pairs
             };
             pairs(a) == pairs(b)
+        }
+
+        proptest! {
+            /// The one-pass check a hit makes says "as it is" exactly
+            /// where the long way (collect, drop, sort) gives the query
+            /// back unchanged and no pair is empty, sorted or not, with
+            /// any rule; repeats and encoded names included.
+            #[test]
+            fn the_fast_check_agrees_with_the_long_way(
+                parts in proptest::collection::vec((0..NAMES.len(), 0..VALUES.len(), any::<bool>()), 0..6),
+                rule in rule(),
+                sort: bool,
+                dropped in proptest::option::of(0..NAMES.len()),
+            ) {
+                // `&&` and a leading or trailing `&` make empty pairs.
+                let query: String = parts
+                    .iter()
+                    .map(|&(n, v, gap)| format!("{}{}{}", if gap { "&" } else { "" }, NAMES[n], VALUES[v]))
+                    .collect::<Vec<_>>()
+                    .join("&");
+                let filter = match dropped {
+                    Some(n) => QueryFilter::new(&[NAMES[n]]),
+                    None => QueryFilter::default(),
+                }
+                .sorted(sort);
+                let mut long = String::new();
+                filter.reorder_into(&query, rule.as_ref(), &mut long);
+                // An empty pair always takes the long way (which drops it).
+                let whole = !query.split('&').any(str::is_empty);
+                prop_assert_eq!(
+                    filter.in_order(&query, rule.as_ref()),
+                    long == query && whole,
+                    "query {:?} long way {:?}", query, long
+                );
+            }
         }
 
         proptest! {
