@@ -332,14 +332,14 @@ impl L2 {
         packed: &[u8],
         ttl: Duration,
     ) -> Result<(), L2Error> {
-        let (key, claim) = (
-            keys.coding(coding.as_str()),
-            keys.coding_claim(coding.as_str()),
-        );
         if ttl.is_zero() || packed.len() as u64 > self.max_object_size {
             // Not kept: the others need not wait for it.
             return self.end_coding_claim(keys, coding).await;
         }
+        let (key, claim) = (
+            keys.coding(coding.as_str()),
+            keys.coding_claim(coding.as_str()),
+        );
         let mut record = Vec::with_capacity(body.len() + packed.len());
         record.extend_from_slice(&body);
         record.extend_from_slice(packed);
