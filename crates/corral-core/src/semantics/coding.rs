@@ -139,11 +139,17 @@ pub fn accepts(request: &HeaderMap, name: &str) -> bool {
     }
     // Bytes, not `str` splitting with trimmed patterns: every request of
     // a route without `compression:` asks this, hits too.
+    accepts_in(request.get_all(ACCEPT_ENCODING).iter(), name)
+}
+
+/// [`accepts`] for the `Accept-Encoding` field lines `lines`, and a
+/// coding other than a dictionary one.
+fn accepts_in<'a>(lines: impl Iterator<Item = &'a http::HeaderValue>, name: &str) -> bool {
     let name = name.as_bytes();
     let gzip = name.eq_ignore_ascii_case(b"gzip") || name.eq_ignore_ascii_case(b"x-gzip");
     let mut named: Option<u16> = None;
     let mut star: Option<u16> = None;
-    for line in request.get_all(ACCEPT_ENCODING) {
+    for line in lines {
         for member in line.as_bytes().split(|&b| b == b',') {
             let member = trim(member);
             if member.is_empty() {
@@ -200,13 +206,14 @@ pub fn choose(request: &HeaderMap, offered: &[Coding]) -> Option<Coding> {
 /// accepts no coding (the cautious read).
 pub fn normalize_accept_encoding(request: &mut HeaderMap) {
     // Every request of a route without `compression:` comes here, hits
-    // too: read without allocating, and the field left alone when it
-    // already says what it would be rewritten to.
-    let mut lines = request.get_all(ACCEPT_ENCODING).iter();
-    let Some(first) = lines.next() else {
+    // too: read without allocating, the field found once (an entry, not a
+    // lookup and then an insert), and left alone when it already says
+    // what it would be rewritten to.
+    let http::header::Entry::Occupied(mut field) = request.entry(ACCEPT_ENCODING) else {
         return;
     };
-    let single = lines.next().is_none();
+    let single = field.iter().nth(1).is_none();
+    let first = field.get();
     let already = single && first.as_bytes() == b"gzip";
     // A client sends the same field on every request of a connection:
     // this thread's last answer, for the same bytes, is this one's.
@@ -214,23 +221,23 @@ pub fn normalize_accept_encoding(request: &mut HeaderMap) {
         LAST_FIELD.with(|last| {
             let mut last = last.borrow_mut();
             match &*last {
-                Some((field, gzip)) if field.as_bytes() == first.as_bytes() => *gzip,
+                Some((seen, gzip)) if seen.as_bytes() == first.as_bytes() => *gzip,
                 _ => {
-                    let gzip = accepts(request, "gzip");
+                    let gzip = accepts_in(std::iter::once(first), "gzip");
                     *last = Some((first.clone(), gzip));
                     gzip
                 }
             }
         })
     } else {
-        accepts(request, "gzip")
+        accepts_in(field.iter(), "gzip")
     };
     if gzip {
         if !already {
-            request.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("gzip"));
+            field.insert(http::HeaderValue::from_static("gzip"));
         }
     } else {
-        request.remove(ACCEPT_ENCODING);
+        field.remove();
     }
 }
 

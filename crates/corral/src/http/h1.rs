@@ -138,7 +138,10 @@ where
         drop(head);
         let is_head = fast.method() == Method::HEAD;
         let req = req.map(|()| Body::empty());
-        let Some(res) = answered(&mut io, &mut buf, service.answer(req)).await? else {
+        // Pinned where it is made: moved into `answered`, the answer's
+        // future (its request and reply inline) was copied twice per hit.
+        let answer = pin!(service.answer(req));
+        let Some(res) = answered(&mut io, &mut buf, answer).await? else {
             // The client left before its answer.
             return Ok(LoopEnd::Closed);
         };
@@ -180,12 +183,15 @@ where
 /// Waits for `answer`, writing interim answers as they are queued, and
 /// watching for the client to close while `buf` holds nothing of its
 /// next request; `None`: the client closed.
-async fn answered<I, F, B>(io: &mut I, buf: &mut BytesMut, answer: F) -> io::Result<Option<B>>
+async fn answered<I, F, B>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    mut answer: Pin<&mut F>,
+) -> io::Result<Option<B>>
 where
     I: AsyncRead + AsyncWrite + Unpin,
     F: Future<Output = B>,
 {
-    let mut answer = pin!(answer);
     poll_fn(|cx| {
         if let Poll::Ready(res) = answer.as_mut().poll(cx) {
             return Poll::Ready(Ok(Some(res)));

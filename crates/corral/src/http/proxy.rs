@@ -349,11 +349,13 @@ fn validated(
     client: &corral_core::callers::client_addr::ClientAddr,
 ) -> Result<RequestHead, Box<Answer>> {
     match RequestHead::parse(parts, peer.ip(), crate::origin::request::body_of(body)) {
-        Ok(h) => Ok(RequestHead {
-            tls,
-            visit: parts.extensions.remove::<Arc<OriginVisit>>(),
-            ..h.trusting(client)
-        }),
+        // Set in place: the head is large, and each move of it a copy.
+        Ok(mut h) => {
+            h.tls = tls;
+            h.visit = parts.extensions.remove::<Arc<OriginVisit>>();
+            h.trust(client);
+            Ok(h)
+        }
         Err(bad) => {
             let mut res = respond::error(
                 StatusCode::BAD_REQUEST,

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use corral_core::semantics::head::X_REQUEST_ID;
+use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 
 /// The longest id taken from a client.
@@ -18,14 +19,24 @@ pub const MAX_LEN: usize = 128;
 /// The id `headers` carry when it is fit to keep, else a new one; either
 /// way set in `headers` (one value), to be forwarded.
 pub fn take(headers: &mut HeaderMap) -> HeaderValue {
-    let mut given = headers.get_all(&X_REQUEST_ID).iter();
-    let kept = match (given.next(), given.next()) {
-        (Some(v), None) if acceptable(v.as_bytes()) => Some(v.clone()),
-        _ => None,
-    };
-    let id = kept.unwrap_or_else(generate);
-    headers.insert(X_REQUEST_ID.clone(), id.clone());
-    id
+    // One lookup (an entry): the field is found once, and a kept id is
+    // left where it is.
+    match headers.entry(&X_REQUEST_ID) {
+        Entry::Occupied(mut given) => {
+            let kept = given.iter().nth(1).is_none() && acceptable(given.get().as_bytes());
+            if kept {
+                return given.get().clone();
+            }
+            let id = generate();
+            given.insert(id.clone());
+            id
+        }
+        Entry::Vacant(none) => {
+            let id = generate();
+            none.insert(id.clone());
+            id
+        }
+    }
 }
 
 /// 1 to [`MAX_LEN`] token characters (RFC 9110 §5.6.2), less the few
@@ -60,7 +71,11 @@ fn generate() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let prefix = *PREFIX.get_or_init(rand::random);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::from_bytes(&hex_id(prefix, n)).expect("hex digits are a valid field value")
+    // One allocation that holds its own count: the id is cloned once (the
+    // request's field and the answer's), which a value copied from a slice
+    // pays with a second allocation.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex_id(prefix, n)))
+        .expect("hex digits are a valid field value")
 }
 
 /// `{prefix:08x}{n:012x}`, written by hand: `format!` cost every hit more
