@@ -256,6 +256,41 @@ async fn the_access_log_has_one_line_per_request_and_never_the_query_or_credenti
     }
 }
 
+/// The origin is sent the id the answer echoes, exactly once: the one
+/// corral made when the client sent none, or in place of what the client
+/// sent that was not a short token (never beside it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_origin_gets_the_id_corral_made_in_place_of_the_clients() {
+    let origin = Origin::new()
+        .route(
+            "/made",
+            Reply::ok("m").header("cache-control", "max-age=60"),
+        )
+        .route("/bad", Reply::ok("b").header("cache-control", "max-age=60"))
+        .route("/two", Reply::ok("t").header("cache-control", "max-age=60"))
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let made = client.get(&proxy.url("/made")).await;
+    let bad = client
+        .get_with(&proxy.url("/bad"), &[("x-request-id", "two words")])
+        .await;
+    let two = client
+        .get_with(
+            &proxy.url("/two"),
+            &[("x-request-id", "first"), ("x-request-id", "second")],
+        )
+        .await;
+    for (path, answer) in [("/made", &made), ("/bad", &bad), ("/two", &two)] {
+        let id = answer.header("x-request-id").expect("an id echoed");
+        assert_eq!(id.len(), 20, "a made id on {path}: {id}");
+        let seen = origin.requests(path);
+        assert_eq!(seen.len(), 1, "{path}");
+        assert_eq!(seen[0].header_all("x-request-id"), [id], "{path}");
+    }
+}
+
 /// One request can be followed from the client to the origin and back:
 /// its `X-Request-Id` (kept when it is a short token, made otherwise)
 /// reaches the origin, comes back on the answer and is on its access line,

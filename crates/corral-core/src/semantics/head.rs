@@ -90,6 +90,11 @@ pub struct RequestHead {
     /// it took, for its access line: `None` when no access line is
     /// written.
     pub visit: Option<std::sync::Arc<OriginVisit>>,
+    /// The request's id ([`X_REQUEST_ID`]), which the origin is sent in
+    /// place of any the client wrote. Not among `headers`: a hit, which
+    /// asks no origin, never writes it into them. `None` for a head made
+    /// without one (only tests make such).
+    pub request_id: Option<http::HeaderValue>,
 }
 
 /// The field a request's id travels in, to the origin and back.
@@ -160,10 +165,12 @@ impl RequestHead {
         peer: IpAddr,
         body: RequestBody,
     ) -> Result<Self, BadHead> {
+        // Takes the Host field out of the headers: nothing is passed on
+        // from it but the host the head holds.
         let host = request_host(parts)?;
         let (path, query) = target(&parts.uri)?;
         let mut headers = std::mem::take(&mut parts.headers);
-        strip_for_upstream(&mut headers, &parts.method);
+        strip_fields(&mut headers, &parts.method);
         Ok(RequestHead {
             method: parts.method.clone(),
             version: parts.version,
@@ -177,6 +184,7 @@ impl RequestHead {
             body,
             tls: false,
             visit: None,
+            request_id: None,
         })
     }
 
@@ -226,6 +234,13 @@ pub fn is_safe(method: &Method) -> bool {
 /// headers, and on GET/HEAD method overrides. One pass over the headers;
 /// removals only for names present.
 pub fn strip_for_upstream(headers: &mut HeaderMap, method: &Method) {
+    strip_fields(headers, method);
+    headers.remove(HOST);
+}
+
+/// [`strip_for_upstream`] but for Host, which [`RequestHead::parse`]
+/// has taken out already.
+fn strip_fields(headers: &mut HeaderMap, method: &Method) {
     // QUERY is read-only too: a method override must not make a write of it.
     let cacheable = *method == Method::GET || *method == Method::HEAD || is_query(method);
     // One pass of comparisons and `match`es over the names present: this
@@ -249,7 +264,6 @@ pub fn strip_for_upstream(headers: &mut HeaderMap, method: &Method) {
     if connection {
         hop_by_hop::strip(headers);
     }
-    headers.remove(HOST);
     for name in doomed {
         headers.remove(name);
     }
@@ -369,15 +383,18 @@ fn method_override(n: &str) -> bool {
 /// The host the request is for: the authority of an absolute-form (or
 /// HTTP/2) target, else the Host field. RFC 9112 §3.2: HTTP/1.1 needs
 /// exactly one valid Host; an absolute-form target wins over it (§3.2.2).
-fn request_host(parts: &http::request::Parts) -> Result<String, BadHead> {
-    let mut hosts = parts.headers.get_all(HOST).iter();
-    let field = hosts.next();
-    if hosts.next().is_some() {
-        return Err(BadHead::DuplicateHost);
-    }
-    let field = match field {
-        Some(v) => Some(parse_authority(v.as_bytes()).ok_or(BadHead::InvalidHost)?),
-        None => None,
+/// The Host field is taken out of `parts`' headers (found once, through
+/// an entry: this runs for every request).
+fn request_host(parts: &mut http::request::Parts) -> Result<String, BadHead> {
+    let field = match parts.headers.entry(HOST) {
+        http::header::Entry::Occupied(hosts) => {
+            if hosts.iter().nth(1).is_some() {
+                return Err(BadHead::DuplicateHost);
+            }
+            let (_, v) = hosts.remove_entry();
+            Some(parse_authority(v.as_bytes()).ok_or(BadHead::InvalidHost)?)
+        }
+        http::header::Entry::Vacant(_) => None,
     };
     let from_target = match parts.uri.authority() {
         Some(a) => Some(parse_authority(a.as_str().as_bytes()).ok_or(BadHead::InvalidHost)?),
@@ -570,7 +587,7 @@ mod tests {
     }
 
     fn host_of(version: Version, uri: &str, hosts: &[&'static str]) -> Result<String, BadHead> {
-        request_host(&parts(version, uri, hosts))
+        request_host(&mut parts(version, uri, hosts))
     }
 
     #[test]

@@ -221,6 +221,7 @@ impl Head {
                 body,
                 tls,
                 visit,
+                request_id,
             }) => Arc::new(RequestHead {
                 method: method.clone(),
                 version: *version,
@@ -234,6 +235,7 @@ impl Head {
                 body: *body,
                 tls: *tls,
                 visit: visit.take(),
+                request_id: request_id.take(),
             }),
         };
         *self = Head::Shared(Arc::clone(&shared));

@@ -72,7 +72,8 @@ pub fn handle(
     mut req: Request<Body>,
 ) -> Handled {
     let started = Instant::now();
-    // Set on the request before anything reads it, so the origin gets it.
+    // Taken off the request before anything reads its fields; the origin
+    // gets it from the head.
     let request_id = request_id::take(req.headers_mut());
     let conn = peer;
     let peer = conn.addr;
@@ -104,7 +105,7 @@ pub fn handle(
         peer,
         request_id,
     };
-    match route_now(&app, conn, &client, req) {
+    match route_now(&app, conn, &client, &done.request_id, req) {
         Step::Answered(route, answer) => Handled::Now(done.finish(route, answer, &client)),
         Step::Missed(route, missed) => Handled::Later(Box::pin(async move {
             let answer = missed.finish(None).await;
@@ -268,6 +269,7 @@ fn route_now(
     app: &App,
     peer: crate::http::connection::Peer,
     client: &corral_core::callers::client_addr::ClientAddr,
+    request_id: &http::HeaderValue,
     req: Request<Body>,
 ) -> Step {
     let crate::http::connection::Peer {
@@ -277,7 +279,7 @@ fn route_now(
         upstream,
         wire,
     } = peer;
-    let routed = match routed(app, peer, tls, client, req) {
+    let routed = match routed(app, peer, tls, client, request_id, req) {
         Ok(r) => r,
         // A head that did not validate, or no route: no route's metrics
         // or fields.
@@ -411,6 +413,7 @@ fn routed(
     peer: SocketAddr,
     tls: bool,
     client: &corral_core::callers::client_addr::ClientAddr,
+    request_id: &http::HeaderValue,
     req: Request<Body>,
 ) -> Result<Routed, Box<Answer>> {
     let (mut parts, body) = req.into_parts();
@@ -418,6 +421,7 @@ fn routed(
         return Err(Box::new(refused));
     }
     let mut head = validated(&mut parts, peer, &body, tls, client)?;
+    head.request_id = Some(request_id.clone());
     // The route table of this moment: a reload does not change the route a
     // request in flight started with.
     let Some(route) = app.routes().find(&head.host, &head.path).cloned() else {

@@ -1,6 +1,6 @@
 //! A request's id: the `X-Request-Id` it came with when that is a short
-//! token, else one corral makes. It is forwarded to the origin (the
-//! request's field is set to it), echoed on the answer and written on the
+//! token, else one corral makes. It is forwarded to the origin (in place
+//! of the client's field), echoed on the answer and written on the
 //! access line, so one request can be followed through corral's log and
 //! the origin's. It must never carry what a client wrote unchecked into a
 //! log line or a header: anything but a bounded run of token characters
@@ -16,26 +16,23 @@ use http::{HeaderMap, HeaderValue};
 /// The longest id taken from a client.
 pub const MAX_LEN: usize = 128;
 
-/// The id `headers` carry when it is fit to keep, else a new one; either
-/// way set in `headers` (one value), to be forwarded.
+/// The id the client's field in `headers` carries when it is fit to keep,
+/// else a new one. The field is taken out of `headers`: the id travels
+/// beside them (`RequestHead::request_id`) and is written into the
+/// origin's request only, so a hit, which asks no origin, never writes
+/// it into the header map.
 pub fn take(headers: &mut HeaderMap) -> HeaderValue {
-    // One lookup (an entry): the field is found once, and a kept id is
-    // left where it is.
+    // One lookup (an entry): the field is found once.
     match headers.entry(&X_REQUEST_ID) {
-        Entry::Occupied(mut given) => {
-            let kept = given.iter().nth(1).is_none() && acceptable(given.get().as_bytes());
-            if kept {
-                return given.get().clone();
+        Entry::Occupied(given) => {
+            let single = given.iter().nth(1).is_none();
+            let (_, mut values) = given.remove_entry_mult();
+            match values.next() {
+                Some(id) if single && acceptable(id.as_bytes()) => id,
+                _ => generate(),
             }
-            let id = generate();
-            given.insert(id.clone());
-            id
         }
-        Entry::Vacant(none) => {
-            let id = generate();
-            none.insert(id.clone());
-            id
-        }
+        Entry::Vacant(_) => generate(),
     }
 }
 
@@ -72,8 +69,8 @@ fn generate() -> HeaderValue {
     let prefix = *PREFIX.get_or_init(rand::random);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     // One allocation that holds its own count: the id is cloned once (the
-    // request's field and the answer's), which a value copied from a slice
-    // pays with a second allocation.
+    // head's and the answer's), which a value copied from a slice pays
+    // with a second allocation.
     HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex_id(prefix, n)))
         .expect("hex digits are a valid field value")
 }
@@ -115,7 +112,8 @@ mod tests {
         for id in kept {
             let mut h = with(&[id]);
             assert_eq!(take(&mut h).as_bytes(), id);
-            assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+            // Taken out: the id travels beside the fields.
+            assert!(h.is_empty());
         }
         let replaced: [&[&[u8]]; 7] = [
             &[],
@@ -131,8 +129,7 @@ mod tests {
             let id = take(&mut h);
             assert_eq!(id.len(), 20, "{ids:?}");
             assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
-            let sent: Vec<_> = h.get_all(&X_REQUEST_ID).iter().collect();
-            assert_eq!(sent, [&id]);
+            assert!(h.is_empty(), "{ids:?}");
         }
     }
 

@@ -76,6 +76,13 @@ pub fn upstream_request(
             HeaderValue::from_str(&head.host).map_err(bad)?,
         );
     }
+    // The client's own id, when corral kept it, is this same value.
+    if let Some(id) = &head.request_id {
+        headers.insert(
+            corral_core::semantics::head::X_REQUEST_ID.clone(),
+            id.clone(),
+        );
+    }
     headers.append(VIA, via_value(head.version));
     headers.insert(
         HOST,
