@@ -42,6 +42,7 @@ use tower::ServiceExt;
 
 use crate::cache::respond::Wire;
 use crate::http::client_stream::{ClientStream, Writes};
+use crate::http::on_wake::OnWake;
 use crate::http::peer_cap::{PeerCap, PeerSlot};
 
 /// Abandoned requests a connection may have before its abandon rate counts.
@@ -1025,11 +1026,16 @@ async fn watch_over<C: Served>(
         if let Some(end) = pace.window_end(limits) {
             next = next.min(end);
         }
+        // The deadline and the signals are polled only when they woke the
+        // task, not at each of the connection's reads and writes.
+        let deadline = std::pin::pin!(tokio::time::sleep_until(next));
+        let alarm = std::pin::pin!(activity.alarm.notified());
+        let stop = std::pin::pin!(shutdown.changed());
         tokio::select! {
             r = conn.as_mut() => return Some(r),
-            _ = tokio::time::sleep_until(next) => {}
-            _ = activity.alarm.notified(), if closing.is_none() => {}
-            _ = shutdown.changed(), if closing.is_none() => {
+            _ = OnWake::new(deadline) => {}
+            _ = OnWake::new(alarm), if closing.is_none() => {}
+            _ = OnWake::new(stop), if closing.is_none() => {
                 conn.as_mut().graceful_shutdown();
                 closing = Some(Instant::now() + CLOSE_GRACE.max(limits.header_read_timeout));
                 continue;

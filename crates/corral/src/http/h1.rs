@@ -537,7 +537,11 @@ fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
     out.extend_from_slice(b"\r\ncache-status: ");
     out.extend_from_slice(wire.cache_status().as_bytes());
     out.extend_from_slice(b"\r\ncontent-length: ");
-    out.extend_from_slice(decimal(wire.body().len() as u64, &mut digits));
+    let length = wire.body().len() as u64;
+    out.extend_from_slice(
+        corral_core::semantics::h1::small_decimal(length)
+            .unwrap_or_else(|| decimal(length, &mut digits)),
+    );
     out.extend_from_slice(b"\r\n");
     if let Some(id) = wire.request_id_value() {
         field(out, "x-request-id: ", id);

@@ -13,6 +13,7 @@ pub mod connection;
 pub mod gate;
 pub mod h1;
 pub mod http2;
+pub mod on_wake;
 pub mod peer_cap;
 pub mod proxy;
 pub mod refusal;
