@@ -94,11 +94,46 @@ pub struct RequestHead {
     /// place of any the client wrote. Not among `headers`: a hit, which
     /// asks no origin, never writes it into them. `None` for a head made
     /// without one (only tests make such).
-    pub request_id: Option<http::HeaderValue>,
+    pub request_id: Option<RequestId>,
 }
 
 /// The field a request's id travels in, to the origin and back.
 pub static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// A request's id (see [`X_REQUEST_ID`]): one corral made, kept inline (a
+/// hit, which echoes it, allocates nothing for it), or the client's own
+/// once checked to be a short token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestId {
+    /// 20 lowercase hex digits.
+    Made([u8; 20]),
+    /// The client's, checked (token characters only).
+    Kept(http::HeaderValue),
+}
+
+impl RequestId {
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made(id) => id,
+            RequestId::Kept(v) => v.as_bytes(),
+        }
+    }
+
+    /// The id as text ("" for none that is not: both kinds are ASCII).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or("")
+    }
+
+    /// The id as a field value, for a header map.
+    pub fn to_value(&self) -> http::HeaderValue {
+        match self {
+            RequestId::Made(id) => {
+                http::HeaderValue::from_bytes(id).expect("hex digits are a valid field value")
+            }
+            RequestId::Kept(v) => v.clone(),
+        }
+    }
+}
 
 /// The origin exchange made for one request (the last, when there were
 /// several): written by the exchange, read by the access line.

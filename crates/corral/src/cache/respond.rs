@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use axum::body::Body;
 use bytes::Bytes;
+use corral_core::semantics::head::RequestId;
 use corral_core::semantics::range;
 use corral_core::{CacheLabel, CacheStatus, Coding, Detail, Forward, StoredResponse};
 use http::header::{
@@ -46,24 +47,21 @@ pub struct Wire {
     age: u64,
     cache_status: HeaderValue,
     /// The request's `X-Request-Id`, echoed.
-    request_id: Option<HeaderValue>,
+    request_id: Option<RequestId>,
 }
 
 impl Wire {
     /// Echoes the request's id on this answer.
-    pub fn set_request_id(&mut self, id: HeaderValue) {
+    pub fn set_request_id(&mut self, id: RequestId) {
         self.request_id = Some(id);
     }
     /// The id echoed, or "".
     pub fn request_id(&self) -> &str {
-        self.request_id
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
+        self.request_id.as_ref().map_or("", RequestId::as_str)
     }
-    /// The id echoed, as a field value.
-    pub fn request_id_value(&self) -> Option<&HeaderValue> {
-        self.request_id.as_ref()
+    /// The id echoed, as the bytes of its field value.
+    pub fn request_id_bytes(&self) -> Option<&[u8]> {
+        self.request_id.as_ref().map(RequestId::as_bytes)
     }
     /// The status line and the entry's fields, each line ended.
     pub fn head(&self) -> &[u8] {
@@ -93,7 +91,10 @@ impl Wire {
         headers.insert(AGE, age_value(self.age));
         corral_core::put_own_cache_status(&mut headers, self.cache_status, true);
         if let Some(id) = self.request_id {
-            headers.insert(corral_core::semantics::head::X_REQUEST_ID.clone(), id);
+            headers.insert(
+                corral_core::semantics::head::X_REQUEST_ID.clone(),
+                id.to_value(),
+            );
         }
         let mut res = Response::new(Body::from(self.entry.body().clone()));
         *res.status_mut() = self.entry.status();

@@ -543,8 +543,9 @@ fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
             .unwrap_or_else(|| decimal(length, &mut digits)),
     );
     out.extend_from_slice(b"\r\n");
-    if let Some(id) = wire.request_id_value() {
-        field(out, "x-request-id: ", id);
+    if let Some(id) = wire.request_id_bytes() {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(id);
         out.extend_from_slice(b"\r\n");
     }
     if !wire.dated() {

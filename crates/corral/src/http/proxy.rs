@@ -34,7 +34,7 @@ use crate::origin::upstream::{DeadlineBody, UpstreamError};
 use crate::routes::Route;
 use crate::telemetry::access_log::{self, AccessLine};
 use crate::telemetry::metrics;
-use corral_core::semantics::head::{OriginVisit, RequestBody, RequestHead};
+use corral_core::semantics::head::{OriginVisit, RequestBody, RequestHead, RequestId};
 
 /// The client listener's handler: every request to [`handle`], called
 /// directly by the connection.
@@ -127,7 +127,7 @@ struct Done {
     logged: Option<Logged>,
     peer: SocketAddr,
     /// Echoed on the answer.
-    request_id: http::HeaderValue,
+    request_id: RequestId,
 }
 
 /// What the access line needs of a request beyond its answer.
@@ -171,7 +171,7 @@ impl Done {
             Some(w) => w.set_request_id(self.request_id),
             None => {
                 res.headers_mut()
-                    .insert(request_id::X_REQUEST_ID.clone(), self.request_id);
+                    .insert(request_id::X_REQUEST_ID.clone(), self.request_id.to_value());
             }
         }
         // A wire answer was made only where the route strips nothing.
@@ -269,7 +269,7 @@ fn route_now(
     app: &App,
     peer: crate::http::connection::Peer,
     client: &corral_core::callers::client_addr::ClientAddr,
-    request_id: &http::HeaderValue,
+    request_id: &RequestId,
     req: Request<Body>,
 ) -> Step {
     let crate::http::connection::Peer {
@@ -413,7 +413,7 @@ fn routed(
     peer: SocketAddr,
     tls: bool,
     client: &corral_core::callers::client_addr::ClientAddr,
-    request_id: &http::HeaderValue,
+    request_id: &RequestId,
     req: Request<Body>,
 ) -> Result<Routed, Box<Answer>> {
     let (mut parts, body) = req.into_parts();

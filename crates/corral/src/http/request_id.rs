@@ -9,9 +9,10 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use corral_core::semantics::head::RequestId;
 pub use corral_core::semantics::head::X_REQUEST_ID;
+use http::HeaderMap;
 use http::header::Entry;
-use http::{HeaderMap, HeaderValue};
 
 /// The longest id taken from a client.
 pub const MAX_LEN: usize = 128;
@@ -21,14 +22,14 @@ pub const MAX_LEN: usize = 128;
 /// beside them (`RequestHead::request_id`) and is written into the
 /// origin's request only, so a hit, which asks no origin, never writes
 /// it into the header map.
-pub fn take(headers: &mut HeaderMap) -> HeaderValue {
+pub fn take(headers: &mut HeaderMap) -> RequestId {
     // One lookup (an entry): the field is found once.
     match headers.entry(&X_REQUEST_ID) {
         Entry::Occupied(given) => {
             let single = given.iter().nth(1).is_none();
             let (_, mut values) = given.remove_entry_mult();
             match values.next() {
-                Some(id) if single && acceptable(id.as_bytes()) => id,
+                Some(id) if single && acceptable(id.as_bytes()) => RequestId::Kept(id),
                 _ => generate(),
             }
         }
@@ -63,16 +64,14 @@ fn acceptable(id: &[u8]) -> bool {
 
 /// A new id: 8 hex digits drawn once per process, then a counter, so ids
 /// are unique within a process and very likely across a fleet.
-fn generate() -> HeaderValue {
+fn generate() -> RequestId {
     static PREFIX: OnceLock<u32> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let prefix = *PREFIX.get_or_init(rand::random);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    // One allocation that holds its own count: the id is cloned once (the
-    // head's and the answer's), which a value copied from a slice pays
-    // with a second allocation.
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex_id(prefix, n)))
-        .expect("hex digits are a valid field value")
+    // Kept inline: made into a field value only where one is written
+    // into a header map (not on a hit, which writes its bytes).
+    RequestId::Made(hex_id(prefix, n))
 }
 
 /// `{prefix:08x}{n:012x}`, written by hand: `format!` cost every hit more
@@ -92,6 +91,7 @@ fn hex_id(prefix: u32, n: u64) -> [u8; 20] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn with(values: &[&[u8]]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -111,7 +111,10 @@ mod tests {
         let kept: [&[u8]; 3] = [b"abc-123", b"5f0c6e2a.req_7~", &long];
         for id in kept {
             let mut h = with(&[id]);
-            assert_eq!(take(&mut h).as_bytes(), id);
+            assert_eq!(
+                take(&mut h),
+                RequestId::Kept(HeaderValue::from_bytes(id).expect("value"))
+            );
             // Taken out: the id travels beside the fields.
             assert!(h.is_empty());
         }
@@ -127,8 +130,10 @@ mod tests {
         for ids in replaced {
             let mut h = with(ids);
             let id = take(&mut h);
-            assert_eq!(id.len(), 20, "{ids:?}");
+            assert!(matches!(id, RequestId::Made(_)), "{ids:?}");
+            assert_eq!(id.as_bytes().len(), 20, "{ids:?}");
             assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+            assert_eq!(id.to_value().as_bytes(), id.as_bytes());
             assert!(h.is_empty(), "{ids:?}");
         }
     }

@@ -80,7 +80,7 @@ pub fn upstream_request(
     if let Some(id) = &head.request_id {
         headers.insert(
             corral_core::semantics::head::X_REQUEST_ID.clone(),
-            id.clone(),
+            id.to_value(),
         );
     }
     headers.append(VIA, via_value(head.version));
