@@ -264,8 +264,12 @@ fn by_name(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 #[derive(Clone)]
 pub struct UriKey {
     /// Host, path and normalized query; then, for a key made with a
-    /// No-Vary-Search rule, ` ~nvs(` the rule's record `)`.
+    /// No-Vary-Search rule, ` ~nvs(` the rule's record `)`. After `start`:
+    /// before it, the route and method of the [`PrimaryKey`] that holds
+    /// this string whole (see [`PrimaryKey::get_with_rule`]).
     readable: String,
+    /// Where this key begins in `readable`.
+    start: usize,
     /// Where the path starts in `readable`.
     host_len: usize,
     /// Where the target ends in `readable` (the rule's mark follows).
@@ -282,9 +286,9 @@ pub struct UriKey {
 
 impl PartialEq for UriKey {
     fn eq(&self, other: &Self) -> bool {
-        self.readable == other.readable
-            && self.host_len == other.host_len
-            && self.target_end == other.target_end
+        self.readable() == other.readable()
+            && self.host_len - self.start == other.host_len - other.start
+            && self.target_end - self.start == other.target_end - other.start
     }
 }
 
@@ -304,12 +308,30 @@ impl UriKey {
         filter: &QueryFilter,
         rule: Option<&NoVarySearch>,
     ) -> Self {
+        Self::after(&[], host, path, query, filter, rule)
+    }
+
+    /// [`UriKey::with_rule`], its string begun with `prefix`.
+    fn after(
+        prefix: &[&str],
+        host: &str,
+        path: &str,
+        query: Option<&str>,
+        filter: &QueryFilter,
+        rule: Option<&NoVarySearch>,
+    ) -> Self {
         let host = host_name(host);
-        let mut readable =
-            String::with_capacity(host.len() + path.len() + 1 + query.map_or(0, str::len));
+        let prefix_len: usize = prefix.iter().map(|p| p.len()).sum();
+        let mut readable = String::with_capacity(
+            prefix_len + host.len() + path.len() + 1 + query.map_or(0, str::len),
+        );
+        for p in prefix {
+            readable.push_str(p);
+        }
+        let start = readable.len();
         readable.push_str(host);
         // A request's host is lowercased already (`head::parse_authority`).
-        readable.make_ascii_lowercase();
+        readable[start..].make_ascii_lowercase();
         let host_len = readable.len();
         readable.push_str(path);
         let query_into = |rule: Option<&NoVarySearch>, out: &mut String| {
@@ -342,6 +364,7 @@ impl UriKey {
         }
         UriKey {
             readable,
+            start,
             host_len,
             target_end,
             asked,
@@ -350,7 +373,7 @@ impl UriKey {
     }
 
     pub fn readable(&self) -> &str {
-        &self.readable
+        &self.readable[self.start..]
     }
 
     /// The path and normalized query: the request target the origin gets
@@ -372,13 +395,13 @@ impl UriKey {
     pub fn digest(&self) -> Digest {
         *self
             .digest
-            .get_or_init(|| Digest(*blake3::hash(self.readable.as_bytes()).as_bytes()))
+            .get_or_init(|| Digest(*blake3::hash(self.readable().as_bytes()).as_bytes()))
     }
 }
 
 impl fmt::Debug for UriKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.readable)
+        f.write_str(self.readable())
     }
 }
 
@@ -400,7 +423,9 @@ fn host_name(host: &str) -> &str {
 #[derive(Clone)]
 pub struct PrimaryKey {
     uri: UriKey,
-    readable: String,
+    /// The readable form: route, method and URI key; `None` where `uri`'s
+    /// string holds it whole (one allocation for both).
+    readable: Option<String>,
     /// A coalesced POST's body digest (with its Content-Type): part of the
     /// key, of which `readable` shows only 16 hex digits.
     body: Option<[u8; 32]>,
@@ -412,7 +437,7 @@ pub struct PrimaryKey {
 
 impl PartialEq for PrimaryKey {
     fn eq(&self, other: &Self) -> bool {
-        self.readable == other.readable && self.body == other.body
+        self.readable() == other.readable() && self.body == other.body
     }
 }
 
@@ -435,7 +460,28 @@ impl PrimaryKey {
         readable.push_str(uri.readable());
         PrimaryKey {
             uri,
-            readable,
+            readable: Some(readable),
+            body: None,
+            digest: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// [`PrimaryKey::get`] of [`UriKey::with_rule`]'s key, made in one
+    /// string: the route and method, then the URI key (a hit makes one
+    /// key, and this saves it an allocation and a copy).
+    pub fn get_with_rule(
+        route: &str,
+        tls: bool,
+        host: &str,
+        path: &str,
+        query: Option<&str>,
+        filter: &QueryFilter,
+        rule: Option<&NoVarySearch>,
+    ) -> Self {
+        let method = if tls { " GET https " } else { " GET " };
+        PrimaryKey {
+            uri: UriKey::after(&[route, method], host, path, query, filter, rule),
+            readable: None,
             body: None,
             digest: std::sync::OnceLock::new(),
         }
@@ -481,7 +527,7 @@ impl PrimaryKey {
         readable.push_str(&body_digest.to_hex()[..16]);
         PrimaryKey {
             uri,
-            readable,
+            readable: Some(readable),
             body: Some(*body_digest.as_bytes()),
             digest: std::sync::OnceLock::new(),
         }
@@ -492,7 +538,10 @@ impl PrimaryKey {
     }
 
     pub fn readable(&self) -> &str {
-        &self.readable
+        match &self.readable {
+            Some(r) => r,
+            None => &self.uri.readable,
+        }
     }
 
     /// The key's name in every process (L2, leases, notices): BLAKE3 of
@@ -500,10 +549,10 @@ impl PrimaryKey {
     /// change here breaks every shared entry.
     pub fn digest(&self) -> Digest {
         *self.digest.get_or_init(|| match &self.body {
-            None => Digest(*blake3::hash(self.readable.as_bytes()).as_bytes()),
+            None => Digest(*blake3::hash(self.readable().as_bytes()).as_bytes()),
             Some(body) => {
                 let mut key = blake3::Hasher::new();
-                key.update(self.readable.as_bytes());
+                key.update(self.readable().as_bytes());
                 key.update(body);
                 Digest(*key.finalize().as_bytes())
             }
@@ -551,14 +600,15 @@ impl PrimaryKey {
                 out.put(v.as_bytes());
             }
         }
-        out.put(self.readable.as_bytes());
+        out.put(self.readable().as_bytes());
         out
     }
 
     /// The readable form without the query, for logs and metric labels:
     /// a query may carry tokens.
     pub fn loggable(&self) -> &str {
-        self.readable.split('?').next().unwrap_or(&self.readable)
+        let readable = self.readable();
+        readable.split('?').next().unwrap_or(readable)
     }
 
     /// The key as the operator's views (the live page, `corral top`) show
@@ -627,7 +677,7 @@ impl PrimaryKey {
 
 impl fmt::Debug for PrimaryKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.readable)
+        f.write_str(self.readable())
     }
 }
 
@@ -1083,6 +1133,51 @@ mod tests {
                 }
                 NoVarySearch::parse(field.as_bytes())
             })
+        }
+
+        proptest! {
+            /// The hit's key, made in one string, is the key made from a
+            /// URI key in every way it is read: text, names, equality,
+            /// the target the origin is asked and the L1 bytes.
+            #[test]
+            fn a_key_made_in_one_string_is_the_key_made_in_two(
+                host in prop_oneof![
+                    Just("Api.Example.COM"),
+                    Just("h:8080"),
+                    Just("[::1]:80"),
+                    Just("h"),
+                ],
+                path in prop_oneof![Just("/"), Just("/a/B"), Just("/%20x")],
+                q in proptest::option::of(query()),
+                rule in rule(),
+                tls in any::<bool>(),
+                sorted in any::<bool>(),
+            ) {
+                let filter = QueryFilter::new(&["utm"]).sorted(sorted);
+                let uri = UriKey::with_rule(host, path, q.as_deref(), &filter, rule.as_ref());
+                let two = PrimaryKey::get("API-Route", uri, tls);
+                let one = PrimaryKey::get_with_rule(
+                    "API-Route",
+                    tls,
+                    host,
+                    path,
+                    q.as_deref(),
+                    &filter,
+                    rule.as_ref(),
+                );
+                prop_assert_eq!(one.readable(), two.readable());
+                prop_assert!(one.digest() == two.digest());
+                prop_assert!(one == two);
+                prop_assert_eq!(one.loggable(), two.loggable());
+                let (one_bytes, two_bytes) = (one.local_bytes(None, &[]), two.local_bytes(None, &[]));
+                prop_assert_eq!(one_bytes.as_slice(), two_bytes.as_slice());
+                prop_assert_eq!(one.uri().readable(), two.uri().readable());
+                prop_assert!(one.uri() == two.uri());
+                prop_assert!(one.uri().digest() == two.uri().digest());
+                prop_assert_eq!(one.uri().target(), two.uri().target());
+                prop_assert_eq!(one.uri().rule_mark(), two.uri().rule_mark());
+                prop_assert_eq!(format!("{:?}", one.uri()), format!("{:?}", two.uri()));
+            }
         }
 
         /// A route that learns rules: the client's order kept unless a

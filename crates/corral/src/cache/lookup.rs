@@ -84,7 +84,7 @@ pub fn answer_now(
         Looked::Missed(joining) => Err(Box::new(Missed {
             asked,
             miss,
-            joining,
+            joining: *joining,
         })),
     }
 }
@@ -114,7 +114,7 @@ impl Missed {
         if asked.read_rule().await {
             joining = match look(&mut asked, &miss) {
                 Looked::Answered(answer) => return answer,
-                Looked::Missed(joining) => joining,
+                Looked::Missed(joining) => *joining,
             };
         }
         loop {
@@ -135,7 +135,7 @@ impl Missed {
             }
             joining = match look(&mut asked, &miss) {
                 Looked::Answered(answer) => return answer,
-                Looked::Missed(joining) => joining,
+                Looked::Missed(joining) => *joining,
             };
         }
     }
@@ -260,19 +260,14 @@ impl Keys {
         };
         // The key and (in the fill) the upstream request both come from
         // this one validated head.
-        let uri = UriKey::with_rule(
-            &ctx.host,
-            &ctx.path,
-            ctx.query.as_deref(),
-            &route.cache.query_filter,
-            rule.as_ref().and_then(|(_, r)| r.rule()),
-        );
+        let nvs = rule.as_ref().and_then(|(_, r)| r.rule());
+        let filter = &route.cache.query_filter;
         let (primary, identity) = match body {
             Some(b) => (
                 PrimaryKey::with_content(
                     ctx.method.as_str(),
                     &route.name,
-                    uri,
+                    UriKey::with_rule(&ctx.host, &ctx.path, ctx.query.as_deref(), filter, nvs),
                     ctx.tls,
                     Some(&body_kind(ctx)),
                     b,
@@ -282,7 +277,15 @@ impl Keys {
                 route.cache.identity.identify_post(&ctx.headers),
             ),
             None => (
-                PrimaryKey::get(&route.name, uri, ctx.tls),
+                PrimaryKey::get_with_rule(
+                    &route.name,
+                    ctx.tls,
+                    &ctx.host,
+                    &ctx.path,
+                    ctx.query.as_deref(),
+                    filter,
+                    nvs,
+                ),
                 route.cache.identity.identify(&ctx.headers),
             ),
         };
@@ -317,7 +320,8 @@ fn body_kind(ctx: &RequestHead) -> Vec<u8> {
 /// What a lookup came to.
 enum Looked {
     Answered(Answer),
-    Missed(Joining),
+    /// Boxed: a hit's result is not made the size of a fill's.
+    Missed(Box<Joining>),
 }
 
 /// Looks the request up in L1 and answers from the copy found, or says
@@ -382,7 +386,7 @@ fn look(asked: &mut MissRequest, miss: &Miss) -> Looked {
     let (st, entry) = match miss.lookup(seen, backoff.is_some(), route.coalesce.enabled, is_pass) {
         Lookup::Fetch { coalesce, stale } => {
             let fill = fill(stale).for_head(method_is_head);
-            return Looked::Missed(Joining { fill, coalesce });
+            return Looked::Missed(Box::new(Joining { fill, coalesce }));
         }
         Lookup::Hit { refresh, entry } => {
             if refresh {
