@@ -489,16 +489,24 @@ pub fn parse_authority(raw: &[u8]) -> Option<String> {
     {
         return None;
     }
-    let name_ok = host.first() == Some(&b'[')
-        || (host.len() <= 253
-            && host
-                .iter()
-                .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')));
-    if !name_ok {
+    if host.first() == Some(&b'[') {
+        // The IPv6 address parsed above: ASCII.
+        let mut s = String::from_utf8(host.to_vec()).ok()?;
+        s.make_ascii_lowercase();
+        return Some(s);
+    }
+    if host.len() > 253 {
         return None;
     }
-    let mut s = String::from_utf8(host.to_vec()).ok()?;
-    s.make_ascii_lowercase();
+    // Checked and copied lowercased in one pass: every byte is ASCII, so
+    // no UTF-8 check of the copy is needed (this runs for every request).
+    let mut s = String::with_capacity(host.len());
+    for &b in host {
+        if !(b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')) {
+            return None;
+        }
+        s.push(char::from(b.to_ascii_lowercase()));
+    }
     Some(s)
 }
 

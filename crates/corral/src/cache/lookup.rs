@@ -44,7 +44,7 @@ pub fn passes(cache: &Cache, route: &Route, ctx: &RequestHead) -> bool {
 pub async fn serve(
     cache: Arc<Cache>,
     route: Arc<Route>,
-    ctx: RequestHead,
+    ctx: Box<RequestHead>,
     body: Option<Bytes>,
     gate: Option<Arc<dyn Admit>>,
     interim: Option<interim::Sender>,
@@ -64,7 +64,7 @@ pub async fn serve(
 pub fn answer_now(
     cache: Arc<Cache>,
     route: Arc<Route>,
-    ctx: RequestHead,
+    ctx: Box<RequestHead>,
     body: Option<Bytes>,
     interim: Option<interim::Sender>,
     wire: bool,
@@ -186,12 +186,10 @@ impl MissRequest {
 
 /// The request's head: its own while only this request reads it, moved
 /// into one `Arc` when a fill first needs to share it (a hit never does).
-#[expect(
-    clippy::large_enum_variant,
-    reason = "a box would be the allocation per hit this type exists to avoid"
-)]
+/// Boxed from its validation on (`proxy::validated`): moved whole, it was
+/// copied seven times on the way to a hit's lookup.
 enum Head {
-    Own(RequestHead),
+    Own(Box<RequestHead>),
     Shared(Arc<RequestHead>),
 }
 
@@ -208,35 +206,38 @@ impl Head {
         let shared = match self {
             Head::Shared(h) => return Arc::clone(h),
             // Every field named, so a new one cannot be left behind.
-            Head::Own(RequestHead {
-                method,
-                version,
-                host,
-                path,
-                query,
-                headers,
-                forwarded_for,
-                peer,
-                client,
-                body,
-                tls,
-                visit,
-                request_id,
-            }) => Arc::new(RequestHead {
-                method: method.clone(),
-                version: *version,
-                host: std::mem::take(host),
-                path: std::mem::take(path),
-                query: query.take(),
-                headers: std::mem::take(headers),
-                forwarded_for: forwarded_for.take(),
-                peer: *peer,
-                client: *client,
-                body: *body,
-                tls: *tls,
-                visit: visit.take(),
-                request_id: request_id.take(),
-            }),
+            Head::Own(own) => {
+                let RequestHead {
+                    method,
+                    version,
+                    host,
+                    path,
+                    query,
+                    headers,
+                    forwarded_for,
+                    peer,
+                    client,
+                    body,
+                    tls,
+                    visit,
+                    request_id,
+                } = &mut **own;
+                Arc::new(RequestHead {
+                    method: method.clone(),
+                    version: *version,
+                    host: std::mem::take(host),
+                    path: std::mem::take(path),
+                    query: query.take(),
+                    headers: std::mem::take(headers),
+                    forwarded_for: forwarded_for.take(),
+                    peer: *peer,
+                    client: *client,
+                    body: *body,
+                    tls: *tls,
+                    visit: visit.take(),
+                    request_id: request_id.take(),
+                })
+            }
         };
         *self = Head::Shared(Arc::clone(&shared));
         shared

@@ -662,7 +662,7 @@ impl Harness {
         let answer = lookup::serve(
             Arc::clone(&self.app.cache),
             self.route(path),
-            head,
+            Box::new(head),
             None,
             None,
             None,
@@ -828,7 +828,7 @@ async fn a_miss_that_joins_after_the_flight_ended_answers_from_its_copy() {
     let late = match lookup::answer_now(
         Arc::clone(&h.app.cache),
         h.route("/a"),
-        h.head("/a"),
+        Box::new(h.head("/a")),
         None,
         None,
         false,

@@ -349,10 +349,12 @@ fn validated(
     body: &Body,
     tls: bool,
     client: &corral_core::callers::client_addr::ClientAddr,
-) -> Result<RequestHead, Box<Answer>> {
+) -> Result<Box<RequestHead>, Box<Answer>> {
     match RequestHead::parse(parts, peer.ip(), crate::origin::request::body_of(body)) {
-        // Set in place: the head is large, and each move of it a copy.
-        Ok(mut h) => {
+        // Boxed and set in place: the head is large, and each move of it
+        // a copy (see `lookup::Head`).
+        Ok(h) => {
+            let mut h = Box::new(h);
             h.tls = tls;
             h.visit = parts.extensions.remove::<Arc<OriginVisit>>();
             h.trust(client);
@@ -398,7 +400,8 @@ fn accounts_of(
 /// `route_request`'s future (which every hit sets up and moves).
 struct Routed {
     route: Arc<Route>,
-    head: RequestHead,
+    /// Boxed: see `lookup::Head`.
+    head: Box<RequestHead>,
     body: Body,
     accounts: Option<Arc<corral_core::callers::caller::AccountSources>>,
     /// GET or HEAD through the cache.
@@ -531,7 +534,7 @@ async fn route_request(
         Box::pin(route_through(
             app,
             route,
-            head,
+            *head,
             body,
             gate.clone(),
             interim,
@@ -647,7 +650,7 @@ async fn route_through(
             Read::Whole(bytes) => {
                 // `hold` counts the body until the flight is over.
                 // Range is defined for GET only (RFC 9110 §14.2).
-                let mut head = head;
+                let mut head = Box::new(head);
                 head.headers.remove(RANGE);
                 let res = lookup::serve(
                     Arc::clone(&app.cache),

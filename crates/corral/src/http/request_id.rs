@@ -65,23 +65,31 @@ fn acceptable(id: &[u8]) -> bool {
 /// A new id: 8 hex digits drawn once per process, then a counter, so ids
 /// are unique within a process and very likely across a fleet.
 fn generate() -> RequestId {
-    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static PREFIX: OnceLock<[u8; 8]> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let prefix = *PREFIX.get_or_init(rand::random);
+    let prefix = PREFIX.get_or_init(|| prefix_hex(rand::random()));
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     // Kept inline: made into a field value only where one is written
     // into a header map (not on a hit, which writes its bytes).
     RequestId::Made(hex_id(prefix, n))
 }
 
-/// `{prefix:08x}{n:012x}`, written by hand: `format!` cost every hit more
-/// than 1,000 instructions.
-fn hex_id(prefix: u32, n: u64) -> [u8; 20] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 20];
-    for (i, slot) in id[..8].iter_mut().enumerate() {
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `{prefix:08x}`, written once per process.
+fn prefix_hex(prefix: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    for (i, slot) in out.iter_mut().enumerate() {
         *slot = HEX[((prefix >> (28 - 4 * i)) & 0xf) as usize];
     }
+    out
+}
+
+/// The prefix's digits, then `{n:012x}`, written by hand: `format!` cost
+/// every hit more than 1,000 instructions.
+fn hex_id(prefix: &[u8; 8], n: u64) -> [u8; 20] {
+    let mut id = [0u8; 20];
+    id[..8].copy_from_slice(prefix);
     for (i, slot) in id[8..].iter_mut().enumerate() {
         *slot = HEX[((n >> (44 - 4 * i)) & 0xf) as usize];
     }
@@ -147,7 +155,7 @@ mod tests {
             (7, 1 << 40),
         ] {
             assert_eq!(
-                hex_id(prefix, n).as_slice(),
+                hex_id(&prefix_hex(prefix), n).as_slice(),
                 format!("{prefix:08x}{n:012x}").as_bytes()
             );
         }
