@@ -50,7 +50,7 @@ pub fn pass_class(identity: Option<&Identity>, headers: &HeaderMap) -> Option<Id
     };
     match identity {
         Some(id) => Some(*id),
-        None => headers.contains_key(COOKIE).then_some(COOKIE_CALLERS),
+        None => crate::semantics::head::carries(headers, &COOKIE).then_some(COOKIE_CALLERS),
     }
 }
 

@@ -336,6 +336,20 @@ fn proxy_control(n: &str) -> bool {
     )
 }
 
+/// `headers.contains_key(name)`, for the checks every request makes: a
+/// request carries a few fields, and comparing their names costs less
+/// than hashing `name` and probing (a custom name is hashed byte by
+/// byte). Past [`CARRIES_SCAN`] names, the lookup.
+pub fn carries(headers: &HeaderMap, name: &HeaderName) -> bool {
+    if headers.keys_len() > CARRIES_SCAN {
+        return headers.contains_key(name);
+    }
+    headers.keys().any(|k| k == name)
+}
+
+/// The most field names [`carries`] compares one by one.
+const CARRIES_SCAN: usize = 8;
+
 /// True when some field name holds `_` (see [`strip_underscored`]).
 pub fn has_underscored(headers: &HeaderMap) -> bool {
     headers
@@ -534,6 +548,40 @@ mod tests {
             name in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)
         ) {
             proptest::prop_assert_eq!(holds_underscore(&name), name.contains(&b'_'));
+        }
+    }
+
+    #[test]
+    fn carries_answers_as_contains_key_at_every_size() {
+        let asked = [
+            HOST,
+            http::header::COOKIE,
+            http::header::RANGE,
+            X_REQUEST_ID.clone(),
+            HeaderName::from_static("x-other"),
+        ];
+        for n in 0..(CARRIES_SCAN + 4) {
+            let mut headers = HeaderMap::new();
+            for i in 0..n {
+                let name = HeaderName::from_bytes(format!("x-field-{i}").as_bytes()).expect("name");
+                headers.append(name, HeaderValue::from_static("v"));
+            }
+            for (i, present) in asked.iter().enumerate() {
+                let mut with = headers.clone();
+                with.append(present.clone(), HeaderValue::from_static("v"));
+                for name in &asked {
+                    assert_eq!(
+                        carries(&with, name),
+                        with.contains_key(name),
+                        "{n} {i} {name}"
+                    );
+                    assert_eq!(
+                        carries(&headers, name),
+                        headers.contains_key(name),
+                        "{n} {name}"
+                    );
+                }
+            }
         }
     }
 

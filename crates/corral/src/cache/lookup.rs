@@ -263,9 +263,11 @@ impl Keys {
         // this one validated head.
         let nvs = rule.as_ref().and_then(|(_, r)| r.rule());
         let filter = &route.cache.query_filter;
-        let (primary, identity) = match body {
-            Some(b) => (
-                PrimaryKey::with_content(
+        // Each arm makes the keys where they are returned: made as a pair
+        // and then moved in, the key was copied once more on every hit.
+        match body {
+            Some(b) => Keys {
+                primary: PrimaryKey::with_content(
                     ctx.method.as_str(),
                     &route.name,
                     UriKey::with_rule(&ctx.host, &ctx.path, ctx.query.as_deref(), filter, nvs),
@@ -275,10 +277,11 @@ impl Keys {
                 ),
                 // Keyed on the whole Cookie field unless the route names its
                 // identity cookies: see `IdentityRules::identify_post`.
-                route.cache.identity.identify_post(&ctx.headers),
-            ),
-            None => (
-                PrimaryKey::get_with_rule(
+                identity: route.cache.identity.identify_post(&ctx.headers),
+                rule,
+            },
+            None => Keys {
+                primary: PrimaryKey::get_with_rule(
                     &route.name,
                     ctx.tls,
                     &ctx.host,
@@ -287,13 +290,9 @@ impl Keys {
                     filter,
                     nvs,
                 ),
-                route.cache.identity.identify(&ctx.headers),
-            ),
-        };
-        Keys {
-            primary,
-            identity,
-            rule,
+                identity: route.cache.identity.identify(&ctx.headers),
+                rule,
+            },
         }
     }
 

@@ -455,7 +455,8 @@ fn routed(
     let cached = head.is_cacheable_method()
         && route.cache.enabled
         && head.body == RequestBody::None
-        && !(head.headers.contains_key(RANGE) && lookup::passes(&app.cache, &route, &head));
+        && !(corral_core::semantics::head::carries(&head.headers, &RANGE)
+            && lookup::passes(&app.cache, &route, &head));
     let keyed_content = content_limit(&route, &head).is_some();
     Ok(Routed {
         route,
@@ -741,6 +742,9 @@ async fn read_up_to(
 /// True when the client asks to switch protocols (WebSocket and the like).
 /// `h2c` is the exception: it is an offer that may be ignored, and is.
 fn wants_upgrade(headers: &HeaderMap) -> bool {
+    if !corral_core::semantics::head::carries(headers, &http::header::UPGRADE) {
+        return false;
+    }
     headers
         .get_all(http::header::UPGRADE)
         .iter()

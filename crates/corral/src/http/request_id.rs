@@ -23,7 +23,11 @@ pub const MAX_LEN: usize = 128;
 /// origin's request only, so a hit, which asks no origin, never writes
 /// it into the header map.
 pub fn take(headers: &mut HeaderMap) -> RequestId {
-    // One lookup (an entry): the field is found once.
+    // Most requests carry none: their names are compared, not this
+    // custom name hashed. One that does is found once, through an entry.
+    if !corral_core::semantics::head::carries(headers, &X_REQUEST_ID) {
+        return generate();
+    }
     match headers.entry(&X_REQUEST_ID) {
         Entry::Occupied(given) => {
             let single = given.iter().nth(1).is_none();
