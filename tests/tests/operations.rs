@@ -291,6 +291,35 @@ async fn the_origin_gets_the_id_corral_made_in_place_of_the_clients() {
     }
 }
 
+/// An origin's `Vary: X-Request-Id` compares the ids clients sent: two
+/// callers with ids of their own never share an answer (the second is
+/// asked of the origin with its own id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_varied_on_the_request_id_is_not_shared_between_clients_ids() {
+    let origin = Origin::new()
+        .route(
+            "/v",
+            Reply::ok("v")
+                .header("cache-control", "max-age=60")
+                .header("vary", "x-request-id"),
+        )
+        .start()
+        .await;
+    let proxy = Proxy::new(Config::single(origin.url())).start().await;
+    let client = Client::new();
+    let url = proxy.url("/v");
+    let alice = client.get_with(&url, &[("x-request-id", "alice-1")]).await;
+    let bob = client.get_with(&url, &[("x-request-id", "bob-2")]).await;
+    let alice_again = client.get_with(&url, &[("x-request-id", "alice-1")]).await;
+    assert_eq!(alice.header("x-request-id"), Some("alice-1"));
+    assert_eq!(bob.header("x-request-id"), Some("bob-2"));
+    // The third was answered from the first's copy: the same id.
+    let asked = origin.requests("/v");
+    let seen: Vec<Vec<&str>> = asked.iter().map(|r| r.header_all("x-request-id")).collect();
+    assert_eq!(seen, [["alice-1"], ["bob-2"]], "{}", proxy.report());
+    assert_eq!(alice_again.header("x-request-id"), Some("alice-1"));
+}
+
 /// One request can be followed from the client to the origin and back:
 /// its `X-Request-Id` (kept when it is a short token, made otherwise)
 /// reaches the origin, comes back on the answer and is on its access line,

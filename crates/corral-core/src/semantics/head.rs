@@ -90,10 +90,11 @@ pub struct RequestHead {
     /// it took, for its access line: `None` when no access line is
     /// written.
     pub visit: Option<std::sync::Arc<OriginVisit>>,
-    /// The request's id ([`X_REQUEST_ID`]), which the origin is sent in
-    /// place of any the client wrote. Not among `headers`: a hit, which
-    /// asks no origin, never writes it into them. `None` for a head made
-    /// without one (only tests make such).
+    /// The request's id ([`X_REQUEST_ID`]), which the origin is sent. One
+    /// corral made is not among `headers` (a hit, which asks no origin,
+    /// never writes it into them); a client's own, kept, is there as the
+    /// client sent it. `None` for a head made without one (only tests
+    /// make such).
     pub request_id: Option<RequestId>,
 }
 

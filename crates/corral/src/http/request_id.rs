@@ -1,6 +1,6 @@
 //! A request's id: the `X-Request-Id` it came with when that is a short
 //! token, else one corral makes. It is forwarded to the origin (in place
-//! of the client's field), echoed on the answer and written on the
+//! of a client's field that is not kept), echoed on the answer and written on the
 //! access line, so one request can be followed through corral's log and
 //! the origin's. It must never carry what a client wrote unchecked into a
 //! log line or a header: anything but a bounded run of token characters
@@ -17,11 +17,13 @@ use http::header::Entry;
 /// The longest id taken from a client.
 pub const MAX_LEN: usize = 128;
 
-/// The id the client's field in `headers` carries when it is fit to keep,
-/// else a new one. The field is taken out of `headers`: the id travels
-/// beside them (`RequestHead::request_id`) and is written into the
-/// origin's request only, so a hit, which asks no origin, never writes
-/// it into the header map.
+/// The id the client's field in `headers` carries when it is fit to keep
+/// (the field is left as it is: the client sent it, and an origin's
+/// `Vary` may name it), else a new one (the client's field is taken out).
+/// A new id is not written into `headers`: it travels beside them
+/// (`RequestHead::request_id`) into the origin's request only, as
+/// `X-Forwarded-For` does, so a hit, which asks no origin, never writes it
+/// into the header map.
 pub fn take(headers: &mut HeaderMap) -> RequestId {
     // Most requests carry none: their names are compared, not this
     // custom name hashed. One that does is found once, through an entry.
@@ -30,12 +32,11 @@ pub fn take(headers: &mut HeaderMap) -> RequestId {
     }
     match headers.entry(&X_REQUEST_ID) {
         Entry::Occupied(given) => {
-            let single = given.iter().nth(1).is_none();
-            let (_, mut values) = given.remove_entry_mult();
-            match values.next() {
-                Some(id) if single && acceptable(id.as_bytes()) => RequestId::Kept(id),
-                _ => generate(),
+            if given.iter().nth(1).is_none() && acceptable(given.get().as_bytes()) {
+                return RequestId::Kept(given.get().clone());
             }
+            given.remove_entry_mult();
+            generate()
         }
         Entry::Vacant(_) => generate(),
     }
@@ -127,8 +128,9 @@ mod tests {
                 take(&mut h),
                 RequestId::Kept(HeaderValue::from_bytes(id).expect("value"))
             );
-            // Taken out: the id travels beside the fields.
-            assert!(h.is_empty());
+            // Left as the client sent it.
+            let sent: Vec<_> = h.get_all(&X_REQUEST_ID).iter().collect();
+            assert_eq!(sent, [id]);
         }
         let replaced: [&[&[u8]]; 7] = [
             &[],
