@@ -1,5 +1,5 @@
 //! The HTTP front end: listeners and the life of a client connection
-//! (`server`, `connection`, `client_stream`, `peer_cap`; HTTP/1.1's GET and HEAD
+//! (`server`, `connection` with its watchdog's `on_wake`, `client_stream`, `peer_cap`; HTTP/1.1's GET and HEAD
 //! without a body served by `h1`, the rest of HTTP/1 by hyper, HTTP/2 by
 //! `http2` over the h2 crate; the origin's 1xx answers are written under
 //! `h1` and hyper by `origin::interim`, and sent on each HTTP/2 stream by
