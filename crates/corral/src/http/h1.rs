@@ -130,10 +130,7 @@ where
         let head = buf.split_to(fast.len()).freeze();
         let Some(req) = fast.request(&head, &fields) else {
             // A target or a field hyper's types refuse: hyper says so.
-            let mut all = BytesMut::with_capacity(head.len() + buf.len());
-            all.extend_from_slice(&head);
-            all.extend_from_slice(&buf);
-            return Ok(LoopEnd::Handoff(Rewind::new(all.freeze(), io)));
+            return Ok(LoopEnd::Handoff(Rewind::new(rejoined(&head, &buf), io)));
         };
         drop(head);
         let is_head = fast.method() == Method::HEAD;
@@ -178,6 +175,15 @@ where
             out = Vec::with_capacity(OUT_FIRST);
         }
     }
+}
+
+/// A head split off the buffer, and what followed it, as one run of bytes
+/// again (for hyper, which reads them from the start).
+fn rejoined(head: &Bytes, rest: &BytesMut) -> Bytes {
+    let mut all = BytesMut::with_capacity(head.len() + rest.len());
+    all.extend_from_slice(head);
+    all.extend_from_slice(rest);
+    all.freeze()
 }
 
 /// Waits for `answer`, writing interim answers as they are queued, and

@@ -104,6 +104,29 @@ mod tests {
         }
     }
 
+    /// An `OnWake` of a fresh `Gate`, with the gate's readiness, its poll
+    /// count and the waker it was last polled with.
+    #[expect(
+        clippy::type_complexity,
+        reason = "a test's handles, named at each use"
+    )]
+    fn gated() -> (
+        OnWake<Gate>,
+        Arc<AtomicBool>,
+        Arc<AtomicUsize>,
+        Arc<std::sync::Mutex<Option<Waker>>>,
+    ) {
+        let ready = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(AtomicUsize::new(0));
+        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
+        let f = OnWake::new(Gate {
+            ready: Arc::clone(&ready),
+            polls: Arc::clone(&polls),
+            waker: Arc::clone(&inner_waker),
+        });
+        (f, ready, polls, inner_waker)
+    }
+
     /// Counts the task's wakes.
     #[derive(Default)]
     struct Task(AtomicUsize);
@@ -116,14 +139,7 @@ mod tests {
 
     #[test]
     fn the_inner_future_is_polled_once_per_wake_of_its_own_and_completes() {
-        let ready = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(AtomicUsize::new(0));
-        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
-        let mut f = OnWake::new(Gate {
-            ready: Arc::clone(&ready),
-            polls: Arc::clone(&polls),
-            waker: Arc::clone(&inner_waker),
-        });
+        let (mut f, ready, polls, inner_waker) = gated();
         let task = Arc::new(Task::default());
         let waker = Waker::from(Arc::clone(&task));
         let mut cx = Context::from_waker(&waker);
@@ -161,14 +177,7 @@ mod tests {
 
     #[test]
     fn another_task_waker_gets_a_poll_and_the_wakes() {
-        let ready = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(AtomicUsize::new(0));
-        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
-        let mut f = OnWake::new(Gate {
-            ready: Arc::clone(&ready),
-            polls: Arc::clone(&polls),
-            waker: Arc::clone(&inner_waker),
-        });
+        let (mut f, _ready, polls, inner_waker) = gated();
         let first = Arc::new(Task::default());
         let second = Arc::new(Task::default());
         let w1 = Waker::from(Arc::clone(&first));
