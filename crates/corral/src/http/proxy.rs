@@ -72,8 +72,8 @@ pub fn handle(
     mut req: Request<Body>,
 ) -> Handled {
     let started = Instant::now();
-    // Taken off the request before anything reads its fields; the origin
-    // gets it from the head.
+    // Read before anything else reads the fields (an unfit one is taken
+    // off them); the origin gets it from the head.
     let request_id = request_id::take(req.headers_mut());
     let conn = peer;
     let peer = conn.addr;
