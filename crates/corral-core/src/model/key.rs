@@ -418,6 +418,13 @@ fn host_name(host: &str) -> &str {
     }
 }
 
+/// What stands between the route and the URI in a GET's (or HEAD's) key,
+/// by scheme: both ways of making one ([`PrimaryKey::get`],
+/// [`PrimaryKey::get_with_rule`]) write it from here.
+fn get_tag(tls: bool) -> &'static str {
+    if tls { " GET https " } else { " GET " }
+}
+
 /// Route plus URI: everything of the key that does not depend on the
 /// response. HEAD shares GET's key.
 #[derive(Clone)]
@@ -456,7 +463,7 @@ impl PrimaryKey {
     pub fn get(route: &str, uri: UriKey, tls: bool) -> Self {
         let mut readable = String::with_capacity(route.len() + 11 + uri.readable().len());
         readable.push_str(route);
-        readable.push_str(if tls { " GET https " } else { " GET " });
+        readable.push_str(get_tag(tls));
         readable.push_str(uri.readable());
         PrimaryKey {
             uri,
@@ -478,9 +485,8 @@ impl PrimaryKey {
         filter: &QueryFilter,
         rule: Option<&NoVarySearch>,
     ) -> Self {
-        let method = if tls { " GET https " } else { " GET " };
         PrimaryKey {
-            uri: UriKey::after(&[route, method], host, path, query, filter, rule),
+            uri: UriKey::after(&[route, get_tag(tls)], host, path, query, filter, rule),
             readable: None,
             body: None,
             digest: std::sync::OnceLock::new(),
