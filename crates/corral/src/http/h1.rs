@@ -536,18 +536,11 @@ fn encode_wire(out: &mut Vec<u8>, wire: &Wire, keep_alive: bool) {
     let mut digits = [0u8; 20];
     out.extend_from_slice(wire.head());
     out.extend_from_slice(b"age: ");
-    out.extend_from_slice(
-        corral_core::semantics::h1::small_decimal(wire.age())
-            .unwrap_or_else(|| decimal(wire.age(), &mut digits)),
-    );
+    out.extend_from_slice(decimal(wire.age(), &mut digits));
     out.extend_from_slice(b"\r\ncache-status: ");
     out.extend_from_slice(wire.cache_status().as_bytes());
     out.extend_from_slice(b"\r\ncontent-length: ");
-    let length = wire.body().len() as u64;
-    out.extend_from_slice(
-        corral_core::semantics::h1::small_decimal(length)
-            .unwrap_or_else(|| decimal(length, &mut digits)),
-    );
+    out.extend_from_slice(decimal(wire.body().len() as u64, &mut digits));
     out.extend_from_slice(b"\r\n");
     if let Some(id) = wire.request_id_bytes() {
         out.extend_from_slice(b"x-request-id: ");
