@@ -63,13 +63,14 @@ impl<F: Future + Unpin> Future for OnWake<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let same_task = this.task.as_ref().is_some_and(|t| t.will_wake(cx.waker()));
-        if same_task && !this.signal.fired.swap(false, Ordering::AcqRel) {
+        // The mark is cleared either way: a wake from here on marks it again.
+        let fired = this.signal.fired.swap(false, Ordering::AcqRel);
+        if same_task && !fired {
             return Poll::Pending;
         }
         // Registered before `inner` is polled: a wake from here on reaches
         // the task (one that came between the swap and here, `inner` sees
         // when it is polled just below).
-        this.signal.fired.store(false, Ordering::Release);
         this.signal.task.register(cx.waker());
         if !same_task {
             this.task = Some(cx.waker().clone());
@@ -104,27 +105,50 @@ mod tests {
         }
     }
 
-    /// An `OnWake` of a fresh `Gate`, with the gate's readiness, its poll
-    /// count and the waker it was last polled with.
-    #[expect(
-        clippy::type_complexity,
-        reason = "a test's handles, named at each use"
-    )]
-    fn gated() -> (
-        OnWake<Gate>,
-        Arc<AtomicBool>,
-        Arc<AtomicUsize>,
-        Arc<std::sync::Mutex<Option<Waker>>>,
-    ) {
-        let ready = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(AtomicUsize::new(0));
-        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
-        let f = OnWake::new(Gate {
-            ready: Arc::clone(&ready),
-            polls: Arc::clone(&polls),
-            waker: Arc::clone(&inner_waker),
-        });
-        (f, ready, polls, inner_waker)
+    /// An `OnWake` of a fresh `Gate`, and the gate's handles.
+    struct Gated {
+        f: OnWake<Gate>,
+        ready: Arc<AtomicBool>,
+        polls: Arc<AtomicUsize>,
+        waker: Arc<std::sync::Mutex<Option<Waker>>>,
+    }
+
+    impl Gated {
+        fn new() -> Self {
+            let ready = Arc::new(AtomicBool::new(false));
+            let polls = Arc::new(AtomicUsize::new(0));
+            let waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
+            let f = OnWake::new(Gate {
+                ready: Arc::clone(&ready),
+                polls: Arc::clone(&polls),
+                waker: Arc::clone(&waker),
+            });
+            Gated {
+                f,
+                ready,
+                polls,
+                waker,
+            }
+        }
+
+        /// Polls the `OnWake` for the task behind `waker`.
+        fn poll(&mut self, waker: &Waker) -> Poll<()> {
+            Pin::new(&mut self.f).poll(&mut Context::from_waker(waker))
+        }
+
+        /// How often the gate itself was polled.
+        fn polls(&self) -> usize {
+            self.polls.load(Ordering::SeqCst)
+        }
+
+        /// The waker the gate was last polled with: the `OnWake`'s own.
+        fn own(&self) -> Waker {
+            self.waker
+                .lock()
+                .expect("lock")
+                .clone()
+                .expect("registered")
+        }
     }
 
     /// Counts the task's wakes.
@@ -139,66 +163,40 @@ mod tests {
 
     #[test]
     fn the_inner_future_is_polled_once_per_wake_of_its_own_and_completes() {
-        let (mut f, ready, polls, inner_waker) = gated();
+        let mut g = Gated::new();
         let task = Arc::new(Task::default());
         let waker = Waker::from(Arc::clone(&task));
-        let mut cx = Context::from_waker(&waker);
-        assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        assert!(g.poll(&waker).is_pending());
+        assert_eq!(g.polls(), 1);
         // Woken for something else (the connection's reads): not polled.
         for _ in 0..5 {
-            assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
+            assert!(g.poll(&waker).is_pending());
         }
-        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        assert_eq!(g.polls(), 1);
         // Its own waker fires without it being ready: the task is woken,
         // and the next poll reaches it once.
-        let own = inner_waker
-            .lock()
-            .expect("lock")
-            .clone()
-            .expect("registered");
-        own.wake_by_ref();
+        g.own().wake_by_ref();
         assert_eq!(task.0.load(Ordering::SeqCst), 1);
-        assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
-        assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        assert!(g.poll(&waker).is_pending());
+        assert!(g.poll(&waker).is_pending());
+        assert_eq!(g.polls(), 2);
         // Ready, and woken: it completes.
-        ready.store(true, Ordering::SeqCst);
-        let own = inner_waker
-            .lock()
-            .expect("lock")
-            .clone()
-            .expect("registered");
-        own.wake();
+        g.ready.store(true, Ordering::SeqCst);
+        g.own().wake();
         assert_eq!(task.0.load(Ordering::SeqCst), 2);
-        assert!(Pin::new(&mut f).poll(&mut cx).is_ready());
-        assert_eq!(polls.load(Ordering::SeqCst), 3);
+        assert!(g.poll(&waker).is_ready());
+        assert_eq!(g.polls(), 3);
     }
 
     #[test]
     fn another_task_waker_gets_a_poll_and_the_wakes() {
-        let (mut f, _ready, polls, inner_waker) = gated();
+        let mut g = Gated::new();
         let first = Arc::new(Task::default());
         let second = Arc::new(Task::default());
-        let w1 = Waker::from(Arc::clone(&first));
-        let w2 = Waker::from(Arc::clone(&second));
-        assert!(
-            Pin::new(&mut f)
-                .poll(&mut Context::from_waker(&w1))
-                .is_pending()
-        );
-        assert!(
-            Pin::new(&mut f)
-                .poll(&mut Context::from_waker(&w2))
-                .is_pending()
-        );
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
-        let own = inner_waker
-            .lock()
-            .expect("lock")
-            .clone()
-            .expect("registered");
-        own.wake();
+        assert!(g.poll(&Waker::from(Arc::clone(&first))).is_pending());
+        assert!(g.poll(&Waker::from(Arc::clone(&second))).is_pending());
+        assert_eq!(g.polls(), 2);
+        g.own().wake();
         assert_eq!(first.0.load(Ordering::SeqCst), 0);
         assert_eq!(second.0.load(Ordering::SeqCst), 1);
     }
