@@ -455,6 +455,7 @@ impl L1 {
     /// The key is asked for only when some key has backed off: most keys
     /// never failed, and until one did this is a load, not a hash and a
     /// lookup.
+    #[inline]
     pub fn active_backoff(&self, key: impl FnOnce() -> Digest, now: SystemTime) -> Option<Backoff> {
         if !self.any_backoff.load(Ordering::Acquire) {
             return None;

@@ -166,16 +166,19 @@ pub(crate) fn backing_off(fill: &FillRequest) -> bool {
 /// `now`: either leaves a caller to the stale copy. Its own never stops a
 /// fetch, which would fail the callers who joined its flight with it.
 /// `scope`: where the key's back-off of this class of caller is kept.
+#[inline]
 pub(crate) fn caller_backoff(
     l1: &corral_core::L1,
     scope: impl Fn() -> corral_core::Digest,
     client: std::net::IpAddr,
     now: std::time::SystemTime,
 ) -> Option<corral_core::Backoff> {
-    l1.active_backoff(&scope, now).or_else(|| {
-        let caller = corral_core::callers::client_addr::caller_group(client);
-        l1.active_backoff(|| scope().for_caller(caller), now)
-    })
+    // The caller's group is worked out only when some key has backed off
+    // (the closures run only then): a hit of a key that never failed
+    // costs two loads here.
+    let caller = || corral_core::callers::client_addr::caller_group(client);
+    l1.active_backoff(&scope, now)
+        .or_else(|| l1.active_backoff(|| scope().for_caller(caller()), now))
 }
 
 /// Writes the key's back-off record this fetch moved to L2, for the other

@@ -36,6 +36,7 @@ fn scope_of(name: &str, params: &CacheParams, ctx: &RequestHead) -> Option<PathS
 /// What L1 knows of the rule of `ctx`'s path; `None` where rules do not
 /// apply. A request without a query has nothing for a rule to leave out
 /// and never asks.
+#[inline]
 pub fn known(cache: &Cache, route: &Route, ctx: &RequestHead) -> Option<(PathScope, PathRule)> {
     ctx.query.as_ref()?;
     let scope = scope(route, ctx)?;

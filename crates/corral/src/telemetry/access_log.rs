@@ -56,6 +56,7 @@ pub struct AccessLine<'a> {
 
 /// Whether access lines are logged (`corral::access` enabled at info):
 /// ask before gathering what a line needs.
+#[inline]
 pub fn enabled() -> bool {
     tracing::enabled!(target: "corral::access", tracing::Level::INFO)
 }
