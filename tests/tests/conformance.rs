@@ -1281,6 +1281,15 @@ async fn a_query_answer_answers_the_get_its_content_location_names() {
     let asked = ask(a.url("/search"), JSON).await;
     assert_eq!(asked.text(), "{\"q\":\"shoes\"}");
     assert!(asked.cache_status().stored(), "{}", asked.cache_status());
+    // A's fill writes Redis once its body is whole, which may be after its
+    // caller has read it: B is asked once the QUERY's entry and its GET
+    // alias are there to be read.
+    corral_tests::eventually(
+        corral_tests::DEADLINE,
+        "the QUERY's entry and its GET alias in Redis",
+        || async { redis.keys("*:e:*").await.len() >= 2 },
+    )
+    .await;
     for (proxy, name) in [(a, "A"), (b, "B")] {
         let got = client.get(&proxy.url("/search?q=shoes")).await;
         assert!(
